@@ -1,0 +1,30 @@
+# The README's two commands: `make demo` and `make test`. Both work on a fresh clone with Python 3.11 + pip.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint install clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU wheel of torch lies on disk; installing it first stops pip from pulling a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+test: $(STAMP) lint
+	# pytest exits 5 when it collects no tests in a selection: not a failure.
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+
+demo: $(STAMP)
+	$(BIN)/satrl demo --out runs/demo
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,128 @@
+"""Shared data types: what flows between the task, the engine, the buffer and the trainer.
+
+Staleness is explicit data: every :class:`Completion` and :class:`Sample` carries the policy ``version``
+that produced it, its ``behavior_logp`` and (for MoE models) its ``routing``. Shapes are given as
+``# [T]`` comments, with T the number of response tokens. See DESIGN.md ("Data flow", "Glossary").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One task instance: a prompt string and its reference answer."""
+
+    id: str
+    prompt: str
+    answer: str
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the engine samples. Defaults follow the paper's Appendix F: full-vocabulary support."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0  # 1.0 = off
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 16
+    greedy: bool = False  # argmax decoding; behavior_logp is then the temperature-scaled log-prob
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt to complete. ``seed`` fixes the sampling noise of this request alone, so the result
+    does not depend on which other requests share its batch."""
+
+    request_id: str
+    prompt_ids: list[int]
+    seed: int
+
+
+@dataclass
+class Completion:
+    """What the engine returns for one request."""
+
+    request_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    text: str  # decoded response, special tokens removed
+    behavior_logp: torch.Tensor  # [T] float32, log mu(y_t | s_t) under the sampling distribution
+    finish_reason: str  # "stop" (EOS) or "length"
+    version: int  # policy version of the weights that generated it
+    routing: torch.Tensor | None = None  # [T, layers, top_k] int64 experts used, MoE models only
+
+
+@dataclass
+class Sample:
+    """A scored completion, ready for the buffer. ``group_id`` ties the G samples of one prompt."""
+
+    id: str
+    group_id: str
+    problem_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behavior_logp: torch.Tensor  # [T]
+    version: int
+    reward: float
+    finish_reason: str = "stop"
+    routing: torch.Tensor | None = None  # [T, layers, top_k]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Batch:
+    """Padded tensors for one trainer step. Row b is prompt + response, right-padded to L.
+
+    Response token t of row b sits at ``input_ids[b, prompt_len[b] + t]``; its log-prob comes from the
+    logits at position ``prompt_len[b] + t - 1``.
+    """
+
+    input_ids: torch.Tensor  # [B, L] int64
+    attention_mask: torch.Tensor  # [B, L] bool
+    prompt_len: torch.Tensor  # [B] int64
+    mask: torch.Tensor  # [B, T] bool, active response tokens
+    response_ids: torch.Tensor  # [B, T] int64 (0 where ~mask)
+    behavior_logp: torch.Tensor  # [B, T] float32 (0 where ~mask)
+    versions: torch.Tensor  # [B, T] int64 policy version per token
+    rewards: torch.Tensor  # [B] float32
+    group_index: torch.Tensor  # [B] int64, samples sharing a prompt share an index
+    routing: torch.Tensor | None = None  # [B, L, layers, top_k] int64, -1 where unknown
+    sample_ids: list[str] = field(default_factory=list)
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A verifiable task: problems for a split and seed, and a 0/1 reward."""
+
+    name: str
+
+    def problems(self, split: str, seed: int) -> Iterator[Problem]: ...
+
+    def reward(self, problem: Problem, completion_text: str) -> float: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A rollout engine. It learns about new weights only through ``load_weights``."""
+
+    @property
+    def version(self) -> int: ...
+
+    def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Completion]: ...
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
