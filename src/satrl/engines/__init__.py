@@ -1,0 +1,21 @@
+"""Rollout engines: generate completions with a (possibly stale) policy and report exactly what they sampled.
+
+``TorchEngine`` (any HF causal LM, CPU or GPU) implements :class:`satrl.types.Engine`; ``make_engine``
+is the registry (``"torch"``; ``"vllm"`` comes later).
+"""
+
+from satrl.engines.registry import ENGINES, make_engine
+from satrl.engines.sampling import request_uniforms, sample_step, sampling_logprobs, truncate_logits
+from satrl.engines.torch_engine import NUMERICS, TorchEngine, resolve_numerics
+
+__all__ = [
+    "ENGINES",
+    "NUMERICS",
+    "TorchEngine",
+    "make_engine",
+    "request_uniforms",
+    "resolve_numerics",
+    "sample_step",
+    "sampling_logprobs",
+    "truncate_logits",
+]

@@ -1,0 +1,50 @@
+"""Verifiable tasks: the built-in arithmetic task, local JSONL/parquet math sets, reasoning-gym tasks.
+
+:func:`make_task` is the one place where a task name chooses behaviour. The jsonl and reasoning-gym
+modules are imported lazily, so ``import satrl.tasks`` stays light.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from satrl.tasks.arithmetic import ArithmeticTask
+from satrl.types import Problem, Task
+
+
+def _jsonl_math(**kwargs: Any) -> Task:
+    from satrl.tasks.jsonl_math import JsonlMathTask
+
+    return JsonlMathTask(**kwargs)
+
+
+def _countdown(**kwargs: Any) -> Task:
+    from satrl.tasks.gym import ReasoningGymTask
+
+    return ReasoningGymTask("countdown", **kwargs)
+
+
+TASKS: dict[str, Callable[..., Task]] = {
+    "arithmetic": ArithmeticTask,
+    "jsonl_math": _jsonl_math,
+    "countdown": _countdown,
+}
+GYM_PREFIX = "gym:"
+
+
+def make_task(name: str, **kwargs: Any) -> Task:
+    """Build a task by name: ``arithmetic``, ``jsonl_math`` (``path=...``), ``countdown`` or
+    ``gym:<reasoning_gym dataset name>``; ``kwargs`` go to the task's constructor."""
+    if name.startswith(GYM_PREFIX) and len(name) > len(GYM_PREFIX):
+        from satrl.tasks.gym import ReasoningGymTask
+
+        return ReasoningGymTask(name[len(GYM_PREFIX) :], **kwargs)
+    if name not in TASKS:
+        raise ValueError(
+            f"unknown task {name!r}; valid choices: {sorted(TASKS)} or '{GYM_PREFIX}<reasoning_gym dataset>'"
+        )
+    return TASKS[name](**kwargs)
+
+
+__all__ = ["ArithmeticTask", "Problem", "Task", "TASKS", "make_task"]

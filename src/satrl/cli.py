@@ -1,0 +1,69 @@
+"""``satrl`` command line: train | eval | pretrain | grid | report | demo | bench.
+
+Each subcommand's arguments and handler live next to the code they drive; this file only wires them.
+Modules are imported lazily, so ``satrl --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, help). The module defines add_<cmd>_args(parser) and run_<cmd>(args) -> int.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("satrl.cli", "train a policy: satrl train [CONFIG.yaml] [key=value ...] [--resume RUN_DIR]"),
+    "eval": ("satrl.tasks.evaluate", "avg@k and greedy accuracy of a policy on a task"),
+    "pretrain": ("satrl.models.pretrain", "supervised base policy for a built-in model"),
+    "grid": ("satrl.experiments.grid", "run a grid of configs x lags x seeds, resumably"),
+    "report": ("satrl.experiments.report", "tables with 95% CIs and figures for a grid's runs"),
+    "demo": ("satrl.demo", "SAT-GRPO vs GRPO at broadcast lag 8 on the built-in task, with a report"),
+}
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. lag.n=8 seed=3 steps=200")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its latest checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from satrl.config import ConfigError, load_config
+
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config:  # `satrl train key=value ...` without a file
+        config, overrides = None, [config, *overrides]
+    try:
+        if args.resume:
+            from satrl.pipeline.rundir import RunDir
+
+            cfg = RunDir.config_of(args.resume, overrides)
+        else:
+            cfg = load_config(config, overrides)
+    except ConfigError as err:
+        print(f"satrl train: {err}", file=sys.stderr)
+        return 2
+    from satrl.pipeline.progress import train_with_progress
+
+    summary = train_with_progress(cfg, resume=bool(args.resume), progress=not args.no_progress)
+    print(f"run: {cfg.run_dir()}  best avg@{cfg.eval.k} = {summary.get('best_avg_at_k')}  collapse = {summary.get('collapse_step')}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="satrl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:  # import only the module of the command being run
+            getattr(importlib.import_module(module), f"add_{name}_args")(p)
+    args = parser.parse_args(argv)
+    module = importlib.import_module(COMMANDS[args.command][0])
+    return int(getattr(module, f"run_{args.command}")(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

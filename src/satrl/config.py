@@ -1,0 +1,218 @@
+"""Run configuration: one pydantic model per component, YAML loading, ``key=value`` overrides.
+
+The config is validated up front (a bad key or value is a :class:`ConfigError` naming the field and what is
+allowed), turned into plain arguments at the edge of each component, and saved resolved with every run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from satrl.diagnostics.collapse import CollapseConfig
+
+
+class ConfigError(ValueError):
+    """A bad config key or value. The message is one line, naming the field and the allowed values."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Strict):
+    name: str = Field("tiny-arith", description="Built-in policy (tiny-arith, tiny-arith-moe) if `path` is unset.")
+    path: str | None = Field(None, description="Local Hugging Face causal-LM directory; overrides `name`.")
+
+    @property
+    def source(self) -> str:
+        return self.path or self.name
+
+
+class TaskConfig(_Strict):
+    name: str = Field("arithmetic", description="Task registry name (see satrl.tasks.make_task).")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the task.")
+
+
+class EngineConfig(_Strict):
+    name: str = Field("torch", description="Engine registry name (torch; vllm with the extra).")
+    numerics: Literal["fp32", "bf16", "bf16-weights"] = Field(
+        "bf16-weights", description="Engine numerics; differs from the fp32 trainer so mismatch is real."
+    )
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (paper App. F: 1.0).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus truncation; 1.0 keeps full support.")
+    top_k: int = Field(0, ge=0, description="Top-k truncation; 0 keeps full support.")
+    max_new_tokens: int = Field(8, ge=1, description="Response length cap in tokens.")
+    threads: int = Field(1, ge=1, description="torch threads for generation (fixed so results are bitwise stable).")
+
+
+class ObjectiveConfig(BaseModel):
+    """An objective preset plus overrides by name (e.g. ``objective.alpha=0.8``), checked by the registry."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field("grpo", description="Objective preset (satrl.objectives.available_presets()).")
+    aggregation: str = Field("token-mean", description="Loss aggregation mode.")
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    @model_validator(mode="after")
+    def _check(self) -> ObjectiveConfig:
+        from satrl.objectives import resolve_objective
+
+        resolve_objective(self.name, **self.overrides)
+        return self
+
+
+class LagConfig(_Strict):
+    schedule: Literal["sync", "broadcast", "fixed", "async"] = Field(
+        "broadcast", description="Lag schedule (DESIGN.md, 'Lag schedules')."
+    )
+    n: int = Field(1, ge=0, description="broadcast: weight-broadcast interval; fixed: exact lag (opt. steps).")
+    max_staleness: int = Field(8, ge=0, description="async: samples older than this are dropped and counted.")
+
+
+class TrainConfig(_Strict):
+    lr: float = Field(1e-4, gt=0, description="Constant learning rate.")
+    betas: tuple[float, float] = Field((0.9, 0.98), description="Adam betas (paper App. F).")
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float | None = Field(1.0, description="Gradient-norm clip; null disables.")
+    prompts_per_batch: int = Field(16, ge=1, description="Prompts per rollout batch.")
+    group_size: int = Field(8, ge=1, description="Samples per prompt (GRPO group).")
+    minibatches: int = Field(4, ge=1, description="Optimizer steps per epoch over a batch.")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
+    microbatch_tokens: int = Field(4096, ge=1, description="Token budget per microbatch (grad accumulation).")
+    quantile_scope: Literal["microbatch", "batch"] = Field(
+        "microbatch", description="SAT quantile over each microbatch (paper) or the whole minibatch."
+    )
+    denominator: Literal["rollout", "recomputed"] = Field(
+        "rollout", description="Ratio denominator: engine behavior_logp (paper Eq. 51) or trainer recompute."
+    )
+    adv_std_norm: bool = Field(True, description="Divide group advantages by the group std.")
+    threads: int = Field(2, ge=1, description="torch threads for the trainer.")
+
+
+class EvalConfig(_Strict):
+    every: int = Field(10, ge=0, description="Evaluate every this many optimizer steps (0: only at the end).")
+    k: int = Field(8, ge=1, description="Samples per problem for avg@k.")
+    n_problems: int = Field(100, ge=1, description="Eval-split problems per evaluation.")
+
+
+class DiagnosticsConfig(_Strict):
+    decompose: bool = Field(True, description="Split d into policy lag and implementation mismatch (extra forward).")
+
+
+class CheckpointConfig(_Strict):
+    every: int = Field(10, ge=1, description="Checkpoint every this many rollout batches.")
+
+
+class RunConfig(_Strict):
+    seed: int = Field(0, description="Seed for data order, sampling and init.")
+    steps: int = Field(200, ge=1, description="Optimizer steps to train.")
+    out: str | None = Field(None, description="Run directory (default runs/<objective>-<schedule>-n<n>-s<seed>).")
+    backend: Literal["local", "sequential"] = Field(
+        "local", description="local: engine in its own process; sequential: one process, no overlap."
+    )
+    r3: bool = Field(False, description="Routing replay: trainer uses the engine's MoE experts.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    lag: LagConfig = Field(default_factory=LagConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    collapse: CollapseConfig = Field(default_factory=CollapseConfig)
+
+    @property
+    def steps_per_batch(self) -> int:
+        return self.train.minibatches * self.train.ppo_epochs
+
+    def run_dir(self) -> Path:
+        name = f"{self.objective.name}-{self.lag.schedule}-n{self.lag.n}-s{self.seed}"
+        return Path(self.out) if self.out else Path("runs") / name
+
+
+def _parse_scalar(text: str) -> Any:
+    """Parse an override value as YAML (so `true`, `8`, `1e-4`, `[1, 2]` work), keeping bare strings."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set a dotted ``key`` in a nested dict. ``engine=vllm`` is shorthand for ``engine.name=vllm``."""
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: '{part}' is a value, not a section")
+        node = child
+    leaf = parts[-1]
+    section = RunConfig.model_fields.get(leaf) if len(parts) == 1 else None
+    if section is not None and isinstance(section.default_factory, type) and not isinstance(value, dict):
+        node.setdefault(leaf, {})["name"] = value
+    else:
+        node[leaf] = value
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "config"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        section = _section_for(first["loc"][:-1])
+        msg = f"unknown key; valid keys here: {', '.join(sorted(section.model_fields))}"
+    elif first["type"] == "literal_error":
+        msg = f"got {first.get('input')!r}; {msg}"
+    return f"invalid config: {field}: {msg}"
+
+
+def _section_for(loc: tuple) -> type[BaseModel]:
+    model: type[BaseModel] = RunConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
+            break
+        model = field.annotation
+    return model
+
+
+def build_config(data: dict[str, Any]) -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err)) from None
+    except ValueError as err:  # registry errors raised inside validators
+        raise ConfigError(f"invalid config: {err}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    """Load a YAML config (or the defaults), apply ``key=value`` overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        data = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: expected a mapping of config sections at the top level")
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value (e.g. lag.n=8)")
+        key, value = item.split("=", 1)
+        apply_override(data, key.strip(), _parse_scalar(value))
+    return build_config(data)
+
+
+def save_config(cfg: RunConfig, path: Path) -> None:
+    """Save the resolved config (every default filled in) as YAML."""
+    data = cfg.model_dump(mode="json")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))

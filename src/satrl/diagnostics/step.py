@@ -1,0 +1,72 @@
+"""One call for the trainer: every per-step diagnostic under its ``metrics.jsonl`` key.
+
+The key names live here (and in docs/metrics.md) so the trainer does not spell them out. Inputs that are
+None switch their group off: no ``lag`` -> no ``lag/*``/``bylag/*``; no ``logp_at_version`` -> no
+``mismatch/d_policy``/``d_impl``; no routings -> no ``moe/*``; no ``tok/gate`` -> no ``gate/*``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from satrl.diagnostics.lag import by_lag, lag_stats
+from satrl.diagnostics.mismatch import decompose_mismatch, gate_tv_share, mismatch_stats
+from satrl.diagnostics.routing import routing_disagreement
+
+__all__ = ["step_diagnostics"]
+
+
+def step_diagnostics(
+    *,
+    logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    mask: torch.Tensor,
+    lag: torch.Tensor | None = None,
+    tok: Mapping[str, torch.Tensor] | None = None,
+    logp_at_version: torch.Tensor | None = None,
+    engine_routing: torch.Tensor | None = None,
+    trainer_routing: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """All diagnostics of one batch, as ``{metrics.jsonl key: 0-dim detached tensor}``.
+
+    Args:
+        logp, behavior_logp, mask: [B, T] as in :func:`mismatch_stats`.
+        lag: [B, T] or [B] int, trainer version − sample version.
+        tok: the objective's per-token tensors (``tok/gate``, ``tok/clipped``, ``tok/d``; any may be absent).
+        logp_at_version: [B, T] trainer log-probs under the sample's weight version (snapshot ring).
+        engine_routing, trainer_routing: [B, T, layers, top_k] expert indices (MoE only).
+
+    Keys: ``mismatch/{d_pi,d_mean,d_p90_abs,d_max_abs,logratio_var}``, ``lag/{mean,max}``,
+    ``bylag/<k>/{frac_tokens,abs_d,clipfrac,gate_rate}``, ``gate/{tv_share,tv_lift,tv_mass_mean}``,
+    ``mismatch/{d_policy,d_impl,frac_policy,frac_impl}``, ``moe/route_disagree``,
+    ``moe/route_disagree/layer<i>``, ``moe/expert_diff``.
+    """
+    tok = dict(tok or {})
+    out: dict[str, torch.Tensor] = {}
+    for k, v in mismatch_stats(logp, behavior_logp, mask).items():
+        out[f"mismatch/{k}"] = v
+    if lag is not None:
+        for k, v in lag_stats(lag, mask).items():
+            out[f"lag/{k}"] = v
+        d = tok.get("tok/d", logp.detach() - behavior_logp.detach())
+        per_token = {"abs_d": d.abs()}
+        if "tok/clipped" in tok:
+            per_token["clipfrac"] = tok["tok/clipped"]
+        if "tok/gate" in tok:
+            per_token["gate_rate"] = tok["tok/gate"]
+        for k, v in by_lag(lag, mask, **per_token).items():
+            out[f"bylag/{k}"] = v
+    if "tok/gate" in tok:
+        g = gate_tv_share(logp, behavior_logp, tok["tok/gate"], mask)
+        for k in ("tv_share", "tv_lift", "tv_mass_mean"):
+            out[f"gate/{k}"] = g[k]
+    if logp_at_version is not None:
+        dec = decompose_mismatch(logp, logp_at_version, behavior_logp, mask)
+        for k in ("d_policy", "d_impl", "frac_policy", "frac_impl"):
+            out[f"mismatch/{k}"] = dec[k]
+    if engine_routing is not None and trainer_routing is not None:
+        for k, v in routing_disagreement(engine_routing, trainer_routing, mask).items():
+            out[f"moe/{k}"] = v
+    return out

@@ -1,0 +1,262 @@
+"""The report's figures (matplotlib, Agg). Each function writes one PNG and returns a FigureOut.
+
+A figure whose data is absent (no SAT cells, no `gate/tv_share`, no `bylag/*` keys, no baseline)
+returns FigureOut(path=None, note=why) instead of raising. Bands are per-step percentile
+bootstraps over seeds (stats.bootstrap_curve); faint lines are individual seeds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from satrl.experiments.stats import bootstrap_curve  # noqa: E402
+from satrl.experiments.store import GridResults  # noqa: E402
+
+CURVE_RESAMPLES = 2_000
+_BYLAG_RE = re.compile(r"^bylag/(-?\d+)/(clipfrac|gate_rate)$")
+
+
+@dataclass(frozen=True)
+class FigureOut:
+    title: str
+    caption: str
+    path: Path | None = None
+    note: str | None = None  # why the figure was skipped
+
+
+def _colors(cells: list[str]) -> dict[str, tuple]:
+    cmap = plt.get_cmap("tab10" if len(cells) <= 10 else "tab20")
+    return {c: cmap(i % cmap.N) for i, c in enumerate(cells)}
+
+
+def _seed_matrix(df: pd.DataFrame, key: str, smooth: int = 1) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Rows of one (cell, lag): steps [S], values [n_seeds, S] (NaN where a seed lacks a step)."""
+    wide = df.pivot_table(index="seed", columns="step", values=key, aggfunc="mean").sort_index(axis=1)
+    if smooth > 1:
+        wide = wide.T.rolling(smooth, min_periods=1).mean().T
+    return wide.columns.to_numpy(dtype=float), wide.to_numpy(dtype=float), list(wide.to_numpy(dtype=float))
+
+
+def _smooth_window(df: pd.DataFrame) -> int:
+    n_steps = df["step"].nunique() if len(df) else 0
+    return max(1, n_steps // 50)
+
+
+def _curves(ax, df: pd.DataFrame, key: str, cells: list[str], colors, labels, scale=1.0, smooth=1, suffix=""):
+    drew = False
+    for cell in cells:
+        sub = df[df["cell"] == cell]
+        if sub.empty or key not in sub or sub[key].notna().sum() == 0:
+            continue
+        steps, vals, seeds = _seed_matrix(sub.dropna(subset=[key]), key, smooth)
+        for row in seeds:
+            ax.plot(steps, row * scale, color=colors[cell], alpha=0.18, lw=0.7)
+        mean, lo, hi = bootstrap_curve(vals, n_resamples=CURVE_RESAMPLES)
+        ax.plot(steps, mean * scale, color=colors[cell], lw=1.8, label=f"{labels(cell)}{suffix} (n={len(seeds)})")
+        ax.fill_between(steps, lo * scale, hi * scale, color=colors[cell], alpha=0.2, lw=0)
+        drew = True
+    return drew
+
+
+def _per_lag_figure(res: GridResults, df: pd.DataFrame, key: str, path: Path, title: str, ylabel: str,
+                    scale: float = 1.0, smooth: int = 1, cells: list[str] | None = None) -> bool:  # fmt: skip
+    cells = cells or res.cell_order()
+    lags = sorted(df["lag"].unique()) if len(df) else []
+    if not lags or key not in df or df[key].notna().sum() == 0:
+        return False
+    colors = _colors(res.cell_order())
+    fig, axes = plt.subplots(1, len(lags), figsize=(5.5 * len(lags), 4.2), sharey=True, squeeze=False)
+    for ax, lag in zip(axes[0], lags):
+        _curves(ax, df[df["lag"] == lag], key, cells, colors, res.label, scale, smooth)
+        ax.set_title(f"lag {lag}")
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    handles = {h.get_label().split(" (n=")[0]: h for ax in axes[0] for h in ax.get_lines() if not h.get_label().startswith("_")}
+    fig.legend(list(handles.values()), list(handles.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
+def eval_curves(res: GridResults, path: Path) -> FigureOut:
+    title = "Evaluation avg@k over training"
+    caption = ("Eval avg@k (%) per method, one panel per configured lag. Thick line: mean over seeds; band: 95% "
+               "percentile bootstrap over seeds at each eval step; faint lines: individual seeds. Look for methods "
+               "whose band stays high late in training, and for seeds that fall off (collapse).")  # fmt: skip
+    ok = _per_lag_figure(res, res.evals, "avg_at_k", path, title, "avg@k (%)", scale=100.0)
+    return FigureOut(title, caption, path if ok else None, None if ok else "no eval.jsonl data")
+
+
+def d_pi_curves(res: GridResults, path: Path) -> FigureOut:
+    title = "Sampled mismatch d_pi over training (Figure 4 analogue)"
+    w = _smooth_window(res.metrics)
+    caption = (f"d_pi = mean |log pi_train - log mu| over active tokens (`obj/d_pi`), rolling mean over {w} steps "
+               "per seed, then mean and 95% bootstrap band over seeds. Lower is closer to on-policy; a late sharp "
+               "rise is the collapse signature the paper describes.")  # fmt: skip
+    ok = _per_lag_figure(res, res.metrics, "obj/d_pi", path, title, "d_pi", smooth=w)
+    return FigureOut(title, caption, path if ok else None, None if ok else "no `obj/d_pi` in metrics")
+
+
+def _sat_cells(res: GridResults) -> list[str]:
+    m = res.metrics
+    if "obj/gate_rate" not in m:
+        return []
+    has = m.groupby("cell")["obj/gate_rate"].apply(lambda s: s.notna().any())
+    return [c for c in res.cell_order() if has.get(c, False)]
+
+
+def sat_diagnostics(res: GridResults, path: Path) -> FigureOut:
+    title = "SAT diagnostics over training"
+    keys = [("obj/gate_rate", "gate rate"), ("obj/eps_low_mean", "mean effective eps_low"),
+            ("obj/eps_high_mean", "mean effective eps_high"), ("obj/q", "quantile q")]  # fmt: skip
+    w = _smooth_window(res.metrics)
+    caption = (f"For SAT cells only: gate rate (share of active tokens with |d| > q), mean effective radii "
+               f"eps_low*c_low and eps_high*c_high, and the microbatch quantile q; rolling mean over {w} steps, "
+               "lines per method and lag, band = 95% bootstrap over seeds. Look for radii that shrink as lag grows "
+               "and a gate rate near 1 - alpha.")  # fmt: skip
+    cells = _sat_cells(res)
+    if not cells:
+        return FigureOut(title, caption, None, "no SAT cells (no `obj/gate_rate` in metrics)")
+    m = res.metrics[res.metrics["cell"].isin(cells)].copy()
+    m["cell_lag"] = m["cell"] + " @lag" + m["lag"].astype(str)
+    order = list(dict.fromkeys(m.sort_values(["lag"], kind="stable")["cell_lag"]))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), squeeze=False)
+    colors = _colors(order)
+    for ax, (key, name) in zip(axes.ravel(), keys):
+        mm = m.drop(columns=["cell"]).rename(columns={"cell_lag": "cell"})
+        if key in mm and mm[key].notna().any():
+            _curves(ax, mm, key, order, colors, lambda c: c, smooth=w)
+        else:
+            ax.text(0.5, 0.5, f"no `{key}` logged", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(name)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    handles = {h.get_label().split(" (n=")[0]: h for ax in axes.ravel() for h in ax.get_lines()
+               if not h.get_label().startswith("_")}  # fmt: skip
+    fig.legend(list(handles.values()), list(handles.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return FigureOut(title, caption, path)
+
+
+def gate_check(res: GridResults, path: Path) -> FigureOut:
+    title = "Gate check: share of sampled-token TV mass on gated tokens vs gate rate"
+    caption = ("Each faint point is one run (means over its steps); the large marker is the mean over seeds with "
+               "the seed range as error bars. x: gate rate (share of tokens gated), y: share of the sampled-token "
+               "TV mass 1/2|pi - mu| that falls on gated tokens (`gate/tv_share`). On the dashed y = x line the gate "
+               "is no better than picking tokens at random; above it the gate picks the tokens that carry the "
+               "mismatch. The inverted gate (falsifier) should fall below the line.")  # fmt: skip
+    m = res.metrics
+    if "gate/tv_share" not in m or "obj/gate_rate" not in m:
+        return FigureOut(title, caption, None, "no `gate/tv_share` or `obj/gate_rate` in metrics")
+    per_run = m.groupby(["cell", "lag", "seed"])[["obj/gate_rate", "gate/tv_share"]].mean().dropna().reset_index()
+    per_run = per_run[per_run["obj/gate_rate"] > 0]
+    if per_run.empty:
+        return FigureOut(title, caption, None, "no run with a nonzero gate rate and a TV share")
+    cells = [c for c in res.cell_order() if c in set(per_run["cell"])]
+    colors, markers = _colors(res.cell_order()), "osD^v<>ph*"
+    lags = sorted(per_run["lag"].unique())
+    fig, ax = plt.subplots(figsize=(7, 6))
+    for cell in cells:
+        for j, lag in enumerate(lags):
+            g = per_run[(per_run["cell"] == cell) & (per_run["lag"] == lag)]
+            if g.empty:
+                continue
+            x, y = g["obj/gate_rate"].to_numpy(), g["gate/tv_share"].to_numpy()
+            ax.scatter(x, y, color=colors[cell], alpha=0.25, s=14, marker=markers[j % len(markers)])
+            xm, ym = x.mean(), y.mean()
+            ax.errorbar(xm, ym, xerr=[[xm - x.min()], [x.max() - xm]], yerr=[[ym - y.min()], [y.max() - ym]],
+                        color=colors[cell], marker=markers[j % len(markers)], ms=8, capsize=3,
+                        label=f"{res.label(cell)} @lag{lag}")  # fmt: skip
+    hi = max(1e-3, float(per_run[["obj/gate_rate", "gate/tv_share"]].to_numpy().max()) * 1.1)
+    ax.plot([0, hi], [0, hi], "k--", lw=1, label="y = x (no better than chance)")
+    ax.set_xlim(0, hi)
+    ax.set_ylim(0, min(1.0, hi * 1.5) if hi < 1 else hi)
+    ax.set_xlabel("gate rate (share of active tokens gated)")
+    ax.set_ylabel("gate/tv_share (share of TV mass on gated tokens)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return FigureOut(title, caption, path)
+
+
+def bylag(res: GridResults, path: Path) -> FigureOut:
+    title = "Clip fraction and gate rate by realized lag"
+    caption = ("Per method and configured lag, the mean over steps and seeds of `bylag/<k>/clipfrac` and "
+               "`bylag/<k>/gate_rate`: x is the realized lag k of the tokens (trainer version - sample version). "
+               "SAT should gate and clip older tokens more; a fixed PPO clip has no reason to.")  # fmt: skip
+    m = res.metrics
+    cols = {c: _BYLAG_RE.match(c) for c in m.columns}
+    cols = {c: (int(mt.group(1)), mt.group(2)) for c, mt in cols.items() if mt}
+    if not cols:
+        return FigureOut(title, caption, None, "no `bylag/<k>/...` keys in metrics")
+    means = m.groupby(["cell", "lag"])[list(cols)].mean()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), squeeze=False)
+    colors = _colors(res.cell_order())
+    styles = ["-", "--", ":", "-."]
+    lag_list = sorted(m["lag"].unique())
+    for ax, metric in zip(axes[0], ("clipfrac", "gate_rate")):
+        ks = sorted({k for k, name in cols.values() if name == metric})
+        for (cell, lag), row in means.iterrows():
+            y = np.array([row.get(f"bylag/{k}/{metric}", np.nan) for k in ks], dtype=float)
+            if not np.isfinite(y).any() or (metric == "gate_rate" and np.nanmax(y) == 0):
+                continue
+            ax.plot(ks, y, marker="o", ms=3, color=colors[cell], ls=styles[lag_list.index(lag) % len(styles)],
+                    label=f"{res.label(cell)} @lag{lag}")  # fmt: skip
+        ax.set_xlabel("realized lag k (optimizer steps)")
+        ax.set_ylabel(metric.replace("_", " "))
+        ax.set_title(f"{metric.replace('_', ' ')} by lag")
+        ax.grid(alpha=0.3)
+    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
+    fig.legend(list(handles.values()), list(handles.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return FigureOut(title, caption, path)
+
+
+def paired(res: GridResults, tables: dict[str, pd.DataFrame], baseline: str | None, path: Path) -> FigureOut:
+    title = f"Paired difference vs {baseline}"
+    caption = (f"Each row is a method at one lag: mean over shared seeds of (method - {baseline}) in avg@k points, "
+               "with the 95% percentile bootstrap CI of that mean, and wins = seeds where the method beats the "
+               "baseline. A bar that crosses 0 means no detectable difference.")  # fmt: skip
+    if baseline is None or not tables or all(t.empty for t in tables.values()):
+        return FigureOut(title, caption, None, "no baseline cell, or no method shares seeds with it")
+    fig, axes = plt.subplots(1, len(tables), figsize=(6 * len(tables), 0.45 * max(len(t) for t in tables.values()) + 1.8),
+                             squeeze=False)  # fmt: skip
+    for ax, (metric, t) in zip(axes[0], tables.items()):
+        t = t.iloc[::-1].reset_index(drop=True)
+        y = np.arange(len(t))
+        color = np.where(t["lo"] > 0, "tab:green", np.where(t["hi"] < 0, "tab:red", "tab:gray"))
+        ax.errorbar(t["mean"] * 100, y, xerr=[(t["mean"] - t["lo"]) * 100, (t["hi"] - t["mean"]) * 100], fmt="none",
+                    ecolor=list(color), capsize=3)  # fmt: skip
+        ax.scatter(t["mean"] * 100, y, c=list(color), zorder=3)
+        ax.axvline(0, color="k", lw=1)
+        ax.set_yticks(y, [f"{res.label(c)} @lag{lag}  ({w}/{n} wins)" for c, lag, w, n in
+                          zip(t["cell"], t["lag"], t["wins"], t["n"])], fontsize=8)  # fmt: skip
+        ax.set_xlabel(f"{metric.replace('_', ' ')}: method - {baseline} (avg@k points)")
+        ax.set_title(metric.replace("_", " "))
+        ax.grid(alpha=0.3, axis="x")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return FigureOut(title, caption, path)

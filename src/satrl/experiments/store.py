@@ -1,0 +1,230 @@
+"""Read a grid's output folder (`<out>/<cell>/lag<n>/seed<s>/`) into pandas DataFrames, and pack it.
+
+Every reader tolerates missing files and keys: a run that has not written summary.json yet is a
+row with status 'partial'/'failed'/'new' and NaN summary fields; a metric a step did not log is NaN.
+A truncated last line of a JSONL file (a run killed mid-write) is skipped.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+SUMMARY_KEYS = ("best_avg_at_k", "best_step", "final_avg_at_k", "collapse_step", "d_pi_last25",
+                "gate_rate_mean", "wall_time_s", "steps", "status")  # fmt: skip
+_RUN_RE = re.compile(r"^lag(-?\d+)$"), re.compile(r"^seed(\d+)$")
+PACKED_FILES = ("summary.json", "config.yaml", "eval.jsonl")
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a .jsonl or .jsonl.gz file; unparsable lines (a truncated tail) are skipped."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    rows = []
+    with opener(path, "rt") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+@dataclass(frozen=True)
+class RunDir:
+    cell: str
+    lag: int
+    seed: int
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.cell}/lag{self.lag}/seed{self.seed}"
+
+
+def find_runs(out_dir: str | Path) -> list[RunDir]:
+    """Every `<cell>/lag<n>/seed<s>` folder under out_dir, sorted by (cell, lag, seed)."""
+    found = []
+    for p in Path(out_dir).glob("*/lag*/seed*"):
+        lag_m, seed_m = _RUN_RE[0].match(p.parent.name), _RUN_RE[1].match(p.name)
+        if p.is_dir() and lag_m and seed_m:
+            found.append(RunDir(p.parent.parent.name, int(lag_m.group(1)), int(seed_m.group(1)), p))
+    return sorted(found, key=lambda r: (r.cell, r.lag, r.seed))
+
+
+def _status(run: RunDir, summary: dict | None) -> str:
+    if summary is not None and summary.get("status") == "finished":
+        return "finished"
+    if (run.path / "error.txt").exists():
+        return "failed"
+    ck = run.path / "checkpoints"
+    return "partial" if ck.is_dir() and any(ck.iterdir()) else "new"
+
+
+def load_runs(out_dir: str | Path) -> pd.DataFrame:
+    """One row per run dir: cell, lag, seed, run, status, path and every summary.json field."""
+    rows = []
+    for r in find_runs(out_dir):
+        summary = _read_json(r.path / "summary.json")
+        row: dict[str, Any] = {k: None for k in SUMMARY_KEYS}
+        row.update(summary or {})
+        row.update(cell=r.cell, lag=r.lag, seed=r.seed, run=r.name, path=str(r.path), status=_status(r, summary))
+        rows.append(row)
+    cols = ["cell", "lag", "seed", "run", "status", "path"]
+    df = pd.DataFrame(rows, columns=None if rows else cols + list(SUMMARY_KEYS))
+    for k in SUMMARY_KEYS:
+        if k != "status":
+            df[k] = pd.to_numeric(df[k], errors="coerce")
+    return df[cols + [c for c in df.columns if c not in cols]]
+
+
+def _metrics_path(run_path: Path) -> Path | None:
+    for name in ("metrics.jsonl", "metrics.jsonl.gz"):
+        if (run_path / name).exists():
+            return run_path / name
+    return None
+
+
+def _long_frame(runs: list[RunDir], reader) -> pd.DataFrame:
+    frames = []
+    for r in runs:
+        rows = reader(r.path)
+        if not rows:
+            continue
+        df = pd.DataFrame(rows)
+        df.insert(0, "seed", r.seed)
+        df.insert(0, "lag", r.lag)
+        df.insert(0, "cell", r.cell)
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame(columns=["cell", "lag", "seed", "step"])
+    df = pd.concat(frames, ignore_index=True)
+    if "step" not in df:
+        df["step"] = float("nan")
+    df["step"] = pd.to_numeric(df["step"], errors="coerce")
+    for c in df.columns[3:]:
+        if df[c].dtype == object:
+            converted = pd.to_numeric(df[c], errors="coerce")
+            if converted.notna().sum() == df[c].notna().sum():  # numbers or None: make it float
+                df[c] = converted
+    return df.sort_values(["cell", "lag", "seed", "step"], kind="stable").reset_index(drop=True)
+
+
+def load_metrics(out_dir: str | Path) -> pd.DataFrame:
+    """Per-step metrics of every run (metrics.jsonl or .jsonl.gz): cell, lag, seed, step, <keys...>."""
+
+    def reader(p: Path) -> list[dict]:
+        mp = _metrics_path(p)
+        return read_jsonl(mp) if mp else []
+
+    return _long_frame(find_runs(out_dir), reader)
+
+
+def load_evals(out_dir: str | Path) -> pd.DataFrame:
+    """Eval curves of every run: cell, lag, seed, step, avg_at_k, greedy_acc, k."""
+
+    def reader(p: Path) -> list[dict]:
+        return read_jsonl(p / "eval.jsonl") if (p / "eval.jsonl").exists() else []
+
+    df = _long_frame(find_runs(out_dir), reader)
+    for c in ("avg_at_k", "greedy_acc", "k"):
+        if c not in df:
+            df[c] = float("nan")
+    return df
+
+
+def load_grid_meta(out_dir: str | Path) -> dict[str, Any]:
+    """The grid.yaml written by the runner (cell order, labels, baseline, description), or {}."""
+    p = Path(out_dir) / "grid.yaml"
+    meta = (yaml.safe_load(p.read_text()) or {}) if p.exists() else {}
+    status = _read_json(Path(out_dir) / "grid_status.json") or {}
+    meta.setdefault("git_commit", status.get("git_commit"))
+    meta.setdefault("command", status.get("command"))
+    return meta
+
+
+@dataclass
+class GridResults:
+    """A grid output folder in memory."""
+
+    out_dir: Path
+    runs: pd.DataFrame
+    metrics: pd.DataFrame
+    evals: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> pd.DataFrame:
+        return self.runs[self.runs["status"] == "finished"]
+
+    def cell_order(self) -> list[str]:
+        """Cells in the grid file's order, then any others alphabetically."""
+        listed = list((self.meta.get("cells") or {}).keys())
+        present = list(dict.fromkeys(self.runs["cell"]))
+        return [c for c in listed if c in present] + sorted(c for c in present if c not in listed)
+
+    def label(self, cell: str) -> str:
+        body = (self.meta.get("cells") or {}).get(cell) or {}
+        return body.get("label") or cell
+
+
+def load_results(out_dir: str | Path) -> GridResults:
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        raise ValueError(f"no such grid output folder: {out_dir}")
+    return GridResults(out_dir, load_runs(out_dir), load_metrics(out_dir), load_evals(out_dir), load_grid_meta(out_dir))
+
+
+def pack_results(out_dir: str | Path, dest: str | Path) -> list[Path]:
+    """Copy what is worth committing for every finished run into dest, mirroring the layout.
+
+    Per run: summary.json, config.yaml, eval.jsonl and metrics.jsonl.gz (gzip, mtime 0 so the bytes
+    are stable). Plus grid.yaml and grid_status.json. Never checkpoints or logs. dest can be read by
+    load_results/report, and used as `--out` of the same grid to continue it elsewhere. Returns the
+    files written.
+    """
+    out_dir, dest = Path(out_dir), Path(dest)
+    written: list[Path] = []
+    for name in ("grid.yaml", "grid_status.json"):
+        if (out_dir / name).exists():
+            dest.mkdir(parents=True, exist_ok=True)
+            written.append(Path(shutil.copyfile(out_dir / name, dest / name)))
+    for r in find_runs(out_dir):
+        if _status(r, _read_json(r.path / "summary.json")) != "finished":
+            continue
+        target = dest / r.cell / f"lag{r.lag}" / f"seed{r.seed}"
+        target.mkdir(parents=True, exist_ok=True)
+        for name in PACKED_FILES:
+            if (r.path / name).exists():
+                written.append(Path(shutil.copyfile(r.path / name, target / name)))
+        mp = _metrics_path(r.path)
+        if mp is not None:
+            gz = target / "metrics.jsonl.gz"
+            if mp.suffix == ".gz":
+                shutil.copyfile(mp, gz)
+            else:
+                with open(mp, "rb") as src, open(gz, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as z:
+                    shutil.copyfileobj(src, z)
+            written.append(gz)
+    return written

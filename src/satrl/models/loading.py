@@ -1,0 +1,85 @@
+"""Load a policy: a local Hugging Face causal-LM directory or a built-in name.
+
+Built-ins ship inside the package as ordinary HF directories under ``satrl/models/checkpoints/<name>/``
+(config.json, model.safetensors, tokenizer files, pretrain.json with the command that regenerates them).
+Weights load from safetensors only: a directory holding only ``pytorch_model.bin`` is refused, because
+unpickling a checkpoint can run arbitrary code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
+BUILTINS: dict[str, str] = {  # name -> folder under CHECKPOINTS
+    "tiny-arith": "tiny-arith",
+    "tiny-arith-moe": "tiny-arith-moe",
+}
+EXPECTED = "a Hugging Face causal-LM directory with config.json, *.safetensors weights and tokenizer files"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+class PolicyLoadError(ValueError):
+    """A policy path or name that cannot be loaded; the message names the path and what was expected."""
+
+
+def builtin_path(name: str) -> Path:
+    """Directory of a built-in policy; ``ValueError`` listing the valid names if ``name`` is unknown."""
+    if name not in BUILTINS:
+        raise PolicyLoadError(f"unknown built-in policy {name!r}; valid names: {sorted(BUILTINS)}")
+    return CHECKPOINTS / BUILTINS[name]
+
+
+def resolve_policy_path(path_or_name: str | Path) -> Path:
+    """A built-in name's shipped directory, or the given path after checking it looks like an HF
+    causal-LM directory (one-line :class:`PolicyLoadError` otherwise)."""
+    if str(path_or_name) in BUILTINS:
+        path = builtin_path(str(path_or_name))
+        if not (path / "config.json").is_file():
+            raise PolicyLoadError(
+                f"built-in policy {path_or_name!r} is not in this install ({path} is empty); regenerate it "
+                f"with the command in docs or reinstall satrl"
+            )
+    else:
+        path = Path(path_or_name).expanduser()
+    if not path.exists():
+        hint = "" if ("/" in str(path_or_name) or path.suffix) else f" (built-in names: {sorted(BUILTINS)})"
+        raise PolicyLoadError(f"policy path {str(path)!r} does not exist; expected {EXPECTED}{hint}")
+    if not path.is_dir():
+        raise PolicyLoadError(f"policy path {str(path)!r} is not a directory; expected {EXPECTED}")
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not any(path.glob("*.safetensors")):
+        bins = sorted(p.name for p in path.glob("*.bin"))
+        if bins:
+            raise PolicyLoadError(
+                f"policy path {str(path)!r} has only pickled weights ({', '.join(bins)}); satrl loads "
+                f"safetensors only: convert with model.save_pretrained(dir, safe_serialization=True)"
+            )
+        missing.append("*.safetensors")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        missing.append("tokenizer files (tokenizer.json or tokenizer_config.json)")
+    if missing:
+        raise PolicyLoadError(f"policy path {str(path)!r} lacks {', '.join(missing)}; expected {EXPECTED}")
+    return path
+
+
+def load_policy(
+    path_or_name: str | Path, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``(model, tokenizer)`` from a built-in name (``tiny-arith``, ``tiny-arith-moe``) or a local HF
+    causal-LM directory. The model is in eval mode, on CPU, in ``dtype``; never downloads anything."""
+    path = resolve_policy_path(path_or_name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, use_safetensors=True, local_files_only=True, attn_implementation="sdpa"
+        )
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:  # malformed config/weights: keep the one-line contract
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PolicyLoadError(f"cannot load policy from {str(path)!r} ({first}); expected {EXPECTED}") from e
+    return model.eval(), tokenizer

@@ -1,0 +1,313 @@
+"""``satrl pretrain``: supervised next-token training of a tiny base policy on a task's train split.
+
+The sequence of one problem is ``<bos> prompt answer <eos>``; the loss is the mean cross-entropy over the
+answer and EOS tokens only (prompt tokens are labelled -100). AdamW, lr 1e-3, betas (0.9, 0.98), weight
+decay 0, a linear warm-up over the first ``warmup`` steps and then a constant rate, gradient-norm clip 1.
+
+The schedule never looks at the total number of steps, on purpose: a run with ``--steps N`` is exactly
+the first N steps of any longer run with the same seed. Calibration is therefore "train long, score
+every few hundred steps, pick the N where avg@8 lands in the target band, rerun with ``--steps N``".
+Everything is deterministic for ``seed`` *and* ``threads`` (CPU matmul reductions depend on the thread
+count), so both are recorded in ``pretrain.json`` together with the exact command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from satrl.models.sampler import score
+from satrl.models.tiny import build_tiny_model, count_params
+from satrl.models.tokenizer import build_char_tokenizer
+
+# What `--model NAME` means: the recipe of each built-in policy (CLI flags override the fields).
+RECIPES: dict[str, dict[str, Any]] = {
+    "tiny-arith": {"kind": "dense", "task": "arithmetic", "digits": 3, "ops": "+"},
+    "tiny-arith-moe": {"kind": "moe", "task": "arithmetic", "digits": 3, "ops": "+"},
+}
+
+
+def encode_batch(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[str], answers: list[str]
+) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``/``attention_mask`` [B, L] and ``labels`` [B, L] (-100 except on the
+    answer and EOS tokens), ready for ``model(**batch).loss``."""
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    rows, labels = [], []
+    for p, a in zip(prompts, answers):
+        p_ids = tokenizer(p)["input_ids"]
+        a_ids = tokenizer(a, add_special_tokens=False)["input_ids"] + [eos]
+        rows.append(p_ids + a_ids)
+        labels.append([-100] * len(p_ids) + a_ids)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    lab = torch.full((len(rows), width), -100, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, y) in enumerate(zip(rows, labels)):
+        ids[i, : len(r)] = torch.tensor(r)
+        lab[i, : len(y)] = torch.tensor(y)
+        attn[i, : len(r)] = 1
+    return {"input_ids": ids, "attention_mask": attn, "labels": lab}
+
+
+def _batches(task: Any, seed: int, batch_size: int) -> Iterator[tuple[list[str], list[str]]]:
+    stream = task.problems("train", seed)
+    while True:
+        chunk = [next(stream) for _ in range(batch_size)]
+        yield [p.prompt for p in chunk], [p.answer for p in chunk]
+
+
+def _make_task(name: str, digits: int, ops: str) -> Any:
+    # Imported here: satrl.tasks sits above satrl.models in the layering (DESIGN.md "Folders").
+    from satrl.tasks import make_task
+
+    return make_task(name, digits=digits, ops=ops) if name == "arithmetic" else make_task(name)
+
+
+def pretrain(
+    kind: str = "dense",
+    task: str = "arithmetic",
+    steps: int = 1000,
+    batch_size: int = 128,
+    lr: float = 1e-3,
+    seed: int = 0,
+    out_dir: str | Path | None = None,
+    *,
+    digits: int = 3,
+    ops: str = "+",
+    warmup: int = 50,
+    threads: int = 2,
+    eval_every: int = 0,
+    eval_problems: int = 100,
+    eval_k: int = 8,
+    stop_avg: float | None = None,
+    final_eval_problems: int = 200,
+    command: str | None = None,
+    progress: bool = True,
+    model_cfg: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Train a fresh tiny ``kind`` model for ``steps`` steps; write an HF directory to ``out_dir`` (if
+    given) and return the record that goes into its ``pretrain.json``.
+
+    ``eval_every`` > 0 scores avg@``eval_k`` on ``eval_problems`` eval problems every that many steps
+    (its sampling uses its own generator, so it does not change training); with ``stop_avg`` the run
+    stops at the first such score >= ``stop_avg``. ``final_eval_problems`` = 0 skips the final score.
+    """
+    if steps < 1 or batch_size < 1:
+        raise ValueError(f"steps and batch_size must be >= 1, got steps={steps}, batch_size={batch_size}")
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tokenizer = build_char_tokenizer()
+        the_task = _make_task(task, digits, ops)
+        ids = dict(
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+        )
+        model = build_tiny_model(kind, vocab_size=len(tokenizer), seed=seed, **ids, **(model_cfg or {}))
+        torch.manual_seed(seed)
+        history, step, train_s = _train_loop(
+            model,
+            tokenizer,
+            the_task,
+            steps,
+            batch_size,
+            lr,
+            seed,
+            warmup,
+            eval_every,
+            eval_problems,
+            eval_k,
+            stop_avg,
+            progress,
+        )
+        record: dict[str, Any] = {
+            "command": command,
+            "args": dict(
+                kind=kind,
+                task=task,
+                digits=digits,
+                ops=ops,
+                steps=steps,
+                batch_size=batch_size,
+                lr=lr,
+                seed=seed,
+                warmup=warmup,
+                threads=threads,
+                betas=[0.9, 0.98],
+                model_cfg=model_cfg or {},
+            ),
+            "steps_run": step,
+            "train_time_s": round(train_s, 2),
+            "params": count_params(model),
+            "final_loss": history[-1]["loss"] if history else None,
+            "history": history,
+        }
+        if final_eval_problems > 0:
+            record["final"] = final_scores(model, tokenizer, the_task, final_eval_problems, eval_k)
+        if out_dir is not None:
+            save_policy(model, tokenizer, out_dir, record)
+        return record
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _train_loop(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Any,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    warmup: int,
+    eval_every: int,
+    eval_problems: int,
+    eval_k: int,
+    stop_avg: float | None,
+    progress: bool,
+) -> tuple[list[dict[str, Any]], int, float]:
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(warmup, 1)))
+    eval_set = list(task.problems("eval", seed))[:eval_problems] if eval_every > 0 else []
+    history: list[dict[str, Any]] = []
+    batches = _batches(task, seed, batch_size)
+    model.train()
+    t0, eval_s, step, loss_ema = time.perf_counter(), 0.0, 0, float("nan")
+    columns = [
+        TextColumn("pretrain"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+    ]
+    with Progress(*columns, disable=not progress, transient=False) as bar:
+        job = bar.add_task("pretrain", total=steps, info="")
+        for step in range(1, steps + 1):
+            prompts, answers = next(batches)
+            loss = model(**encode_batch(tokenizer, prompts, answers)).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            value = loss.item()
+            loss_ema = value if step == 1 else 0.95 * loss_ema + 0.05 * value
+            bar.update(job, advance=1, info=f"loss {loss_ema:.3f}")
+            if eval_every > 0 and step % eval_every == 0:
+                e0 = time.perf_counter()
+                s = score(model, tokenizer, eval_set, task.reward, k=eval_k, seed=10_000 + step)
+                model.train()
+                eval_s += time.perf_counter() - e0
+                train_s = time.perf_counter() - t0 - eval_s
+                history.append({"step": step, "loss": value, "train_s": round(train_s, 2), **s})
+                bar.update(job, info=f"loss {loss_ema:.3f} avg@{eval_k} {s['avg_at_k']:.3f}")
+                if stop_avg is not None and s["avg_at_k"] >= stop_avg:
+                    break
+    if not history or history[-1]["step"] != step:
+        history.append({"step": step, "loss": value})
+    model.eval()
+    return history, step, time.perf_counter() - t0 - eval_s
+
+
+def final_scores(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Any, n_problems: int, k: int = 8
+) -> dict[str, Any]:
+    """avg@k (temperature 1) and greedy accuracy on the first ``n_problems`` eval problems: through
+    ``satrl.tasks.evaluate`` and the torch engine when they are installed, else the local sampler."""
+    try:
+        from satrl.engines import TorchEngine
+        from satrl.tasks.evaluate import evaluate
+    except ImportError:
+        problems = list(task.problems("eval", 0))[:n_problems]
+        return {**score(model, tokenizer, problems, task.reward, k=k), "scorer": "satrl.models.sampler"}
+    engine = TorchEngine(
+        model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tokenizer=tokenizer
+    )
+    result = evaluate(engine, tokenizer, task, k=k, split="eval", n_problems=n_problems, seed=0)
+    return {**result.as_dict(), "scorer": "satrl.tasks.evaluate(TorchEngine)"}
+
+
+def save_policy(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path, record: dict[str, Any]
+) -> Path:
+    """Write an HF directory: config.json, model.safetensors, tokenizer files and pretrain.json."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "pretrain.json").write_text(json.dumps(record, indent=2) + "\n")
+    return out
+
+
+# ------------------------------------------------------------------------------------------- CLI
+def add_pretrain_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``satrl pretrain``."""
+    parser.add_argument("--model", default="tiny-arith", choices=sorted(RECIPES), help="built-in recipe")
+    parser.add_argument("--kind", choices=["dense", "moe"], help="override the recipe's model kind")
+    parser.add_argument("--task", help="task name (default: the recipe's, arithmetic)")
+    parser.add_argument("--digits", type=int, help="arithmetic operand digits (recipe: 3)")
+    parser.add_argument("--ops", help="arithmetic operators, e.g. '+' or '+-' (recipe: '+')")
+    parser.add_argument("--steps", type=int, required=True, help="optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (results depend on it)")
+    parser.add_argument("--eval-every", type=int, default=0, help="score avg@8 every N steps (0: off)")
+    parser.add_argument("--eval-problems", type=int, default=100)
+    parser.add_argument("--stop-avg", type=float, help="stop at the first periodic avg@8 >= this")
+    parser.add_argument("--final-eval-problems", type=int, default=200)
+    parser.add_argument("--out", required=True, help="output HF directory")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The canonical ``satrl pretrain ...`` command that reproduces ``args`` (defaults omitted)."""
+    parts = ["satrl", "pretrain", "--model", args.model, "--steps", str(args.steps), "--seed", str(args.seed)]
+    defaults = argparse.ArgumentParser()
+    add_pretrain_args(defaults)
+    base = vars(defaults.parse_args(["--steps", "1", "--out", "x"]))
+    for key, value in vars(args).items():
+        if key in ("model", "steps", "seed", "out", "no_progress") or key not in base or value == base[key]:
+            continue
+        parts += [f"--{key.replace('_', '-')}", str(value)]
+    return shlex.join([*parts, "--out", str(args.out)])
+
+
+def run_pretrain(args: argparse.Namespace) -> int:
+    """Handler of ``satrl pretrain``: train, write ``--out``, print the final scores. Returns 0."""
+    recipe = RECIPES[args.model]
+    record = pretrain(
+        kind=args.kind or recipe["kind"],
+        task=args.task or recipe["task"],
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        out_dir=args.out,
+        digits=args.digits if args.digits is not None else recipe["digits"],
+        ops=args.ops or recipe["ops"],
+        warmup=args.warmup,
+        threads=args.threads,
+        eval_every=args.eval_every,
+        eval_problems=args.eval_problems,
+        stop_avg=args.stop_avg,
+        final_eval_problems=args.final_eval_problems,
+        command=command_line(args),
+        progress=not args.no_progress,
+    )
+    final = record.get("final")
+    scores = f" avg@8 = {final['avg_at_k']:.3f}, greedy = {final['greedy_acc']:.3f}" if final else ""
+    print(f"wrote {args.out}: {record['steps_run']} steps in {record['train_time_s']:.0f} s;{scores}")
+    return 0

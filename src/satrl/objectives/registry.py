@@ -1,0 +1,97 @@
+"""Named registries: the one place where a string chooses behaviour.
+
+Each objective is composed of four components (ratio level, trust region, correction, KL), each looked up
+in its own :class:`Registry`. A component declares its hyperparameters with defaults, and the allowed
+values of its string-valued ones, so that a preset plus overrides can be validated before any tensor
+is touched. Every lookup error is a ``ValueError`` that names the valid choices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Component:
+    """One registered choice: its function, its hyperparameters (name -> default) and their checks."""
+
+    name: str
+    fn: Callable[..., Any]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    choices: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    checks: Mapping[str, tuple[Callable[[Any], bool], str]] = field(default_factory=dict)
+
+    def validate(self, name: str, value: Any) -> None:
+        """Raise ValueError if ``value`` is not allowed for hyperparameter ``name``."""
+        if name in self.choices and value not in self.choices[name]:
+            raise ValueError(
+                f"{self.name}: {name}={value!r} is not valid; choose one of {list(self.choices[name])}"
+            )
+        if name in self.checks:
+            ok, what = self.checks[name]
+            if not ok(value):
+                raise ValueError(f"{self.name}: {name}={value!r} is not valid; it must be {what}")
+
+
+class Registry(Generic[F]):
+    """A name -> :class:`Component` table for one kind of choice (e.g. ``trust region``)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, Component] = {}
+
+    def register(
+        self,
+        name: str,
+        defaults: Mapping[str, Any] | None = None,
+        choices: Mapping[str, tuple[Any, ...]] | None = None,
+        checks: Mapping[str, tuple[Callable[[Any], bool], str]] | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator registering ``fn`` under ``name``."""
+
+        def deco(fn: F) -> F:
+            if name in self._items:
+                raise ValueError(f"{self.kind} {name!r} is already registered")
+            self._items[name] = Component(
+                name,
+                fn,
+                MappingProxyType(dict(defaults or {})),
+                MappingProxyType(dict(choices or {})),
+                MappingProxyType(dict(checks or {})),
+            )
+            return fn
+
+        return deco
+
+    def get(self, name: str) -> Component:
+        try:
+            return self._items[name]
+        except (KeyError, TypeError):
+            raise ValueError(f"unknown {self.kind} {name!r}; valid choices: {self.names()}") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+
+def positive(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+
+
+def non_negative(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
+
+
+def unit_interval(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1
+
+
+def dual_clip_ok(x: Any) -> bool:
+    return x is None or (positive(x) and x > 1)

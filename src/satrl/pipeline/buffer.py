@@ -1,0 +1,79 @@
+"""From samples to padded batches; the snapshot store that keeps the weights future batches need."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from satrl.types import Batch, Sample
+
+
+def collate(samples: list[Sample], pad_id: int) -> Batch:
+    """Right-pad prompt+response rows into a :class:`Batch`. Routing [T, layers, k] of response token t is
+    placed at input position ``prompt_len + t - 1``, the position whose logits score token t."""
+    B = len(samples)
+    if B == 0:
+        raise ValueError("cannot collate an empty batch (every sample was dropped?)")
+    T = max(1, max(len(s.response_ids) for s in samples))
+    L = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention = torch.zeros(B, L, dtype=torch.bool)
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    response = torch.zeros(B, T, dtype=torch.long)
+    blp = torch.zeros(B, T)
+    versions = torch.zeros(B, T, dtype=torch.long)
+    routing = None
+    if samples[0].routing is not None:
+        _, layers, k = samples[0].routing.shape
+        routing = torch.full((B, L, layers, k), -1, dtype=torch.long)
+    for i, s in enumerate(samples):
+        p, t = len(s.prompt_ids), len(s.response_ids)
+        input_ids[i, : p + t] = torch.tensor(s.prompt_ids + s.response_ids)
+        attention[i, : p + t] = True
+        mask[i, :t] = True
+        response[i, :t] = torch.tensor(s.response_ids, dtype=torch.long)
+        blp[i, :t] = s.behavior_logp.float()
+        versions[i, :t] = s.version
+        if routing is not None and s.routing is not None:
+            routing[i, p - 1 : p - 1 + t] = s.routing.long()
+    first_seen: dict[str, int] = {}
+    group_index = torch.tensor([first_seen.setdefault(s.group_id, len(first_seen)) for s in samples])
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        prompt_len=torch.tensor([len(s.prompt_ids) for s in samples]),
+        mask=mask,
+        response_ids=response,
+        behavior_logp=blp,
+        versions=versions,
+        rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
+        group_index=group_index,
+        routing=routing,
+        sample_ids=[s.id for s in samples],
+    )
+
+
+class SnapshotStore:
+    """Weights by version, kept while some batch not yet finished training needs them.
+
+    ``needed(b)`` gives the versions batch ``b`` is generated with; the store keeps a version while any batch
+    from the one in training up to ``horizon`` batches ahead needs it.
+    """
+
+    def __init__(self, needed: Callable[[int], set[int]], horizon: int) -> None:
+        self.needed, self.horizon = needed, horizon
+        self.states: dict[int, dict[str, torch.Tensor]] = {}
+
+    def wanted(self, b_training: int) -> set[int]:
+        return set().union(*(self.needed(b) for b in range(b_training, b_training + self.horizon + 1)))
+
+    def offer(self, version: int, weights: Callable[[], dict[str, torch.Tensor]], b_training: int) -> None:
+        """Keep the current weights if a pending batch needs them; forget versions no one needs."""
+        wanted = self.wanted(b_training)
+        if version in wanted and version not in self.states:
+            self.states[version] = weights()
+        self.states = {v: s for v, s in self.states.items() if v in wanted}
+
+    def get(self, version: int) -> dict[str, torch.Tensor] | None:
+        return self.states.get(version)

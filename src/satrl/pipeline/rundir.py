@@ -1,0 +1,178 @@
+"""The run directory: resolved config, metrics.jsonl, eval.jsonl, checkpoints, summary.json.
+
+Layout and keys: docs/metrics.md. A resumed run truncates its logs to the checkpoint it restarts from, so
+the logs of a killed-and-resumed run equal those of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from satrl.config import RunConfig, load_config, save_config
+from satrl.diagnostics import summarize_run
+from satrl.pipeline.buffer import SnapshotStore
+from satrl.training import checkpoint as ckpt
+from satrl.types import Batch, Sample
+
+
+@dataclass
+class RunState:
+    """Everything the loop needs besides the trainer to continue exactly where it stopped."""
+
+    next_batch: int = 0
+    next_submit: int = 0
+    ready: dict[int, list[Sample]] = field(default_factory=dict)  # generated, not yet trained
+    best: float = -math.inf
+    best_step: int | None = None
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+class RunDir:
+    def __init__(self, cfg: RunConfig, resume: bool = False) -> None:
+        self.cfg, self.path = cfg, cfg.run_dir()
+        self.ckpt_dir = self.path / "checkpoints"
+        if not resume and (self.path / "metrics.jsonl").exists():
+            raise FileExistsError(f"{self.path} already holds a run; resume it with --resume {self.path} or pick out=")
+        self.path.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.path / "config.yaml")
+        self.t0 = time.perf_counter()
+        self.wall_before = 0.0
+        self.state = RunState()
+
+    @staticmethod
+    def config_of(path: str | Path, overrides: list[str] = ()) -> RunConfig:
+        """The saved config of a run directory (for ``--resume``), with ``out`` pinned to it."""
+        return load_config(Path(path) / "config.yaml", [*overrides, f"out={path}"])
+
+    # -- start -------------------------------------------------------------------------------------
+    def fresh(self, trainer, store: SnapshotStore) -> RunState:
+        for name in ("metrics.jsonl", "eval.jsonl", "summary.json"):
+            (self.path / name).unlink(missing_ok=True)
+        store.offer(0, trainer.weights, 0)
+        return self.state
+
+    def restore(self, trainer, store: SnapshotStore) -> RunState:
+        path = ckpt.latest_checkpoint(self.ckpt_dir)
+        if path is None:
+            raise FileNotFoundError(f"no checkpoint in {self.ckpt_dir}; start the run without --resume")
+        weights, state = ckpt.load_checkpoint(path)
+        trainer.model.load_state_dict(weights)
+        trainer.load_state_dict(state["trainer"])
+        store.states = state["snapshots"]
+        torch.set_rng_state(state["rng"])
+        self.state = state["run"]
+        self.wall_before = state["wall_s"]
+        step = trainer.version  # drop log lines written after the checkpoint: they will be redone
+        for name in ("metrics.jsonl", "eval.jsonl"):
+            _write_jsonl(self.path / name, [r for r in _read_jsonl(self.path / name) if r["step"] <= step])
+        return self.state
+
+    # -- during ------------------------------------------------------------------------------------
+    def wall(self) -> float:
+        return self.wall_before + time.perf_counter() - self.t0
+
+    def log_step(self, step: int, metrics: dict) -> None:
+        row = {"step": step, "wall_s": self.wall(), **metrics}
+        with open(self.path / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def log_eval(self, step: int, result: dict, trainer) -> None:
+        with open(self.path / "eval.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, **result}) + "\n")
+        if result["avg_at_k"] > self.state.best:
+            self.state.best, self.state.best_step = result["avg_at_k"], step
+            self._best_pending = True
+
+    def checkpoint(self, trainer, store: SnapshotStore, state: RunState) -> None:
+        payload = {
+            "trainer": trainer.state_dict(),
+            "snapshots": store.states,
+            "rng": torch.get_rng_state(),
+            "run": state,
+            "wall_s": self.wall(),
+        }
+        best = (self.ckpt_dir / "best").read_text().strip() if (self.ckpt_dir / "best").exists() else None
+        name = f"step-{trainer.version:06d}"
+        if getattr(self, "_best_pending", False):
+            best, self._best_pending = name, False
+        ckpt.save_checkpoint(self.ckpt_dir, trainer.version, trainer.weights(), payload, keep={best} if best else set())
+        if best == name:
+            ckpt.mark_best(self.ckpt_dir, name)
+
+    # -- end ---------------------------------------------------------------------------------------
+    def finish(self) -> dict:
+        summary = summarize_run(
+            _read_jsonl(self.path / "metrics.jsonl"), _read_jsonl(self.path / "eval.jsonl"), self.cfg.collapse
+        )
+        summary.update(wall_time_s=self.wall(), status="finished")
+        summary = {k: (_finite_or_none(v) if isinstance(v, float) else v) for k, v in summary.items()}
+        (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
+class Evaluator:
+    """avg@k and greedy accuracy of the trainer's current weights, with the engine's numerics."""
+
+    def __init__(self, cfg: RunConfig, tokenizer) -> None:
+        self.cfg, self.tokenizer, self.engine = cfg, tokenizer, None
+
+    def due(self, step: int, last: int) -> bool:
+        every = self.cfg.eval.every
+        return step == last or (every > 0 and step % every == 0)
+
+    def __call__(self, trainer) -> dict:
+        from satrl.engines import make_engine
+        from satrl.pipeline.setup import sampling_params
+        from satrl.tasks import make_task
+        from satrl.tasks.evaluate import evaluate
+
+        cfg = self.cfg
+        if self.engine is None:
+            self.engine = make_engine(
+                cfg.engine.name,
+                model=trainer.model,
+                tokenizer=self.tokenizer,
+                eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id,
+                numerics=cfg.engine.numerics,
+            )
+            self.task = make_task(cfg.task.name, **cfg.task.kwargs)
+        self.engine.load_weights(trainer.weights(), trainer.version)
+        res = evaluate(
+            self.engine, self.tokenizer, self.task, k=cfg.eval.k, n_problems=cfg.eval.n_problems,
+            sampling=sampling_params(cfg), seed=cfg.seed,
+        )
+        return {"avg_at_k": res.avg_at_k, "greedy_acc": res.greedy_acc, "k": res.k}
+
+
+def batch_metrics(batch: Batch, rows: torch.Tensor, step_s: float, waited_s: float, dropped: int, backend) -> dict:
+    """Reward and throughput numbers for one optimizer step."""
+    mask = batch.mask[rows]
+    return {
+        "train/reward": float(batch.rewards[rows].mean()),
+        "train/acc": float((batch.rewards[rows] > 0.5).float().mean()),
+        "train/response_len": float(mask.sum(1).float().mean()),
+        "async/dropped": float(dropped),
+        "perf/trainer_tok_s": float(mask.sum()) / max(step_s, 1e-9),
+        "perf/trainer_wait_s": waited_s,
+        "perf/engine_busy_s": backend.busy_seconds(),
+    }

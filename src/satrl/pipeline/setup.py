@@ -1,0 +1,55 @@
+"""Turn a :class:`~satrl.config.RunConfig` into plain-argument components (the config stops here)."""
+
+from __future__ import annotations
+
+from satrl.config import RunConfig
+from satrl.models import load_policy
+from satrl.objectives import resolve_objective
+from satrl.pipeline.worker import WorkerSpec
+from satrl.training.trainer import ObjectiveSpec, Trainer
+from satrl.types import SamplingParams
+
+
+def sampling_params(cfg: RunConfig) -> SamplingParams:
+    e = cfg.engine
+    return SamplingParams(temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, max_new_tokens=e.max_new_tokens)
+
+
+def worker_spec(cfg: RunConfig) -> WorkerSpec:
+    return WorkerSpec(
+        model=cfg.model.source,
+        task=cfg.task.name,
+        task_kwargs=dict(cfg.task.kwargs),
+        engine=cfg.engine.name,
+        numerics=cfg.engine.numerics,
+        threads=cfg.engine.threads,
+        sampling=sampling_params(cfg),
+        prompts_per_batch=cfg.train.prompts_per_batch,
+        group_size=cfg.train.group_size,
+        seed=cfg.seed,
+    )
+
+
+def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
+    """The policy (fp32) and its trainer; returns ``(trainer, tokenizer)``."""
+    model, tokenizer = load_policy(cfg.model.source)
+    if cfg.r3:
+        from satrl.models.routing import moe_num_layers
+
+        if moe_num_layers(model) == 0:
+            raise ValueError(f"r3=true needs an MoE policy; {cfg.model.source!r} is dense (try model.name=tiny-arith-moe)")
+    spec = resolve_objective(cfg.objective.name, **cfg.objective.overrides)
+    trainer = Trainer(
+        model,
+        ObjectiveSpec(cfg.objective.name, cfg.objective.overrides, cfg.objective.aggregation),
+        lr=cfg.train.lr,
+        betas=tuple(cfg.train.betas),
+        weight_decay=cfg.train.weight_decay,
+        grad_clip=cfg.train.grad_clip,
+        temperature=cfg.engine.temperature,
+        microbatch_tokens=cfg.train.microbatch_tokens,
+        whole_batch_quantile=cfg.train.quantile_scope == "batch",
+        r3=cfg.r3,
+        uses_ref=spec.uses_ref,
+    )
+    return trainer, tokenizer

@@ -1,0 +1,122 @@
+"""The rollout worker: task prompts in, scored :class:`~satrl.types.Sample` groups out.
+
+A worker owns an engine, a tokenizer and the task's train stream. It is built from a picklable
+:class:`WorkerSpec`, so the same object runs in-process (sequential backend), in a child process (local
+backend), or as a Ray actor, without the orchestration loop changing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from satrl.types import GenerationRequest, Problem, Sample, SamplingParams
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Plain arguments to build a worker anywhere (the config is turned into these at the edge)."""
+
+    model: str
+    task: str
+    task_kwargs: dict[str, Any] = field(default_factory=dict)
+    engine: str = "torch"
+    numerics: str = "bf16-weights"
+    threads: int = 1
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    prompts_per_batch: int = 16
+    group_size: int = 8
+    seed: int = 0
+
+
+def request_seed(seed: int, b: int, p: int, i: int) -> int:
+    """Per-request sampling seed: a pure function of (run seed, batch, prompt, sample), so samples never
+    depend on timing, batching or which process generates them."""
+    return random.Random(f"rollout-{seed}-{b}-{p}-{i}").getrandbits(62)
+
+
+@dataclass
+class RolloutRequest:
+    """Generate batch ``b``; group ``g`` with the weights of ``versions[g]``, given in ``states``."""
+
+    b: int
+    versions: list[int]
+    states: dict[int, dict[str, torch.Tensor]]
+
+
+class RolloutWorker:
+    def __init__(self, spec: WorkerSpec) -> None:
+        from satrl.engines import make_engine
+        from satrl.models import load_policy
+        from satrl.tasks import make_task
+
+        self.spec = spec
+        model, self.tokenizer = load_policy(spec.model)
+        self.engine = make_engine(
+            spec.engine,
+            model=model,
+            tokenizer=self.tokenizer,
+            eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+            numerics=spec.numerics,
+        )
+        self.task = make_task(spec.task, **spec.task_kwargs)
+        self._stream = self.task.problems("train", spec.seed)
+        self._cursor = 0  # index of the next batch the stream will serve
+
+    def _problems(self, b: int) -> list[Problem]:
+        P = self.spec.prompts_per_batch
+        if b < self._cursor:  # restart the stream (resume after a crash, or a replayed batch)
+            self._stream, self._cursor = self.task.problems("train", self.spec.seed), 0
+        skip = (b - self._cursor) * P
+        problems = list(itertools.islice(self._stream, skip, skip + P))
+        if len(problems) < P:
+            raise RuntimeError(f"task {self.spec.task!r} ran out of train problems at batch {b}")
+        self._cursor = b + 1
+        return problems
+
+    def rollout(self, req: RolloutRequest) -> list[Sample]:
+        """Generate and score the G samples of each prompt of batch ``req.b``."""
+        problems = self._problems(req.b)
+        out: list[Sample] = []
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.spec.threads)  # fixed thread count: bitwise-stable numerics
+        try:
+            for version in sorted(set(req.versions)):
+                if self.engine.version != version:
+                    self.engine.load_weights(req.states[version], version)
+                groups = [g for g, v in enumerate(req.versions) if v == version]
+                out += self._generate(req.b, groups, problems)
+        finally:
+            torch.set_num_threads(threads)
+        return sorted(out, key=lambda s: s.id)
+
+    def _generate(self, b: int, groups: list[int], problems: list[Problem]) -> list[Sample]:
+        G, seed = self.spec.group_size, self.spec.seed
+        requests, meta = [], []
+        for g in groups:
+            prompt_ids = self.tokenizer(problems[g].prompt)["input_ids"]
+            for i in range(G):
+                rid = f"b{b:06d}-g{g:04d}-i{i:03d}"
+                requests.append(GenerationRequest(rid, list(prompt_ids), request_seed(seed, b, g, i)))
+                meta.append((g, problems[g]))
+        completions = self.engine.generate(requests, self.spec.sampling)
+        return [
+            Sample(
+                id=c.request_id,
+                group_id=f"b{b:06d}-g{g:04d}",
+                problem_id=problem.id,
+                prompt_ids=c.prompt_ids,
+                response_ids=c.response_ids,
+                behavior_logp=c.behavior_logp,
+                version=c.version,
+                reward=float(self.task.reward(problem, c.text)),
+                finish_reason=c.finish_reason,
+                routing=c.routing,
+            )
+            for c, (g, problem) in zip(completions, meta)
+        ]

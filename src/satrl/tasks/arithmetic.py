@@ -1,0 +1,160 @@
+"""The built-in verifiable task: integer arithmetic on zero-padded operands.
+
+Prompt ``"123+456="`` (operands zero-padded to ``digits``), answer the plain integer ``"579"`` (a leading
+``-`` for negative differences, no leading zeros). The reward is strict: the completion text (EOS already
+removed by the engine) must equal the answer exactly, so ``" 579"``, ``"0579"`` or ``"579\\n"`` score 0.
+
+Splits. Every expression ``(a, op, b)`` belongs to exactly one split, decided by a keyed hash of the
+expression (blake2b, stable across processes and Python versions): a fraction ``eval_fraction`` of the
+finite space is the eval partition, the rest is the train partition. So no expression can ever appear in
+both splits, whatever the seeds.
+- ``eval``: ``n_eval`` distinct problems from the eval partition. By default they are the same for every
+  seed (``eval_seed=0``), so that runs with different seeds are scored on the same problems; pass
+  ``eval_seed=None`` to draw them from the seed given to :meth:`problems` instead.
+- ``train``: an endless stream (or ``n_train`` problems) drawn i.i.d. with replacement from the train
+  partition, deterministic for the seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Iterator
+
+from satrl.types import Problem
+
+OPS: dict[str, Callable[[int, int], int]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+}
+SPLITS = ("train", "eval")
+
+# Spaces up to this many expressions are enumerated exactly to build the eval split; larger ones are
+# rejection-sampled (a duplicate-free draw is still guaranteed by a seen-set).
+_ENUMERATE_LIMIT = 100_000
+
+
+class ArithmeticTask:
+    """Zero-padded ``a op b =`` problems with a strict exact-match reward.
+
+    Args:
+        digits: operand width; operands are uniform in ``[0, 10**digits)``.
+        ops: operators drawn uniformly, a subset of ``+ - *``.
+        n_train: number of train problems per :meth:`problems` call; ``None`` = endless stream.
+        n_eval: size of the eval split (distinct expressions).
+        eval_fraction: share of the expression space reserved for eval.
+        eval_seed: seed of the eval draw; ``None`` = use the seed passed to :meth:`problems`.
+        split_key: key of the split hash; changing it gives a different (still disjoint) partition.
+    """
+
+    def __init__(
+        self,
+        digits: int = 3,
+        ops: tuple[str, ...] | list[str] | str = ("+",),
+        n_train: int | None = None,
+        n_eval: int = 200,
+        eval_fraction: float = 0.1,
+        eval_seed: int | None = 0,
+        split_key: str = "satrl-arith-v1",
+    ) -> None:
+        if isinstance(ops, str):
+            ops = tuple(ops)  # "+-" -> ("+", "-")
+        ops = tuple(ops)
+        bad = [o for o in ops if o not in OPS]
+        if not ops or bad:
+            raise ValueError(f"ops must be a non-empty subset of {list(OPS)}, got {list(ops)}")
+        if len(set(ops)) != len(ops):
+            raise ValueError(f"ops has duplicates: {list(ops)}")
+        if not isinstance(digits, int) or digits < 1:
+            raise ValueError(f"digits must be an int >= 1, got {digits!r}")
+        if not 0 < eval_fraction < 1:
+            raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+        if n_eval < 1:
+            raise ValueError(f"n_eval must be >= 1, got {n_eval}")
+        if n_train is not None and n_train < 0:
+            raise ValueError(f"n_train must be >= 0 or None (endless), got {n_train}")
+        self.digits = digits
+        self.ops = ops
+        self.n_train = n_train
+        self.n_eval = n_eval
+        self.eval_fraction = eval_fraction
+        self.eval_seed = eval_seed
+        self.split_key = split_key
+        self.name = f"arithmetic(digits={digits},ops={''.join(ops)})"
+        self._eval_cache: dict[int, list[Problem]] = {}
+
+    # ----------------------------------------------------------------------------- split membership
+    @property
+    def space_size(self) -> int:
+        """Number of distinct expressions ``(a, op, b)``."""
+        return len(self.ops) * 10 ** (2 * self.digits)
+
+    def split_of(self, a: int, op: str, b: int) -> str:
+        """``"eval"`` or ``"train"``: the one split that expression ``a op b`` belongs to."""
+        h = hashlib.blake2b(f"{a}{op}{b}".encode(), digest_size=8, key=self.split_key.encode()).digest()
+        u = int.from_bytes(h, "big") / 2.0**64  # uniform in [0, 1)
+        return "eval" if u < self.eval_fraction else "train"
+
+    # ----------------------------------------------------------------------------- problems
+    def make_problem(self, pid: str, a: int, op: str, b: int) -> Problem:
+        d = self.digits
+        return Problem(id=pid, prompt=f"{a:0{d}d}{op}{b:0{d}d}=", answer=str(OPS[op](a, b)))
+
+    def problems(self, split: str, seed: int = 0) -> Iterator[Problem]:
+        """Problems of ``split`` (``train`` or ``eval``) for ``seed``; see the module docstring."""
+        if split == "eval":
+            return iter(self._eval_problems(seed if self.eval_seed is None else self.eval_seed))
+        if split == "train":
+            return self._train_stream(seed)
+        raise ValueError(f"unknown split {split!r}; valid choices: {list(SPLITS)}")
+
+    def reward(self, problem: Problem, completion_text: str) -> float:
+        """1.0 iff the completion equals the answer exactly (no whitespace or extra characters)."""
+        return 1.0 if completion_text == problem.answer else 0.0
+
+    def _draw(self, rng: random.Random) -> tuple[int, str, int]:
+        hi = 10**self.digits
+        return rng.randrange(hi), self.ops[rng.randrange(len(self.ops))], rng.randrange(hi)
+
+    def _train_stream(self, seed: int) -> Iterator[Problem]:
+        rng = random.Random(f"train-{seed}")
+        i = 0
+        while self.n_train is None or i < self.n_train:
+            a, op, b = self._draw(rng)
+            if self.split_of(a, op, b) == "train":
+                yield self.make_problem(f"train/{seed}/{i}", a, op, b)
+                i += 1
+
+    def _eval_problems(self, seed: int) -> list[Problem]:
+        if seed not in self._eval_cache:
+            rng = random.Random(f"eval-{seed}")
+            if self.space_size <= _ENUMERATE_LIMIT:
+                triples = self._eval_partition()
+                if len(triples) < self.n_eval:
+                    raise ValueError(
+                        f"the eval partition of {self.name} has only {len(triples)} expressions, fewer than "
+                        f"n_eval={self.n_eval}; lower n_eval or raise eval_fraction (now {self.eval_fraction})"
+                    )
+                chosen = rng.sample(triples, self.n_eval)
+            else:
+                seen: set[tuple[int, str, int]] = set()
+                chosen = []
+                while len(chosen) < self.n_eval:
+                    t = self._draw(rng)
+                    if t not in seen and self.split_of(*t) == "eval":
+                        seen.add(t)
+                        chosen.append(t)
+            self._eval_cache[seed] = [self.make_problem(f"eval/{i}", *t) for i, t in enumerate(chosen)]
+        return self._eval_cache[seed]
+
+    def _eval_partition(self) -> list[tuple[int, str, int]]:
+        """All eval expressions, in a fixed order (only for small spaces)."""
+        hi = 10**self.digits
+        return [
+            (a, op, b)
+            for op in self.ops
+            for a in range(hi)
+            for b in range(hi)
+            if self.split_of(a, op, b) == "eval"
+        ]

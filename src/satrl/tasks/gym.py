@@ -1,0 +1,165 @@
+"""Adapter for ``reasoning-gym``'s procedural tasks (e.g. ``countdown``, the TinyZero task).
+
+``reasoning_gym.create_dataset(name, size=, seed=, **config)`` gives entries ``{question, answer,
+metadata}`` and ``dataset.score_answer(answer, entry) -> float`` in [0, 1]. Many scorers give partial
+credit (countdown: 0.05 for a well-formed wrong expression, 0.01 for none), so the reward here is
+thresholded: **1.0 iff the score is >= 1.0, else 0.0**, keeping every task's reward in {0, 1}.
+
+What is scored is ``extract(completion_text)``: by default the whole completion (``extract="none"``);
+``extract="answer_tag"`` takes the last ``<answer>...</answer>`` (reasoning-gym's own ``extract_answer``,
+the TinyZero format); any ``Callable[[str], str | None]`` works too.
+
+Splits. reasoning-gym draws item ``i`` of a dataset with seed ``s`` from ``Random(s + i)``, so datasets
+with nearby seeds share items. We keep the splits apart twice over: eval items come from seeds at
+``2**40 + eval_seed`` while train seeds are below ``2**32``, and any train item whose question equals an
+eval question is skipped (counted in :attr:`ReasoningGymTask.n_overlap_skipped`).
+- ``eval``: ``n_eval`` items, the same for every seed unless ``eval_seed=None``.
+- ``train``: ``size`` distinct items for the stream's seed (mixed with the task's ``seed``), repeated
+  as an endless stream of epochs, each shuffled by ``(seed, epoch)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from satrl.types import Problem
+
+EVAL_SEED_BASE = 2**40
+
+
+def _whole(text: str) -> str | None:
+    return text
+
+
+def _answer_tag(text: str) -> str | None:
+    from reasoning_gym.utils import extract_answer
+
+    return extract_answer(text, tag_name="answer")
+
+
+EXTRACTORS: dict[str, Callable[[str], str | None]] = {"none": _whole, "answer_tag": _answer_tag}
+
+
+class ReasoningGymTask:
+    """A reasoning-gym dataset as a :class:`satrl.types.Task`; see the module docstring.
+
+    Args:
+        dataset_name: a reasoning-gym dataset name (``countdown``, ``basic_arithmetic``, ...).
+        size: distinct train items per stream seed.
+        seed: base seed of the train datasets.
+        n_eval: number of eval items.
+        eval_seed: seed of the eval dataset; ``None`` = the seed passed to :meth:`problems`.
+        prompt_template: ``str.format`` template with a ``{question}`` field.
+        extract: ``"none"``, ``"answer_tag"`` or a callable mapping the completion to the scored answer.
+        **config: the dataset's own config fields (e.g. ``min_numbers=3`` for countdown).
+    """
+
+    def __init__(
+        self,
+        dataset_name: str,
+        size: int = 10_000,
+        seed: int = 0,
+        n_eval: int = 100,
+        eval_seed: int | None = 0,
+        prompt_template: str = "{question}",
+        extract: str | Callable[[str], str | None] = "none",
+        **config: Any,
+    ) -> None:
+        import reasoning_gym
+        from reasoning_gym.factory import DATASETS
+
+        if dataset_name not in DATASETS:
+            raise ValueError(
+                f"unknown reasoning-gym dataset {dataset_name!r}; valid choices: {sorted(DATASETS)}"
+            )
+        if isinstance(extract, str):
+            if extract not in EXTRACTORS:
+                raise ValueError(f"unknown extract {extract!r}; valid choices: {sorted(EXTRACTORS)}")
+            extract = EXTRACTORS[extract]
+        if size < 1 or n_eval < 1:
+            raise ValueError(f"size and n_eval must be >= 1, got size={size}, n_eval={n_eval}")
+        if "{question}" not in prompt_template:
+            raise ValueError(f"prompt_template must contain '{{question}}', got {prompt_template!r}")
+        config_cls = DATASETS[dataset_name][1]
+        if dataclasses.is_dataclass(config_cls):
+            fields = sorted(f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size"))
+            unknown = sorted(set(config) - set(fields))
+            if unknown:
+                raise ValueError(f"unknown {dataset_name} config {unknown}; valid choices: {fields}")
+        self._create = reasoning_gym.create_dataset
+        self.dataset_name = dataset_name
+        self.size, self.seed = size, seed
+        self.n_eval, self.eval_seed = n_eval, eval_seed
+        self.prompt_template = prompt_template
+        self.extract = extract
+        self.config = config
+        self.name = f"gym:{dataset_name}"
+        self.n_overlap_skipped = 0
+        # problem id -> (dataset, entry): what score_answer needs. Bounded by size per seed + n_eval.
+        self._entries: dict[str, tuple[Any, dict[str, Any]]] = {}
+        self._eval: dict[int, list[Problem]] = {}
+        self._dataset(0, 1)  # fail now, not mid-run, on a bad config
+
+    def _dataset(self, ds_seed: int, size: int) -> Any:
+        return self._create(self.dataset_name, size=size, seed=ds_seed, **self.config)
+
+    def _problem(self, pid: str, dataset: Any, entry: dict[str, Any]) -> Problem:
+        self._entries[pid] = (dataset, entry)
+        answer = entry.get("answer")
+        prompt = self.prompt_template.format(question=entry["question"])
+        return Problem(id=pid, prompt=prompt, answer="" if answer is None else str(answer))
+
+    # ----------------------------------------------------------------------------- Task protocol
+    def problems(self, split: str, seed: int = 0) -> Iterator[Problem]:
+        if split == "eval":
+            return iter(self._eval_problems(seed if self.eval_seed is None else self.eval_seed))
+        if split == "train":
+            return self._train_stream(seed)
+        raise ValueError(f"unknown split {split!r}; valid choices: ['eval', 'train']")
+
+    def reward(self, problem: Problem, completion_text: str) -> float:
+        """1.0 iff reasoning-gym scores the extracted answer >= 1.0 (partial credit counts as 0)."""
+        if problem.id not in self._entries:
+            raise ValueError(f"{self.name} can only score problems it produced; unknown id {problem.id!r}")
+        dataset, entry = self._entries[problem.id]
+        score = dataset.score_answer(self.extract(completion_text), entry)
+        return 1.0 if score >= 1.0 else 0.0
+
+    def _eval_problems(self, eval_seed: int) -> list[Problem]:
+        if eval_seed not in self._eval:
+            ds_seed = EVAL_SEED_BASE + eval_seed
+            ds = self._dataset(ds_seed, self.n_eval)
+            self._eval[eval_seed] = [
+                self._problem(f"{self.name}/eval/{ds_seed}/{i}", ds, ds[i]) for i in range(self.n_eval)
+            ]
+        return self._eval[eval_seed]
+
+    def _train_stream(self, seed: int) -> Iterator[Problem]:
+        # Train items must not collide with the eval items of any eval seed in use; the fixed eval seed
+        # (the default) is the one that matters, so that is the one checked.
+        eval_seed = self.eval_seed if self.eval_seed is not None else seed
+        eval_questions = {self._entries[p.id][1]["question"] for p in self._eval_problems(eval_seed)}
+        mix = hashlib.blake2b(f"{self.seed}-{seed}".encode(), digest_size=4).digest()
+        ds_seed = int.from_bytes(mix, "big")  # < 2**32, far below EVAL_SEED_BASE
+        ds = self._dataset(ds_seed, self.size)
+        overlap: set[int] = set()
+        epoch = 0
+        while True:
+            order = list(range(self.size))
+            random.Random(f"train-{seed}-{epoch}").shuffle(order)
+            for i in order:
+                if i in overlap:
+                    continue
+                entry = ds[i]
+                if entry["question"] in eval_questions:
+                    overlap.add(i)
+                    self.n_overlap_skipped += 1
+                    continue
+                yield self._problem(f"{self.name}/train/{ds_seed}/{i}", ds, entry)
+            if len(overlap) == self.size:
+                raise ValueError(f"{self.name}: every train item equals an eval item; raise size or change config")
+            epoch += 1

@@ -1,0 +1,199 @@
+"""Math problems from a local JSONL or parquet file, graded with ``math-verify``.
+
+Each row holds a problem and its reference answer (keys ``problem`` and ``answer`` by default), e.g. a
+user's copy of AIME24. The prompt is ``prompt_template.format(problem=...)``. The reward is 1.0 iff
+``math_verify.verify(gold, pred)`` holds, where ``pred = math_verify.parse(completion)`` uses the library's
+own extraction (``\\boxed{}`` first, then LaTeX and plain expressions), and the gold answer is parsed once
+at load time wrapped as ``\\boxed{answer}`` (unless it already has ``$`` or ``\\boxed``): a bare gold
+such as ``3\\pi`` or ``\\sqrt{3}+1`` is otherwise read as ``3`` or not at all.
+
+Malformed rows (bad JSON, not an object, a missing or empty field, a gold answer math-verify cannot
+parse) are never silently dropped: they are listed in :attr:`JsonlMathTask.skipped` as
+``(line_number, reason)``, summarized by :meth:`JsonlMathTask.report`, and announced with one
+``warnings.warn`` at load time.
+
+Splits are by a keyed hash of the problem text, so a duplicated problem always lands in one split:
+``eval_fraction=1.0`` (default) makes every row eval (the AIME use), ``0.0`` every row train, and values
+in between split deterministically. ``eval`` yields the eval rows in file order (the seed is ignored, so
+runs are comparable); ``train`` yields an endless stream of epochs over the train rows, each shuffled by
+``(seed, epoch)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import random
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from math_verify import parse, verify
+
+from satrl.types import Problem
+
+DEFAULT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+_TIMEOUT_S = 5  # math-verify's own default
+
+
+def _timeout() -> int | None:
+    # math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere run without one.
+    return _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+def parse_gold(answer: str) -> list[Any]:
+    """math-verify parse of a reference answer (boxed, so LaTeX without ``$`` is read whole)."""
+    text = answer if ("$" in answer or "\\boxed" in answer) else f"\\boxed{{{answer}}}"
+    return parse(text, parsing_timeout=_timeout())
+
+
+def math_equal(gold: list[Any], completion_text: str) -> bool:
+    """Whether the answer math-verify extracts from ``completion_text`` equals the parsed ``gold``."""
+    pred = parse(completion_text, parsing_timeout=_timeout())
+    return bool(pred) and verify(gold, pred, timeout_seconds=_timeout())
+
+
+class JsonlMathTask:
+    """Local JSONL / parquet math set with a math-verify reward; see the module docstring.
+
+    Args:
+        path: a ``.jsonl`` (or ``.json`` with one object per line) or ``.parquet`` file.
+        problem_key, answer_key: row fields holding the problem and the reference answer.
+        prompt_template: ``str.format`` template with a ``{problem}`` field.
+        eval_fraction: share of rows in the eval split, in [0, 1].
+        split_key: key of the split hash.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        problem_key: str = "problem",
+        answer_key: str = "answer",
+        prompt_template: str = DEFAULT_TEMPLATE,
+        eval_fraction: float = 1.0,
+        split_key: str = "satrl-jsonl-v1",
+    ) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"jsonl_math: no such file {str(self.path)!r} (expected a .jsonl or .parquet file)")
+        if "{problem}" not in prompt_template:
+            raise ValueError(f"prompt_template must contain '{{problem}}', got {prompt_template!r}")
+        if not 0.0 <= eval_fraction <= 1.0:
+            raise ValueError(f"eval_fraction must be in [0, 1], got {eval_fraction}")
+        self.problem_key, self.answer_key = problem_key, answer_key
+        self.prompt_template = prompt_template
+        self.eval_fraction = eval_fraction
+        self.split_key = split_key
+        self.name = f"jsonl_math({self.path.name})"
+        self.skipped: list[tuple[int, str]] = []
+        self._gold: dict[str, list[Any]] = {}
+        self._splits: dict[str, list[Problem]] = {"train": [], "eval": []}
+        for line_no, row in self._read_rows():
+            problem = self._check_row(line_no, row)
+            if problem is not None:
+                self._splits[self._split_of(problem)].append(problem)
+        n_ok = len(self._splits["train"]) + len(self._splits["eval"])
+        if n_ok == 0:
+            raise ValueError(f"jsonl_math: no usable rows. {self.report()}")
+        if self.skipped:
+            warnings.warn(self.report(), stacklevel=2)
+
+    # ----------------------------------------------------------------------------- loading
+    def _read_rows(self) -> Iterator[tuple[int, Any]]:
+        """(1-based line or row number, row) pairs; a bad JSON line is recorded and yields nothing."""
+        suffix = self.path.suffix.lower()
+        if suffix == ".parquet":
+            if importlib.util.find_spec("pyarrow") is None:
+                raise ImportError("reading parquet needs pyarrow: run `pip install pyarrow` (or convert to JSONL)")
+            import pandas as pd
+
+            records = pd.read_parquet(self.path).to_dict(orient="records")
+            yield from enumerate(records, start=1)
+            return
+        if suffix not in (".jsonl", ".json", ".ndjson"):
+            raise ValueError(f"jsonl_math: unsupported file type {suffix!r}; valid choices: .jsonl, .json, .ndjson, .parquet")
+        with self.path.open(encoding="utf-8") as f:
+            for line_no, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue  # blank lines (e.g. a trailing newline) are not rows
+                try:
+                    yield line_no, json.loads(line)
+                except json.JSONDecodeError as e:
+                    self.skipped.append((line_no, f"bad JSON ({e.msg})"))
+
+    def _field(self, row: dict[str, Any], key: str) -> str | None:
+        value = row.get(key)
+        if value is None or isinstance(value, (dict, list, bool)):
+            return None
+        if isinstance(value, float) and value != value:  # NaN, as pandas writes a missing cell
+            return None
+        text = str(value).strip()
+        return text or None
+
+    def _check_row(self, line_no: int, row: Any) -> Problem | None:
+        if not isinstance(row, dict):
+            self.skipped.append((line_no, f"not a JSON object ({type(row).__name__})"))
+            return None
+        for key in (self.problem_key, self.answer_key):
+            if self._field(row, key) is None:
+                self.skipped.append((line_no, f"missing or empty {key!r}"))
+                return None
+        answer = self._field(row, self.answer_key)
+        assert answer is not None
+        gold = parse_gold(answer)
+        if not gold:
+            self.skipped.append((line_no, f"answer {answer!r} not parseable by math-verify"))
+            return None
+        pid = f"{self.path.stem}:{line_no}"
+        self._gold[pid] = gold
+        prompt = self.prompt_template.format(problem=self._field(row, self.problem_key))
+        return Problem(id=pid, prompt=prompt, answer=answer)
+
+    def _split_of(self, problem: Problem) -> str:
+        if self.eval_fraction >= 1.0:
+            return "eval"
+        text = problem.prompt.encode()
+        h = hashlib.blake2b(text, digest_size=8, key=self.split_key.encode()).digest()
+        return "eval" if int.from_bytes(h, "big") / 2.0**64 < self.eval_fraction else "train"
+
+    def report(self) -> str:
+        """One line: rows kept, rows skipped and the first skipped line numbers with reasons."""
+        kept = {k: len(v) for k, v in self._splits.items()}
+        msg = f"{self.path}: kept {kept['train'] + kept['eval']} rows (train {kept['train']}, eval {kept['eval']})"
+        if not self.skipped:
+            return msg
+        first = "; ".join(f"line {n}: {why}" for n, why in self.skipped[:5])
+        more = f"; ... {len(self.skipped) - 5} more" if len(self.skipped) > 5 else ""
+        return f"{msg}, skipped {len(self.skipped)} malformed rows ({first}{more})"
+
+    # ----------------------------------------------------------------------------- Task protocol
+    def problems(self, split: str, seed: int = 0) -> Iterator[Problem]:
+        if split not in self._splits:
+            raise ValueError(f"unknown split {split!r}; valid choices: {sorted(self._splits)}")
+        rows = self._splits[split]
+        if not rows:
+            raise ValueError(
+                f"{self.name} has no {split} rows (eval_fraction={self.eval_fraction}); "
+                "set eval_fraction strictly between 0 and 1 to have both splits"
+            )
+        if split == "eval":
+            return iter(rows)
+        return self._train_stream(rows, seed)
+
+    @staticmethod
+    def _train_stream(rows: list[Problem], seed: int) -> Iterator[Problem]:
+        epoch = 0
+        while True:
+            order = list(rows)
+            random.Random(f"train-{seed}-{epoch}").shuffle(order)
+            yield from order
+            epoch += 1
+
+    def reward(self, problem: Problem, completion_text: str) -> float:
+        gold = self._gold.get(problem.id)
+        if gold is None:  # a Problem built elsewhere: parse its answer now
+            gold = parse_gold(problem.answer)
+        return 1.0 if math_equal(gold, completion_text) else 0.0
