@@ -7,8 +7,9 @@ that produced it, its ``behavior_logp`` and (for MoE models) its ``routing``. Sh
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 

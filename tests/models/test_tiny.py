@@ -36,7 +36,9 @@ def test_deterministic_for_seed(kind):
     assert torch.equal(torch.get_rng_state(), state)  # global RNG untouched
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert not torch.equal(a["model.layers.0.self_attn.q_proj.weight"], c["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(
+        a["model.layers.0.self_attn.q_proj.weight"], c["model.layers.0.self_attn.q_proj.weight"]
+    )
 
 
 def test_moe_config_and_overrides():

@@ -28,7 +28,11 @@ def test_prompt_gets_bos_and_one_id_per_char():
 
 
 def test_unknown_character_maps_to_unk():
-    assert TOK("1%2", add_special_tokens=False)["input_ids"] == [4 + CHARS.index("1"), 3, 4 + CHARS.index("2")]
+    assert TOK("1%2", add_special_tokens=False)["input_ids"] == [
+        4 + CHARS.index("1"),
+        3,
+        4 + CHARS.index("2"),
+    ]
 
 
 @settings(max_examples=200, deadline=None)

@@ -35,7 +35,7 @@ def clean(x: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype | None = None)
     x = x.detach()
     if dtype is not None:
         x = x.to(dtype)
-    return x * mask
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

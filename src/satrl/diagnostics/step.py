@@ -31,6 +31,10 @@ def step_diagnostics(
 ) -> dict[str, torch.Tensor]:
     """All diagnostics of one batch, as ``{metrics.jsonl key: 0-dim detached tensor}``.
 
+    Call it once per optimizer step on all of the step's tokens (microbatches concatenated along B after
+    padding to one T): averaging per-microbatch results would weight the ``bylag/*`` buckets and the
+    percentiles wrongly.
+
     Args:
         logp, behavior_logp, mask: [B, T] as in :func:`mismatch_stats`.
         lag: [B, T] or [B] int, trainer version − sample version.

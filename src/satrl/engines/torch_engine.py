@@ -13,8 +13,8 @@ compute: a realistic implementation mismatch at fp32 speed on CPUs without bf16 
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch

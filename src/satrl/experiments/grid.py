@@ -102,7 +102,9 @@ class GridSpec(BaseModel):
                 raise ValueError(f"cell name {name!r} may only use letters, digits and _ . + -")
             body = dict(body or {})
             if "overrides" in body:
-                raise ValueError(f"cells.{name}: write overrides directly in the cell, not under 'overrides:'")
+                raise ValueError(
+                    f"cells.{name}: write overrides directly in the cell, not under 'overrides:'"
+                )
             own = {k: body.pop(k) for k in list(body) if k in _CELL_KEYS}
             out[str(name)] = {**own, "overrides": _check_overrides(body, f"cells.{name}")}
         return out
@@ -139,7 +141,7 @@ class GridSpec(BaseModel):
 
     def label(self, cell: str) -> str:
         c = self.cells.get(cell)
-        return (c.label if c and c.label else cell)
+        return c.label if c and c.label else cell
 
 
 def load_grid(path: str | Path, check_paths: bool = True) -> GridSpec:
@@ -155,7 +157,9 @@ def load_grid(path: str | Path, check_paths: bool = True) -> GridSpec:
     try:
         spec = GridSpec.model_validate(raw)
     except ValidationError as e:
-        msgs = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or '(grid)'}: {err['msg']}" for err in e.errors())
+        msgs = "; ".join(
+            f"{'.'.join(str(x) for x in err['loc']) or '(grid)'}: {err['msg']}" for err in e.errors()
+        )
         raise ValueError(f"{path}: {msgs}") from None
     if check_paths:
         for cell in spec.cells:
@@ -194,7 +198,9 @@ def expand(spec: GridSpec, out: str | Path, seeds: int | None = None) -> list[Ru
             ov.update(c.overrides)
             items = tuple(f"{k}={render_value(v)}" for k, v in ov.items())
             for s in range(seeds or spec.seeds):
-                runs.append(Run(cell, lag, s, spec.base_path(cell), items, out / cell / f"lag{lag}" / f"seed{s}"))
+                runs.append(
+                    Run(cell, lag, s, spec.base_path(cell), items, out / cell / f"lag{lag}" / f"seed{s}")
+                )
     return runs
 
 
@@ -278,7 +284,9 @@ def _spec_to_yaml(spec: GridSpec, seeds: int) -> str:
     cells = {}
     for name, c in spec.cells.items():
         body: dict[str, Any] = {"base": str(spec.base_path(name))}
-        body.update({k: getattr(c, k) for k in ("lags", "lag_schedule", "label") if getattr(c, k) is not None})
+        body.update(
+            {k: getattr(c, k) for k in ("lags", "lag_schedule", "label") if getattr(c, k) is not None}
+        )
         body.update(c.overrides)
         cells[name] = body
     d = spec.model_dump(exclude={"cells", "root", "base"})
@@ -326,7 +334,9 @@ class _Runner:
             return None
         mean = sum(self.durations) / len(self.durations)
         now = time.monotonic()
-        left = len(self.queue) * mean + sum(max(mean - (now - t0), 0.0) for _, _, t0, _ in self.active.values())
+        left = len(self.queue) * mean + sum(
+            max(mean - (now - t0), 0.0) for _, _, t0, _ in self.active.values()
+        )
         return left / self.workers
 
     def line(self):
@@ -456,7 +466,9 @@ def run_grid_spec(
     (out / "grid.yaml").write_text(_spec_to_yaml(spec, n_seeds))
     full_env = {**os.environ, **thread_env(workers, threads), **(env or {})}
     progress = sys.stderr.isatty() if progress is None else progress
-    runner = _Runner(spec, out, expand(spec, out, n_seeds), workers, command_fn, full_env, console, None, poll_s)
+    runner = _Runner(
+        spec, out, expand(spec, out, n_seeds), workers, command_fn, full_env, console, None, poll_s
+    )
 
     def _on_term(signum, frame):
         raise KeyboardInterrupt
@@ -499,11 +511,17 @@ def _print_summary(runner: _Runner, console) -> None:
 # --- CLI ------------------------------------------------------------------------------------------
 def add_grid_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("grid", help="grid YAML, e.g. configs/grids/paper_table.yaml")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds per cell and lag (default: the grid's)")
+    parser.add_argument(
+        "--seeds", type=int, default=None, help="seeds per cell and lag (default: the grid's)"
+    )
     parser.add_argument("--workers", type=int, default=1, help="runs in parallel (threads split across them)")
-    parser.add_argument("--threads", type=int, default=None, help="threads per run (default: cores // workers)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="threads per run (default: cores // workers)"
+    )
     parser.add_argument("--out", default=None, help="output folder (default: runs/<grid name>)")
-    parser.add_argument("--dry-run", action="store_true", help="print each run's command and state, run nothing")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print each run's command and state, run nothing"
+    )
 
 
 def run_grid(args: argparse.Namespace) -> int:

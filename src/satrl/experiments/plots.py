@@ -38,7 +38,9 @@ def _colors(cells: list[str]) -> dict[str, tuple]:
     return {c: cmap(i % cmap.N) for i, c in enumerate(cells)}
 
 
-def _seed_matrix(df: pd.DataFrame, key: str, smooth: int = 1) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+def _seed_matrix(
+    df: pd.DataFrame, key: str, smooth: int = 1
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Rows of one (cell, lag): steps [S], values [n_seeds, S] (NaN where a seed lacks a step)."""
     wide = df.pivot_table(index="seed", columns="step", values=key, aggfunc="mean").sort_index(axis=1)
     if smooth > 1:
@@ -61,7 +63,9 @@ def _curves(ax, df: pd.DataFrame, key: str, cells: list[str], colors, labels, sc
         for row in seeds:
             ax.plot(steps, row * scale, color=colors[cell], alpha=0.18, lw=0.7)
         mean, lo, hi = bootstrap_curve(vals, n_resamples=CURVE_RESAMPLES)
-        ax.plot(steps, mean * scale, color=colors[cell], lw=1.8, label=f"{labels(cell)}{suffix} (n={len(seeds)})")
+        ax.plot(
+            steps, mean * scale, color=colors[cell], lw=1.8, label=f"{labels(cell)}{suffix} (n={len(seeds)})"
+        )
         ax.fill_between(steps, lo * scale, hi * scale, color=colors[cell], alpha=0.2, lw=0)
         drew = True
     return drew
@@ -81,8 +85,15 @@ def _per_lag_figure(res: GridResults, df: pd.DataFrame, key: str, path: Path, ti
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(ylabel)
-    handles = {h.get_label().split(" (n=")[0]: h for ax in axes[0] for h in ax.get_lines() if not h.get_label().startswith("_")}
-    fig.legend(list(handles.values()), list(handles.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    handles = {
+        h.get_label().split(" (n=")[0]: h
+        for ax in axes[0]
+        for h in ax.get_lines()
+        if not h.get_label().startswith("_")
+    }
+    fig.legend(
+        list(handles.values()), list(handles.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8
+    )
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -146,7 +157,9 @@ def sat_diagnostics(res: GridResults, path: Path) -> FigureOut:
         ax.grid(alpha=0.3)
     handles = {h.get_label().split(" (n=")[0]: h for ax in axes.ravel() for h in ax.get_lines()
                if not h.get_label().startswith("_")}  # fmt: skip
-    fig.legend(list(handles.values()), list(handles.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.legend(
+        list(handles.values()), list(handles.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8
+    )
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -164,7 +177,9 @@ def gate_check(res: GridResults, path: Path) -> FigureOut:
     m = res.metrics
     if "gate/tv_share" not in m or "obj/gate_rate" not in m:
         return FigureOut(title, caption, None, "no `gate/tv_share` or `obj/gate_rate` in metrics")
-    per_run = m.groupby(["cell", "lag", "seed"])[["obj/gate_rate", "gate/tv_share"]].mean().dropna().reset_index()
+    per_run = (
+        m.groupby(["cell", "lag", "seed"])[["obj/gate_rate", "gate/tv_share"]].mean().dropna().reset_index()
+    )
     per_run = per_run[per_run["obj/gate_rate"] > 0]
     if per_run.empty:
         return FigureOut(title, caption, None, "no run with a nonzero gate rate and a TV share")
@@ -225,7 +240,9 @@ def bylag(res: GridResults, path: Path) -> FigureOut:
         ax.set_title(f"{metric.replace('_', ' ')} by lag")
         ax.grid(alpha=0.3)
     handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
-    fig.legend(list(handles.values()), list(handles.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.legend(
+        list(handles.values()), list(handles.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8
+    )
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")

@@ -48,10 +48,16 @@ def _column_marks(st: pd.DataFrame, prefix: str, higher: bool, label) -> tuple[s
     ok = ok.sort_values(f"{prefix}_mean", ascending=not higher)
     top, second = ok.iloc[0], ok.iloc[1]
     if min(top["n"], second["n"]) < 2:
-        return None, f"{label(top['cell'])} has the best mean, but with a single seed there is no CI to separate it."
+        return (
+            None,
+            f"{label(top['cell'])} has the best mean, but with a single seed there is no CI to separate it.",
+        )
     a, b = (top[f"{prefix}_lo"], top[f"{prefix}_hi"]), (second[f"{prefix}_lo"], second[f"{prefix}_hi"])
     if separated(a, b, higher):
-        return top["cell"], f"{label(top['cell'])} is best and its CI does not overlap the runner-up's ({label(second['cell'])})."
+        return (
+            top["cell"],
+            f"{label(top['cell'])} is best and its CI does not overlap the runner-up's ({label(second['cell'])}).",
+        )
     return None, (f"the top two, {label(top['cell'])} and {label(second['cell'])}, have overlapping CIs, "
                   "so no cell is marked best.")  # fmt: skip
 
@@ -80,7 +86,11 @@ def table1(res: GridResults, st: pd.DataFrame) -> tuple[str, list[str]]:
         for prefix, _, _, fmt, scale in _METRICS[:2]:
             for lag in lags:
                 r = by_lag.get(lag)
-                txt = "—" if r is None else fmt_ci(r[f"{prefix}_mean"], r[f"{prefix}_lo"], r[f"{prefix}_hi"], fmt, scale)
+                txt = (
+                    "—"
+                    if r is None
+                    else fmt_ci(r[f"{prefix}_mean"], r[f"{prefix}_lo"], r[f"{prefix}_hi"], fmt, scale)
+                )
                 if r is not None and prefix == "best" and txt != "—":
                     txt += f" ({_f(r['best_step_median'], '{:.0f}')})"
                 row.append(f"**{txt}**" if bold.get((cell, lag, prefix)) else txt)
@@ -120,7 +130,10 @@ def _paired_md(res: GridResults, tables: dict[str, pd.DataFrame], baseline: str)
     out = []
     for metric, t in tables.items():
         name = metric.replace("_avg_at_k", " avg@k")
-        out += [f"**{name}** (method - {res.label(baseline)}, avg@k points, 95% CI, wins = seeds where method > baseline):", ""]
+        out += [
+            f"**{name}** (method - {res.label(baseline)}, avg@k points, 95% CI, wins = seeds where method > baseline):",
+            "",
+        ]
         out += ["| method | lag | difference | 95% CI | wins | verdict |", "|---|---|---|---|---|---|"]
         for _, r in t.iterrows():
             out.append(f"| {res.label(r['cell'])} | {r['lag']} | {r['mean'] * PCT:+.1f} | [{r['lo'] * PCT:+.1f}, "
@@ -165,12 +178,17 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
     baseline = res.meta.get("baseline")
     tables: dict[str, pd.DataFrame] = {}
     if baseline and not st.empty and baseline in set(res.finished["cell"]):
-        tables = {m: paired_table(res.runs, baseline, m, n_resamples, ci, seed) for m in ("best_avg_at_k", "final_avg_at_k")}
+        tables = {
+            m: paired_table(res.runs, baseline, m, n_resamples, ci, seed)
+            for m in ("best_avg_at_k", "final_avg_at_k")
+        }
         tables = {m: t for m, t in tables.items() if not t.empty}
         md += [f"## Paired comparisons vs {res.label(baseline)}", "",
                "Paired by seed (the same seed gives the same data order and initial policy), percentile bootstrap "
                "of the mean difference.", ""]  # fmt: skip
-        md += _paired_md(res, tables, baseline) if tables else ["No method shares seeds with the baseline.", ""]
+        md += (
+            _paired_md(res, tables, baseline) if tables else ["No method shares seeds with the baseline.", ""]
+        )
     elif baseline:
         md += [f"## Paired comparisons vs {baseline}", "", "The baseline has no finished runs yet.", ""]
     figures = [plots.eval_curves(res, figdir / "eval_curves.png"), plots.d_pi_curves(res, figdir / "d_pi.png"),
@@ -185,7 +203,9 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
             md += [f"![{fig.title}]({fig.path.relative_to(dest).as_posix()})", "", f"*{fig.caption}*", ""]
     bad = res.runs[res.runs["status"] != "finished"]
     if len(bad):
-        md += ["## Runs not finished", ""] + [f"- `{r}`: {s}" for r, s in zip(bad["run"], bad["status"])] + [""]
+        md += (
+            ["## Runs not finished", ""] + [f"- `{r}`: {s}" for r, s in zip(bad["run"], bad["status"])] + [""]
+        )
     path = dest / "report.md"
     path.write_text("\n".join(md))
     return path
@@ -196,7 +216,9 @@ def add_report_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="where report.md and figures/ go (default: run_dir)")
     parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10000)")
     parser.add_argument("--ci", type=float, default=0.95, help="confidence level (default 0.95)")
-    parser.add_argument("--pack", default=None, help="also copy summaries/configs/evals/metrics.gz to this folder")
+    parser.add_argument(
+        "--pack", default=None, help="also copy summaries/configs/evals/metrics.gz to this folder"
+    )
 
 
 def run_report(args: argparse.Namespace) -> int:

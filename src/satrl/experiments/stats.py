@@ -24,7 +24,9 @@ def _clean(values) -> np.ndarray:
     return arr[np.isfinite(arr)]
 
 
-def bootstrap_ci(values, n_resamples: int = 10_000, ci: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+def bootstrap_ci(
+    values, n_resamples: int = 10_000, ci: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
     """Mean and percentile-bootstrap CI of the mean: returns (mean, lo, hi).
 
     NaN/inf values are dropped. Empty input gives (nan, nan, nan); one value v gives (v, v, v);
@@ -127,7 +129,9 @@ def _median(values) -> float:
     return float(np.median(x)) if x.size else float("nan")
 
 
-def cell_stats(runs: pd.DataFrame, n_resamples: int = 10_000, ci: float = 0.95, seed: int = 0) -> pd.DataFrame:
+def cell_stats(
+    runs: pd.DataFrame, n_resamples: int = 10_000, ci: float = 0.95, seed: int = 0
+) -> pd.DataFrame:
     """Per (cell, lag) summary over finished runs, one row each, in order of first appearance.
 
     Columns: n, best_mean/best_lo/best_hi, best_step_median, final_mean/final_lo/final_hi,
@@ -177,7 +181,9 @@ def paired_table(
     if "status" in runs:
         runs = runs[runs["status"] == "finished"]
     if baseline not in set(runs["cell"]):
-        raise ValueError(f"baseline cell {baseline!r} has no finished runs; cells: {sorted(set(runs['cell']))}")
+        raise ValueError(
+            f"baseline cell {baseline!r} has no finished runs; cells: {sorted(set(runs['cell']))}"
+        )
     rows = []
     for (cell, lag), g in runs.groupby(["cell", "lag"], sort=False):
         if cell == baseline:
@@ -190,10 +196,14 @@ def paired_table(
         )
         rows.append(dict(cell=cell, lag=int(lag), metric=metric, mean=pd_.mean, lo=pd_.lo, hi=pd_.hi,
                          wins=pd_.wins, ties=pd_.ties, n=pd_.n, verdict=pd_.verdict))  # fmt: skip
-    return pd.DataFrame(rows, columns=["cell", "lag", "metric", "mean", "lo", "hi", "wins", "ties", "n", "verdict"])
+    return pd.DataFrame(
+        rows, columns=["cell", "lag", "metric", "mean", "lo", "hi", "wins", "ties", "n", "verdict"]
+    )
 
 
-def separated(top: tuple[float, float], runner_up: tuple[float, float], higher_is_better: bool = True) -> bool:
+def separated(
+    top: tuple[float, float], runner_up: tuple[float, float], higher_is_better: bool = True
+) -> bool:
     """True when the top cell's CI (lo, hi) lies strictly beyond the runner-up's (no overlap)."""
     if higher_is_better:
         return top[0] > runner_up[1]

@@ -89,7 +89,9 @@ def load_runs(out_dir: str | Path) -> pd.DataFrame:
         summary = _read_json(r.path / "summary.json")
         row: dict[str, Any] = {k: None for k in SUMMARY_KEYS}
         row.update(summary or {})
-        row.update(cell=r.cell, lag=r.lag, seed=r.seed, run=r.name, path=str(r.path), status=_status(r, summary))
+        row.update(
+            cell=r.cell, lag=r.lag, seed=r.seed, run=r.name, path=str(r.path), status=_status(r, summary)
+        )
         rows.append(row)
     cols = ["cell", "lag", "seed", "run", "status", "path"]
     df = pd.DataFrame(rows, columns=None if rows else cols + list(SUMMARY_KEYS))
@@ -193,7 +195,9 @@ def load_results(out_dir: str | Path) -> GridResults:
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         raise ValueError(f"no such grid output folder: {out_dir}")
-    return GridResults(out_dir, load_runs(out_dir), load_metrics(out_dir), load_evals(out_dir), load_grid_meta(out_dir))
+    return GridResults(
+        out_dir, load_runs(out_dir), load_metrics(out_dir), load_evals(out_dir), load_grid_meta(out_dir)
+    )
 
 
 def pack_results(out_dir: str | Path, dest: str | Path) -> list[Path]:
@@ -224,7 +228,11 @@ def pack_results(out_dir: str | Path, dest: str | Path) -> list[Path]:
             if mp.suffix == ".gz":
                 shutil.copyfile(mp, gz)
             else:
-                with open(mp, "rb") as src, open(gz, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as z:
+                with (
+                    open(mp, "rb") as src,
+                    open(gz, "wb") as raw,
+                    gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as z,
+                ):
                     shutil.copyfileobj(src, z)
             written.append(gz)
     return written

@@ -40,8 +40,8 @@ def resolve_policy_path(path_or_name: str | Path) -> Path:
         path = builtin_path(str(path_or_name))
         if not (path / "config.json").is_file():
             raise PolicyLoadError(
-                f"built-in policy {path_or_name!r} is not in this install ({path} is empty); regenerate it "
-                f"with the command in docs or reinstall satrl"
+                f"built-in policy {path_or_name!r} is not in this install ({path} has no config.json); "
+                f"reinstall satrl or regenerate it: satrl pretrain --model {path_or_name} --steps N --out {path}"
             )
     else:
         path = Path(path_or_name).expanduser()

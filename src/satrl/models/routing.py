@@ -173,7 +173,8 @@ def replay_routing(model: nn.Module, routing: torch.Tensor) -> Iterator[RoutingR
     before each step."""
     routers = _require_moe(model)
     replayer = RoutingReplayer(routing, len(routers), int(routers[0].top_k))
-    handles = [r.register_forward_hook(_replay_hook(replayer, i)) for i, r in enumerate(routers)]
+    # prepend: replay runs before any capture hook, so a recorder always sees the experts actually used
+    handles = [r.register_forward_hook(_replay_hook(replayer, i), prepend=True) for i, r in enumerate(routers)]
     try:
         yield replayer
     finally:

@@ -42,3 +42,6 @@ def sequence_ratio(logp: Tensor, denom_logp: Tensor, mask: Tensor) -> tuple[Tens
     d = masked(log_s[:, None].expand_as(lp), mask)  # [B, T], detached
     ratio = torch.exp(d + (lp - lp.detach()))
     return ratio, d
+
+
+sequence_ratio.per_sequence = True  # tells the objective to broadcast the KL as a sequence mean

@@ -18,10 +18,10 @@ from satrl.pipeline.backends import make_backend
 from satrl.pipeline.buffer import SnapshotStore, collate
 from satrl.pipeline.rundir import Evaluator, RunDir, batch_metrics
 from satrl.pipeline.schedules import Schedule, make_schedule
+from satrl.pipeline.setup import build_trainer, worker_spec
 from satrl.pipeline.worker import RolloutRequest, WorkerSpec
 from satrl.training.advantages import group_advantages
 from satrl.training.trainer import split_rows
-from satrl.pipeline.setup import build_trainer, worker_spec
 
 
 def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, dict | None], None] | None = None) -> dict:
@@ -53,8 +53,7 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
                 perm = torch.randperm(len(samples), generator=torch.Generator().manual_seed(cfg.seed * 7919 + b * 31 + epoch))
                 for rows in torch.tensor_split(perm, cfg.train.minibatches):
                     t0 = time.perf_counter()
-                    pick = lambda x: None if x is None else x[rows]  # noqa: E731
-                    metrics = trainer.step(split_rows(batch, rows), adv[rows], pick(old_logp), pick(vlogp))
+                    metrics = trainer.step(split_rows(batch, rows), adv[rows], _pick(old_logp, rows), _pick(vlogp, rows))
                     store.offer(trainer.version, trainer.weights, b)
                     _submit_ready(backend, sched, store, state, trainer.version, b, n_batches, P)
                     metrics.update(batch_metrics(batch, rows, time.perf_counter() - t0, waited, dropped, backend))
@@ -74,6 +73,10 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
     finally:
         backend.close()
     return run.finish()
+
+
+def _pick(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if x is None else x[rows]
 
 
 def _versions(sched: Schedule, b: int, P: int) -> set[int]:

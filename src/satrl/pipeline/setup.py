@@ -6,7 +6,7 @@ from satrl.config import RunConfig
 from satrl.models import load_policy
 from satrl.objectives import resolve_objective
 from satrl.pipeline.worker import WorkerSpec
-from satrl.training.trainer import ObjectiveSpec, Trainer
+from satrl.training.trainer import Trainer
 from satrl.types import SamplingParams
 
 
@@ -38,10 +38,10 @@ def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
 
         if moe_num_layers(model) == 0:
             raise ValueError(f"r3=true needs an MoE policy; {cfg.model.source!r} is dense (try model.name=tiny-arith-moe)")
-    spec = resolve_objective(cfg.objective.name, **cfg.objective.overrides)
     trainer = Trainer(
         model,
-        ObjectiveSpec(cfg.objective.name, cfg.objective.overrides, cfg.objective.aggregation),
+        resolve_objective(cfg.objective.name, **cfg.objective.overrides),
+        aggregation=cfg.objective.aggregation,
         lr=cfg.train.lr,
         betas=tuple(cfg.train.betas),
         weight_decay=cfg.train.weight_decay,
@@ -50,6 +50,5 @@ def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
         microbatch_tokens=cfg.train.microbatch_tokens,
         whole_batch_quantile=cfg.train.quantile_scope == "batch",
         r3=cfg.r3,
-        uses_ref=spec.uses_ref,
     )
     return trainer, tokenizer

@@ -6,6 +6,7 @@ modules are imported lazily, so ``import satrl.tasks`` stays light.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -39,12 +40,17 @@ def make_task(name: str, **kwargs: Any) -> Task:
     if name.startswith(GYM_PREFIX) and len(name) > len(GYM_PREFIX):
         from satrl.tasks.gym import ReasoningGymTask
 
-        return ReasoningGymTask(name[len(GYM_PREFIX) :], **kwargs)
-    if name not in TASKS:
+        factory: Callable[..., Task] = functools.partial(ReasoningGymTask, name[len(GYM_PREFIX) :])
+    elif name in TASKS:
+        factory = TASKS[name]
+    else:
         raise ValueError(
             f"unknown task {name!r}; valid choices: {sorted(TASKS)} or '{GYM_PREFIX}<reasoning_gym dataset>'"
         )
-    return TASKS[name](**kwargs)
+    try:
+        return factory(**kwargs)
+    except TypeError as e:  # a misspelt or missing constructor argument: say which task and what
+        raise ValueError(f"bad arguments for task {name!r}: {e}") from e
 
 
 __all__ = ["ArithmeticTask", "Problem", "Task", "TASKS", "make_task"]

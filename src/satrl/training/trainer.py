@@ -11,32 +11,14 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 
 from satrl import diagnostics as diag
-from satrl.objectives import aggregate, policy_loss
+from satrl.objectives import ObjectiveSpec, aggregate
 from satrl.types import Batch
 
 Snapshots = Callable[[int], "dict[str, torch.Tensor] | None"]
-
-
-@dataclass(frozen=True)
-class ObjectiveSpec:
-    """Plain arguments for :func:`satrl.objectives.policy_loss`, taken from the config at the edge."""
-
-    name: str
-    overrides: dict
-    aggregation: str = "token-mean"
-
-
-def _replay(model: torch.nn.Module, routing: torch.Tensor | None):
-    if routing is None:
-        return contextlib.nullcontext()
-    from satrl.models.routing import replay_routing
-
-    return replay_routing(model, routing)
 
 
 def response_logp(
@@ -44,16 +26,31 @@ def response_logp(
     mb: Batch,
     temperature: float,
     routing: torch.Tensor | None = None,  # [B, L, layers, top_k] to replay (R3), or None
-) -> torch.Tensor:  # [B, T]
-    """log pi(y_t | s_t) of each response token, from temperature-scaled logits (the engine's sampler)."""
+    capture: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(y_t | s_t) of each response token [B, T], from temperature-scaled logits (the engine's
+    sampler), and, if ``capture``, the experts each MoE layer used at the scoring positions [B, T, layers, k]."""
     L = int(mb.attention_mask.sum(1).max())
     T = mb.mask.shape[1]
-    with _replay(model, None if routing is None else routing[:, :L]):
-        out = model(input_ids=mb.input_ids[:, :L], attention_mask=mb.attention_mask[:, :L].long())
     pos = (mb.prompt_len[:, None] - 1 + torch.arange(T)[None, :]).clamp(0, L - 1)  # [B, T]
+    with contextlib.ExitStack() as stack:
+        if routing is not None:
+            from satrl.models.routing import replay_routing
+
+            stack.enter_context(replay_routing(model, routing[:, :L]))
+        rec = None
+        if capture:
+            from satrl.models.routing import capture_routing
+
+            rec = stack.enter_context(capture_routing(model))  # inside replay: records the experts used
+        out = model(input_ids=mb.input_ids[:, :L], attention_mask=mb.attention_mask[:, :L].long())
+        used = None
+        if rec is not None:
+            r = rec.take()
+            used = r.gather(1, pos[:, :, None, None].expand(-1, -1, *r.shape[2:]))
     logits = out.logits.gather(1, pos[..., None].expand(-1, -1, out.logits.shape[-1])).float()
     logp = torch.log_softmax(logits / temperature, dim=-1)
-    return logp.gather(-1, mb.response_ids[..., None]).squeeze(-1)
+    return logp.gather(-1, mb.response_ids[..., None]).squeeze(-1), used
 
 
 def split_rows(batch: Batch, rows: torch.Tensor) -> Batch:
@@ -86,6 +83,7 @@ class Trainer:
         model: torch.nn.Module,
         objective: ObjectiveSpec,
         *,
+        aggregation: str = "token-mean",
         lr: float,
         betas: tuple[float, float] = (0.9, 0.98),
         weight_decay: float = 0.0,
@@ -94,11 +92,11 @@ class Trainer:
         microbatch_tokens: int = 4096,
         whole_batch_quantile: bool = False,
         r3: bool = False,
-        uses_ref: bool = True,
     ) -> None:
         self.model = model.float().train()
+        uses_ref = objective.kl != "none" and objective.params.get("kl_coef", 0) > 0
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if uses_ref else None
-        self.objective = objective
+        self.objective, self.aggregation = objective, aggregation
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
         self.grad_clip = grad_clip
         self.temperature = temperature
@@ -108,6 +106,9 @@ class Trainer:
         self.version = 0
         self.skipped = 0
         self._scratch: torch.nn.Module | None = None
+        from satrl.models.routing import moe_num_layers
+
+        self.is_moe = moe_num_layers(model) > 0
 
     # -- state -------------------------------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
@@ -134,9 +135,8 @@ class Trainer:
                 self._scratch = copy.deepcopy(self.model).eval()
             self._scratch.load_state_dict(state)
             model = self._scratch
-        return torch.cat(
-            [response_logp(model, m, self.temperature, self._routing(m)) for m in microbatches(mb, self.microbatch_tokens)]
-        )
+        pieces = microbatches(mb, self.microbatch_tokens)
+        return torch.cat([response_logp(model, m, self.temperature, self._routing(m))[0] for m in pieces])
 
     @torch.no_grad()
     def version_logp(self, mb: Batch, snapshots: Snapshots) -> torch.Tensor | None:  # [B, T]
@@ -164,18 +164,19 @@ class Trainer:
         lag = (self.version - mb.versions).clamp(min=0)  # [B, T]
         n_tok = int(mb.mask.sum())
         n_seq = int(mb.mask.any(1).sum())
-        seq_mode = self.objective.aggregation != "token-mean"
-        rows, total, scalars, tok = 0, 0.0, {}, {"logp": [], "gate": [], "clipped": [], "d": []}
+        seq_mode = self.aggregation != "token-mean"
+        rows, total, scalars, tok = 0, 0.0, {}, {"logp": [], "gate": [], "clipped": [], "d": [], "routing": []}
         for m in microbatches(mb, self.microbatch_tokens):
             sl = slice(rows, rows + m.mask.shape[0])
             rows = sl.stop
-            logp = response_logp(self.model, m, self.temperature, self._routing(m))
+            logp, used = response_logp(self.model, m, self.temperature, self._routing(m), self.is_moe and m.routing is not None)
             ref_logp = None
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref_logp = response_logp(self.ref_model, m, self.temperature, self._routing(m))
-            loss_tok, metrics = policy_loss(
-                self.objective.name,
+                    ref_logp = response_logp(self.ref_model, m, self.temperature, self._routing(m))[0]
+            if used is not None:
+                tok["routing"].append(used)
+            loss_tok, metrics = self.objective(
                 logp=logp,
                 behavior_logp=m.behavior_logp,
                 adv=adv[sl],
@@ -183,10 +184,9 @@ class Trainer:
                 ref_logp=ref_logp,
                 versions=lag[sl],
                 old_logp=None if old_logp is None else old_logp[sl],
-                **self.objective.overrides,
             )
             share = (m.mask.any(1).sum() / max(n_seq, 1)) if seq_mode else (m.mask.sum() / max(n_tok, 1))
-            loss = aggregate(loss_tok, m.mask, self.objective.aggregation) * share
+            loss = aggregate(loss_tok, m.mask, self.aggregation) * share
             loss.backward()
             total += float(loss.detach())
             weight = float(m.mask.sum()) / max(n_tok, 1)
@@ -208,18 +208,22 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         self.version += 1
         out = {"loss": total, "skipped": float(not finite), **{f"obj/{k}": v for k, v in scalars.items()}}
-        out.update(self._diagnostics(mb, lag, {k: torch.cat(v) for k, v in tok.items()}, version_logp))
+        out.update(self._diagnostics(mb, lag, {k: torch.cat(v) for k, v in tok.items() if v}, version_logp))
         return out
 
     def _diagnostics(self, mb: Batch, lag: torch.Tensor, tok: dict, version_logp: torch.Tensor | None) -> dict:
-        mask, logp = mb.mask, tok["logp"]
-        out = {f"lag/{k}": float(v) for k, v in diag.lag_stats(lag, mask).items()}
-        per_token = {"clipfrac": tok["clipped"].float(), "gate_rate": tok["gate"].float(), "abs_d": tok["d"].abs()}
-        out.update({f"bylag/{k}": float(v) for k, v in diag.by_lag(lag, mask, **per_token).items()})
-        tv = diag.gate_tv_share(logp, mb.behavior_logp, tok["gate"], mask)
-        out.update({f"gate/{k}": float(v) for k, v in tv.items() if k != "gate_rate"})
-        out.update({f"mismatch/{k}": float(v) for k, v in diag.mismatch_stats(logp, mb.behavior_logp, mask).items()})
-        if version_logp is not None:
-            dec = diag.decompose_mismatch(logp, version_logp, mb.behavior_logp, mask)
-            out.update({f"mismatch/{k}": float(v) for k, v in dec.items() if not isinstance(v, torch.Tensor) or v.dim() == 0})
-        return out
+        engine_routing = None
+        if "routing" in tok:  # the engine's experts at the scoring positions, vs the ones this forward used
+            pos = (mb.prompt_len[:, None] - 1 + torch.arange(mb.mask.shape[1])[None, :]).clamp(min=0)
+            engine_routing = mb.routing.gather(1, pos[:, :, None, None].expand(-1, -1, *mb.routing.shape[2:]))
+        out = diag.step_diagnostics(
+            logp=tok["logp"],
+            behavior_logp=mb.behavior_logp,
+            mask=mb.mask,
+            lag=lag,
+            tok={f"tok/{k}": tok[k] for k in ("gate", "clipped", "d") if k in tok},
+            logp_at_version=version_logp,
+            engine_routing=engine_routing,
+            trainer_routing=tok.get("routing"),
+        )
+        return {k: float(v) for k, v in out.items()}

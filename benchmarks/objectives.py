@@ -1,0 +1,175 @@
+"""Objective benchmark: forward+backward time and peak memory of the policy losses.
+
+    .venv/bin/python -m benchmarks.objectives            # 1M, 4M, 16M tokens + sat_grpo at 64M
+    .venv/bin/python -m benchmarks.objectives --quick    # tiny smoke run (not written to the docs)
+    .venv/bin/python -m benchmarks.objectives --sizes 1M 4M --no-64m
+
+Shapes: B = N/1024 responses of T = 1024 tokens, all active; adv is [B]; no ``ref_logp`` (the KL term is
+skipped, so the numbers are the policy terms alone). One step = ``policy_loss`` + ``aggregate``
+(token-mean) + ``backward``, metrics included.
+
+Time: median over repeats, all presets interleaved in one process; ratios are to ``grpo`` at that size.
+Peak memory: each (preset, size) runs in a fresh subprocess with ``MALLOC_MMAP_THRESHOLD_=65536`` (so
+every large tensor is its own mmap, returned to the OS when freed); after building the inputs it resets
+the kernel's peak-RSS counter (``echo 5 > /proc/self/clear_refs``) and reports VmHWM - VmRSS after one
+step: the peak extra resident memory of the step, over the inputs. (tracemalloc does not see torch's
+allocations, which is why RSS is used.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from satrl.objectives import aggregate, policy_loss
+
+PRESETS = ["grpo", "sat_grpo", "gspo", "sat_gspo", "dppo_tv"]
+T = 1024
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20}.get(s[-1], 1)
+    return int(float(s[:-1] if s[-1] in "KM" else s) * mult)
+
+
+def fmt_size(n: int) -> str:
+    return f"{n >> 20}M" if n >= 1 << 20 else f"{n >> 10}K"
+
+
+def make_inputs(n_tokens: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    b = max(1, n_tokens // T)
+    t = min(T, n_tokens)
+    logp = -torch.rand(b, t, generator=g) * 3.0
+    blp = logp + 0.05 * torch.randn(b, t, generator=g)
+    return {
+        "logp": logp.requires_grad_(),
+        "behavior_logp": blp,
+        "adv": torch.randn(b, generator=g),
+        "mask": torch.ones(b, t, dtype=torch.bool),
+    }
+
+
+def step(preset: str, x: dict[str, torch.Tensor]) -> None:
+    x["logp"].grad = None
+    loss_tok, _ = policy_loss(preset, **x)
+    aggregate(loss_tok, x["mask"], "token-mean").backward()
+
+
+def time_presets(n_tokens: int, repeats: int) -> dict[str, float]:
+    x = make_inputs(n_tokens)
+    for p in PRESETS:  # warm-up
+        step(p, x)
+    runs: dict[str, list[float]] = {p: [] for p in PRESETS}
+    for _ in range(repeats):
+        for p in PRESETS:
+            t0 = time.perf_counter()
+            step(p, x)
+            runs[p].append(time.perf_counter() - t0)
+    return {p: statistics.median(v) for p, v in runs.items()}
+
+
+def _status(key: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def measure_child(preset: str, n_tokens: int, demo_quantile: bool) -> dict:
+    """Runs inside the fresh subprocess: one step, its time and its peak extra RSS."""
+    x = make_inputs(n_tokens)
+    out: dict = {}
+    if demo_quantile:
+        d = (x["logp"].detach() - x["behavior_logp"]).abs().flatten()
+        try:
+            torch.quantile(d, 0.9)
+            out["quantile"] = "ran"
+        except RuntimeError as e:
+            out["quantile"] = f"RuntimeError: {str(e).splitlines()[0]}"
+        del d
+    before = _status("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    t0 = time.perf_counter()
+    step(preset, x)
+    out["time_s"] = time.perf_counter() - t0
+    out["peak_bytes"] = _status("VmHWM") - before
+    out["input_bytes"] = sum(t.numel() * t.element_size() for t in x.values())
+    return out
+
+
+def peak_memory(preset: str, n_tokens: int, demo_quantile: bool = False) -> dict:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    cmd = [sys.executable, "-m", "benchmarks.objectives", "--_child", preset, str(n_tokens)]
+    if demo_quantile:
+        cmd.append("--_quantile")
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, nothing written to docs")
+    ap.add_argument("--sizes", nargs="+", default=None, help="active-token counts, e.g. 1M 4M 16M")
+    ap.add_argument("--no-64m", action="store_true", help="skip the 64M sat_grpo run")
+    ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--_quantile", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args._child:
+        print(json.dumps(measure_child(args._child[0], int(args._child[1]), args._quantile)))
+        return 0
+
+    sizes = [parse_size(s) for s in (args.sizes or (["64K", "256K"] if args.quick else ["1M", "4M", "16M"]))]
+    rows = []
+    for n in sizes:
+        repeats = 3 if args.quick else max(3, min(9, (8 << 20) // n))
+        times = time_presets(n, repeats)
+        for p in PRESETS:
+            mem = peak_memory(p, n)
+            rows.append((n, p, times[p], mem["peak_bytes"], repeats))
+    mem_of = {(n, p): m for n, p, _, m, _ in rows}
+    time_of = {(n, p): t for n, p, t, _, _ in rows}
+    lines = [
+        "| tokens | preset | fwd+bwd ms | x grpo (time) | peak extra MiB | x grpo (memory) | repeats |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for n, p, t, m, r in rows:
+        lines.append(
+            f"| {fmt_size(n)} | {p} | {t * 1e3:.1f} | {t / time_of[(n, 'grpo')]:.2f} | {m / 2**20:.0f} "
+            f"| {m / mem_of[(n, 'grpo')]:.2f} | {r} |"
+        )
+    body = "\n".join(lines)
+    if not args.quick and not args.no_64m:
+        big = 64 << 20
+        r = peak_memory("sat_grpo", big, demo_quantile=True)
+        body += (
+            f"\n\nsat_grpo at {fmt_size(big)} tokens: one step {r['time_s']:.1f} s, peak extra "
+            f"{r['peak_bytes'] / 2**30:.2f} GiB (inputs {r['input_bytes'] / 2**30:.2f} GiB). "
+            f"`torch.quantile` on the same {fmt_size(big)} |d| values: {r['quantile']}."
+        )
+    note = (
+        f"\n\nTime: median of the repeats, presets interleaved in one process, {torch.get_num_threads()} "
+        "torch threads. Memory: peak extra RSS of one step in a fresh subprocess (see the script's "
+        "docstring). B = N/1024 responses of 1024 tokens, all active, adv [B], no ref_logp (no KL term)."
+    )
+    body += note
+    print(body)
+    if not args.quick:
+        from benchmarks._report import write_section
+
+        cmd = "python -m benchmarks.objectives" + (f" --sizes {' '.join(args.sizes)}" if args.sizes else "")
+        write_section("Objectives", cmd + (" --no-64m" if args.no_64m else ""), body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,212 @@
+"""Objectives as named combinations of four components, and the ``policy_loss`` entry point.
+
+An :class:`ObjectiveSpec` is a frozen choice of ratio level, trust region, correction and KL estimator plus
+their hyperparameters. :func:`resolve_objective` builds one from a preset name and overrides (validated by
+name: unknown keys raise ``ValueError`` listing the valid ones), so a trainer can check its config before
+the first step. Presets are shorthands only; every component can also be chosen by override
+(``ratio=``, ``trust_region=``, ``correction=``, ``kl=``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._common import as_bool_mask, count, expand_adv, masked, masked_frac, masked_mean, seq_mean
+from .corrections import CORRECTIONS
+from .kl import KL_ESTIMATORS
+from .ratios import RATIO_LEVELS
+from .registry import Component, Registry
+from .trust_regions import TRUST_REGIONS, ObjectiveInputs
+
+SLOTS: dict[str, Registry] = {
+    "ratio": RATIO_LEVELS,
+    "trust_region": TRUST_REGIONS,
+    "correction": CORRECTIONS,
+    "kl": KL_ESTIMATORS,
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    ratio: str
+    trust_region: str
+    correction: str = "none"
+    kl: str = "k3"  # the paper's low-variance KL, coefficient 1e-3, for every method (Appendix F)
+    params: Mapping[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+
+PRESETS: dict[str, Preset] = {
+    "grpo": Preset("token", "ppo", source="Shao et al. 2024; SAT paper Table 9"),
+    "gspo": Preset("sequence", "ppo", source="Zheng et al. 2025 (arXiv 2507.18071); SAT paper Table 9"),
+    "sat_grpo": Preset("token", "sat", source="SAT paper Eqs. 13-19"),
+    "sat_gspo": Preset("sequence", "sat", source="SAT paper Eqs. 13-20"),
+    "dppo_tv": Preset("token", "dppo_tv", source="Qi et al. 2026 (arXiv 2602.04879), Binary-TV"),
+    "dppo_kl": Preset("token", "dppo_kl", source="Qi et al. 2026 (arXiv 2602.04879), Binary-KL"),
+    "dppo_sat_paper": Preset("token", "ppo_dtv_mask", source="SAT paper App. E.4 and F, Table 9"),
+    "grpo_tis": Preset("token", "ppo", "tis", source="Yao et al. 2025; SAT paper Eq. 41"),
+    "gspo_tis": Preset("sequence", "ppo", "tis", source="SAT paper Table 6"),
+    "sat_grpo_tis": Preset("token", "sat", "tis", source="SAT paper App. F (TIS composes with SAT)"),
+    "sat_gspo_tis": Preset("sequence", "sat", "tis", source="SAT paper App. F (TIS composes with SAT)"),
+    "grpo_icepop": Preset("token", "ppo", "icepop", source="Ling team 2025; SAT paper Eq. 42"),
+    "grpo_mis": Preset("token", "ppo", "mis", source="masked importance sampling"),
+}
+
+
+def available_presets() -> list[str]:
+    """Names accepted by :func:`policy_loss` and :func:`resolve_objective`."""
+    return sorted(PRESETS)
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """A resolved objective: four component names and all their hyperparameters. Call it on tensors."""
+
+    name: str
+    ratio: str
+    trust_region: str
+    correction: str
+    kl: str
+    params: Mapping[str, Any]
+
+    def component(self, slot: str) -> Component:
+        return SLOTS[slot].get(getattr(self, slot))
+
+    def slot_params(self, slot: str) -> dict[str, Any]:
+        return {k: self.params[k] for k in self.component(slot).defaults}
+
+    def __call__(
+        self,
+        *,
+        logp: Tensor,
+        behavior_logp: Tensor,
+        adv: Tensor,
+        mask: Tensor,
+        ref_logp: Tensor | None = None,
+        versions: Tensor | None = None,
+        old_logp: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Per-token loss [B, T] (0 on masked positions) and detached metrics; see :func:`policy_loss`."""
+        mask = as_bool_mask(mask)
+        for key, t in (("behavior_logp", behavior_logp), ("mask", mask), ("ref_logp", ref_logp),
+                       ("old_logp", old_logp), ("versions", versions)):
+            if t is not None and t.shape != logp.shape:
+                raise ValueError(f"{key} must have logp's shape {tuple(logp.shape)}, got {tuple(t.shape)}")
+        behavior_logp = behavior_logp.detach()
+        old = logp.detach() if old_logp is None else old_logp.detach()
+        denom = behavior_logp if old_logp is None else old
+        adv = masked(expand_adv(adv.detach(), logp), mask)
+        inp = ObjectiveInputs(logp, denom, behavior_logp, old, mask, versions)
+
+        ratio, d = self.component("ratio").fn(logp, denom, mask)
+        loss, tr_clipped, metrics = self.component("trust_region").fn(
+            ratio, d, adv, mask, inp, **self.slot_params("trust_region")
+        )
+        weight, dropped, corr_metrics = self.component("correction").fn(inp, **self.slot_params("correction"))
+        metrics.update(corr_metrics)
+        clipped = tr_clipped
+        if weight is not None:
+            loss = loss * weight
+        if dropped is not None:
+            clipped = clipped | dropped
+
+        kl_fn = self.component("kl").fn
+        coef = self.params.get("kl_coef", 0.0)
+        if ref_logp is not None and coef > 0:
+            kl_tok = kl_fn(logp, ref_logp, mask)
+            if getattr(self.component("ratio").fn, "per_sequence", False):
+                kl_tok = seq_mean(kl_tok, mask)[:, None].expand_as(kl_tok)  # GSPO: sequence-mean KL
+            loss = loss + coef * kl_tok
+            metrics["kl"] = masked_mean(kl_tok.detach(), mask)
+
+        loss = masked(loss, mask)
+        metrics.update(_common_metrics(logp, denom, behavior_logp, mask, tr_clipped, old_logp is None))
+        metrics.setdefault("tok/gate", torch.zeros_like(mask))
+        metrics["tok/clipped"] = clipped
+        return loss, metrics
+
+
+@torch.no_grad()
+def _common_metrics(logp, denom, behavior_logp, mask, tr_clipped, same_denom) -> dict[str, Tensor]:
+    """clipfrac, ppo_kl and logratio_var (of the optimized log-ratio), d_pi and tok/d (vs mu, Eq. 52)."""
+    n = count(mask)
+    tok_d = masked(logp.detach() - behavior_logp, mask)  # [B, T] token log-ratio log pi - log mu
+    x = tok_d if same_denom else masked(logp.detach() - denom, mask)
+    mean_x = masked_mean(x, mask, n)
+    return {
+        "clipfrac": masked_frac(tr_clipped, mask, n),
+        "ppo_kl": -mean_x,
+        "d_pi": masked_mean(tok_d.abs(), mask, n),
+        "logratio_var": masked_mean((x - mean_x).square(), mask, n),
+        "tok/d": tok_d,
+    }
+
+
+def resolve_objective(name: str, **overrides: Any) -> ObjectiveSpec:
+    """Validate ``name`` + ``overrides`` and return the frozen :class:`ObjectiveSpec`.
+
+    Raises ValueError naming the valid presets, components or override keys.
+    """
+    if isinstance(name, ObjectiveSpec):
+        base, name = name, name.name
+        preset = Preset(base.ratio, base.trust_region, base.correction, base.kl, dict(base.params))
+    elif name in PRESETS:
+        preset = PRESETS[name]
+    else:
+        raise ValueError(f"unknown objective preset {name!r}; valid presets: {available_presets()}")
+    choice = {slot: overrides.pop(slot, getattr(preset, slot)) for slot in SLOTS}
+    comps = {slot: SLOTS[slot].get(choice[slot]) for slot in SLOTS}
+    params: dict[str, Any] = {}
+    for comp in comps.values():
+        params.update(comp.defaults)
+    valid = sorted(set(params) | set(SLOTS))
+    for key, value in {**preset.params, **overrides}.items():
+        if key not in params:
+            raise ValueError(
+                f"unknown override {key!r} for objective {name!r} "
+                f"({', '.join(f'{s}={c}' for s, c in choice.items())}); valid overrides: {valid}"
+            )
+        for comp in comps.values():
+            if key in comp.defaults:
+                comp.validate(key, value)
+        params[key] = value
+    return ObjectiveSpec(name, params=MappingProxyType(params), **choice)
+
+
+resolve = resolve_objective
+
+
+def policy_loss(
+    name: str | ObjectiveSpec,
+    *,
+    logp: Tensor,
+    behavior_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    ref_logp: Tensor | None = None,
+    versions: Tensor | None = None,
+    old_logp: Tensor | None = None,
+    **overrides: Any,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-token policy loss of a preset (or spec) with overrides.
+
+    Args (all [B, T] except ``adv``, which may be [B]):
+        logp: trainer log-prob of the sampled tokens; the only input that receives gradient.
+        behavior_logp: engine log-prob mu. The ratio is exp(logp - behavior_logp) unless ``old_logp``
+            is given, then exp(logp - old_logp); correction weights use exp(old_logp - behavior_logp).
+        mask: active response tokens. Masked positions of every input may hold NaN/inf.
+        ref_logp: reference log-prob; the KL term is added only when it is given.
+        versions: per-token lag (for SAT's ``proxy="version_age"``).
+    Returns:
+        loss_tok [B, T] (0 on masked positions) and metrics: 0-dim detached scalars and [B, T]
+        ``tok/gate``, ``tok/clipped``, ``tok/d``.
+    """
+    spec = resolve_objective(name, **overrides) if overrides or not isinstance(name, ObjectiveSpec) else name
+    return spec(logp=logp, behavior_logp=behavior_logp, adv=adv, mask=mask, ref_logp=ref_logp,
+                versions=versions, old_logp=old_logp)

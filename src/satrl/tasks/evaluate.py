@@ -1,0 +1,225 @@
+"""Evaluate a policy on a task: avg@k (the paper's "AIME24 avg@8") and greedy accuracy.
+
+For problems i = 1..N with k samples each and 0/1 rewards r_ij:
+
+    avg@k       = 1/N sum_i ( 1/k sum_j r_ij )       mean over problems of the per-problem pass@1
+    pass@k      = 1/N sum_i max_j r_ij               (recorded too; not the paper's headline)
+    greedy_acc  = 1/N sum_i r_i(greedy)              one argmax decode per problem
+
+Every request carries its own seed, derived from ``(seed, problem index, sample index)`` by a hash, so a
+result does not depend on the batch size or on which requests share a batch (the engine guarantees the
+rest). Prompts are encoded with ``tokenizer(prompt)["input_ids"]``, the tokenizer used as is (the char
+tokenizer prepends BOS; a Qwen tokenizer adds nothing), exactly as the training pipeline encodes them.
+
+CLI: :func:`add_eval_args` / :func:`run_eval` implement ``satrl eval``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import itertools
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from satrl.types import Engine, GenerationRequest, Problem, SamplingParams, Task
+
+GREEDY = -1  # sample index of the greedy request in the seed derivation
+
+
+def request_seed(seed: int, problem_index: int, sample_index: int) -> int:
+    """Deterministic 63-bit seed of one request (``sample_index = -1`` is the greedy request)."""
+    h = hashlib.blake2b(f"{seed}/{problem_index}/{sample_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") >> 1
+
+
+@dataclass
+class EvalResult:
+    """Scores and the exact settings that produced them. ``per_problem`` holds the mean reward over the
+    k samples of each problem, in problem order; ``greedy`` the greedy reward of each problem."""
+
+    avg_at_k: float
+    greedy_acc: float
+    pass_at_k: float
+    k: int
+    n_problems: int
+    sampling: dict[str, Any]
+    task: str = ""
+    split: str = "eval"
+    seed: int = 0
+    per_problem: list[float] = dataclasses.field(default_factory=list)
+    greedy: list[float] = dataclasses.field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The scalar fields and the sampling settings (no per-problem lists), JSON-ready."""
+        d = dataclasses.asdict(self)
+        d.pop("per_problem")
+        d.pop("greedy")
+        return d
+
+
+def _take(task: Task, split: str, n_problems: int | None) -> list[Problem]:
+    if n_problems is None:
+        if split != "eval":
+            raise ValueError(f"split {split!r} may be an endless stream: give n_problems")
+        return list(task.problems(split, 0))
+    if n_problems < 1:
+        raise ValueError(f"n_problems must be >= 1, got {n_problems}")
+    problems = list(itertools.islice(task.problems(split, 0), n_problems))
+    if len(problems) < n_problems:
+        raise ValueError(f"task {task.name} has only {len(problems)} {split} problems, asked for {n_problems}")
+    return problems
+
+
+def _rewards(
+    engine: Engine, task: Task, problems: list[Problem], requests: list[tuple[int, GenerationRequest]],
+    sampling: SamplingParams, batch_size: int,
+) -> list[float]:
+    """Generate ``requests`` (pairs of problem index and request) in batches; the reward of each."""
+    out: list[float] = []
+    for start in range(0, len(requests), batch_size):
+        chunk = requests[start : start + batch_size]
+        completions = engine.generate([r for _, r in chunk], sampling)
+        for (i, req), c in zip(chunk, completions, strict=True):
+            if c.request_id != req.request_id:
+                raise RuntimeError(f"engine answered {c.request_id!r} in place of {req.request_id!r}")
+            out.append(task.reward(problems[i], c.text))
+    return out
+
+
+def evaluate(
+    engine: Engine,
+    tokenizer: Any,
+    task: Task,
+    k: int = 8,
+    split: str = "eval",
+    n_problems: int | None = None,
+    sampling: SamplingParams | None = None,
+    seed: int = 0,
+    batch_size: int = 256,
+) -> EvalResult:
+    """avg@k with ``sampling`` (default: temperature 1, full support, 16 new tokens) and greedy
+    accuracy (``sampling`` with ``greedy=True``) on the first ``n_problems`` problems of ``split``
+    (all eval problems if None). See the module docstring for the formulas."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    sampling = sampling if sampling is not None else SamplingParams()
+    if sampling.greedy:
+        raise ValueError("sampling must not be greedy: avg@k needs sampled completions (greedy is scored too)")
+    problems = _take(task, split, n_problems)
+    ids = [list(tokenizer(p.prompt)["input_ids"]) for p in problems]
+
+    sampled = [
+        (i, GenerationRequest(f"{split}/{i}/{j}", ids[i], request_seed(seed, i, j)))
+        for i in range(len(problems))
+        for j in range(k)
+    ]
+    r = _rewards(engine, task, problems, sampled, sampling, batch_size)
+    per_problem = [sum(r[i * k : (i + 1) * k]) / k for i in range(len(problems))]
+    hit = [max(r[i * k : (i + 1) * k]) for i in range(len(problems))]
+
+    greedy_sampling = dataclasses.replace(sampling, greedy=True)
+    greedy_reqs = [
+        (i, GenerationRequest(f"{split}/{i}/greedy", ids[i], request_seed(seed, i, GREEDY)))
+        for i in range(len(problems))
+    ]
+    greedy = _rewards(engine, task, problems, greedy_reqs, greedy_sampling, batch_size)
+
+    n = len(problems)
+    return EvalResult(
+        avg_at_k=sum(per_problem) / n,
+        greedy_acc=sum(greedy) / n,
+        pass_at_k=sum(hit) / n,
+        k=k,
+        n_problems=n,
+        sampling=dataclasses.asdict(sampling),
+        task=task.name,
+        split=split,
+        seed=seed,
+        per_problem=per_problem,
+        greedy=greedy,
+    )
+
+
+# ------------------------------------------------------------------------------------------- CLI
+def add_eval_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``satrl eval``."""
+    parser.add_argument("--model", required=True, help="built-in name (tiny-arith, tiny-arith-moe) or HF dir")
+    parser.add_argument("--task", default="arithmetic", help="arithmetic | jsonl_math | countdown | gym:<name>")
+    parser.add_argument(
+        "--task-arg", action="append", default=[], metavar="KEY=VALUE",
+        help="task constructor argument, YAML-typed (e.g. digits=3, path=aime24.jsonl); repeatable",
+    )
+    parser.add_argument("--k", type=int, default=8, help="samples per problem for avg@k")
+    parser.add_argument("--n-problems", type=int, help="first N eval problems (default: all)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--numerics", default="fp32", help="engine numerics: fp32 | bf16 | bf16-weights")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", action="store_true", help="also print the result as one JSON line")
+
+
+def _task_kwargs(pairs: list[str]) -> dict[str, Any]:
+    kwargs = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--task-arg expects KEY=VALUE, got {pair!r}")
+        kwargs[key] = yaml.safe_load(value)
+    return kwargs
+
+
+def _fail(e: BaseException) -> int:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    print(f"satrl eval: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Handler of ``satrl eval``: prints ``avg@K = x.xxx`` and ``greedy_acc = x.xxx``. Returns 0, or 2
+    with a one-line message on stderr for a bad task, model, or setting."""
+    import json
+
+    from transformers.utils import logging as hf_logging
+
+    from satrl.engines import TorchEngine, resolve_numerics
+    from satrl.models import load_policy
+    from satrl.tasks import make_task
+
+    hf_logging.disable_progress_bar()  # keep stderr for our one-line errors
+    try:
+        task = make_task(args.task, **_task_kwargs(args.task_arg))
+        sampling = SamplingParams(
+            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens
+        )
+        resolve_numerics(args.numerics)  # fail before loading the model
+        model, tokenizer = load_policy(args.model)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        engine = TorchEngine(
+            model, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad, tokenizer=tokenizer,
+            numerics=args.numerics, device=args.device,
+        )
+        result = evaluate(
+            engine, tokenizer, task, k=args.k, n_problems=args.n_problems, sampling=sampling, seed=args.seed,
+            batch_size=args.batch_size,
+        )
+    except (ValueError, OSError, ImportError) as e:  # bad user input: one line, exit 2
+        return _fail(e)
+    print(f"avg@{result.k} = {result.avg_at_k:.3f}")
+    print(f"greedy_acc = {result.greedy_acc:.3f}")
+    print(
+        f"({result.task}, {result.n_problems} problems, k={result.k}, pass@{result.k} = {result.pass_at_k:.3f}, "
+        f"temperature={sampling.temperature}, top_p={sampling.top_p}, top_k={sampling.top_k}, "
+        f"max_new_tokens={sampling.max_new_tokens}, numerics={args.numerics}, seed={result.seed})"
+    )
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    return 0

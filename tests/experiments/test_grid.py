@@ -1,0 +1,275 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from satrl.experiments import grid as grid_mod
+from satrl.experiments.grid import expand, load_grid, render_value, run_grid_spec, run_state, thread_env
+
+
+def read_log(log: Path) -> list[dict]:
+    return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _write(tmp_path: Path, text: str, name: str = "g.yaml") -> Path:
+    (tmp_path / "base.yaml").write_text("steps: 8\n")
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+GRID = """
+    base: base.yaml
+    lags: [1, 8]
+    seeds: 2
+    baseline: grpo
+    steps: 5
+    extra: {model.name: tiny-arith-moe}
+    cells:
+      grpo: {objective.name: grpo}
+      sat: {objective: {name: sat_grpo, alpha: 0.8, invert: true}, lag_schedule: fixed, label: SAT}
+      other: {base: other.yaml, lags: [0], proxy_str: "8", nothing: null}
+"""
+
+
+def test_expand_names_overrides_and_order(tmp_path):
+    (tmp_path / "other.yaml").write_text("{}\n")
+    spec = load_grid(_write(tmp_path, GRID))
+    runs = expand(spec, tmp_path / "out")
+    assert [r.name for r in runs] == [
+        "grpo/lag1/seed0", "grpo/lag1/seed1", "grpo/lag8/seed0", "grpo/lag8/seed1",
+        "sat/lag1/seed0", "sat/lag1/seed1", "sat/lag8/seed0", "sat/lag8/seed1",
+        "other/lag0/seed0", "other/lag0/seed1",
+    ]  # fmt: skip
+    sat = runs[6]
+    assert sat.overrides == ("model.name=tiny-arith-moe", "steps=5", "lag.schedule=fixed", "lag.n=8",
+                             "objective.name=sat_grpo", "objective.alpha=0.8", "objective.invert=true")  # fmt: skip
+    assert sat.base == tmp_path / "base.yaml"
+    assert sat.run_dir == tmp_path / "out" / "sat" / "lag8" / "seed0"
+    other = runs[-1]
+    assert other.base == tmp_path / "other.yaml"
+    assert "proxy_str='8'" in other.overrides and "nothing=null" in other.overrides
+    assert "lag.schedule=broadcast" in other.overrides
+    assert len(expand(spec, tmp_path / "out", seeds=5)) == 25
+    assert spec.label("sat") == "SAT" and spec.label("grpo") == "grpo"
+
+
+def test_default_command_layout(tmp_path):
+    spec = load_grid(
+        _write(
+            tmp_path,
+            GRID.replace('      other: {base: other.yaml, lags: [0], proxy_str: "8", nothing: null}\n', ""),
+        )
+    )
+    run = expand(spec, tmp_path / "out")[0]
+    cmd = grid_mod.default_command(run, resume=False)
+    assert cmd[:5] == [sys.executable, "-m", "satrl", "train", str(tmp_path / "base.yaml")]
+    assert cmd[-2:] == ["seed=0", f"out={run.run_dir}"]
+    assert grid_mod.default_command(run, resume=True)[-2:] == ["--resume", str(run.run_dir)]
+
+
+@pytest.mark.parametrize(
+    "value, text", [(True, "true"), (None, "null"), (0.8, "0.8"), (8, "8"), ("sat_grpo", "sat_grpo"), ("8", "'8'"),
+                    ([1, 2], "[1, 2]")],
+)  # fmt: skip
+def test_render_value_round_trips_through_yaml(value, text):
+    assert render_value(value) == text
+    assert yaml.safe_load(render_value(value)) == value
+
+
+@pytest.mark.parametrize(
+    "body, match",
+    [
+        ("base: base.yaml\nlags: [1]\nseed: 3\ncells: {a: {}}\n", "seed"),  # typo for `seeds`
+        ("base: base.yaml\nlags: [1]\nbaseline: b\ncells: {a: {}}\n", "baseline: 'b' is not a cell"),
+        (
+            "base: base.yaml\nlags: [1]\ncells: {a: {lag.n: 4}}\n",
+            "cells.a: key 'lag.n' is set by the grid; use lags:",
+        ),
+        ("base: base.yaml\nlags: [1]\nextra: {seed: 1}\ncells: {a: {}}\n", "extra: key 'seed'"),
+        ("lags: [1]\ncells: {a: {}}\n", "cells.a: no base config"),
+        ("base: base.yaml\nlags: []\ncells: {a: {}}\n", "lags"),
+        ("base: base.yaml\nlags: [1]\ncells: {}\n", "cells must be a non-empty mapping"),
+        (
+            "base: base.yaml\nlags: [1]\ncells: {a: {base: nope.yaml}}\n",
+            "cells.a: base config .*nope.yaml does not exist",
+        ),
+        ("base: base.yaml\nlags: [1]\ncells: {'a/b': {}}\n", "cell name 'a/b'"),
+    ],
+)
+def test_grid_errors_name_the_field(tmp_path, body, match):
+    with pytest.raises(ValueError, match=match):
+        load_grid(_write(tmp_path, body))
+
+
+def test_builtin_grids_are_valid():
+    expected = {"paper_table": (13, 26), "sat_ablation": (10, 10), "falsifier": (5, 5), "lag_sweep": (4, 24),
+                "async_random_lag": (4, 4), "ci_smoke": (2, 2)}  # fmt: skip
+    found = {}
+    for path in sorted((REPO / "configs" / "grids").glob("*.yaml")):
+        spec = load_grid(path, check_paths=False)  # base configs are the pipeline's presets
+        runs = expand(spec, "runs/x", seeds=1)
+        found[spec.name] = (len(spec.cells), len(runs))
+        for r in runs:
+            assert r.base.parent.resolve() == (REPO / "configs").resolve(), r.base
+    assert found == expected
+    falsifier = {
+        r.cell: r.overrides for r in expand(load_grid(REPO / "configs/grids/falsifier.yaml", False), "o")
+    }
+    assert "objective.invert=true" in falsifier["sat_invert"]
+    assert "objective.proxy=version_age" in falsifier["sat_version_age"]
+    assert all("lag.n=8" in ov and "lag.schedule=broadcast" in ov for ov in falsifier.values())
+    sweep = expand(load_grid(REPO / "configs/grids/lag_sweep.yaml", False), "o", seeds=1)
+    assert {(r.cell, r.lag) for r in sweep if "lag.schedule=fixed" in r.overrides} >= {("grpo_fixed", 16)}
+
+
+def test_thread_env_splits_cores(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert thread_env(2)["SATRL_TORCH_THREADS"] == "4"
+    assert thread_env(3) == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "SATRL_TORCH_THREADS": "2"}
+    assert thread_env(16)["OMP_NUM_THREADS"] == "1"
+
+
+RUNNER_GRID = """
+    base: base.yaml
+    lags: [2]
+    seeds: 2
+    steps: 6
+    baseline: a
+    cells:
+      a: {offset: 0.3}
+      b: {offset: 0.4, sat: true}
+      bad: {fail: true}
+"""
+
+
+def test_runner_records_failures_and_skips_finished_on_rerun(tmp_path, fake_trainer):
+    command, log = fake_trainer
+    spec = load_grid(_write(tmp_path, RUNNER_GRID))
+    out = tmp_path / "out"
+    res = run_grid_spec(spec, out, workers=2, command_fn=command, progress=False, env={"FAKE_LOG": str(log)})
+    assert res.exit_code == 1
+    assert sorted(res.failed) == ["bad/lag2/seed0", "bad/lag2/seed1"]
+    assert sorted(res.names("finished")) == ["a/lag2/seed0", "a/lag2/seed1", "b/lag2/seed0", "b/lag2/seed1"]
+    err = (out / "bad/lag2/seed0/error.txt").read_text()
+    assert "exit code 3" in err and "boom: this cell is configured to fail" in err
+    status = json.loads((out / "grid_status.json").read_text())
+    assert status["counts"] == {"finished": 4, "failed": 2}
+    assert "boom" in status["runs"]["bad/lag2/seed1"]["error"]
+    log_text = (out / "a/lag2/seed1/stdout.log").read_text()
+    assert "fake trainer: base=" in log_text and "seed=1" in log_text
+    summary = json.loads((out / "b/lag2/seed1/summary.json").read_text())
+    assert summary["best_avg_at_k"] == pytest.approx(0.4 + 0.02 - 0.02)
+    assert yaml.safe_load((out / "grid.yaml").read_text())["seeds"] == 2
+    assert len(read_log(log)) == 4  # the failing runs exit before logging
+
+    res2 = run_grid_spec(spec, out, workers=2, command_fn=command, progress=False, env={"FAKE_LOG": str(log)})
+    assert sorted(res2.names("skipped")) == sorted(res.names("finished"))
+    assert sorted(res2.failed) == sorted(res.failed)  # retried, failed again
+    assert len(read_log(log)) == 4  # nothing finished was rerun
+
+
+def test_runner_resumes_partial_runs(tmp_path, fake_trainer):
+    command, log = fake_trainer
+    spec = load_grid(_write(tmp_path, RUNNER_GRID.replace("      bad: {fail: true}\n", "")))
+    out = tmp_path / "out"
+    partial = out / "a/lag2/seed1"
+    (partial / "checkpoints").mkdir(parents=True)
+    (partial / "checkpoints" / "step3.pt").write_text("x")
+    (partial / "summary.json").write_text("{not json")  # a half-written summary is not valid
+    stale = out / "b/lag2/seed0"
+    stale.mkdir(parents=True)
+    (stale / "metrics.jsonl").write_text('{"step": 99}\n')  # no checkpoint: a fresh start drops it
+    assert run_state(partial) == "partial" and run_state(stale) == "new"
+    res = run_grid_spec(spec, out, workers=1, command_fn=command, progress=False, env={"FAKE_LOG": str(log)})
+    assert res.exit_code == 0
+    resumed = {Path(e["out"]).relative_to(out).as_posix(): e["resume"] for e in read_log(log)}
+    assert resumed == {"a/lag2/seed0": None, "a/lag2/seed1": str(partial), "b/lag2/seed0": None,
+                       "b/lag2/seed1": None}  # fmt: skip
+    assert res.records["a/lag2/seed1"].resumed and res.records["a/lag2/seed1"].command[-2] == "--resume"
+    assert '"step": 99' not in (stale / "metrics.jsonl").read_text()
+
+
+def test_runner_respects_worker_limit(tmp_path, fake_trainer):
+    command, log = fake_trainer
+    spec = load_grid(
+        _write(tmp_path, "base: base.yaml\nlags: [1]\nseeds: 3\ncells: {a: {sleep: 0.5}, b: {sleep: 0.5}}\n")
+    )
+    res = run_grid_spec(spec, tmp_path / "out", workers=2, command_fn=command, progress=False,
+                        env={"FAKE_LOG": str(log)}, poll_s=0.05)  # fmt: skip
+    assert res.exit_code == 0
+    entries = read_log(log)
+    assert len(entries) == 6
+    events = sorted([(e["start"], 1) for e in entries] + [(e["end"], -1) for e in entries])
+    level, peak = 0, 0
+    for _, delta in events:
+        level += delta
+        peak = max(peak, level)
+    assert peak == 2  # parallel, but never more than 2
+    cores = os.cpu_count() or 1
+    assert all(int(e["threads"]) * min(2, cores) <= max(cores, 1) for e in entries)
+
+
+def test_sigterm_stops_children_and_marks_interrupted(tmp_path, fake_trainer):
+    command, log = fake_trainer
+    spec_path = _write(tmp_path, "base: base.yaml\nlags: [1]\nseeds: 2\ncells: {a: {sleep: 60}}\n")
+    out = tmp_path / "out"
+    script = tmp_path / "driver.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import sys
+        from satrl.experiments.grid import default_command, load_grid, run_grid_spec
+        def command(run, resume):
+            return [sys.executable, {str(tmp_path / "fake_train.py")!r}, *default_command(run, resume)[4:]]
+        res = run_grid_spec(load_grid({str(spec_path)!r}), {str(out)!r}, workers=2, command_fn=command,
+                            progress=False)
+        sys.exit(res.exit_code)
+    """)
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 30
+    status = {}
+    while time.time() < deadline:
+        p = out / "grid_status.json"
+        status = json.loads(p.read_text()) if p.exists() else {}
+        pids_written = all((out / f"a/lag1/seed{s}/pid").exists() for s in (0, 1))
+        if status.get("counts", {}).get("running") == 2 and pids_written:
+            break
+        time.sleep(0.1)
+    assert status.get("counts", {}).get("running") == 2, status
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 130
+    status = json.loads((out / "grid_status.json").read_text())
+    assert status["counts"] == {"interrupted": 2}
+    assert (out / "a/lag1/seed0/stdout.log").read_text().startswith("=== satrl grid")
+    assert not (out / "a/lag1/seed0/summary.json").exists()
+    for seed in (0, 1):  # both children were started, and are gone now
+        pid = int((out / f"a/lag1/seed{seed}/pid").read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_cli_dry_run_and_bad_grid(tmp_path, capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    grid_mod.add_grid_args(parser)
+    path = _write(tmp_path, RUNNER_GRID)
+    args = parser.parse_args([str(path), "--dry-run", "--seeds", "1", "--out", str(tmp_path / "o")])
+    assert grid_mod.run_grid(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and out[0].startswith("[new] a/lag2/seed0: ") and "seed=0" in out[0]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lags: [1]\ncells: {a: {}}\n")
+    assert grid_mod.run_grid(parser.parse_args([str(bad)])) == 2
+    assert "no base config" in capsys.readouterr().err

@@ -1,0 +1,166 @@
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from satrl.experiments.stats import (
+    bootstrap_ci,
+    bootstrap_curve,
+    cell_stats,
+    paired_diff,
+    paired_table,
+    separated,
+)
+
+
+def test_single_value_gives_degenerate_ci():
+    assert bootstrap_ci([0.37]) == (0.37, 0.37, 0.37)
+
+
+def test_constant_sample_gives_zero_width_ci():
+    mean, lo, hi = bootstrap_ci([0.5] * 7)
+    assert mean == lo == hi == 0.5
+
+
+def test_empty_and_nan_only_give_nan():
+    assert all(math.isnan(x) for x in bootstrap_ci([]))
+    assert all(math.isnan(x) for x in bootstrap_ci([float("nan")]))
+    assert bootstrap_ci([0.2, float("nan")]) == (0.2, 0.2, 0.2)  # NaN dropped: one value left
+
+
+def test_two_point_sample_hand_computed():
+    # Resample means of {0, 1} take 0, 0.5, 1 with prob 1/4, 1/2, 1/4: the 2.5% and 97.5% points are 0 and 1.
+    assert bootstrap_ci([0.0, 1.0]) == (0.5, 0.0, 1.0)
+
+
+def test_four_point_sample_hand_computed():
+    # #ones in a resample of {0,0,0,1} ~ Binomial(4, 1/4): P(0) = 0.316 > 0.025 so lo = 0;
+    # P(<=2) = 0.949 < 0.975 <= P(<=3) = 0.996, so hi = 3/4.
+    assert bootstrap_ci([0.0, 0.0, 0.0, 1.0]) == (0.25, 0.0, 0.75)
+
+
+def test_seeded_and_reproducible():
+    x = np.random.default_rng(3).normal(size=10)
+    assert bootstrap_ci(x, seed=1) == bootstrap_ci(x, seed=1)
+    assert bootstrap_ci(x, seed=1) != bootstrap_ci(x, seed=2)
+
+
+def test_ci_shrinks_with_n_and_matches_normal_theory():
+    # Statistically: the average width over 40 samples per n (one sample's width is itself noisy).
+    rng = np.random.default_rng(0)
+    widths = {}
+    for n in (5, 20, 80, 320):
+        cis = [bootstrap_ci(rng.normal(0.3, 0.05, size=n), n_resamples=2000) for _ in range(40)]
+        widths[n] = float(np.mean([hi - lo for _, lo, hi in cis]))
+    assert widths[5] > widths[20] > widths[80] > widths[320]
+    # For large n the percentile bootstrap approaches 2 * 1.96 * sd / sqrt(n).
+    assert widths[320] == pytest.approx(2 * 1.96 * 0.05 / math.sqrt(320), rel=0.1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=30))
+def test_ci_brackets_mean_within_sample_range(values):
+    mean, lo, hi = bootstrap_ci(values, n_resamples=500)
+    assert min(values) - 1e-9 <= lo <= mean + 1e-9 and mean - 1e-9 <= hi <= max(values) + 1e-9
+    assert mean == pytest.approx(np.mean(values))
+
+
+def test_paired_diff_recovers_known_difference_that_unpaired_would_miss():
+    rng = np.random.default_rng(1)
+    base = rng.normal(0.3, 0.1, size=12)  # large seed-to-seed variance
+    method = base + 0.02 + rng.normal(0, 0.002, size=12)  # small, consistent gain
+    d = paired_diff(dict(enumerate(method)), dict(enumerate(base)))
+    assert d.n == 12 and d.wins == 12
+    assert d.lo > 0 and d.lo < 0.02 < d.hi
+    assert d.mean == pytest.approx(np.mean(method - base))
+    assert d.verdict == "better"
+    # Unpaired CIs of the two means overlap: pairing is what detects the gain.
+    _, m_lo, _ = bootstrap_ci(method)
+    _, _, b_hi = bootstrap_ci(base)
+    assert m_lo < b_hi
+
+
+def test_paired_diff_uses_only_shared_seeds_and_counts_ties():
+    d = paired_diff({0: 0.5, 1: 0.4, 2: 0.3, 7: 0.9}, {0: 0.4, 1: 0.4, 2: 0.35, 3: 0.1})
+    assert (d.n, d.wins, d.ties) == (3, 1, 1)
+    assert d.mean == pytest.approx((0.1 + 0.0 - 0.05) / 3)
+    assert d.verdict == "no difference"
+    assert paired_diff({0: 0.1}, {1: 0.2}).verdict == "no data"
+
+
+def test_curve_band():
+    v = np.array([[1.0, 2.0, np.nan], [3.0, 2.0, np.nan]])
+    mean, lo, hi = bootstrap_curve(v, n_resamples=400)
+    assert mean[:2].tolist() == [2.0, 2.0]
+    assert lo[0] == pytest.approx(1.0) and hi[0] == pytest.approx(3.0)
+    assert lo[1] == hi[1] == 2.0  # constant column: zero width
+    assert np.isnan(mean[2]) and np.isnan(lo[2])
+    one = bootstrap_curve(v[:1])
+    assert np.array_equal(one[1][:2], v[0, :2])
+
+
+def _runs():
+    rows = []
+    for s, (best, final, coll, dpi) in enumerate([(0.30, 0.25, None, 0.010), (0.34, 0.20, 400, 0.012),
+                                                   (0.32, 0.30, 200, 0.011)]):  # fmt: skip
+        rows.append(
+            dict(
+                cell="grpo",
+                lag=8,
+                seed=s,
+                status="finished",
+                best_avg_at_k=best,
+                best_step=100 * (s + 1),
+                final_avg_at_k=final,
+                collapse_step=coll,
+                d_pi_last25=dpi,
+                gate_rate_mean=None,
+            )
+        )
+        rows.append(
+            dict(
+                cell="sat",
+                lag=8,
+                seed=s,
+                status="finished",
+                best_avg_at_k=best + 0.05,
+                best_step=50,
+                final_avg_at_k=final + 0.05,
+                collapse_step=None,
+                d_pi_last25=dpi,
+                gate_rate_mean=0.1 + s / 100,
+            )
+        )
+    rows.append(dict(cell="sat", lag=8, seed=3, status="failed"))
+    return pd.DataFrame(rows)
+
+
+def test_cell_stats_hand_computed():
+    st_ = cell_stats(_runs(), n_resamples=2000).set_index("cell")
+    g, s = st_.loc["grpo"], st_.loc["sat"]
+    assert g["n"] == 3 and s["n"] == 3  # the failed run is not counted
+    assert g["best_mean"] == pytest.approx(0.32) and s["best_mean"] == pytest.approx(0.37)
+    assert g["best_lo"] >= 0.30 and g["best_hi"] <= 0.34
+    assert g["best_step_median"] == 200
+    assert g["final_mean"] == pytest.approx(0.25)
+    assert (g["collapses"], g["collapse_step_median"]) == (2, 300)
+    assert s["collapses"] == 0 and math.isnan(s["collapse_step_median"])
+    assert g["d_pi_mean"] == pytest.approx(0.011)
+    assert math.isnan(g["gate_rate_mean"]) and s["gate_rate_mean"] == pytest.approx(0.11)
+
+
+def test_paired_table_and_missing_baseline():
+    t = paired_table(_runs(), "grpo", n_resamples=2000)
+    assert t[["cell", "lag", "wins", "n"]].values.tolist() == [["sat", 8, 3, 3]]
+    assert t["mean"].iloc[0] == pytest.approx(0.05) and t["lo"].iloc[0] == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="baseline cell 'nope'"):
+        paired_table(_runs(), "nope")
+
+
+def test_separated():
+    assert separated((0.5, 0.6), (0.3, 0.45))
+    assert not separated((0.5, 0.6), (0.3, 0.52))
+    assert separated((0.01, 0.02), (0.03, 0.04), higher_is_better=False)

@@ -1,0 +1,64 @@
+"""Config: overrides, validation, and the CLI's exit code 2 with a one-line message."""
+
+import subprocess
+import sys
+
+import pytest
+
+from satrl.config import ConfigError, load_config
+
+
+def test_overrides_apply_and_parse_types():
+    cfg = load_config(None, ["seed=3", "steps=12", "lag.schedule=fixed", "lag.n=8", "train.lr=3e-5", "r3=true"])
+    assert (cfg.seed, cfg.steps, cfg.lag.schedule, cfg.lag.n, cfg.train.lr, cfg.r3) == (3, 12, "fixed", 8, 3e-5, True)
+
+
+def test_section_shorthand_sets_name():
+    assert load_config(None, ["engine=torch"]).engine.name == "torch"
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("lag.schedule=sometimes", "lag.schedule"),
+        ("lag.n=-1", "lag.n"),
+        ("train.nope=1", "valid keys"),
+        ("objective.name=ppo_magic", "grpo"),
+        ("objective.alpha=2.0", "alpha"),
+        ("engine.numerics=fp8", "bf16"),
+        ("steps", "key=value"),
+    ],
+)
+def test_bad_config_is_one_line_error(override, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    msg = str(err.value)
+    assert needle in msg and "\n" not in msg
+
+
+def test_cli_bad_config_exits_2():
+    proc = subprocess.run(
+        [sys.executable, "-m", "satrl", "train", "lag.schedule=sometimes"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "lag.schedule" in lines[0]
+
+
+def test_missing_config_file_exits_2(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "satrl", "train", str(tmp_path / "nope.yaml")], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "not found" in proc.stderr
+
+
+def test_shipped_configs_validate():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+    names = {p.stem for p in configs}
+    paper = {"grpo", "gspo", "grpo_r3", "gspo_r3", "grpo_tis", "gspo_tis", "grpo_tis_r3", "gspo_tis_r3", "dppo",
+             "sat_grpo", "sat_gspo", "sat_grpo_r3", "sat_gspo_r3"}
+    assert paper <= names
+    for p in configs:
+        load_config(p)
