@@ -32,8 +32,13 @@ def tiny_model(kind: str, seed: int = 0) -> torch.nn.Module:
         model = Qwen3ForCausalLM(Qwen3Config(intermediate_size=128, **COMMON))
     else:
         cfg = Qwen3MoeConfig(
-            moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
-            decoder_sparse_step=1, mlp_only_layers=[], **COMMON,
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            **COMMON,
         )
         model = Qwen3MoeForCausalLM(cfg)
     return model.float().eval()

@@ -179,7 +179,7 @@ def test_runner_records_failures_and_skips_finished_on_rerun(tmp_path, fake_trai
     assert len(read_log(log)) == 4  # nothing finished was rerun
 
 
-def test_runner_resumes_partial_runs(tmp_path, fake_trainer):
+def test_runner_resumes_partial_runs(tmp_path, fake_trainer, capsys):
     command, log = fake_trainer
     spec = load_grid(_write(tmp_path, RUNNER_GRID.replace("      bad: {fail: true}\n", "")))
     out = tmp_path / "out"
@@ -191,8 +191,10 @@ def test_runner_resumes_partial_runs(tmp_path, fake_trainer):
     stale.mkdir(parents=True)
     (stale / "metrics.jsonl").write_text('{"step": 99}\n')  # no checkpoint: a fresh start drops it
     assert run_state(partial) == "partial" and run_state(stale) == "new"
-    res = run_grid_spec(spec, out, workers=1, command_fn=command, progress=False, env={"FAKE_LOG": str(log)})
+    res = run_grid_spec(spec, out, workers=1, command_fn=command, progress=True, env={"FAKE_LOG": str(log)})
     assert res.exit_code == 0
+    err = capsys.readouterr().err  # the rich live line, rendered once more at the end
+    assert "done 4/4" in err and "running 0" in err and "failed 0" in err and "ETA" in err
     resumed = {Path(e["out"]).relative_to(out).as_posix(): e["resume"] for e in read_log(log)}
     assert resumed == {"a/lag2/seed0": None, "a/lag2/seed1": str(partial), "b/lag2/seed0": None,
                        "b/lag2/seed1": None}  # fmt: skip
@@ -220,7 +222,8 @@ def test_runner_respects_worker_limit(tmp_path, fake_trainer):
     assert all(int(e["threads"]) * min(2, cores) <= max(cores, 1) for e in entries)
 
 
-def test_sigterm_stops_children_and_marks_interrupted(tmp_path, fake_trainer):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_children_and_marks_interrupted(tmp_path, fake_trainer, sig):
     command, log = fake_trainer
     spec_path = _write(tmp_path, "base: base.yaml\nlags: [1]\nseeds: 2\ncells: {a: {sleep: 60}}\n")
     out = tmp_path / "out"
@@ -247,7 +250,7 @@ def test_sigterm_stops_children_and_marks_interrupted(tmp_path, fake_trainer):
             break
         time.sleep(0.1)
     assert status.get("counts", {}).get("running") == 2, status
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     assert proc.wait(timeout=20) == 130
     status = json.loads((out / "grid_status.json").read_text())
     assert status["counts"] == {"interrupted": 2}

@@ -48,7 +48,9 @@ def sampling_logprobs(logits: torch.Tensor, sampling: SamplingParams) -> torch.T
 
 def request_uniforms(seeds: Sequence[int], n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Per-request uniforms in (0, 1], [B, n] float64: row b depends on ``seeds[b]`` only."""
-    rows = [torch.rand(n, generator=torch.Generator().manual_seed(int(s)), dtype=torch.float64) for s in seeds]
+    rows = [
+        torch.rand(n, generator=torch.Generator().manual_seed(int(s)), dtype=torch.float64) for s in seeds
+    ]
     return (1.0 - torch.stack(rows)).to(device)  # (0, 1]: u = 0 could land on a zero-mass leading token
 
 

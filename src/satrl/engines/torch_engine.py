@@ -82,7 +82,9 @@ class TorchEngine:
         self.model = copy.deepcopy(model).to(device=self.device, dtype=self._num.compute).eval()
         self.model.requires_grad_(False)
         self._round_weights()
-        eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
+        eos = (
+            [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
+        )
         self._eos = torch.tensor(list(eos), dtype=torch.int64, device=self.device)
         self.pad_token_id = int(pad_token_id)
         self.tokenizer = tokenizer
@@ -122,7 +124,9 @@ class TorchEngine:
         for name, value in state_dict.items():
             target = own[name]
             if target.shape != value.shape:
-                raise ValueError(f"load_weights: {name} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+                raise ValueError(
+                    f"load_weights: {name} has shape {tuple(value.shape)}, expected {tuple(target.shape)}"
+                )
             target.copy_(value.to(self._num.weights) if value.is_floating_point() else value)
         self._version = int(version)
 
@@ -180,7 +184,11 @@ class TorchEngine:
         with _capture_routing(self.model) if routing is not None else nullcontext() as rec:
             for t in range(N):
                 logits = self.model(
-                    input_ids=step_ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
+                    input_ids=step_ids,
+                    attention_mask=attn,
+                    position_ids=pos,
+                    cache=cache,
+                    use_cache=True,
                     logits_to_keep=1,
                 ).logits[:, -1]  # [B_alive, V]
                 tok, lp = sample_step(logits, sampling, u[alive, t])
@@ -219,4 +227,3 @@ class TorchEngine:
             version=self._version,
             routing=routing[b, :n].cpu() if routing is not None else None,
         )
-

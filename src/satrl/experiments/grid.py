@@ -474,7 +474,8 @@ def run_grid_spec(
         raise KeyboardInterrupt
 
     in_main = threading.current_thread() is threading.main_thread()
-    old = signal.signal(signal.SIGTERM, _on_term) if in_main else None
+    old_term = signal.signal(signal.SIGTERM, _on_term) if in_main else None
+    old_int = signal.getsignal(signal.SIGINT) if in_main else None
     try:
         if progress:
             with Live(runner.line(), console=console, refresh_per_second=4, transient=False) as live:
@@ -484,12 +485,16 @@ def run_grid_spec(
             runner.live = False
             runner.loop()
     except KeyboardInterrupt:
+        if in_main:  # a second Ctrl-C must not abandon children half-stopped
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         runner.stop_all()
         runner.result.interrupted = True
         runner.write_status()
     finally:
         if in_main:
-            signal.signal(signal.SIGTERM, old)
+            signal.signal(signal.SIGTERM, old_term)
+            signal.signal(signal.SIGINT, old_int)
     _print_summary(runner, console)
     return runner.result
 

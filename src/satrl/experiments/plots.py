@@ -33,24 +33,32 @@ class FigureOut:
     note: str | None = None  # why the figure was skipped
 
 
+def _err(center, lo, hi) -> np.ndarray:
+    """Error-bar lengths [2, n]; clipped at 0 (float rounding can put a CI end a hair past the mean)."""
+    c, lo, hi = (np.asarray(a, dtype=float) for a in (center, lo, hi))
+    return np.maximum(np.stack([c - lo, hi - c]), 0.0)
+
+
 def _colors(cells: list[str]) -> dict[str, tuple]:
     cmap = plt.get_cmap("tab10" if len(cells) <= 10 else "tab20")
     return {c: cmap(i % cmap.N) for i, c in enumerate(cells)}
 
 
-def _seed_matrix(
-    df: pd.DataFrame, key: str, smooth: int = 1
-) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+def _seed_matrix(df: pd.DataFrame, key: str, smooth: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Rows of one (cell, lag): steps [S], values [n_seeds, S] (NaN where a seed lacks a step)."""
     wide = df.pivot_table(index="seed", columns="step", values=key, aggfunc="mean").sort_index(axis=1)
     if smooth > 1:
         wide = wide.T.rolling(smooth, min_periods=1).mean().T
-    return wide.columns.to_numpy(dtype=float), wide.to_numpy(dtype=float), list(wide.to_numpy(dtype=float))
+    return wide.columns.to_numpy(dtype=float), wide.to_numpy(dtype=float)
 
 
 def _smooth_window(df: pd.DataFrame) -> int:
     n_steps = df["step"].nunique() if len(df) else 0
     return max(1, n_steps // 50)
+
+
+def _smooth_text(w: int) -> str:
+    return "no smoothing" if w <= 1 else f"rolling mean over {w} steps"
 
 
 def _curves(ax, df: pd.DataFrame, key: str, cells: list[str], colors, labels, scale=1.0, smooth=1, suffix=""):
@@ -59,12 +67,12 @@ def _curves(ax, df: pd.DataFrame, key: str, cells: list[str], colors, labels, sc
         sub = df[df["cell"] == cell]
         if sub.empty or key not in sub or sub[key].notna().sum() == 0:
             continue
-        steps, vals, seeds = _seed_matrix(sub.dropna(subset=[key]), key, smooth)
-        for row in seeds:
+        steps, vals = _seed_matrix(sub.dropna(subset=[key]), key, smooth)
+        for row in vals:
             ax.plot(steps, row * scale, color=colors[cell], alpha=0.18, lw=0.7)
         mean, lo, hi = bootstrap_curve(vals, n_resamples=CURVE_RESAMPLES)
         ax.plot(
-            steps, mean * scale, color=colors[cell], lw=1.8, label=f"{labels(cell)}{suffix} (n={len(seeds)})"
+            steps, mean * scale, color=colors[cell], lw=1.8, label=f"{labels(cell)}{suffix} (n={len(vals)})"
         )
         ax.fill_between(steps, lo * scale, hi * scale, color=colors[cell], alpha=0.2, lw=0)
         drew = True
@@ -113,8 +121,8 @@ def eval_curves(res: GridResults, path: Path) -> FigureOut:
 def d_pi_curves(res: GridResults, path: Path) -> FigureOut:
     title = "Sampled mismatch d_pi over training (Figure 4 analogue)"
     w = _smooth_window(res.metrics)
-    caption = (f"d_pi = mean |log pi_train - log mu| over active tokens (`obj/d_pi`), rolling mean over {w} steps "
-               "per seed, then mean and 95% bootstrap band over seeds. Lower is closer to on-policy; a late sharp "
+    caption = (f"d_pi = mean |log pi_train - log mu| over active tokens (`obj/d_pi`; {_smooth_text(w)}, "
+               "applied per seed), then mean and 95% bootstrap band over seeds. Lower is closer to on-policy; a late sharp "
                "rise is the collapse signature the paper describes.")  # fmt: skip
     ok = _per_lag_figure(res, res.metrics, "obj/d_pi", path, title, "d_pi", smooth=w)
     return FigureOut(title, caption, path if ok else None, None if ok else "no `obj/d_pi` in metrics")
@@ -134,14 +142,14 @@ def sat_diagnostics(res: GridResults, path: Path) -> FigureOut:
             ("obj/eps_high_mean", "mean effective eps_high"), ("obj/q", "quantile q")]  # fmt: skip
     w = _smooth_window(res.metrics)
     caption = (f"For SAT cells only: gate rate (share of active tokens with |d| > q), mean effective radii "
-               f"eps_low*c_low and eps_high*c_high, and the microbatch quantile q; rolling mean over {w} steps, "
+               f"`eps_low*c_low` and `eps_high*c_high`, and the microbatch quantile q; {_smooth_text(w)}, "
                "lines per method and lag, band = 95% bootstrap over seeds. Look for radii that shrink as lag grows "
                "and a gate rate near 1 - alpha.")  # fmt: skip
     cells = _sat_cells(res)
     if not cells:
         return FigureOut(title, caption, None, "no SAT cells (no `obj/gate_rate` in metrics)")
     m = res.metrics[res.metrics["cell"].isin(cells)].copy()
-    m["cell_lag"] = m["cell"] + " @lag" + m["lag"].astype(str)
+    m["cell_lag"] = m["cell"].map(res.label) + " @lag" + m["lag"].astype(str)
     order = list(dict.fromkeys(m.sort_values(["lag"], kind="stable")["cell_lag"]))
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), squeeze=False)
     colors = _colors(order)
@@ -195,7 +203,7 @@ def gate_check(res: GridResults, path: Path) -> FigureOut:
             x, y = g["obj/gate_rate"].to_numpy(), g["gate/tv_share"].to_numpy()
             ax.scatter(x, y, color=colors[cell], alpha=0.25, s=14, marker=markers[j % len(markers)])
             xm, ym = x.mean(), y.mean()
-            ax.errorbar(xm, ym, xerr=[[xm - x.min()], [x.max() - xm]], yerr=[[ym - y.min()], [y.max() - ym]],
+            ax.errorbar(xm, ym, xerr=_err([xm], [x.min()], [x.max()]), yerr=_err([ym], [y.min()], [y.max()]),
                         color=colors[cell], marker=markers[j % len(markers)], ms=8, capsize=3,
                         label=f"{res.label(cell)} @lag{lag}")  # fmt: skip
     hi = max(1e-3, float(per_run[["obj/gate_rate", "gate/tv_share"]].to_numpy().max()) * 1.1)
@@ -251,8 +259,9 @@ def bylag(res: GridResults, path: Path) -> FigureOut:
 
 
 def paired(res: GridResults, tables: dict[str, pd.DataFrame], baseline: str | None, path: Path) -> FigureOut:
-    title = f"Paired difference vs {baseline}"
-    caption = (f"Each row is a method at one lag: mean over shared seeds of (method - {baseline}) in avg@k points, "
+    base = res.label(baseline) if baseline else None
+    title = f"Paired difference vs {base}"
+    caption = (f"Each row is a method at one lag: mean over shared seeds of (method - {base}) in avg@k points, "
                "with the 95% percentile bootstrap CI of that mean, and wins = seeds where the method beats the "
                "baseline. A bar that crosses 0 means no detectable difference.")  # fmt: skip
     if baseline is None or not tables or all(t.empty for t in tables.values()):
@@ -263,14 +272,17 @@ def paired(res: GridResults, tables: dict[str, pd.DataFrame], baseline: str | No
         t = t.iloc[::-1].reset_index(drop=True)
         y = np.arange(len(t))
         color = np.where(t["lo"] > 0, "tab:green", np.where(t["hi"] < 0, "tab:red", "tab:gray"))
-        ax.errorbar(t["mean"] * 100, y, xerr=[(t["mean"] - t["lo"]) * 100, (t["hi"] - t["mean"]) * 100], fmt="none",
-                    ecolor=list(color), capsize=3)  # fmt: skip
-        ax.scatter(t["mean"] * 100, y, c=list(color), zorder=3)
+        err = _err(t["mean"] * 100, t["lo"] * 100, t["hi"] * 100)
+        for i in range(len(t)):  # one call per row: errorbar takes a single colour
+            ax.errorbar(
+                t["mean"].iloc[i] * 100, y[i], xerr=err[:, i : i + 1], fmt="o", color=color[i], capsize=3
+            )
         ax.axvline(0, color="k", lw=1)
         ax.set_yticks(y, [f"{res.label(c)} @lag{lag}  ({w}/{n} wins)" for c, lag, w, n in
                           zip(t["cell"], t["lag"], t["wins"], t["n"])], fontsize=8)  # fmt: skip
-        ax.set_xlabel(f"{metric.replace('_', ' ')}: method - {baseline} (avg@k points)")
-        ax.set_title(metric.replace("_", " "))
+        name = metric.replace("_avg_at_k", " avg@k")
+        ax.set_xlabel(f"{name}: method - {base} (avg@k points)")
+        ax.set_title(name)
         ax.grid(alpha=0.3, axis="x")
     fig.suptitle(title)
     fig.tight_layout()

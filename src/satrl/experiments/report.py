@@ -28,6 +28,11 @@ def _f(x: float, fmt: str = "{:.1f}", scale: float = 1.0) -> str:
     return "—" if x is None or not math.isfinite(float(x)) else fmt.format(float(x) * scale)
 
 
+def _md_cell(text: str) -> str:
+    """Text safe inside a markdown table cell."""
+    return text.replace("|", "\\|")
+
+
 def fmt_ci(mean: float, lo: float, hi: float, fmt: str = "{:.1f}", scale: float = PCT) -> str:
     """'mean ± half-width [lo, hi]' (half-width = (hi - lo) / 2; the interval itself may be asymmetric)."""
     if not math.isfinite(mean):
@@ -81,7 +86,7 @@ def table1(res: GridResults, st: pd.DataFrame) -> tuple[str, list[str]]:
                 notes.append(f"Lag {lag}, {name}: {sentence}")
     rows = []
     for cell in res.cell_order():
-        row = [res.label(cell)]
+        row = [_md_cell(res.label(cell))]
         by_lag = {int(r["lag"]): r for _, r in st[st["cell"] == cell].iterrows()}
         for prefix, _, _, fmt, scale in _METRICS[:2]:
             for lag in lags:
@@ -136,7 +141,7 @@ def _paired_md(res: GridResults, tables: dict[str, pd.DataFrame], baseline: str)
         ]
         out += ["| method | lag | difference | 95% CI | wins | verdict |", "|---|---|---|---|---|---|"]
         for _, r in t.iterrows():
-            out.append(f"| {res.label(r['cell'])} | {r['lag']} | {r['mean'] * PCT:+.1f} | [{r['lo'] * PCT:+.1f}, "
+            out.append(f"| {_md_cell(res.label(r['cell']))} | {r['lag']} | {r['mean'] * PCT:+.1f} | [{r['lo'] * PCT:+.1f}, "
                        f"{r['hi'] * PCT:+.1f}] | {r['wins']}/{r['n']} | {r['verdict']} |")  # fmt: skip
         out += [""] + [f"- {conclusion(res, r, baseline, name)}" for _, r in t.iterrows()] + [""]
     return out
@@ -184,8 +189,8 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
         }
         tables = {m: t for m, t in tables.items() if not t.empty}
         md += [f"## Paired comparisons vs {res.label(baseline)}", "",
-               "Paired by seed (the same seed gives the same data order and initial policy), percentile bootstrap "
-               "of the mean difference.", ""]  # fmt: skip
+               "Paired by seed number (runs with the same seed share the trainer's seeding), percentile "
+               "bootstrap of the mean difference over seeds.", ""]  # fmt: skip
         md += (
             _paired_md(res, tables, baseline) if tables else ["No method shares seeds with the baseline.", ""]
         )

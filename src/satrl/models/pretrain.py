@@ -232,7 +232,11 @@ def final_scores(
         problems = list(task.problems("eval", 0))[:n_problems]
         return {**score(model, tokenizer, problems, task.reward, k=k), "scorer": "satrl.models.sampler"}
     engine = TorchEngine(
-        model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tokenizer=tokenizer
+        model,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tokenizer=tokenizer,
+        numerics="fp32",  # as `satrl eval` does by default
     )
     result = evaluate(engine, tokenizer, task, k=k, split="eval", n_problems=n_problems, seed=0)
     return {**result.as_dict(), "scorer": "satrl.tasks.evaluate(TorchEngine)"}

@@ -71,7 +71,9 @@ class RoutingRecorder:
     def take(self) -> torch.Tensor:
         """Experts of the last forward pass, ``[B, L, layers, top_k]`` int64 (row [b, p] = token input_ids[b, p])."""
         if self._shape is None or any(x is None for x in self._layers):
-            raise RuntimeError("no routing recorded: run a forward pass of the model inside capture_routing()")
+            raise RuntimeError(
+                "no routing recorded: run a forward pass of the model inside capture_routing()"
+            )
         b, l = self._shape
         out = torch.stack([x.reshape(b, l, -1) for x in self._layers], dim=2)  # type: ignore[union-attr]
         return out.to(torch.int64)
@@ -174,7 +176,9 @@ def replay_routing(model: nn.Module, routing: torch.Tensor) -> Iterator[RoutingR
     routers = _require_moe(model)
     replayer = RoutingReplayer(routing, len(routers), int(routers[0].top_k))
     # prepend: replay runs before any capture hook, so a recorder always sees the experts actually used
-    handles = [r.register_forward_hook(_replay_hook(replayer, i), prepend=True) for i, r in enumerate(routers)]
+    handles = [
+        r.register_forward_hook(_replay_hook(replayer, i), prepend=True) for i, r in enumerate(routers)
+    ]
     try:
         yield replayer
     finally:
@@ -197,6 +201,8 @@ def align_routing(
         if r is None:
             continue
         if p < 1 or p - 1 + r.shape[0] > seq_len:
-            raise ValueError(f"row {b}: prompt_len {p} + {r.shape[0]} response tokens do not fit seq_len {seq_len}")
+            raise ValueError(
+                f"row {b}: prompt_len {p} + {r.shape[0]} response tokens do not fit seq_len {seq_len}"
+            )
         out[b, p - 1 : p - 1 + r.shape[0]] = r.to(torch.int64)
     return out

@@ -23,12 +23,12 @@ def as_bool_mask(mask: Tensor) -> Tensor:
 
 def masked(x: Tensor, mask: Tensor, fill: float = 0.0) -> Tensor:
     """``x`` on active positions, ``fill`` elsewhere (garbage-safe, gradient-safe)."""
-    return torch.where(mask, x, torch.as_tensor(fill, dtype=x.dtype, device=x.device))
+    return torch.where(mask, x, fill)
 
 
 def count(mask: Tensor) -> Tensor:
     """Number of active tokens as a 0-dim float tensor, at least 1 (so empty masks give 0, not NaN)."""
-    return mask.sum().clamp(min=1).to(torch.float32)
+    return torch.count_nonzero(mask).clamp(min=1).to(torch.float32)
 
 
 def masked_mean(x: Tensor, mask: Tensor, n: Tensor | None = None) -> Tensor:
@@ -40,7 +40,7 @@ def masked_mean(x: Tensor, mask: Tensor, n: Tensor | None = None) -> Tensor:
 def masked_frac(flag: Tensor, mask: Tensor, n: Tensor | None = None) -> Tensor:
     """Share of active positions where the bool ``flag`` holds. 0-dim, float32."""
     n = count(mask) if n is None else n
-    return (flag & mask).sum().to(torch.float32) / n
+    return torch.count_nonzero(flag & mask).to(torch.float32) / n  # count_nonzero: no int64 copy
 
 
 def masked_max(x: Tensor, mask: Tensor) -> Tensor:
@@ -54,10 +54,14 @@ def seq_mean(x: Tensor, mask: Tensor) -> Tensor:
     return masked(x, mask).sum(-1) / lengths.to(x.dtype)
 
 
-def expand_adv(adv: Tensor, like: Tensor) -> Tensor:
-    """Advantages as [B, T]: a per-sequence [B] advantage is broadcast to the response's tokens."""
-    if adv.dim() == 1:
-        return adv[:, None].expand_as(like)
-    if adv.shape != like.shape:
-        raise ValueError(f"adv must be [B] or [B, T] = {tuple(like.shape)}, got {tuple(adv.shape)}")
-    return adv
+def clean_adv(adv: Tensor, mask: Tensor) -> Tensor:
+    """Garbage-free advantages, broadcastable to [B, T]: [B] -> [B, 1], [B, T] -> [B, T].
+
+    A [B] advantage stays [B, 1] (no [B, T] copy); it is zeroed on responses with no active token.
+    A [B, T] advantage is zeroed on masked positions.
+    """
+    if adv.dim() == 1 and adv.shape[0] == mask.shape[0]:
+        return torch.where(mask.any(-1), adv, 0.0)[:, None]
+    if adv.shape != mask.shape:
+        raise ValueError(f"adv must be [B] or [B, T] = {tuple(mask.shape)}, got {tuple(adv.shape)}")
+    return torch.where(mask, adv, 0.0)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._common import as_bool_mask, count, expand_adv, masked, masked_frac, masked_mean, seq_mean
+from ._common import as_bool_mask, clean_adv, count, masked, masked_frac, masked_mean, seq_mean
 from .corrections import CORRECTIONS
 from .kl import KL_ESTIMATORS
 from .ratios import RATIO_LEVELS
@@ -101,10 +101,12 @@ class ObjectiveSpec:
         behavior_logp = behavior_logp.detach()
         old = logp.detach() if old_logp is None else old_logp.detach()
         denom = behavior_logp if old_logp is None else old
-        adv = masked(expand_adv(adv.detach(), logp), mask)
+        adv = clean_adv(adv.detach(), mask)  # [B, 1] or [B, T], 0 where inactive
         inp = ObjectiveInputs(logp, denom, behavior_logp, old, mask, versions)
 
-        ratio, d = self.component("ratio").fn(logp, denom, mask)
+        ratio_fn = self.component("ratio").fn
+        per_sequence = getattr(ratio_fn, "per_sequence", False)
+        ratio, d = ratio_fn(logp, denom, mask)
         loss, tr_clipped, metrics = self.component("trust_region").fn(
             ratio, d, adv, mask, inp, **self.slot_params("trust_region")
         )
@@ -120,23 +122,25 @@ class ObjectiveSpec:
         coef = self.params.get("kl_coef", 0.0)
         if ref_logp is not None and coef > 0:
             kl_tok = kl_fn(logp, ref_logp, mask)
-            if getattr(self.component("ratio").fn, "per_sequence", False):
+            if per_sequence:
                 kl_tok = seq_mean(kl_tok, mask)[:, None].expand_as(kl_tok)  # GSPO: sequence-mean KL
             loss = loss + coef * kl_tok
             metrics["kl"] = masked_mean(kl_tok.detach(), mask)
 
         loss = masked(loss, mask)
-        metrics.update(_common_metrics(logp, denom, behavior_logp, mask, tr_clipped, old_logp is None))
+        tok_d = d if (old_logp is None and not per_sequence) else None  # reuse: same log-ratio
+        metrics.update(_common_metrics(logp, denom, behavior_logp, mask, tr_clipped, old_logp is None, tok_d))
         metrics.setdefault("tok/gate", torch.zeros_like(mask))
         metrics["tok/clipped"] = clipped
         return loss, metrics
 
 
 @torch.no_grad()
-def _common_metrics(logp, denom, behavior_logp, mask, tr_clipped, same_denom) -> dict[str, Tensor]:
+def _common_metrics(logp, denom, behavior_logp, mask, tr_clipped, same_denom, tok_d) -> dict[str, Tensor]:
     """clipfrac, ppo_kl and logratio_var (of the optimized log-ratio), d_pi and tok/d (vs mu, Eq. 52)."""
     n = count(mask)
-    tok_d = masked(logp.detach() - behavior_logp, mask)  # [B, T] token log-ratio log pi - log mu
+    if tok_d is None:
+        tok_d = masked(logp.detach() - behavior_logp, mask)  # [B, T] token log-ratio log pi - log mu
     x = tok_d if same_denom else masked(logp.detach() - denom, mask)
     mean_x = masked_mean(x, mask, n)
     return {

@@ -1,0 +1,75 @@
+import gzip
+import json
+import math
+
+import pytest
+
+from satrl.experiments.store import find_runs, load_evals, load_metrics, load_results, load_runs, pack_results
+
+
+def _grid(tmp_path, make_run):
+    out = tmp_path / "out"
+    make_run(out, "grpo", 8, 0, {"best_avg_at_k": 0.3, "best_step": 10, "collapse_step": None},
+             metrics=[{"step": 1, "obj/d_pi": 0.01}, {"step": 2, "obj/d_pi": 0.02, "obj/gate_rate": 0.1}],
+             evals=[{"step": 0, "avg_at_k": 0.1, "k": 8}, {"step": 2, "avg_at_k": 0.3, "k": 8}])  # fmt: skip
+    make_run(out, "grpo", 8, 1, {"best_avg_at_k": 0.5}, metrics=[{"step": 1, "obj/d_pi": 0.03}])
+    partial = make_run(out, "sat", 1, 0, None, metrics=[{"step": 1, "loss": 1.0}])
+    (partial / "checkpoints").mkdir()
+    (partial / "checkpoints" / "model.pt").write_bytes(b"weights")
+    with open(partial / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "lo')  # killed mid-write
+    failed = make_run(out, "sat", 1, 1, None)
+    (failed / "error.txt").write_text("exit code 1\n")
+    (out / "not_a_run").mkdir()
+    return out
+
+
+def test_load_runs_tolerates_missing_files_and_keys(tmp_path, make_run):
+    out = _grid(tmp_path, make_run)
+    assert [r.name for r in find_runs(out)] == [
+        "grpo/lag8/seed0",
+        "grpo/lag8/seed1",
+        "sat/lag1/seed0",
+        "sat/lag1/seed1",
+    ]
+    runs = load_runs(out).set_index("run")
+    assert runs.loc["grpo/lag8/seed0", "best_avg_at_k"] == 0.3
+    assert math.isnan(runs.loc["grpo/lag8/seed1", "best_step"])  # key absent from that summary
+    assert runs["status"].to_dict() == {"grpo/lag8/seed0": "finished", "grpo/lag8/seed1": "finished",
+                                        "sat/lag1/seed0": "partial", "sat/lag1/seed1": "failed"}  # fmt: skip
+    m = load_metrics(out)
+    assert len(m) == 4  # the truncated line is skipped
+    assert m[m["cell"] == "grpo"]["obj/d_pi"].tolist() == [0.01, 0.02, 0.03]
+    assert math.isnan(m.iloc[0]["obj/gate_rate"])
+    ev = load_evals(out)
+    assert ev["avg_at_k"].tolist() == [0.1, 0.3] and ev["lag"].tolist() == [8, 8]
+
+
+def test_empty_folder_gives_empty_frames(tmp_path):
+    res = load_results(tmp_path)
+    assert res.runs.empty and res.metrics.empty and res.evals.empty
+    with pytest.raises(ValueError, match="no such grid output folder"):
+        load_results(tmp_path / "missing")
+
+
+def test_pack_results_copies_finished_runs_without_checkpoints(tmp_path, make_run):
+    out = _grid(tmp_path, make_run)
+    (out / "grid.yaml").write_text("name: g\n")
+    (out / "grpo/lag8/seed0/checkpoints").mkdir()
+    (out / "grpo/lag8/seed0/stdout.log").write_text("log")
+    dest = tmp_path / "packed"
+    written = pack_results(out, dest)
+    rel = sorted(p.relative_to(dest).as_posix() for p in written)
+    assert rel == ["grid.yaml"] + [f"grpo/lag8/seed{s}/{f}" for s in (0, 1)
+                                   for f in ("config.yaml", "eval.jsonl", "metrics.jsonl.gz", "summary.json")]  # fmt: skip
+    assert not list(dest.rglob("checkpoints")) and not list(dest.rglob("*.log"))
+    with gzip.open(dest / "grpo/lag8/seed0/metrics.jsonl.gz", "rt") as f:
+        assert [json.loads(x)["step"] for x in f] == [1, 2]
+    again = tmp_path / "packed2"
+    pack_results(out, again)  # deterministic bytes: committing twice changes nothing
+    assert (again / "grpo/lag8/seed0/metrics.jsonl.gz").read_bytes() == (
+        dest / "grpo/lag8/seed0/metrics.jsonl.gz"
+    ).read_bytes()
+    packed = load_results(dest)
+    assert packed.metrics["obj/d_pi"].tolist() == [0.01, 0.02, 0.03]  # read back from .gz
+    assert packed.runs["best_avg_at_k"].tolist() == [0.3, 0.5]
