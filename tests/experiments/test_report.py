@@ -97,8 +97,12 @@ def test_report_states_no_difference_when_ci_includes_zero(tmp_path, make_run):
         make_run(out, "sat", 8, s, {"best_avg_at_k": 0.3 + d, "final_avg_at_k": 0.3})
     md = build_report(out, n_resamples=2000).read_text()
     assert "SAT |d| vs grpo at lag 8 (best avg@k): no detectable difference, the CI includes 0" in md
-    assert "| SAT \\|d\\| | 30.0 ± " in md  # the pipe in the label does not break the table
+    assert "| SAT \\|d\\| | 29.8 ± " in md  # the pipe in the label does not break the table
     assert "wins 2/4 seeds" in md
+    assert (
+        "(final avg@k): no detectable difference, the CI includes 0: +0.0 points [+0.0, +0.0], wins 0/4 seeds (4 ties)"
+        in md
+    )
 
 
 def test_report_cli_and_regeneration_from_packed_results(grid_out, tmp_path, capsys):

@@ -120,7 +120,7 @@ def conclusion(res: GridResults, row: pd.Series, baseline: str, metric_name: str
     """One sentence per paired comparison, positive or negative."""
     m, b = res.label(row["cell"]), res.label(baseline)
     diff = f"{row['mean'] * PCT:+.1f} points [{row['lo'] * PCT:+.1f}, {row['hi'] * PCT:+.1f}]"
-    wins = f"wins {row['wins']}/{row['n']} seeds"
+    wins = f"wins {row['wins']}/{row['n']} seeds" + (f" ({row['ties']} ties)" if row["ties"] else "")
     head = f"{m} vs {b} at lag {row['lag']} ({metric_name})"
     if row["n"] < 2:
         return f"{head}: only {row['n']} shared seed(s), no uncertainty estimate; difference {row['mean'] * PCT:+.1f} points."

@@ -139,12 +139,12 @@ def sat_clip_bounds(
     hi = (psi * eps_high).add_(1.0).masked_fill_(~up, 1.0 + eps_high)
     lo = (psi * -eps_low).add_(1.0).masked_fill_(~down, 1.0 - eps_low)
 
-    # Table 10 diagnostics over active tokens (masked positions hold the base radii).
+    # Table 10 diagnostics over active tokens. hi - (1 + eps_high) is exactly 0 off the gate, so these
+    # sums only carry the contractions (no cancellation against the base radii).
     n_t = count(mask)
-    n_off = float(mask.numel() - n)
-    eps_high_mean = (hi.sum(dtype=torch.float32) - n_off * (1.0 + eps_high) - n) / n_t
-    eps_low_mean = (n - n_off * (1.0 - eps_low) - lo.sum(dtype=torch.float32)) / n_t
-    c_min = psi.masked_fill_(~(up | down), 1.0).min().clamp(max=1.0) if n else d.new_ones(())
+    eps_high_mean = eps_high + (hi - (1.0 + eps_high)).sum(dtype=torch.float32) / n_t
+    eps_low_mean = eps_low - (lo - (1.0 - eps_low)).sum(dtype=torch.float32) / n_t
+    c_min = psi.masked_fill_(~(up | down), 1.0).min() if psi.numel() else d.new_ones(())
     metrics = {
         "q": q.to(torch.float32),
         "gate_rate": torch.count_nonzero(gate).to(torch.float32) / n_t,
