@@ -4,10 +4,11 @@ mismatch of each numerics option against the fp32 trainer forward (|d|, MoE rout
 Run: ``.venv/bin/python -m benchmarks.engine [--quick] [--threads 1]``. Writes the "Engine" section of
 docs/benchmarks.md.
 
-Throughput: both generate exactly ``new`` tokens per row (EOS disabled: engine ``eos_token_id=None``,
-HF ``min_new_tokens=new``), full-vocabulary sampling at temperature 1 (HF ``top_k=0``), same model copy
-(the engine's, so the same numerics), same batch and prompts, in the same process; runs are interleaved
-and the best of ``reps`` is kept (the machine is shared). Peak memory: on CPU the process RSS sampled
+Throughput: full-vocabulary sampling at temperature 1 (HF ``top_k=0``), same model copy (the engine's,
+so the same numerics), same batch and prompts, in the same process; runs are interleaved and the best of
+``reps`` is kept. On CPU the clock is the process CPU time (the machine is shared by other jobs; with one
+torch thread CPU time is the work done), on GPU wall time. Workloads: EOS off (exactly ``new`` tokens per
+row; HF ``min_new_tokens=new``) and EOS on (tokens up to and including EOS count). Peak memory: on CPU the process RSS sampled
 every 1 ms by a thread during the call, minus the RSS just before it; on GPU
 ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``.
 """
@@ -77,44 +78,57 @@ def model_and_prompts(kind: str, batch: int, seed: int = 0):
     return model, tok, prompts, source
 
 
-def _sync(device: torch.device) -> None:
+def _clock(device: torch.device) -> Callable[[], float]:
+    """CPU: process CPU time (the machine is shared, and with 1 torch thread CPU time is the work done);
+    GPU: wall time after a synchronize."""
     if device.type == "cuda":
-        torch.cuda.synchronize()
+        return lambda: (torch.cuda.synchronize(), time.perf_counter())[1]
+    return time.process_time
 
 
-def throughput(model, tok, prompts, numerics: str, new: int, reps: int, device: torch.device) -> dict:
+def throughput(
+    model, tok, prompts, numerics: str, new: int, reps: int, device: torch.device, eos: bool
+) -> dict:
+    """Useful tokens per second of the engine and of HF generate on the engine's own model copy.
+    eos=False: exactly ``new`` tokens per row. eos=True: rows stop at EOS (the engine drops finished
+    rows; HF keeps decoding them until every row is done); tokens counted up to and including EOS."""
+    eos_id = tok.eos_token_id if eos else None
     engine = TorchEngine(
-        model, eos_token_id=None, pad_token_id=tok.pad_token_id, numerics=numerics, device=device
+        model, eos_token_id=eos_id, pad_token_id=tok.pad_token_id, numerics=numerics, device=device
     )
     reqs = [GenerationRequest(str(i), p, seed=i) for i, p in enumerate(prompts)]
     sampling = SamplingParams(max_new_tokens=new)
     ids = torch.tensor(prompts, device=device)  # equal-length prompts: no padding for HF either
     hf_kwargs = dict(
-        attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=True,
-        temperature=1.0, top_k=0, top_p=1.0, pad_token_id=tok.pad_token_id, eos_token_id=None,
+        attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=1 if eos else new, do_sample=True,
+        temperature=1.0, top_k=0, top_p=1.0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
     )  # fmt: skip
 
-    def run_engine() -> None:
-        engine.generate(reqs, sampling)
+    def run_engine() -> int:
+        return sum(len(c.response_ids) for c in engine.generate(reqs, sampling))
 
-    def run_hf() -> None:
+    def run_hf() -> int:
         with torch.no_grad():
-            out = engine.model.generate(ids, **hf_kwargs)
-        assert out.shape == (len(prompts), ids.shape[1] + new), out.shape
+            out = engine.model.generate(ids, **hf_kwargs)[:, ids.shape[1] :]
+        if not eos:
+            assert out.shape == (len(prompts), new), out.shape
+            return out.numel()
+        hit = out == tok.eos_token_id  # tokens up to and including the first EOS
+        first = torch.where(
+            hit.any(1), hit.int().argmax(1) + 1, torch.full_like(hit[:, 0], out.shape[1], dtype=torch.long)
+        )
+        return int(first.sum())
 
     run_engine(), run_hf()  # warm-up
-    t_eng, t_hf = [], []
-    for _ in range(reps):
-        for fn, times in ((run_engine, t_eng), (run_hf, t_hf)):
-            _sync(device)
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            times.append(time.perf_counter() - t0)
-    n_tok = len(prompts) * new
+    clock, tps_eng, tps_hf = _clock(device), [], []
+    for _ in range(reps):  # interleaved, best of reps
+        for fn, tps in ((run_engine, tps_eng), (run_hf, tps_hf)):
+            t0 = clock()
+            n = fn()
+            tps.append(n / (clock() - t0))
     return {
-        "engine_tps": n_tok / min(t_eng),
-        "hf_tps": n_tok / min(t_hf),
+        "engine_tps": max(tps_eng),
+        "hf_tps": max(tps_hf),
         "engine_mib": peak_memory(run_engine, device),
         "hf_mib": peak_memory(run_hf, device),
     }
@@ -178,30 +192,38 @@ def main(argv: list[str] | None = None) -> int:
     for kind in ("dense", "moe"):
         model, tok, prompts, sources[kind] = model_and_prompts(kind, batch)
         _, _, mm_prompts, _ = model_and_prompts(kind, mm_batch, seed=1)
-        for numerics in NUMERICS:
-            r = throughput(model, tok, prompts, numerics, new, reps, device)
-            m = mismatch(model, tok, mm_prompts, numerics, new, device)
+        for numerics, eos in [(n, False) for n in NUMERICS] + [("fp32", True)]:
+            r = throughput(model, tok, prompts, numerics, new, reps, device, eos)
             rows.append(
-                f"| {kind} | {numerics} | {r['engine_tps']:,.0f} | {r['hf_tps']:,.0f} | "
+                f"| {kind} | {numerics} | {'on' if eos else 'off'} | {r['engine_tps']:,.0f} | {r['hf_tps']:,.0f} | "
                 f"{r['engine_tps'] / r['hf_tps']:.2f}x | {r['engine_mib']:.1f} | {r['hf_mib']:.1f} |"
             )
+            print(rows[-1], flush=True)
+            if eos:
+                continue
+            m = mismatch(model, tok, mm_prompts, numerics, new, device)
             rd = "n/a" if kind == "dense" else f"{m['route_disagree']:.4f}"
             mm_rows.append(
                 f"| {kind} | {numerics} | {m['mean_d']:.2e} | {m['p90_d']:.2e} | {m['max_d']:.2e} | "
                 f"{m['n_tokens']} | {rd} |"
             )
-            print(rows[-1], "\n", mm_rows[-1], flush=True)
+            print(mm_rows[-1], flush=True)
+    clock_name = "CPU second of the process" if device.type == "cpu" else "wall-clock second"
     mem = "RSS delta (1 ms sampling)" if device.type == "cpu" else "CUDA max_memory_allocated delta"
     body = "\n".join(
         [
             f"Models: dense = {sources['dense']}, moe = {sources['moe']}. Device {device}, "
             f"{args.threads} torch thread(s).",
             "",
-            f"### Throughput: batch {batch}, arithmetic prompts of {len(prompts[0])} tokens, {new} new tokens "
-            f"per row (EOS off), temperature 1, full vocabulary; best of {reps} interleaved runs",
+            f"### Throughput: batch {batch}, arithmetic prompts of {len(prompts[0])} tokens, up to {new} new "
+            f"tokens per row, temperature 1, full vocabulary; best of {reps} interleaved runs",
             "",
-            "| model | numerics | engine tok/s | HF generate tok/s | engine/HF | engine peak MiB | HF peak MiB |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            f"tok/s = generated tokens per {clock_name}. EOS off: every row generates exactly {new} tokens "
+            "(HF: min_new_tokens). EOS on: rows stop at EOS and only tokens up to it count; the engine drops "
+            "finished rows from the batch, HF decodes them until the last row stops.",
+            "",
+            "| model | numerics | EOS | engine tok/s | HF generate tok/s | engine/HF | engine peak MiB | HF peak MiB |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
             *rows,
             "",
             f"Peak memory: {mem} during one call, above the memory held before it.",
@@ -209,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             f"### Mismatch vs the fp32 trainer forward: {mm_batch} prompts, up to {new} tokens (EOS on), "
             "temperature 1",
             "",
-            "|d| = |log pi_fp32 - log mu| per sampled token; routing disagreement = share of (token, MoE layer) "
+            "d = log pi_fp32 - log mu per sampled token (mu: the engine, pi: the fp32 trainer forward); routing disagreement = share of (token, MoE layer) "
             "pairs whose expert set differs from the fp32 trainer's own top-k.",
             "",
             "| model | numerics | mean abs d | p90 abs d | max abs d | tokens | routing disagreement |",

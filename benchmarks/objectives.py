@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--_quantile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    torch.set_num_threads(1)  # the machine is shared: one thread gives stable, comparable numbers
     if args._child:
         print(json.dumps(measure_child(args._child[0], int(args._child[1]), args._quantile)))
         return 0
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     note = (
         f"\n\nTime: median of the repeats, presets interleaved in one process, {torch.get_num_threads()} "
-        "torch threads. Memory: peak extra RSS of one step in a fresh subprocess (see the script's "
+        "torch thread. Memory: peak extra RSS of one step in a fresh subprocess (see the script's "
         "docstring). B = N/1024 responses of 1024 tokens, all active, adv [B], no ref_logp (no KL term)."
     )
     body += note

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import EOS, PAD, make_requests, sampled_ref_logp, tiny_model
+from engine_helpers import EOS, PAD, make_requests, sampled_ref_logp, tiny_model
 from transformers import DynamicCache
 
 from satrl.engines import TorchEngine

@@ -4,7 +4,7 @@ inverse-CDF sampler draws from softmax(truncate(logits / T))."""
 from __future__ import annotations
 
 import torch
-from conftest import chi2_critical, chi2_stat, ref_logprobs
+from engine_helpers import chi2_critical, chi2_stat, ref_logprobs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import (
+from engine_helpers import (
     EOS,
     PAD,
     VOCAB,
@@ -214,3 +214,13 @@ def test_registry(dense):
     )
     with pytest.raises(ValueError, match=r"unknown engine 'vlm'; valid choices: \['torch'\]"):
         make_engine("vlm", model=dense)
+
+
+def test_completion_tensors_are_ordinary_tensors(moe):
+    """Decoding runs under inference_mode; what it returns must still work in autograd and in place."""
+    (c,) = _engine(moe).generate(make_requests(1), SamplingParams(max_new_tokens=4))
+    assert not c.behavior_logp.is_inference() and not c.routing.is_inference()
+    logp = torch.zeros_like(c.behavior_logp, requires_grad=True)
+    (torch.exp(logp - c.behavior_logp) * c.behavior_logp).sum().backward()
+    assert logp.grad is not None
+    c.behavior_logp.add_(0.0)

@@ -23,7 +23,8 @@ FAKE_TRAINER = textwrap.dedent(
         i = argv.index("--resume")
         resume = argv[i + 1]
         argv = argv[:i] + argv[i + 2:]
-    base, kv = argv[0], dict(a.split("=", 1) for a in argv[1:])
+    assert argv[-1] == "--no-progress", argv
+    base, kv = argv[0], dict(a.split("=", 1) for a in argv[1:-1])
     out, seed = Path(kv["out"]), int(kv["seed"])
     t0 = time.time()
     print(f"fake trainer: base={base} seed={seed}", flush=True)

@@ -74,7 +74,7 @@ def test_default_command_layout(tmp_path):
     run = expand(spec, tmp_path / "out")[0]
     cmd = grid_mod.default_command(run, resume=False)
     assert cmd[:5] == [sys.executable, "-m", "satrl", "train", str(tmp_path / "base.yaml")]
-    assert cmd[-2:] == ["seed=0", f"out={run.run_dir}"]
+    assert cmd[-3:] == ["seed=0", f"out={run.run_dir}", "--no-progress"]
     assert grid_mod.default_command(run, resume=True)[-2:] == ["--resume", str(run.run_dir)]
 
 
@@ -276,3 +276,13 @@ def test_cli_dry_run_and_bad_grid(tmp_path, capsys):
     bad.write_text("lags: [1]\ncells: {a: {}}\n")
     assert grid_mod.run_grid(parser.parse_args([str(bad)])) == 2
     assert "no base config" in capsys.readouterr().err
+
+
+def test_builtin_grid_runs_are_valid_train_configs():
+    """Every run of every shipped grid is accepted by `satrl train`'s config loader (keys, values, presets)."""
+    from satrl.config import load_config
+
+    for path in sorted((REPO / "configs" / "grids").glob("*.yaml")):
+        for run in expand(load_grid(path), "runs/x", seeds=1):
+            cfg = load_config(run.base, [*run.overrides, f"seed={run.seed}", f"out={run.run_dir}"])
+            assert cfg.lag.n == run.lag, run.name

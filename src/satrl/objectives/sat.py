@@ -24,12 +24,13 @@ Options beyond the paper (all off by default):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from fractions import Fraction
 
 import torch
 from torch import Tensor
 
-from ._common import as_bool_mask, count
+from ._common import as_bool_mask
 
 
 def quantile_rank(alpha: float, n: int) -> int:
@@ -67,19 +68,18 @@ def _radix_kth(x: Tensor, k: int) -> Tensor:
     """Exact k-th smallest of float32 ``x`` by two 16-bit histogram passes over order-preserving keys.
 
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF) maps float32 to int32 monotonically (negatives included;
-    NaN sorts last, as in kthvalue). Pass 1 counts the high 16 bits and finds the bucket holding the
-    k-th key; pass 2 counts the low 16 bits inside that bucket. Memory: two int32 copies of ``x``.
+    NaN sorts last, as in kthvalue); for non-negative inputs (SAT's scores) the key is the bits
+    themselves. Pass 1 counts the high 16 bits and finds the bucket holding the k-th key; pass 2
+    counts the low 16 bits inside that bucket. Memory: about two int32 copies of ``x``.
     """
-    bits = x.view(torch.int32)
-    key = bits >> 31
-    key.bitwise_and_(0x7FFFFFFF).bitwise_xor_(bits)
-    high = key >> 16
-    high.add_(1 << 15)  # [0, 65536)
-    key.bitwise_and_(0xFFFF)  # key now holds the low 16 bits
+    key = x.view(torch.int32)
+    if bool(x.min() < 0):
+        key = key ^ ((key >> 31) & 0x7FFFFFFF)
+    high = (key >> 16) + (1 << 15)  # [0, 65536)
     b, r = _bucket(torch.bincount(high, minlength=1 << 16), k)
-    key.masked_fill_(high != b, 1 << 16)  # outside the bucket: an extra, ignored bin
+    low = torch.where(high == b, key & 0xFFFF, 1 << 16)  # outside the bucket: an extra, ignored bin
     del high
-    j, _ = _bucket(torch.bincount(key, minlength=(1 << 16) + 1)[: 1 << 16], r)
+    j, _ = _bucket(torch.bincount(low, minlength=(1 << 16) + 1)[: 1 << 16], r)
     out = torch.tensor(((b - (1 << 15)) << 16) | j, dtype=torch.int64, device=x.device).to(torch.int32)
     out = out ^ ((out >> 31) & 0x7FFFFFFF)  # the key map is an involution
     return out.view(torch.float32)
@@ -91,6 +91,79 @@ def _bucket(counts: Tensor, k: int) -> tuple[int, int]:
     b = int(torch.searchsorted(cum, torch.tensor([k], device=cum.device, dtype=cum.dtype)).item())
     before = int(cum[b - 1].item()) if b > 0 else 0
     return b, k - before
+
+
+@dataclass(frozen=True)
+class SatGate:
+    """The sparse result of SAT's gate: which tokens contract, and by how much.
+
+    ``idx`` holds the flat positions of the G gated tokens, ``d`` their log-ratio (its sign picks the
+    side) and ``psi`` their kernel value: c+ = psi where d > 0, c- = psi where d < 0; every other
+    (token, side) keeps c = 1.
+    """
+
+    q: Tensor  # 0-dim threshold
+    gate: Tensor  # [B, T] bool
+    idx: Tensor  # [G] flat positions
+    d: Tensor  # [G]
+    psi: Tensor  # [G]
+    n: int  # active tokens
+
+
+@torch.no_grad()
+def sat_gate(
+    d: Tensor,
+    mask: Tensor,
+    alpha: float = 0.9,
+    exponent: float = 2.0,
+    invert: bool = False,
+    score: Tensor | None = None,
+) -> SatGate:
+    """Quantile, gate and kernel of SAT (Eqs. 14-16), the kernel evaluated on gated tokens only."""
+    mask = as_bool_mask(mask)
+    d = d.detach()
+    s = d.abs() if score is None else score.detach().to(d.dtype)
+    n = int(torch.count_nonzero(mask))
+    k = quantile_rank(alpha, n)
+    # Masked positions become +inf, so the k-th smallest of the whole tensor is the k-th active one.
+    ranked = torch.where(mask, s, float("inf"))
+    if invert:
+        m = n - k  # gate budget, identical to the normal mode's
+        q = kth_smallest(ranked, m + 1) if m > 0 else s.new_zeros(())
+        gate = (s < q) & mask
+    else:
+        q = kth_smallest(ranked, k)
+        gate = (s > q) & mask if bool(q > 0) else torch.zeros_like(mask)
+    del ranked
+    idx = gate.reshape(-1).nonzero().squeeze(1)  # at most a (1 - alpha) share of the tokens
+    s_g, d_g = s.reshape(-1).index_select(0, idx), d.reshape(-1).index_select(0, idx)
+    rel = (q / s_g) if invert else (s_g / q)  # > 1 on gated tokens
+    psi = 1.0 / (1.0 + rel.pow(exponent))
+    return SatGate(q=q, gate=gate, idx=idx, d=d_g, psi=psi, n=n)
+
+
+def gated_bounds(g: SatGate, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor]:
+    """(lo, hi) of the gated tokens: the sign-selected endpoint contracted, the other exactly the base."""
+    hi = torch.where(g.d > 0, 1.0 + eps_high * g.psi, 1.0 + eps_high)
+    lo = torch.where(g.d < 0, 1.0 - eps_low * g.psi, 1.0 - eps_low)
+    return lo.to(g.d.dtype), hi.to(g.d.dtype)
+
+
+def sat_metrics(g: SatGate, eps_low: float, eps_high: float) -> dict[str, Tensor]:
+    """Paper Table 10 over active tokens: q, gate rate, mean effective radii, strongest contraction."""
+    n_t = torch.tensor(float(max(g.n, 1)), device=g.q.device)
+    psi = g.psi.to(torch.float32)
+    deficit_hi = torch.where(g.d > 0, 1.0 - psi, 0.0).sum()  # sum of (1 - c+) over active tokens
+    deficit_lo = torch.where(g.d < 0, 1.0 - psi, 0.0).sum()
+    c = torch.where(g.d != 0, psi, 1.0)
+    return {
+        "q": g.q.to(torch.float32),
+        "gate_rate": torch.tensor(float(g.idx.numel()), device=g.q.device) / n_t,
+        "eps_low_mean": eps_low - eps_low * deficit_lo / n_t,
+        "eps_high_mean": eps_high - eps_high * deficit_hi / n_t,
+        "c_min": c.min().clamp(max=1.0) if c.numel() else torch.ones((), device=g.q.device),
+        "tok/gate": g.gate,
+    }
 
 
 @torch.no_grad()
@@ -111,46 +184,14 @@ def sat_clip_bounds(
         mask: [B, T] active tokens.
         score: optional [B, T] non-negative proxy replacing |d| for the gate and the kernel.
     Returns:
-        lo, hi: [B, T] bounds (base radii on masked and ungated positions);
+        lo, hi: [B, T] bounds (exactly the base radii on masked and ungated positions);
         metrics: ``q``, ``gate_rate``, ``eps_low_mean``, ``eps_high_mean``, ``c_min`` (paper Table 10,
         0-dim) and ``tok/gate`` ([B, T] bool).
     """
-    mask = as_bool_mask(mask)
-    d = d.detach()
-    s = d.abs() if score is None else score.detach().to(d.dtype)
-    n = int(torch.count_nonzero(mask))
-    k = quantile_rank(alpha, n)
-    # Masked positions become +inf, so the k-th smallest of the whole tensor is the k-th active one.
-    ranked = torch.where(mask, s, float("inf"))
-    if invert:
-        m = n - k  # gate budget, identical to the normal mode's
-        q = kth_smallest(ranked, m + 1) if m > 0 else s.new_zeros(())
-        gate = (s < q) & mask
-    else:
-        q = kth_smallest(ranked, k)
-        gate = (s > q) & mask & (q > 0)
-    del ranked
-
-    # psi on the relative score (> 1 on gated tokens), computed densely in place: cheaper than
-    # gathering the gated tokens. Values off the gate are discarded by the masked fills below.
-    psi = torch.div(q, s) if invert else torch.div(s, q)
-    psi.pow_(exponent).add_(1.0).reciprocal_()
-    up, down = gate & (d > 0), gate & (d < 0)  # sign-selected sides; d == 0 contracts nothing
-    hi = (psi * eps_high).add_(1.0).masked_fill_(~up, 1.0 + eps_high)
-    lo = (psi * -eps_low).add_(1.0).masked_fill_(~down, 1.0 - eps_low)
-
-    # Table 10 diagnostics over active tokens. hi - (1 + eps_high) is exactly 0 off the gate, so these
-    # sums only carry the contractions (no cancellation against the base radii).
-    n_t = count(mask)
-    eps_high_mean = eps_high + (hi - (1.0 + eps_high)).sum(dtype=torch.float32) / n_t
-    eps_low_mean = eps_low - (lo - (1.0 - eps_low)).sum(dtype=torch.float32) / n_t
-    c_min = psi.masked_fill_(~(up | down), 1.0).min() if psi.numel() else d.new_ones(())
-    metrics = {
-        "q": q.to(torch.float32),
-        "gate_rate": torch.count_nonzero(gate).to(torch.float32) / n_t,
-        "eps_low_mean": eps_low_mean,
-        "eps_high_mean": eps_high_mean,
-        "c_min": c_min.to(torch.float32),
-        "tok/gate": gate,
-    }
-    return lo, hi, metrics
+    g = sat_gate(d, mask, alpha, exponent, invert, score)
+    lo_g, hi_g = gated_bounds(g, eps_low, eps_high)
+    hi = torch.full_like(d, 1.0 + eps_high)
+    lo = torch.full_like(d, 1.0 - eps_low)
+    hi.view(-1).index_copy_(0, g.idx, hi_g)
+    lo.view(-1).index_copy_(0, g.idx, lo_g)
+    return lo, hi, sat_metrics(g, eps_low, eps_high)

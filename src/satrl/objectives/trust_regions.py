@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ._common import masked, masked_frac
 from .registry import Registry, dual_clip_ok, non_negative, positive, unit_interval
-from .sat import sat_clip_bounds
+from .sat import gated_bounds, sat_gate, sat_metrics
 
 TRUST_REGIONS: Registry = Registry("trust region")
 
@@ -115,12 +115,35 @@ def sat_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip, 
 
     ``d`` is the ratio level's own log-ratio: the token log-ratio for GRPO, the broadcast sequence
     log-ratio for GSPO (paper Eq. 20), so the gate ranks sequences, length-weighted, under GSPO.
+
+    Computed as PPO plus a sparse fix-up (Proposition 4.1 (iii)): the loss equals PPO's except on gated
+    tokens pushed past their contracted endpoint (A > 0, r > 1 + eps_high*c+; A < 0, r < 1 - eps_low*c-),
+    where it is the constant -bound*A with zero gradient. This is value-for-value what
+    ``clipped_surrogate(ratio, adv, lo, hi)`` gives with the dense bounds (tested), at the cost of the
+    gated tokens only.
     """
-    lo, hi, metrics = sat_clip_bounds(
-        d, mask, eps_low, eps_high, alpha, exponent, invert, score=sat_score(proxy, inp)
-    )
-    loss, clipped, clip_metrics = _clip(ratio, adv, mask, lo, hi, dual_clip)
-    return loss, clipped, {**metrics, **clip_metrics}
+    g = sat_gate(d, mask, alpha, exponent, invert, score=sat_score(proxy, inp))
+    loss, clipped, metrics = _clip(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, dual_clip)
+    metrics.update(sat_metrics(g, eps_low, eps_high))
+    with torch.no_grad():
+        lo, hi = gated_bounds(g, eps_low, eps_high)
+        cols = ratio.shape[-1]
+        rows_g, cols_g = g.idx // cols, g.idx % cols
+        r_g = ratio.detach()[rows_g, cols_g]
+        a_g = adv.expand_as(ratio)[rows_g, cols_g]  # no [B, T] copy of a [B, 1] advantage
+        up = (a_g > 0) & (r_g > hi)  # pushed past the contracted upper endpoint
+        down = (a_g < 0) & (r_g < lo)
+        hit = (up | down).nonzero().squeeze(1)
+        value = torch.where(a_g > 0, hi, lo).index_select(0, hit) * -a_g.index_select(0, hit)
+        pos = g.idx.index_select(0, hit)
+        n_t = torch.tensor(float(max(g.n, 1)), device=ratio.device)
+        # tokens newly clipped by SAT: past the contracted endpoint but inside PPO's interval
+        metrics["clipfrac_high"] += torch.count_nonzero(up & ~(r_g > 1.0 + eps_high)) / n_t
+        metrics["clipfrac_low"] += torch.count_nonzero(down & ~(r_g < 1.0 - eps_low)) / n_t
+        clipped.view(-1).index_fill_(0, pos, True)
+    # Constant value, so zero gradient there. In place: the ops that made `loss` save no output.
+    loss.index_put_((pos // cols, pos % cols), value.to(loss.dtype))
+    return loss, clipped, metrics
 
 
 @torch.no_grad()

@@ -1,0 +1,207 @@
+"""Grid files: the spec (pydantic), its validation, and its expansion into runs `<cell>/lag<n>/seed<s>`.
+
+A grid YAML names a base config, cells (name -> `key: value` overrides of `satrl train`, plus the cell
+keys base / lags / lag_schedule / label), lags, seeds, an optional baseline cell, steps and global
+`extra:` overrides. Values stay YAML scalars and are rendered `key=value` so that yaml.safe_load
+reads them back unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Keys the grid itself controls; a cell or `extra:` setting them would silently fight the grid.
+_RESERVED = {"seed": "--seeds / seeds:", "out": "--out", "lag.n": "lags:", "lag.schedule": "lag_schedule:",
+             "steps": "steps:"}  # fmt: skip
+_CELL_KEYS = {"base", "lags", "lag_schedule", "label"}
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{'objective': {'alpha': 0.8}} -> {'objective.alpha': 0.8}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def render_value(v: Any) -> str:
+    """A YAML scalar as it reads back under yaml.safe_load: True -> 'true', None -> 'null', '8' -> "'8'"."""
+    text = yaml.safe_dump(v, default_flow_style=True, width=10**9).strip()
+    return text.removesuffix("...").strip()
+
+
+def _check_overrides(overrides: dict[str, Any], where: str) -> dict[str, Any]:
+    flat = _flatten(overrides)
+    for k, v in flat.items():
+        if k in _RESERVED:
+            raise ValueError(f"{where}: key {k!r} is set by the grid; use {_RESERVED[k]} instead")
+        if isinstance(v, dict | set):
+            raise ValueError(f"{where}.{k}: values must be YAML scalars or lists, got {type(v).__name__}")
+    return flat
+
+
+class CellSpec(BaseModel):
+    """One cell: optional base config, lags and schedule overriding the grid's, and config overrides."""
+
+    model_config = ConfigDict(extra="forbid")
+    base: str | None = None
+    lags: list[int] | None = None
+    lag_schedule: str | None = None
+    label: str | None = None
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+
+class GridSpec(BaseModel):
+    """A grid file. `cells:` maps a name to a dict of overrides plus optional keys base/lags/lag_schedule/label."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = "grid"
+    description: str = ""
+    base: str | None = None
+    cells: dict[str, CellSpec]
+    lags: list[int] = Field(min_length=1)
+    lag_schedule: str = "broadcast"
+    seeds: int = Field(default=3, ge=1)
+    baseline: str | None = None
+    steps: int | None = Field(default=None, ge=1)
+    extra: dict[str, Any] = Field(default_factory=dict)
+    # Directory the relative base paths are resolved against (the grid file's folder); set by load_grid.
+    root: str = "."
+
+    @field_validator("cells", mode="before")
+    @classmethod
+    def _split_cells(cls, cells: Any) -> Any:
+        if not isinstance(cells, dict) or not cells:
+            raise ValueError("cells must be a non-empty mapping: name -> {key: value, ...}")
+        out = {}
+        for name, body in cells.items():
+            if not _NAME_RE.match(str(name)):
+                raise ValueError(f"cell name {name!r} may only use letters, digits and _ . + -")
+            body = dict(body or {})
+            if "overrides" in body:
+                raise ValueError(
+                    f"cells.{name}: write overrides directly in the cell, not under 'overrides:'"
+                )
+            own = {k: body.pop(k) for k in list(body) if k in _CELL_KEYS}
+            out[str(name)] = {**own, "overrides": _check_overrides(body, f"cells.{name}")}
+        return out
+
+    @field_validator("extra")
+    @classmethod
+    def _check_extra(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        return _check_overrides(extra, "extra")
+
+    @model_validator(mode="after")
+    def _check(self) -> GridSpec:
+        if self.baseline is not None and self.baseline not in self.cells:
+            raise ValueError(f"baseline: {self.baseline!r} is not a cell; cells: {sorted(self.cells)}")
+        for name, cell in self.cells.items():
+            if cell.base is None and self.base is None:
+                raise ValueError(f"cells.{name}: no base config; set `base:` on the grid or on the cell")
+        return self
+
+    def base_path(self, cell: str) -> Path:
+        """The cell's base config: relative to the grid file's folder if it exists there, else to the cwd."""
+        raw = self.cells[cell].base or self.base
+        assert raw is not None
+        p = Path(raw)
+        if p.is_absolute():
+            return p
+        near = Path(self.root) / p
+        return near if near.exists() or not p.exists() else p
+
+    def cell_lags(self, cell: str) -> list[int]:
+        return self.cells[cell].lags or self.lags
+
+    def cell_schedule(self, cell: str) -> str:
+        return self.cells[cell].lag_schedule or self.lag_schedule
+
+    def label(self, cell: str) -> str:
+        c = self.cells.get(cell)
+        return c.label if c and c.label else cell
+
+
+def load_grid(path: str | Path, check_paths: bool = True) -> GridSpec:
+    """Read and validate a grid YAML. Errors (ValueError) name the bad field."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"grid file not found: {path}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a grid is a YAML mapping with base/cells/lags/seeds")
+    raw.setdefault("name", path.stem)
+    raw["root"] = str(path.parent)
+    try:
+        spec = GridSpec.model_validate(raw)
+    except ValidationError as e:
+        msgs = "; ".join(
+            f"{'.'.join(str(x) for x in err['loc']) or '(grid)'}: {err['msg']}" for err in e.errors()
+        )
+        raise ValueError(f"{path}: {msgs}") from None
+    if check_paths:
+        for cell in spec.cells:
+            if not spec.base_path(cell).exists():
+                raise ValueError(f"{path}: cells.{cell}: base config {spec.base_path(cell)} does not exist")
+    return spec
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run of the grid."""
+
+    cell: str
+    lag: int
+    seed: int
+    base: Path
+    overrides: tuple[str, ...]  # "key=value", without seed= and out=
+    run_dir: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.cell}/lag{self.lag}/seed{self.seed}"
+
+
+def expand(spec: GridSpec, out: str | Path, seeds: int | None = None) -> list[Run]:
+    """All runs, cell-major then lag then seed. Override order: extra, steps, schedule, lag, cell."""
+    out = Path(out)
+    runs = []
+    for cell, c in spec.cells.items():
+        for lag in spec.cell_lags(cell):
+            ov = {**spec.extra}
+            if spec.steps is not None:
+                ov["steps"] = spec.steps
+            ov["lag.schedule"] = spec.cell_schedule(cell)
+            ov["lag.n"] = lag
+            ov.update(c.overrides)
+            items = tuple(f"{k}={render_value(v)}" for k, v in ov.items())
+            for s in range(seeds or spec.seeds):
+                runs.append(
+                    Run(cell, lag, s, spec.base_path(cell), items, out / cell / f"lag{lag}" / f"seed{s}")
+                )
+    return runs
+
+
+def spec_to_yaml(spec: GridSpec, seeds: int) -> str:
+    """The grid as run (seeds filled in, bases resolved), readable back by load_grid(check_paths=False)."""
+    cells = {}
+    for name, c in spec.cells.items():
+        body: dict[str, Any] = {"base": str(spec.base_path(name))}
+        body.update(
+            {k: getattr(c, k) for k in ("lags", "lag_schedule", "label") if getattr(c, k) is not None}
+        )
+        body.update(c.overrides)
+        cells[name] = body
+    d = spec.model_dump(exclude={"cells", "root", "base"})
+    d.update(seeds=seeds, cells=cells)
+    return yaml.safe_dump(d, sort_keys=False)

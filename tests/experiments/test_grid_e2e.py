@@ -1,0 +1,53 @@
+"""The CI smoke grid end to end with the real `satrl train`: `satrl grid` -> run dirs -> `satrl report`.
+
+The policy is a freshly initialised tiny model saved to a temp folder (model.path=...), so the test does
+not depend on the shipped pretrained checkpoints; avg@k is ~0, but every number still has to travel
+from summary.json into the report unchanged.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from satrl.experiments.grid import load_grid, run_grid_spec
+from satrl.experiments.report import fmt_ci
+from satrl.experiments.stats import bootstrap_ci
+from satrl.models.tiny import build_tiny_model
+from satrl.models.tokenizer import build_char_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_ci_smoke_grid_then_report(tmp_path):
+    tok = build_char_tokenizer()
+    policy = tmp_path / "policy"
+    build_tiny_model("dense", vocab_size=len(tok), seed=0).save_pretrained(policy)
+    tok.save_pretrained(policy)
+    spec = load_grid(REPO / "configs" / "grids" / "ci_smoke.yaml")
+    spec.extra["model.path"] = str(policy)
+    out = tmp_path / "ci_smoke"
+    result = run_grid_spec(spec, out, workers=2, progress=False)
+    errors = {n: r.error for n, r in result.records.items() if r.error}
+    assert result.exit_code == 0, errors
+    assert sorted(result.names("finished")) == [
+        f"{c}/lag2/seed{s}" for c in ("grpo", "sat_grpo") for s in (0, 1)
+    ]
+
+    r = subprocess.run([sys.executable, "-m", "satrl", "report", str(out), "--resamples", "2000"],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    md = (out / "report.md").read_text()
+    for fig in ("eval_curves", "d_pi", "sat_diagnostics", "gate_check", "bylag", "paired"):
+        assert (out / "figures" / f"{fig}.png").exists(), fig
+    for label, cell in (("GRPO", "grpo"), ("SAT-GRPO", "sat_grpo")):
+        sums = [json.loads((out / cell / "lag2" / f"seed{s}" / "summary.json").read_text()) for s in (0, 1)]
+        row = next(line for line in md.splitlines() if line.startswith(f"| {label} |"))
+        best = bootstrap_ci([s["best_avg_at_k"] for s in sums], n_resamples=2000)
+        dpi = bootstrap_ci([s["d_pi_last25"] for s in sums], n_resamples=2000)
+        assert fmt_ci(*best) in row and fmt_ci(*dpi, "{:.4f}", 1.0) in row
+        assert all(s["steps"] == 4 for s in sums)
+    assert "SAT-GRPO vs GRPO at lag 2 (best avg@k)" in md

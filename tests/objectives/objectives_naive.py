@@ -1,0 +1,108 @@
+"""A naive per-token Python-loop reference of every objective, written from the formulas, not the code.
+
+Each token's loss is built from 0-dim tensors indexed out of ``logp`` so that autograd gives the
+reference gradient too. Only for tiny tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from satrl.objectives import resolve_objective
+
+
+def kth(values: list[float], alpha: float) -> float:
+    n = len(values)
+    k = math.ceil(round(alpha * n, 9))
+    return sorted(values)[k - 1] if k >= 1 and n else 0.0
+
+
+def naive_policy_loss(name, logp, behavior_logp, adv, mask, ref_logp=None, old_logp=None, **overrides):
+    spec = resolve_objective(name, **overrides)
+    p = spec.params
+    B, T = logp.shape
+    den = behavior_logp if old_logp is None else old_logp
+    old = logp.detach() if old_logp is None else old_logp
+    act = [(b, t) for b in range(B) for t in range(T) if mask[b, t]]
+
+    def A(b, t):
+        return float(adv[b]) if adv.dim() == 1 else float(adv[b, t])
+
+    # ratio and the log-ratio the trust region sees
+    r, dval = {}, {}
+    for b in range(B):
+        toks = [t for t in range(T) if mask[b, t]]
+        if spec.ratio == "token":
+            for t in toks:
+                r[b, t] = torch.exp(logp[b, t] - den[b, t])
+                dval[b, t] = float(logp[b, t].detach() - den[b, t])
+        else:
+            m = sum(float(logp[b, t].detach() - den[b, t]) for t in toks) / max(len(toks), 1)
+            for t in toks:
+                r[b, t] = math.exp(m) * torch.exp(logp[b, t] - logp[b, t].detach())
+                dval[b, t] = m
+
+    lo = {bt: 1 - p.get("eps_low", 0.0) for bt in act}
+    hi = {bt: 1 + p.get("eps_high", 0.0) for bt in act}
+    if spec.trust_region == "sat":
+        q = kth([abs(dval[bt]) for bt in act], p["alpha"])
+        for bt in act:
+            if q > 0 and abs(dval[bt]) > q:
+                c = 1.0 / (1.0 + (abs(dval[bt]) / q) ** p["exponent"])
+                if dval[bt] > 0:
+                    hi[bt] = 1 + p["eps_high"] * c
+                elif dval[bt] < 0:
+                    lo[bt] = 1 - p["eps_low"] * c
+
+    out = torch.zeros(B, T, dtype=logp.dtype)
+    total = logp.sum() * 0.0
+    for b, t in act:
+        a = A(b, t)
+        rr = r[b, t]
+        pi, mu = math.exp(float(logp[b, t].detach())), math.exp(float(den[b, t]))
+        outward = (a > 0 and pi > mu) or (a < 0 and pi < mu)
+        if spec.trust_region in ("ppo", "sat", "ppo_dtv_mask"):
+            loss = -torch.min(rr * a, torch.clamp(rr, lo[b, t], hi[b, t]) * a)
+            if p.get("dual_clip") is not None and a < 0:
+                loss = torch.min(loss, torch.tensor(-p["dual_clip"] * a, dtype=logp.dtype))
+            if spec.trust_region == "ppo_dtv_mask" and outward and abs(pi - mu) > p["delta"]:
+                loss = loss * 0.0
+        elif spec.trust_region == "dppo_tv":
+            loss = loss_drop(-rr * a, outward and abs(pi - mu) > p["delta"])
+        else:  # dppo_kl
+            kl = mu * math.log(mu / pi) + (1 - mu) * math.log((1 - mu) / (1 - pi))
+            loss = loss_drop(-rr * a, outward and kl > p["delta"])
+
+        k = math.exp(float(old[b, t] - behavior_logp[b, t]))
+        if spec.correction != "none" and p["correction_level"] == "sequence":
+            toks = [u for u in range(T) if mask[b, u]]
+            k = math.exp(sum(float(old[b, u] - behavior_logp[b, u]) for u in toks) / len(toks))
+        if spec.correction == "tis":
+            loss = loss * min(k, p["tis_cap"])
+        elif spec.correction == "icepop":
+            loss = loss * (1.0 if p["icepop_low"] <= k <= p["icepop_high"] else 0.0)
+        elif spec.correction == "mis":
+            loss = loss * (k if k <= p["mis_threshold"] else 0.0)
+
+        if ref_logp is not None and spec.kl != "none":
+            toks = [t] if spec.ratio == "token" else [u for u in range(T) if mask[b, u]]
+            kls = [naive_kl(spec.kl, logp[b, u], float(ref_logp[b, u])) for u in toks]
+            loss = loss + p["kl_coef"] * sum(kls) / len(kls)
+        total = total + loss
+        out[b, t] = float(loss.detach())
+    return out, total
+
+
+def loss_drop(loss, drop):
+    return loss * 0.0 if drop else loss
+
+
+def naive_kl(kind, lp, ref):
+    x = ref - lp
+    if kind == "k1":
+        return -x
+    if kind == "k2":
+        return 0.5 * x * x
+    return torch.exp(x) - x - 1.0
