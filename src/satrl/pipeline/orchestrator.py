@@ -8,6 +8,7 @@ engine works while the trainer trains, and a concurrent run equals a sequential 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 
@@ -26,7 +27,8 @@ from satrl.training.trainer import split_rows
 
 def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, dict | None], None] | None = None) -> dict:
     """Run (or resume) one training run; returns its summary (also written to ``summary.json``)."""
-    torch.set_num_threads(cfg.train.threads)
+    # A grid running W runs at once caps each run's threads (W x threads <= cores) through this variable.
+    torch.set_num_threads(min(cfg.train.threads, int(os.environ.get("SATRL_TORCH_THREADS", cfg.train.threads))))
     torch.manual_seed(cfg.seed)
     run = RunDir(cfg, resume=resume)
     trainer, tokenizer = build_trainer(cfg)
@@ -47,7 +49,7 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
             samples, dropped = _drop_stale(sched, samples, b)
             batch = collate(samples, tokenizer.pad_token_id)
             adv = group_advantages(batch.rewards, batch.group_index, cfg.train.adv_std_norm)
-            old_logp = trainer.logp_with(None, batch) if cfg.train.denominator == "recomputed" else None
+            old_logp = trainer.logp_with(None, batch) if trainer.needs_old_logp else None
             vlogp = trainer.version_logp(batch, store.get) if cfg.diagnostics.decompose else None
             for epoch in range(cfg.train.ppo_epochs):
                 perm = torch.randperm(len(samples), generator=torch.Generator().manual_seed(cfg.seed * 7919 + b * 31 + epoch))

@@ -50,5 +50,6 @@ def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
         microbatch_tokens=cfg.train.microbatch_tokens,
         whole_batch_quantile=cfg.train.quantile_scope == "batch",
         r3=cfg.r3,
+        recomputed_denominator=cfg.train.denominator == "recomputed",
     )
     return trainer, tokenizer

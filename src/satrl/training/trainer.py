@@ -92,11 +92,15 @@ class Trainer:
         microbatch_tokens: int = 4096,
         whole_batch_quantile: bool = False,
         r3: bool = False,
+        recomputed_denominator: bool = False,
     ) -> None:
         self.model = model.float().train()
         uses_ref = objective.kl != "none" and objective.params.get("kl_coef", 0) > 0
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if uses_ref else None
         self.objective, self.aggregation = objective, aggregation
+        # A correction (TIS, IcePop, MIS) weighs by pi_old/mu, so it needs pi_old: the trainer's own log-probs
+        # at the start of the batch (the paper's Eq. 51 "recomputed" side), whatever the denominator option.
+        self.needs_old_logp = recomputed_denominator or objective.correction != "none"
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
         self.grad_clip = grad_clip
         self.temperature = temperature
