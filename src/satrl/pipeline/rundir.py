@@ -80,6 +80,8 @@ class RunDir:
         store.states = state["snapshots"]
         torch.set_rng_state(state["rng"])
         self.state = state["run"]
+        # Batches submitted to the dead backend but not saved as ready must be submitted again.
+        self.state.next_submit = self.state.next_batch
         self.wall_before = state["wall_s"]
         step = trainer.version  # drop log lines written after the checkpoint: they will be redone
         for name in ("metrics.jsonl", "eval.jsonl"):
