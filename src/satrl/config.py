@@ -114,8 +114,9 @@ class RunConfig(_Strict):
     seed: int = Field(0, description="Seed for data order, sampling and init.")
     steps: int = Field(200, ge=1, description="Optimizer steps to train.")
     out: str | None = Field(None, description="Run directory (default runs/<objective>-<schedule>-n<n>-s<seed>).")
-    backend: Literal["local", "sequential"] = Field(
-        "local", description="local: engine in its own process; sequential: one process, no overlap."
+    backend: Literal["local", "sequential", "ray"] = Field(
+        "local",
+        description="local: engine in its own process; sequential: one process, no overlap; ray: Ray actors (extra).",
     )
     r3: bool = Field(False, description="Routing replay: trainer uses the engine's MoE experts.")
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -129,9 +129,16 @@ class ProcessBackend:
             self.proc.kill()
 
 
+def _ray(spec: WorkerSpec) -> Backend:
+    from satrl.pipeline.ray_backend import RayBackend  # optional extra: satrl[ray]
+
+    return RayBackend(spec)
+
+
 BACKENDS: dict[str, Callable[[WorkerSpec], Backend]] = {
     "sequential": SequentialBackend,
     "local": ProcessBackend,
+    "ray": _ray,
 }
 
 
