@@ -52,6 +52,8 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
             old_logp = trainer.logp_with(None, batch) if trainer.needs_old_logp else None
             vlogp = trainer.version_logp(batch, store.get) if cfg.diagnostics.decompose else None
             for epoch in range(cfg.train.ppo_epochs):
+                if trainer.version >= cfg.steps:
+                    break
                 perm = torch.randperm(len(samples), generator=torch.Generator().manual_seed(cfg.seed * 7919 + b * 31 + epoch))
                 for rows in torch.tensor_split(perm, cfg.train.minibatches):
                     t0 = time.perf_counter()
