@@ -1,38 +1,12 @@
-"""Shared settings for tiny end-to-end runs: a few steps of the real pipeline on the shipped base policies."""
+"""The run_tiny fixture: train a tiny config in-process into a temporary run directory."""
 
-import json
 from pathlib import Path
 
 import pytest
+from e2e_helpers import REPO, TINY
 
 from satrl.config import load_config
 from satrl.pipeline.orchestrator import train
-
-REPO = Path(__file__).resolve().parents[2]
-
-# 4 prompts x 4 samples, 2 optimizer steps per batch, a tiny eval: seconds per run on 2 cores.
-TINY = [
-    "train.prompts_per_batch=4",
-    "train.group_size=4",
-    "train.minibatches=2",
-    "train.threads=1",
-    "engine.max_new_tokens=5",
-    "eval.n_problems=4",
-    "eval.k=2",
-    "eval.every=0",
-    "checkpoint.every=1",
-    "backend=sequential",
-]
-
-VOLATILE = ("wall_s", "perf/")  # timings differ between runs; everything else must not
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
-def stable(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
 
 
 @pytest.fixture

@@ -1,0 +1,275 @@
+"""SAT as verl policy losses: ``actor_rollout_ref.actor.policy_loss.loss_mode=sat`` in a stock verl.
+
+Importing this module registers six losses into verl's policy-loss registry
+(``verl.trainer.ppo.core_algos.POLICY_LOSS_REGISTRY``); verl imports it by itself through the
+``verl.plugins`` entry point that ``pip install satrl[verl]`` declares. See docs/integrations.md.
+
+| loss_mode            | satrl preset | gate score          | gated tail                  |
+| -------------------- | ------------ | ------------------- | --------------------------- |
+| `sat`                | `sat_grpo`   | abs(d) (the paper)  | top (the paper)             |
+| `sat_invert`         | `sat_grpo`   | abs(d)              | bottom (falsification test) |
+| `sat_prob_diff`      | `sat_grpo`   | abs(pi - mu)        | top                         |
+| `sat_gspo`           | `sat_gspo`   | abs(d) of sequence  | top                         |
+| `sat_gspo_invert`    | `sat_gspo`   | abs(d) of sequence  | bottom                      |
+| `sat_gspo_prob_diff` | `sat_gspo`   | abs(pi - mu)        | top                         |
+
+Each has verl's policy-loss signature ``(old_log_prob, log_prob, advantages, response_mask,
+loss_agg_mode, config, rollout_is_weights) -> (loss, metrics)``, where every tensor is [B, T]:
+
+    loss_tok, m = satrl.objectives.policy_loss(preset, logp=log_prob, behavior_logp=old_log_prob,
+                                               adv=advantages, mask=response_mask, ...)   # [B, T]
+    loss = verl agg_loss(loss_tok * rollout_is_weights, response_mask, loss_agg_mode, **global_batch_info)
+
+So SAT's d is log pi_theta - log old_log_prob: whatever verl puts in ``old_log_probs`` is the ratio's
+denominator (the recomputed pi_old in verl's default decoupled mode, i.e. satrl's
+``denominator: recomputed``, with verl's ``rollout_is_weights`` as the TIS factor).
+
+Config: the radii come from verl's ``ActorConfig`` exactly as verl's ``vanilla`` reads them
+(``clip_ratio_low``/``clip_ratio_high``, falling back to ``clip_ratio``), plus ``clip_ratio_c`` (dual clip)
+for the token-level losses. SAT's own keys live in ``config.policy_loss`` (see
+:class:`SatPolicyLossConfig`). With ``sat_alpha=1.0`` the gate is empty and ``sat``/``sat_gspo`` equal
+verl's ``vanilla``/``gspo`` (tested bit for bit). Departure from verl's ``gspo``: satrl clamps the mean
+sequence log-ratio to [-20, 20] where verl clamps it above at 10 (a ratio of e^10, far outside any clip).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+try:
+    from verl.trainer.ppo import core_algos
+    from verl.workers.config import PolicyLossConfig
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        f"satrl.integrations.verl needs verl ({exc}); install it with `pip install satrl[verl]`"
+    ) from exc
+
+from satrl.objectives import ObjectiveSpec, resolve_objective
+from satrl.objectives.trust_regions import PROXIES
+
+# verl's own policy losses read these (see core_algos.compute_policy_loss_vanilla); same fallbacks here.
+DEFAULT_CLIP_RATIO_C = 3.0
+# satrl keys in ``actor.policy_loss`` and their defaults (the paper's, and satrl's ``sat`` trust region's).
+SAT_KEYS: dict[str, Any] = {"sat_alpha": 0.9, "sat_exponent": 2.0, "sat_proxy": None, "sat_invert": None}
+# ``version_age`` needs per-token lags, which verl does not pass to policy losses.
+VERL_PROXIES = tuple(p for p in PROXIES if p != "version_age")
+
+
+@dataclass
+class SatPolicyLossConfig(PolicyLossConfig):
+    """verl's ``PolicyLossConfig`` plus SAT's keys, so hydra accepts them in ``actor.policy_loss``.
+
+    verl builds ``actor.policy_loss`` with ``PolicyLossConfig(**keys)``, which rejects unknown keys; set
+    ``actor_rollout_ref.actor.policy_loss._target_=satrl.integrations.verl.SatPolicyLossConfig`` to use these.
+
+    Args:
+        sat_alpha: quantile level alpha of SAT's gate (paper Eq. 14); 1.0 turns the gate off.
+        sat_exponent: kernel exponent p of psi(u; q) = 1 / (1 + (u/q)^p) (paper Eq. 16).
+        sat_proxy: gate score, ``log_ratio`` (paper) or ``prob_diff``; None = the loss_mode's choice.
+        sat_invert: gate the bottom tail instead of the top; None = the loss_mode's choice.
+    """
+
+    sat_alpha: float = SAT_KEYS["sat_alpha"]
+    sat_exponent: float = SAT_KEYS["sat_exponent"]
+    # Optional[...] rather than `X | None`: OmegaConf's structured configs cannot read the union syntax.
+    sat_proxy: Optional[str] = None
+    sat_invert: Optional[bool] = None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One registered loss_mode: a satrl preset plus the gate's score and tail."""
+
+    preset: str
+    proxy: str = "log_ratio"
+    invert: bool = False
+    default_agg: str = "token-mean"
+
+    @property
+    def per_sequence(self) -> bool:
+        return self.preset == "sat_gspo"
+
+
+VARIANTS: dict[str, Variant] = {
+    "sat": Variant("sat_grpo"),
+    "sat_invert": Variant("sat_grpo", invert=True),
+    "sat_prob_diff": Variant("sat_grpo", proxy="prob_diff"),
+    # verl's own gspo defaults to seq-mean-token-mean; the actor always passes its loss_agg_mode anyway.
+    "sat_gspo": Variant("sat_gspo", default_agg="seq-mean-token-mean"),
+    "sat_gspo_invert": Variant("sat_gspo", invert=True, default_agg="seq-mean-token-mean"),
+    "sat_gspo_prob_diff": Variant("sat_gspo", proxy="prob_diff", default_agg="seq-mean-token-mean"),
+}
+
+
+def _get(cfg: Any, key: str, default: Any) -> Any:
+    """``cfg.key`` for verl's dataclass configs, OmegaConf DictConfigs and plain dicts alike."""
+    if cfg is None:
+        return default
+    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+    return default if value is None else value
+
+
+def _choice(variant_value: Any, config_value: Any, key: str, loss_mode: str, default: Any) -> Any:
+    """The loss_mode's choice, unless the config sets one; a contradiction is an error, not a silent pick."""
+    if config_value is None:
+        return variant_value
+    if variant_value != default and config_value != variant_value:
+        raise ValueError(
+            f"loss_mode={loss_mode} already sets {key.removeprefix('sat_')}={variant_value!r} but "
+            f"actor.policy_loss.{key}={config_value!r}; drop the key or pick another sat loss_mode"
+        )
+    return config_value
+
+
+def objective_from_config(loss_mode: str, config: Any) -> ObjectiveSpec:
+    """The satrl objective that ``loss_mode`` runs under verl's actor ``config`` (validated).
+
+    Radii exactly as verl's ``vanilla``: ``clip_ratio_low``/``clip_ratio_high`` or else ``clip_ratio``;
+    dual clip ``clip_ratio_c`` for token-level modes only (verl's ``gspo`` has none).
+    Raises ValueError naming the valid choices for unknown modes or bad values.
+    """
+    if loss_mode not in VARIANTS:
+        raise ValueError(f"unknown satrl loss_mode {loss_mode!r}; valid: {sorted(VARIANTS)}")
+    if config is None:
+        raise ValueError(f"loss_mode={loss_mode} needs verl's actor config (config=ActorConfig(...))")
+    v = VARIANTS[loss_mode]
+    clip_ratio = _get(config, "clip_ratio", 0.2)
+    eps_low = _get(config, "clip_ratio_low", clip_ratio)
+    eps_high = _get(config, "clip_ratio_high", clip_ratio)
+    dual_clip = None if v.per_sequence else _get(config, "clip_ratio_c", DEFAULT_CLIP_RATIO_C)
+    pl = _get(config, "policy_loss", None)
+    proxy = _choice(v.proxy, _get(pl, "sat_proxy", None), "sat_proxy", loss_mode, "log_ratio")
+    invert = _choice(v.invert, _get(pl, "sat_invert", None), "sat_invert", loss_mode, False)
+    if proxy not in VERL_PROXIES:
+        raise ValueError(f"actor.policy_loss.sat_proxy={proxy!r} is not available in verl; "
+                         f"choose one of {list(VERL_PROXIES)} (verl passes no per-token lags)")
+    return resolve_objective(
+        v.preset,
+        eps_low=float(eps_low),
+        eps_high=float(eps_high),
+        dual_clip=None if dual_clip is None else float(dual_clip),
+        alpha=float(_get(pl, "sat_alpha", SAT_KEYS["sat_alpha"])),
+        exponent=float(_get(pl, "sat_exponent", SAT_KEYS["sat_exponent"])),
+        proxy=proxy,
+        invert=bool(invert),
+    )
+
+
+# SAT's runtime diagnostics (paper Table 10), reported under these verl metric names.
+SAT_METRICS = {
+    "actor/sat_q": "q",
+    "actor/sat_gate_rate": "gate_rate",
+    "actor/sat_eps_low_mean": "eps_low_mean",
+    "actor/sat_eps_high_mean": "eps_high_mean",
+    "actor/sat_c_min": "c_min",
+    "actor/sat_abs_d_mean": "d_pi",
+}
+
+
+@torch.no_grad()
+def verl_metrics(m: dict[str, Tensor], adv: Tensor, mask: Tensor, per_sequence: bool) -> dict[str, float]:
+    """verl's three policy-loss metrics (same keys and meaning as ``vanilla``/``gspo``) plus SAT's.
+
+    ``actor/pg_clipfrac``: tokens clipped at an endpoint of the (SAT-contracted) interval;
+    ``actor/pg_clipfrac_lower``: tokens cut by the dual clip (A < 0, r > clip_ratio_c; 0 for GSPO, as verl);
+    ``actor/ppo_kl``: mean of log old - log pi over active tokens.
+    """
+    mask = mask.bool()
+    n = torch.count_nonzero(mask).clamp(min=1).to(torch.float32)
+    if per_sequence:
+        lower = torch.zeros((), device=mask.device)
+    else:
+        # Low clipping needs r < 1 (d < 0), so clipped A < 0 tokens with d > 0 are the dual-clipped ones.
+        dual = m["tok/clipped"] & (adv < 0) & (m["tok/d"] > 0) & mask
+        lower = torch.count_nonzero(dual).to(torch.float32) / n
+    values = {
+        "actor/pg_clipfrac": m["clipfrac_high"] + m["clipfrac_low"],
+        "actor/ppo_kl": m["ppo_kl"],
+        "actor/pg_clipfrac_lower": lower,
+        **{key: m[name] for key, name in SAT_METRICS.items()},
+    }
+    floats = torch.stack([v.to(torch.float32) for v in values.values()]).tolist()  # one host sync
+    return dict(zip(values, floats))
+
+
+def sat_policy_loss(
+    loss_mode: str,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str,
+    config: Any,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """One verl policy-loss call of ``loss_mode`` (see the module docstring). All tensors [B, T]."""
+    spec = objective_from_config(loss_mode, config)
+    loss_tok, m = spec(logp=log_prob, behavior_logp=old_log_prob, adv=advantages, mask=response_mask)
+    if rollout_is_weights is not None:
+        loss_tok = loss_tok * rollout_is_weights  # as verl's vanilla: weights multiply the per-token loss
+    batch_info = _get(config, "global_batch_info", None) or {}
+    loss = core_algos.agg_loss(
+        loss_mat=loss_tok, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info
+    )
+    metrics = verl_metrics(m, advantages, response_mask, VARIANTS[loss_mode].per_sequence)
+    return loss, metrics
+
+
+def _make_loss_fn(loss_mode: str):
+    default_agg = VARIANTS[loss_mode].default_agg
+
+    def loss_fn(
+        old_log_prob: Tensor,
+        log_prob: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        loss_agg_mode: str = default_agg,
+        config: Any = None,
+        rollout_is_weights: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, float]]:
+        return sat_policy_loss(loss_mode, old_log_prob, log_prob, advantages, response_mask,
+                               loss_agg_mode, config, rollout_is_weights)
+
+    loss_fn.__name__ = f"compute_policy_loss_{loss_mode}"
+    loss_fn.__qualname__ = loss_fn.__name__
+    loss_fn.__doc__ = f"verl policy loss ``{loss_mode}``: satrl preset ``{VARIANTS[loss_mode].preset}``."
+    loss_fn.satrl_loss_mode = loss_mode
+    return loss_fn
+
+
+LOSS_FNS = {name: _make_loss_fn(name) for name in VARIANTS}
+
+
+def register() -> list[str]:
+    """Put satrl's losses into verl's registry (idempotent); returns their names.
+
+    Refuses (ValueError) to replace a different loss that verl or another plug-in registered under one
+    of these names.
+    """
+    registry = core_algos.POLICY_LOSS_REGISTRY
+    for name, fn in LOSS_FNS.items():
+        held = registry.get(name)
+        if held is not None and getattr(held, "satrl_loss_mode", None) != name:
+            raise ValueError(f"verl already has a policy loss {name!r} ({held.__module__}.{held.__name__}); "
+                             "satrl will not replace it, uninstall the other plug-in or rename it")
+        core_algos.register_policy_loss(name)(fn)
+    return list(LOSS_FNS)
+
+
+register()
+
+__all__ = [
+    "LOSS_FNS",
+    "SAT_KEYS",
+    "VARIANTS",
+    "SatPolicyLossConfig",
+    "Variant",
+    "objective_from_config",
+    "register",
+    "sat_policy_loss",
+    "verl_metrics",
+]

@@ -1,0 +1,262 @@
+"""Ray backend: the rollout worker as Ray actors, sharing each batch's prompt groups (extra ``satrl[ray]``).
+
+The orchestration loop and the trainer stay in the driver process (``breakpoint()`` still works there); each
+engine worker is a Ray actor wrapping the same :class:`~satrl.pipeline.worker.RolloutWorker` the local
+backends use. A batch's P prompt groups are split into contiguous shards, one per actor, and the shards'
+samples are merged sorted by sample id. Samples equal the local backend's because sampling depends only on
+``request_seed(seed, b, g, i)`` and the weights, never on which process or batch generates a request (the
+torch engine's rows do not depend on the other rows of the call; ``tests/pipeline/test_ray_backend.py``
+checks the whole run bit for bit).
+
+Weights travel through the Ray object store: the driver ``ray.put``s each version's state dict once and
+passes object refs; an actor fetches a version only when its engine is not already on it.
+
+Fault tolerance: actors are created with ``max_restarts``; a shard whose actor died (crash, OOM kill,
+``ray.kill(actor, no_restart=False)``) is re-issued to the restarted actor. A shard is merged at most once,
+so no sample is lost or duplicated, and a re-issued shard yields the same samples (same seeds, same weights).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
+from satrl.types import Problem, Sample
+
+try:
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+except ImportError as e:  # the extra is optional; say how to get it
+    raise ImportError("backend=ray needs Ray: pip install 'satrl[ray]' (or pip install ray)") from e
+
+ENV_WORKERS = "SATRL_RAY_WORKERS"  # number of engine actors when the constructor is not told
+ENV_ADDRESS = "SATRL_RAY_ADDRESS"  # cluster to join ("auto", "ray://head:10001", ...); RAY_ADDRESS also works
+ENV_GPUS = "SATRL_RAY_GPUS"  # GPUs reserved per engine actor (default 0)
+
+
+def split_groups(P: int, n: int) -> list[list[int]]:
+    """Contiguous, near-equal shards of the group indices ``0..P-1`` for ``n`` workers (no empty shard)."""
+    bounds = [i * P // n for i in range(n + 1)]
+    return [list(range(lo, hi)) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+
+
+class ShardWorker(RolloutWorker):
+    """A rollout worker that can generate a subset of a batch's groups.
+
+    It still reads the whole batch's problems from the stream (the stream cursor is per batch index, and
+    group g's prompt is the g-th problem of batch b), then generates only ``groups``.
+    """
+
+    def rollout_groups(
+        self, b: int, versions: list[int], groups: list[int], states: dict[int, Any]
+    ) -> list[Sample]:
+        """Samples of groups ``groups`` of batch ``b``; group g uses ``versions[g]`` whose weights are
+        ``states[v]`` (a state dict or a Ray object ref, fetched only when the engine needs it)."""
+        problems: list[Problem] = self._problems(b)
+        out: list[Sample] = []
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.spec.threads)  # fixed thread count: bitwise-stable numerics
+        try:
+            for version in sorted({versions[g] for g in groups}):
+                if self.engine.version != version:
+                    state = states[version]
+                    self.engine.load_weights(
+                        ray.get(state) if isinstance(state, ray.ObjectRef) else state, version
+                    )
+                out += self._generate(b, [g for g in groups if versions[g] == version], problems)
+        finally:
+            torch.set_num_threads(threads)
+        return sorted(out, key=lambda s: s.id)
+
+
+class EngineActor:
+    """The body of one engine actor (wrapped with ``ray.remote`` by :class:`RayBackend`)."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        torch.set_num_threads(spec.threads)
+        self.worker = ShardWorker(spec)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def rollout(
+        self, b: int, versions: list[int], groups: list[int], states: dict[int, Any]
+    ) -> tuple[list[Sample], float]:
+        t0 = time.perf_counter()
+        samples = self.worker.rollout_groups(b, versions, groups, states)
+        return samples, time.perf_counter() - t0
+
+
+@dataclass
+class _Shard:
+    """Groups ``groups`` of batch ``b`` on actor ``worker``; ``states`` holds refs for their versions only."""
+
+    b: int
+    worker: int
+    groups: list[int]
+    versions: list[int]
+    states: dict[int, Any]
+    failed_at: float | None = None  # first time its actor was found dead (bounds the restart wait)
+
+
+class RayBackend:
+    """Rollouts on ``num_workers`` Ray engine actors (implements :class:`~satrl.pipeline.backends.Backend`).
+
+    Args:
+        spec: how each actor builds its rollout worker.
+        num_workers: engine actors; None reads ``SATRL_RAY_WORKERS`` (default 1).
+        address: Ray cluster to join; None reads ``SATRL_RAY_ADDRESS`` / ``RAY_ADDRESS``, and without either a
+            private local cluster is started (and shut down by :meth:`close`). If Ray is already initialized
+            in this process, that cluster is used and left running.
+        num_gpus: GPUs reserved per actor; None reads ``SATRL_RAY_GPUS`` (default 0).
+        max_restarts: how often Ray may restart each actor after it dies.
+        restart_timeout_s: how long a shard waits for its dead actor to come back before the run fails.
+        timeout_s: how long :meth:`result` waits for a batch before it gives up.
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        num_workers: int | None = None,
+        address: str | None = None,
+        *,
+        num_gpus: float | None = None,
+        max_restarts: int = 4,
+        restart_timeout_s: float = 300.0,
+        timeout_s: float = 3600.0,
+    ) -> None:
+        n = int(os.environ.get(ENV_WORKERS, "1")) if num_workers is None else int(num_workers)
+        if n < 1:
+            raise ValueError(f"num_workers must be >= 1, got {n} (set {ENV_WORKERS} or pass num_workers)")
+        gpus = float(os.environ.get(ENV_GPUS, "0")) if num_gpus is None else float(num_gpus)
+        self.owns_ray = not ray.is_initialized()
+        if self.owns_ray:
+            address = address or os.environ.get(ENV_ADDRESS) or os.environ.get("RAY_ADDRESS")
+            if address:
+                ray.init(address=address, logging_level="WARNING")
+            else:  # "local": never join a cluster that merely happens to run on this machine
+                cpus = max(os.cpu_count() or 1, n * spec.threads)
+                ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
+        actor_cls = ray.remote(EngineActor).options(
+            num_cpus=spec.threads, num_gpus=gpus, max_restarts=max_restarts, max_task_retries=0
+        )
+        self.actors = [actor_cls.remote(spec) for _ in range(n)]
+        self.restart_timeout_s, self.timeout_s = restart_timeout_s, timeout_s
+        self.reissued = 0  # shards sent again after their actor died
+        self._refs: dict[int, Any] = {}  # version -> object ref of its state dict
+        self._pending: dict[Any, _Shard] = {}  # result ref -> shard in flight
+        self._parts: dict[int, dict[int, list[Sample]]] = {}  # batch -> worker -> samples
+        self._expected: dict[int, int] = {}  # batch -> number of shards
+        self._busy = 0.0
+        self._wait_ready(restart_timeout_s, f"num_cpus={spec.threads}, num_gpus={gpus}")
+
+    # ------------------------------------------------------------------ Backend protocol
+    def submit(self, req: RolloutRequest) -> None:
+        if req.b in self._expected:
+            raise RuntimeError(f"batch {req.b} is already in flight on the Ray backend")
+        # Versions only grow with the batch index (except async's random draws, which then re-put):
+        # drop the driver's refs to older ones; shards in flight keep their own refs alive.
+        low = min(req.versions)
+        self._refs = {v: r for v, r in self._refs.items() if v >= low}
+        for v in set(req.versions):
+            if v not in self._refs:
+                self._refs[v] = ray.put(req.states[v])
+        shards = split_groups(len(req.versions), len(self.actors))
+        self._expected[req.b], self._parts[req.b] = len(shards), {}
+        for i, groups in enumerate(shards):
+            states = {v: self._refs[v] for v in {req.versions[g] for g in groups}}
+            self._launch(_Shard(req.b, i, groups, list(req.versions), states))
+
+    def result(self, b: int) -> list[Sample]:
+        if b not in self._expected:
+            raise RuntimeError(
+                f"batch {b} was never submitted to the Ray backend (or was already handed over)"
+            )
+        deadline = time.monotonic() + self.timeout_s
+        while not self._complete(b):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"batch {b} did not come back from the Ray engine actors in {self.timeout_s:.0f} s"
+                )
+            self._collect(timeout=1.0)
+        return self._hand_over(b)
+
+    def ready(self) -> dict[int, list[Sample]]:
+        """Hand over every batch whose shards have all arrived (it leaves the backend)."""
+        self._collect(timeout=0.0)
+        return {b: self._hand_over(b) for b in sorted(self._expected) if self._complete(b)}
+
+    def busy_seconds(self) -> float:
+        """Engine seconds summed over actors (exceeds wall time when several actors work at once)."""
+        return self._busy
+
+    def close(self) -> None:
+        for actor in self.actors if ray.is_initialized() else []:
+            ray.kill(actor)  # no_restart=True: closing is not a crash
+        self.actors, self._pending, self._refs = [], {}, {}
+        if self.owns_ray and ray.is_initialized():
+            ray.shutdown()
+        self.owns_ray = False
+
+    # ------------------------------------------------------------------ helpers
+    def actor_pids(self) -> list[int]:
+        """Process id of each engine actor (waits for queued work on it; for tests and debugging)."""
+        return ray.get([a.pid.remote() for a in self.actors])
+
+    def _wait_ready(self, timeout_s: float, needs: str) -> None:
+        try:
+            ray.get([a.pid.remote() for a in self.actors], timeout=timeout_s)
+        except GetTimeoutError:
+            msg = (
+                f"{len(self.actors)} engine actor(s) did not start in {timeout_s:.0f} s; each needs {needs} "
+                f"and the cluster has {ray.available_resources()} free. "
+                f"Use fewer workers ({ENV_WORKERS}), fewer engine.threads or {ENV_GPUS}, or add nodes."
+            )
+            self.close()  # the loop never gets the backend, so nothing else would stop what we started
+            raise RuntimeError(msg) from None
+
+    def _launch(self, shard: _Shard) -> None:
+        ref = self.actors[shard.worker].rollout.remote(shard.b, shard.versions, shard.groups, shard.states)
+        self._pending[ref] = shard
+
+    def _collect(self, timeout: float) -> None:
+        """Merge the shards that finished within ``timeout``; re-issue those whose actor died."""
+        if not self._pending:
+            return
+        done, rest = ray.wait(list(self._pending), num_returns=1, timeout=timeout)
+        if rest:  # whatever else is done by now, without waiting
+            done += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+        for ref in done:
+            shard = self._pending.pop(ref)
+            try:
+                samples, busy = ray.get(ref)
+            except RayActorError as e:  # the actor died with the shard in flight (a rollout error re-raises)
+                self._reissue(shard, e)
+                continue
+            self._busy += busy
+            self._parts[shard.b][shard.worker] = samples
+
+    def _reissue(self, shard: _Shard, error: Exception) -> None:
+        now = time.monotonic()
+        shard.failed_at = shard.failed_at or now
+        if now - shard.failed_at > self.restart_timeout_s:
+            raise RuntimeError(
+                f"engine actor {shard.worker} did not come back within {self.restart_timeout_s:.0f} s "
+                f"(restarts exhausted or the node is gone); last error: {error}"
+            ) from error
+        time.sleep(0.2)  # a restarting actor refuses calls until it is back: do not spin
+        self.reissued += 1
+        self._launch(shard)
+
+    def _complete(self, b: int) -> bool:
+        return len(self._parts.get(b, {})) == self._expected.get(b, -1)
+
+    def _hand_over(self, b: int) -> list[Sample]:
+        parts = self._parts.pop(b)
+        del self._expected[b]
+        return sorted((s for part in parts.values() for s in part), key=lambda s: s.id)
