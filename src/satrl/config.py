@@ -97,7 +97,7 @@ class TrainConfig(_Strict):
 
 
 class EvalConfig(_Strict):
-    every: int = Field(10, ge=0, description="Evaluate every this many optimizer steps (0: only at the end).")
+    every: int = Field(40, ge=0, description="Evaluate every this many optimizer steps (0: only at the end).")
     k: int = Field(8, ge=1, description="Samples per problem for avg@k.")
     n_problems: int = Field(100, ge=1, description="Eval-split problems per evaluation.")
 
@@ -112,7 +112,7 @@ class CheckpointConfig(_Strict):
 
 class RunConfig(_Strict):
     seed: int = Field(0, description="Seed for data order, sampling and init.")
-    steps: int = Field(200, ge=1, description="Optimizer steps to train.")
+    steps: int = Field(400, ge=1, description="Optimizer steps to train.")
     out: str | None = Field(None, description="Run directory (default runs/<objective>-<schedule>-n<n>-s<seed>).")
     backend: Literal["local", "sequential", "ray"] = Field(
         "local",
