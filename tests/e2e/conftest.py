@@ -3,8 +3,8 @@
 from pathlib import Path
 
 import pytest
-from e2e_helpers import REPO, TINY
 
+from run_helpers import REPO, TINY
 from satrl.config import load_config
 from satrl.pipeline.orchestrator import train
 

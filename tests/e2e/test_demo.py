@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from e2e_helpers import TINY
+from run_helpers import TINY
 
 
 def test_demo_writes_report_with_both_runs(tmp_path):

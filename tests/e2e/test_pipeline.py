@@ -4,7 +4,8 @@ import json
 import math
 
 import pytest
-from e2e_helpers import REPO, read_jsonl, stable
+
+from run_helpers import REPO, read_jsonl, stable
 
 CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
 SUMMARY_KEYS = {"best_avg_at_k", "final_avg_at_k", "collapse_step", "d_pi_last25", "steps", "wall_time_s"}

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from e2e_helpers import REPO, TINY, read_jsonl, stable
+from run_helpers import REPO, TINY, read_jsonl, stable
 
 
 def test_resume_after_sigkill_equals_uninterrupted(run_tiny, tmp_path):
