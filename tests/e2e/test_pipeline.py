@@ -69,3 +69,22 @@ def test_r3_removes_routing_disagreement(run_tiny):
     with_r3 = read_jsonl(run_tiny(*common, "r3=true", name="r3") / "metrics.jsonl")
     assert sum(r["moe/route_disagree"] for r in without) > 0
     assert all(r["moe/route_disagree"] == 0 for r in with_r3)
+
+
+def test_metrics_reach_tensorboard_when_installed(run_tiny, monkeypatch):
+    from satrl.pipeline import rundir
+
+    class FakeWriter:
+        def __init__(self):
+            self.scalars, self.closed = [], False
+
+        def add_scalar(self, key, value, step):
+            self.scalars.append((key, step))
+
+        def close(self):
+            self.closed = True
+
+    writer = FakeWriter()
+    monkeypatch.setattr(rundir, "_tensorboard", lambda path: writer)
+    run_tiny("steps=2")
+    assert ("obj/d_pi", 1) in writer.scalars and ("eval/avg_at_k", 2) in writer.scalars and writer.closed

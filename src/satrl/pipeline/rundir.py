@@ -42,6 +42,17 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def _tensorboard(path: Path):
+    """A TensorBoard writer when the `tensorboard` package is installed, else None (JSONL is the record)."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(str(path))
+
+
 def _finite_or_none(x: float) -> float | None:
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
@@ -57,6 +68,7 @@ class RunDir:
         self.t0 = time.perf_counter()
         self.wall_before = 0.0
         self.state = RunState()
+        self.tb = _tensorboard(self.path / "tb")
 
     @staticmethod
     def config_of(path: str | Path, overrides: list[str] = ()) -> RunConfig:
@@ -96,10 +108,16 @@ class RunDir:
         row = {"step": step, "wall_s": self.wall(), **metrics}
         with open(self.path / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k, v in metrics.items():
+                self.tb.add_scalar(k, v, step)
 
     def log_eval(self, step: int, result: dict, trainer) -> None:
         with open(self.path / "eval.jsonl", "a") as f:
             f.write(json.dumps({"step": step, **result}) + "\n")
+        if self.tb is not None:
+            self.tb.add_scalar("eval/avg_at_k", result["avg_at_k"], step)
+            self.tb.add_scalar("eval/greedy_acc", result["greedy_acc"], step)
         if result["avg_at_k"] > self.state.best:
             self.state.best, self.state.best_step = result["avg_at_k"], step
             self._best_pending = True
@@ -122,6 +140,8 @@ class RunDir:
 
     # -- end ---------------------------------------------------------------------------------------
     def finish(self) -> dict:
+        if self.tb is not None:
+            self.tb.close()
         summary = summarize_run(
             _read_jsonl(self.path / "metrics.jsonl"), _read_jsonl(self.path / "eval.jsonl"), self.cfg.collapse
         )
