@@ -17,7 +17,7 @@ import sys
 
 from benchmarks._report import write_section
 from satrl.models import builtin_path
-from satrl.models.pretrain import RECIPES, pretrain
+from satrl.training.pretrain import RECIPES, pretrain
 
 BAND = (0.2, 0.6)
 

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 # 4 prompts x 4 samples, 2 optimizer steps per batch, a tiny eval: seconds per run on 2 cores.
 TINY = [

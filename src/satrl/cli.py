@@ -14,7 +14,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("satrl.cli", "train a policy: satrl train [CONFIG.yaml] [key=value ...] [--resume RUN_DIR]"),
     "eval": ("satrl.tasks.evaluate", "avg@k and greedy accuracy of a policy on a task"),
-    "pretrain": ("satrl.models.pretrain", "supervised base policy for a built-in model"),
+    "pretrain": ("satrl.training.pretrain", "supervised base policy for a built-in model"),
     "grid": ("satrl.experiments.grid", "run a grid of configs x lags x seeds, resumably"),
     "report": ("satrl.experiments.report", "tables with 95% CIs and figures for a grid's runs"),
     "demo": ("satrl.demo", "SAT-GRPO vs GRPO at broadcast lag 8 on the built-in task, with a report"),

@@ -8,7 +8,7 @@ import json
 import torch
 
 from satrl.models import build_char_tokenizer, load_policy
-from satrl.models.pretrain import add_pretrain_args, command_line, encode_batch, pretrain, run_pretrain
+from satrl.training.pretrain import add_pretrain_args, command_line, encode_batch, pretrain, run_pretrain
 
 TOK = build_char_tokenizer()
 TINY = dict(num_hidden_layers=1)  # keep the test fast; the recipe's 4 layers are exercised by the builtins

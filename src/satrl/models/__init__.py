@@ -4,7 +4,7 @@
 - :func:`build_tiny_model`: a fresh ~1.05M-parameter dense or MoE causal LM, deterministic per seed.
 - :func:`load_policy`: ``(model, tokenizer)`` from a built-in name (``tiny-arith``, ``tiny-arith-moe``)
   or a local HF directory (safetensors only).
-- ``satrl.models.pretrain``: ``satrl pretrain``, which trains the built-ins (imported on demand).
+- ``satrl.training.pretrain``: ``satrl pretrain``, which trains the built-ins (imported on demand).
 - ``satrl.models.routing``: MoE routing capture and replay (R3).
 """
 
