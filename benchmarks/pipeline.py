@@ -28,6 +28,7 @@ from benchmarks._report import write_section
 from satrl.config import load_config
 from satrl.pipeline.orchestrator import train
 
+BALANCED = ["train.prompts_per_batch=4", "train.group_size=4", "objective.kl_coef=0"]
 COMMON = [
     "model.name=tiny-arith",
     "train.prompts_per_batch=16",
@@ -98,16 +99,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=40)
     args = p.parse_args(argv)
     steps, repeats = (4, 6) if args.quick else (args.steps, args.repeats)
-    ov = overlap(steps, [])
+    # The default batch spends ~3/4 of a sync step training (fwd+bwd+ref forward vs a cheap KV-cache
+    # decode), so overlap can save at most ~1/4. The small batch with the KL term off is closer to the
+    # target's premise "generation and training take similar time".
+    settings = {
+        "default batch (16 prompts x 8)": ([], steps),
+        "small batch (4 prompts x 4, KL off)": (BALANCED, 3 * steps),
+    }
+    rows = []
+    for label, (extra, n) in settings.items():
+        ov = overlap(n, extra)
+        gen_share = ov["sync"]["trainer_idle"]
+        for k, name in (("sync", "sync"), ("broadcast", "broadcast n=1")):
+            v = ov[k]
+            rows.append(f"| {label} | {name} | {v['samples_per_s']:.1f} | {100 * v['trainer_idle']:.1f}% | {v['span_s']:.1f} |")
+        rows.append(f"| {label} | **speed-up** | **{ov['speedup']:.2f}x** | generation = {100 * gen_share:.0f}% of a sync step | |")
     sat = sat_step_ratio(repeats)
     body = (
-        "| schedule | samples/s | trainer idle | measured span (s) |\n|---|---|---|---|\n"
-        + "\n".join(
-            f"| {k} | {v['samples_per_s']:.1f} | {100 * v['trainer_idle']:.1f}% | {v['span_s']:.1f} |"
-            for k, v in (("sync", ov["sync"]), ("broadcast n=1", ov["broadcast"]))
-        )
-        + f"\n\nOverlap speed-up (broadcast/sync): **{ov['speedup']:.2f}x** (target >= 1.6x); "
-        f"trainer idle under broadcast: **{100 * ov['broadcast']['trainer_idle']:.1f}%** (target <= 10%).\n\n"
+        "| setting | schedule | samples/s | trainer idle | measured span (s) |\n|---|---|---|---|---|\n"
+        + "\n".join(rows)
+        + "\n\nTargets: speed-up >= 1.6x when generation and training take similar time; trainer idle under "
+        "broadcast <= 10%.\n\n"
         f"| objective | median trainer step (s) |\n|---|---|\n| grpo | {sat['grpo_s']:.4f} |\n"
         f"| sat_grpo | {sat['sat_grpo_s']:.4f} |\n\nSAT step-time ratio sat_grpo/grpo: **{sat['ratio']:.3f}** "
         f"(target <= 1.02; 128 samples, {repeats} interleaved repeats, 1 thread).\n"
