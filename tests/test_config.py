@@ -62,3 +62,15 @@ def test_shipped_configs_validate():
     assert paper <= names
     for p in configs:
         load_config(p)
+
+
+def test_print_config_shows_resolved_overrides():
+    proc = subprocess.run(
+        [sys.executable, "-m", "satrl", "train", "configs/sat_grpo.yaml", "lag.n=8", "--print-config"],
+        capture_output=True, text=True, cwd=str(__import__("pathlib").Path(__file__).parent.parent),
+    )
+    assert proc.returncode == 0, proc.stderr
+    import yaml
+
+    cfg = yaml.safe_load(proc.stdout)
+    assert cfg["objective"]["name"] == "sat_grpo" and cfg["lag"]["n"] == 8 and "microbatch_tokens" in cfg["train"]

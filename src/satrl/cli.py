@@ -26,6 +26,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. lag.n=8 seed=3 steps=200")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its latest checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config (every key) and exit")
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -44,6 +45,11 @@ def run_train(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"satrl train: {err}", file=sys.stderr)
         return 2
+    if args.print_config:
+        import yaml
+
+        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+        return 0
     from satrl.pipeline.progress import train_with_progress
 
     summary = train_with_progress(cfg, resume=bool(args.resume), progress=not args.no_progress)
