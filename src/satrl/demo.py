@@ -40,7 +40,7 @@ def write_report(out: Path, runs: dict[str, Path]) -> Path:
         s = json.loads((path / "summary.json").read_text())
         rows.append(
             f"| {name} | {s['best_avg_at_k']:.3f} (step {s['best_step']}) | {s['final_avg_at_k']:.3f} | "
-            f"{s['collapse_step']} | {s['d_pi_last25']:.4f} | {s['wall_time_s']:.0f} |"
+            f"{'none' if s['collapse_step'] is None else s['collapse_step']} | {s['d_pi_last25']:.4f} | {s['wall_time_s']:.0f} |"
         )
     ax_eval.set(title="Eval avg@k over training", xlabel="optimizer step", ylabel="avg@k")
     ax_d.set(title="Sampled mismatch d̄_π over training", xlabel="optimizer step", ylabel="mean |log π/μ|")
