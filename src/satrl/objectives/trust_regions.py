@@ -138,8 +138,12 @@ def sat_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip, 
         pos = g.idx.index_select(0, hit)
         n_t = torch.tensor(float(max(g.n, 1)), device=ratio.device)
         # tokens newly clipped by SAT: past the contracted endpoint but inside PPO's interval
-        metrics["clipfrac_high"] += torch.count_nonzero(up & ~(r_g > 1.0 + eps_high)) / n_t
-        metrics["clipfrac_low"] += torch.count_nonzero(down & ~(r_g < 1.0 - eps_low)) / n_t
+        new_high = torch.count_nonzero(up & ~(r_g > 1.0 + eps_high)) / n_t
+        new_low = torch.count_nonzero(down & ~(r_g < 1.0 - eps_low)) / n_t
+        metrics["clipfrac_high"] += new_high
+        metrics["clipfrac_low"] += new_low
+        # The only tokens whose gradient SAT changes (Prop. 4.1 (iii)): if this is 0, SAT == PPO this step.
+        metrics["sat_clipfrac"] = new_high + new_low
         clipped.view(-1).index_fill_(0, pos, True)
     # Constant value, so zero gradient there. In place: the ops that made `loss` save no output.
     loss.index_put_((pos // cols, pos % cols), value.to(loss.dtype))
