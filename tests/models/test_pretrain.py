@@ -27,34 +27,19 @@ def test_encode_batch_labels_only_answer_and_eos():
     assert ids[1, 7:].tolist() == [TOK.pad_token_id] * 2
 
 
+FAST = dict(threads=1, final_eval_problems=0, progress=False, model_cfg=TINY)
+
+
+def _pretrain(kind, steps, batch_size, seed, warmup, **kw):
+    return pretrain(kind, steps=steps, batch_size=batch_size, seed=seed, warmup=warmup, **FAST, **kw)
+
+
 def test_deterministic_for_a_seed(tmp_path):
     runs = []
     for i in range(2):
-        pretrain(
-            "moe",
-            steps=5,
-            batch_size=8,
-            seed=7,
-            threads=1,
-            warmup=2,
-            final_eval_problems=0,
-            progress=False,
-            model_cfg=TINY,
-            out_dir=tmp_path / f"run{i}",
-        )
+        _pretrain("moe", 5, 8, seed=7, warmup=2, out_dir=tmp_path / f"run{i}")
         runs.append(load_policy(tmp_path / f"run{i}")[0].state_dict())
-    other = pretrain(
-        "moe",
-        steps=5,
-        batch_size=8,
-        seed=8,
-        threads=1,
-        warmup=2,
-        final_eval_problems=0,
-        progress=False,
-        model_cfg=TINY,
-        out_dir=tmp_path / "other",
-    )
+    other = _pretrain("moe", 5, 8, seed=8, warmup=2, out_dir=tmp_path / "other")
     a, b = runs
     assert all(torch.equal(a[k], b[k]) for k in a)
     c = load_policy(tmp_path / "other")[0].state_dict()
@@ -63,30 +48,8 @@ def test_deterministic_for_a_seed(tmp_path):
 
 
 def test_training_lowers_the_loss():
-    rec = pretrain(
-        "dense",
-        steps=30,
-        batch_size=16,
-        seed=0,
-        threads=1,
-        warmup=5,
-        eval_every=30,
-        eval_problems=4,
-        final_eval_problems=0,
-        progress=False,
-        model_cfg=TINY,
-    )
-    first = pretrain(
-        "dense",
-        steps=1,
-        batch_size=16,
-        seed=0,
-        threads=1,
-        warmup=5,
-        final_eval_problems=0,
-        progress=False,
-        model_cfg=TINY,
-    )
+    rec = _pretrain("dense", 30, 16, seed=0, warmup=5, eval_every=30, eval_problems=4)
+    first = _pretrain("dense", 1, 16, seed=0, warmup=5)
     assert rec["history"][-1]["loss"] < 0.8 * first["history"][-1]["loss"]
     assert rec["history"][-1]["n_problems"] == 4  # the periodic score ran
 
