@@ -44,17 +44,8 @@ def test_trained_lag_respects_schedule(run_tiny, schedule, n, bound):
         assert (r["mismatch/d_policy"] > 0) == (r["lag/max"] > 0)
 
 
-def test_async_drops_stale_samples_and_trains_none_twice(run_tiny, monkeypatch):
-    from satrl.training import trainer as trainer_mod
-
-    seen: list[str] = []
-    original = trainer_mod.Trainer.step
-
-    def spy(self, mb, *args, **kwargs):
-        seen.extend(mb.sample_ids)
-        return original(self, mb, *args, **kwargs)
-
-    monkeypatch.setattr(trainer_mod.Trainer, "step", spy)
+def test_async_drops_stale_samples_and_trains_none_twice(run_tiny, trained_ids):
+    seen = trained_ids
     out = run_tiny("steps=16", "lag.schedule=async", "lag.max_staleness=3", "train.prompts_per_batch=6")
     rows = read_jsonl(out / "metrics.jsonl")
     dropped = sum(r["async/dropped"] for r in rows)

@@ -51,22 +51,6 @@ def sequential(tmp_path_factory):
     return run(tmp_path_factory.mktemp("seq"), "sequential")
 
 
-@pytest.fixture
-def trained_ids(monkeypatch):
-    """Ids of every sample the trainer steps on, in order."""
-    from satrl.training import trainer as trainer_mod
-
-    seen: list[str] = []
-    original = trainer_mod.Trainer.step
-
-    def spy(self, mb, *args, **kwargs):
-        seen.extend(mb.sample_ids)
-        return original(self, mb, *args, **kwargs)
-
-    monkeypatch.setattr(trainer_mod.Trainer, "step", spy)
-    return seen
-
-
 @needs_ray
 def test_split_groups_covers_every_group_once():
     from satrl.pipeline.ray_backend import split_groups
