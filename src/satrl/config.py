@@ -10,13 +10,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from satrl.diagnostics.collapse import CollapseConfig
 
 
 class ConfigError(ValueError):
     """A bad config key or value. The message is one line, naming the field and the allowed values."""
+
+
+def _known_engine(name: str) -> str:
+    from satrl.engines.registry import ENGINES
+
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; valid choices: {sorted(ENGINES)}")
+    return name
 
 
 class _Strict(BaseModel):
@@ -47,6 +55,15 @@ class EngineConfig(_Strict):
     top_k: int = Field(0, ge=0, description="Top-k truncation; 0 keeps full support.")
     max_new_tokens: int = Field(8, ge=1, description="Response length cap in tokens.")
     threads: int = Field(1, ge=1, description="torch threads for generation (fixed so results are bitwise stable).")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra engine arguments, e.g. vLLM's gpu_memory_utilization or tensor_parallel_size.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        return _known_engine(name)
 
 
 class ObjectiveConfig(BaseModel):
@@ -100,6 +117,12 @@ class EvalConfig(_Strict):
     every: int = Field(40, ge=0, description="Evaluate every this many optimizer steps (0: only at the end).")
     k: int = Field(8, ge=1, description="Samples per problem for avg@k.")
     n_problems: int = Field(100, ge=1, description="Eval-split problems per evaluation.")
+    engine: str | None = Field(None, description="Engine for evaluation (default: the rollout engine).")
+
+    @field_validator("engine")
+    @classmethod
+    def _known(cls, name: str | None) -> str | None:
+        return None if name is None else _known_engine(name)
 
 
 class DiagnosticsConfig(_Strict):

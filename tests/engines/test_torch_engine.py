@@ -212,7 +212,7 @@ def test_registry(dense):
     assert (
         isinstance(engine, Engine) and isinstance(engine, TorchEngine) and engine.numerics == "bf16-weights"
     )
-    with pytest.raises(ValueError, match=r"unknown engine 'vlm'; valid choices: \['torch'\]"):
+    with pytest.raises(ValueError, match=r"unknown engine 'vlm'; valid choices: \['torch', 'vllm'\]"):
         make_engine("vlm", model=dense)
 
 

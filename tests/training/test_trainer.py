@@ -96,3 +96,15 @@ def test_decomposition_identity_on_trainer_outputs(tiny):
     d = torch.where(batch.mask, logp_now.double() - batch.behavior_logp.double(), 0.0)
     assert torch.equal(dec["tok/delta_pi"] + dec["tok/delta_impl"], d)
     assert float(dec["d_policy"]) > 0
+
+
+def test_r3_without_engine_routing_refuses():
+    """r3=true with samples that carry no routing (an engine that could not capture it) must fail loudly:
+    replaying nothing would silently train without R3."""
+    tok = build_char_tokenizer()
+    moe = build_tiny_model("moe", vocab_size=len(tok), seed=0, num_hidden_layers=2)
+    trainer = make_trainer(moe, "grpo", r3=True)
+    batch = make_batch(tok)
+    assert batch.routing is None
+    with pytest.raises(ValueError, match="r3=true but these samples carry no MoE routing"):
+        trainer.step(batch, torch.ones(batch.mask.shape[0]))

@@ -1,7 +1,7 @@
 """Rollout engines: generate completions with a (possibly stale) policy and report exactly what they sampled.
 
 ``TorchEngine`` (any HF causal LM, CPU or GPU) implements :class:`satrl.types.Engine`; ``make_engine``
-is the registry (``"torch"``; ``"vllm"`` comes later).
+is the registry (``"torch"``; ``"vllm"`` with the extra, :mod:`satrl.engines.vllm_engine`).
 """
 
 from satrl.engines.registry import ENGINES, make_engine

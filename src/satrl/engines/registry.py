@@ -1,15 +1,46 @@
-"""Engine registry: the one place where an engine name becomes a class."""
+"""Engine registry: the one place where an engine name becomes an engine.
+
+Every builder takes the same keyword arguments, so callers never branch on the name: ``model`` (an
+already-loaded ``nn.Module``, optional), ``model_path`` (a built-in name or a local HF directory),
+``tokenizer``, ``eos_token_id``, ``pad_token_id``, ``numerics``, ``capture_routing``, plus engine-specific
+extras (``engine.kwargs`` in the config). The torch engine runs a copy of ``model`` (loading ``model_path``
+if none is given); vLLM always loads ``model_path`` itself and is updated through ``load_weights``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from torch import nn
+
 from satrl.engines.torch_engine import TorchEngine
 from satrl.types import Engine
 
+
+def _torch(*, model: nn.Module | None = None, model_path: str | None = None, **kwargs: Any) -> Engine:
+    if model is None:
+        if model_path is None:
+            raise ValueError("the torch engine needs model= (an nn.Module) or model_path= (a policy to load)")
+        from satrl.models import load_policy
+
+        model, _ = load_policy(model_path)
+    return TorchEngine(model, **kwargs)
+
+
+def _vllm(*, model: nn.Module | None = None, model_path: str | None = None, **kwargs: Any) -> Engine:
+    # ``model`` is ignored: vLLM builds its own model from the checkpoint, then follows load_weights.
+    if model_path is None:
+        raise ValueError("the vllm engine loads the checkpoint itself: pass model_path= (a local HF directory)")
+    from satrl.engines.vllm_engine import VLLMEngine
+    from satrl.models.loading import resolve_policy_path
+
+    return VLLMEngine(resolve_policy_path(model_path), **kwargs)
+
+
 ENGINES: dict[str, Callable[..., Engine]] = {
-    "torch": TorchEngine,
+    "torch": _torch,
+    "vllm": _vllm,
 }
 
 

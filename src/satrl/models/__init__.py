@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from satrl.models.loading import BUILTINS, PolicyLoadError, builtin_path, load_policy
+from satrl.models.loading import BUILTINS, PolicyLoadError, builtin_path, load_policy, load_tokenizer
 from satrl.models.tiny import build_tiny_model, count_params, tiny_config
 from satrl.models.tokenizer import build_char_tokenizer
 
@@ -22,5 +22,6 @@ __all__ = [
     "builtin_path",
     "count_params",
     "load_policy",
+    "load_tokenizer",
     "tiny_config",
 ]

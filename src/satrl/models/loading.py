@@ -68,6 +68,17 @@ def resolve_policy_path(path_or_name: str | Path) -> Path:
     return path
 
 
+def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of a built-in policy or local HF directory, without loading the weights (engines
+    that load the checkpoint themselves, like vLLM, need only this)."""
+    path = resolve_policy_path(path_or_name)
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PolicyLoadError(f"cannot load the tokenizer from {str(path)!r} ({first}); expected {EXPECTED}") from e
+
+
 def load_policy(
     path_or_name: str | Path, dtype: torch.dtype = torch.float32
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

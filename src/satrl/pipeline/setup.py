@@ -22,6 +22,8 @@ def worker_spec(cfg: RunConfig) -> WorkerSpec:
         task_kwargs=dict(cfg.task.kwargs),
         engine=cfg.engine.name,
         numerics=cfg.engine.numerics,
+        engine_kwargs=dict(cfg.engine.kwargs),
+        capture_routing=True if cfg.r3 else None,
         threads=cfg.engine.threads,
         sampling=sampling_params(cfg),
         prompts_per_batch=cfg.train.prompts_per_batch,

@@ -26,6 +26,8 @@ class WorkerSpec:
     task_kwargs: dict[str, Any] = field(default_factory=dict)
     engine: str = "torch"
     numerics: str = "bf16-weights"
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    capture_routing: bool | None = None  # True when R3 needs it: an engine that cannot capture then refuses
     threads: int = 1
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prompts_per_batch: int = 16
@@ -51,18 +53,20 @@ class RolloutRequest:
 class RolloutWorker:
     def __init__(self, spec: WorkerSpec) -> None:
         from satrl.engines import make_engine
-        from satrl.models import load_policy
+        from satrl.models import load_tokenizer
         from satrl.tasks import make_task
 
         self.spec = spec
-        model, self.tokenizer = load_policy(spec.model)
+        self.tokenizer = load_tokenizer(spec.model)
         self.engine = make_engine(
             spec.engine,
-            model=model,
+            model_path=spec.model,
             tokenizer=self.tokenizer,
             eos_token_id=self.tokenizer.eos_token_id,
             pad_token_id=self.tokenizer.pad_token_id,
             numerics=spec.numerics,
+            capture_routing=spec.capture_routing,
+            **spec.engine_kwargs,
         )
         self.task = make_task(spec.task, **spec.task_kwargs)
         self._stream = self.task.problems("train", spec.seed)

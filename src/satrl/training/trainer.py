@@ -128,6 +128,11 @@ class Trainer:
 
     # -- log-probs ---------------------------------------------------------------------------------
     def _routing(self, mb: Batch) -> torch.Tensor | None:
+        if self.r3 and mb.routing is None:  # replaying nothing would silently turn R3 off
+            raise ValueError(
+                "r3=true but these samples carry no MoE routing: the engine did not capture it "
+                "(use engine=torch, or an engine build that returns routed experts), or set r3=false"
+            )
         return mb.routing if self.r3 else None
 
     @torch.no_grad()

