@@ -74,3 +74,21 @@ def test_print_config_shows_resolved_overrides():
 
     cfg = yaml.safe_load(proc.stdout)
     assert cfg["objective"]["name"] == "sat_grpo" and cfg["lag"]["n"] == 8 and "microbatch_tokens" in cfg["train"]
+
+
+def test_qwen3_gpu_config_follows_appendix_f():
+    """configs/qwen3_gpu.yaml validates and carries the paper's Appendix F settings where they apply."""
+    from pathlib import Path
+
+    from satrl.objectives import resolve_objective
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "qwen3_gpu.yaml", [])
+    spec = resolve_objective(cfg.objective.name, **cfg.objective.overrides)
+    assert spec.ratio == "token" and spec.trust_region == "sat" and spec.kl == "k3"
+    assert {k: spec.params[k] for k in ("eps_low", "eps_high", "alpha", "exponent", "kl_coef")} == {
+        "eps_low": 0.2, "eps_high": 0.2, "alpha": 0.9, "exponent": 2.0, "kl_coef": 1e-3,
+    }  # fmt: skip
+    assert (cfg.train.lr, tuple(cfg.train.betas), cfg.train.group_size, cfg.train.minibatches) == (1e-6, (0.9, 0.98), 16, 1)
+    assert (cfg.engine.temperature, cfg.engine.top_p, cfg.engine.top_k) == (1.0, 1.0, 0)
+    assert (cfg.lag.schedule, cfg.lag.n, cfg.eval.k) == ("broadcast", 8, 16)
+    assert cfg.engine.name == "vllm" and cfg.train.device == "cuda" and cfg.model.path

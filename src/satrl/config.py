@@ -111,6 +111,7 @@ class TrainConfig(_Strict):
     )
     adv_std_norm: bool = Field(True, description="Divide group advantages by the group std.")
     threads: int = Field(2, ge=1, description="torch threads for the trainer.")
+    device: str = Field("cpu", description="Trainer device: cpu, cuda or cuda:N (the torch engine's is engine.kwargs.device).")
 
 
 class EvalConfig(_Strict):

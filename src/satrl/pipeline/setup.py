@@ -53,5 +53,6 @@ def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
         whole_batch_quantile=cfg.train.quantile_scope == "batch",
         r3=cfg.r3,
         recomputed_denominator=cfg.train.denominator == "recomputed",
+        device=cfg.train.device,
     )
     return trainer, tokenizer

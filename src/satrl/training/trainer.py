@@ -32,7 +32,7 @@ def response_logp(
     sampler), and, if ``capture``, the experts each MoE layer used at the scoring positions [B, T, layers, k]."""
     L = int(mb.attention_mask.sum(1).max())
     T = mb.mask.shape[1]
-    pos = (mb.prompt_len[:, None] - 1 + torch.arange(T)[None, :]).clamp(0, L - 1)  # [B, T]
+    pos = (mb.prompt_len[:, None] - 1 + torch.arange(T, device=mb.mask.device)[None, :]).clamp(0, L - 1)  # [B, T]
     with contextlib.ExitStack() as stack:
         if routing is not None:
             from satrl.models.routing import replay_routing
@@ -58,6 +58,12 @@ def split_rows(batch: Batch, rows: torch.Tensor) -> Batch:
     pick = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in batch.__dict__.items()}
     pick["sample_ids"] = [batch.sample_ids[i] for i in rows.tolist()] if batch.sample_ids else []
     return Batch(**pick)
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    """The batch with every tensor on ``device`` (a no-op on the same device)."""
+    moved = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.__dict__.items()}
+    return Batch(**moved)
 
 
 def microbatches(mb: Batch, token_budget: int) -> Iterator[Batch]:
@@ -93,8 +99,10 @@ class Trainer:
         whole_batch_quantile: bool = False,
         r3: bool = False,
         recomputed_denominator: bool = False,
+        device: str | torch.device = "cpu",
     ) -> None:
-        self.model = model.float().train()
+        self.device = torch.device(device)
+        self.model = model.float().to(self.device).train()
         uses_ref = objective.kl != "none" and objective.params.get("kl_coef", 0) > 0
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if uses_ref else None
         self.objective, self.aggregation = objective, aggregation
@@ -116,8 +124,8 @@ class Trainer:
 
     # -- state -------------------------------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
-        """A detached copy of the current weights, safe to hand to an engine."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """A detached CPU copy of the current weights, safe to hand to an engine or a checkpoint."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def state_dict(self) -> dict:
         return {"opt": self.opt.state_dict(), "version": self.version, "skipped": self.skipped}
@@ -144,8 +152,8 @@ class Trainer:
                 self._scratch = copy.deepcopy(self.model).eval()
             self._scratch.load_state_dict(state)
             model = self._scratch
-        pieces = microbatches(mb, self.microbatch_tokens)
-        return torch.cat([response_logp(model, m, self.temperature, self._routing(m))[0] for m in pieces])
+        pieces = microbatches(to_device(mb, self.device), self.microbatch_tokens)
+        return torch.cat([response_logp(model, m, self.temperature, self._routing(m))[0] for m in pieces]).cpu()
 
     @torch.no_grad()
     def version_logp(self, mb: Batch, snapshots: Snapshots) -> torch.Tensor | None:  # [B, T]
@@ -169,6 +177,10 @@ class Trainer:
         version_logp: torch.Tensor | None = None,  # [B, T] log pi^(l), for the decomposition
     ) -> dict[str, float]:
         """Accumulate gradients over microbatches, guard against non-finite values, step once."""
+        dev = self.device
+        mb, adv = to_device(mb, dev), adv.to(dev)
+        old_logp = None if old_logp is None else old_logp.to(dev)
+        version_logp = None if version_logp is None else version_logp.to(dev)
         self.opt.zero_grad(set_to_none=True)
         lag = (self.version - mb.versions).clamp(min=0)  # [B, T]
         n_tok = int(mb.mask.sum())
@@ -205,7 +217,7 @@ class Trainer:
                 else:
                     scalars[k] = scalars.get(k, 0.0) + float(v) * weight
             tok["logp"].append(logp.detach())
-        finite = torch.isfinite(torch.tensor(total)) and all(
+        finite = bool(torch.isfinite(torch.tensor(total))) and all(
             torch.isfinite(p.grad).all() for p in self.model.parameters() if p.grad is not None
         )
         if finite:
@@ -223,7 +235,7 @@ class Trainer:
     def _diagnostics(self, mb: Batch, lag: torch.Tensor, tok: dict, version_logp: torch.Tensor | None) -> dict:
         engine_routing = None
         if "routing" in tok:  # the engine's experts at the scoring positions, vs the ones this forward used
-            pos = (mb.prompt_len[:, None] - 1 + torch.arange(mb.mask.shape[1])[None, :]).clamp(min=0)
+            pos = (mb.prompt_len[:, None] - 1 + torch.arange(mb.mask.shape[1], device=mb.mask.device)[None, :]).clamp(min=0)
             engine_routing = mb.routing.gather(1, pos[:, :, None, None].expand(-1, -1, *mb.routing.shape[2:]))
         out = diag.step_diagnostics(
             logp=tok["logp"],

@@ -1,0 +1,144 @@
+"""GPU check: the torch engine and the trainer on CUDA for a few steps of sat_grpo at lag 2, then the objective
+benchmark on the GPU. One prepared script for a lent GPU machine (no vLLM there); results go to
+docs/benchmarks.md, section "GPU".
+
+    python -m benchmarks.gpu_check                      # on the GPU machine: writes the section
+    python -m benchmarks.gpu_check --device cpu --quick  # logic smoke run anywhere (nothing written)
+
+Part 1 runs the real ``satrl train`` loop (sequential backend) on the tiny dense and MoE policies with
+``train.device`` and the engine's ``device`` set, and reports per-step time and d at lag 0 (implementation
+mismatch only). Part 2 times ``policy_loss`` + ``aggregate`` + ``backward`` of grpo and sat_grpo on device
+tensors (CUDA events, median of repeats) and reads the peak allocated memory of one step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from satrl.objectives import aggregate, policy_loss
+
+RUN = [
+    "train.prompts_per_batch=8", "train.group_size=4", "train.minibatches=2", "engine.max_new_tokens=8",
+    "eval.n_problems=16", "eval.k=2", "eval.every=0", "checkpoint.every=100", "backend=sequential",
+    "objective.name=sat_grpo", "lag.schedule=broadcast", "lag.n=2",
+]  # fmt: skip
+
+
+def train_check(device: str, model: str, steps: int, out: Path) -> dict:
+    from satrl.config import load_config
+    from satrl.pipeline.orchestrator import train
+
+    overrides = [*RUN, f"model.name={model}", f"steps={steps}", f"train.device={device}", f"out={out}"]
+    cfg = load_config(None, overrides)
+    cfg.engine.kwargs = {"device": device}
+    t0 = time.perf_counter()
+    train(cfg)
+    wall = time.perf_counter() - t0
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "model": model, "steps": len(rows), "wall_s": wall,
+        "d_pi_step1": rows[0]["obj/d_pi"], "gate_rate": statistics.mean(r.get("obj/gate_rate", 0.0) for r in rows),
+        "finite": all(torch.isfinite(torch.tensor(r["loss"])) for r in rows),
+        "final_avg_at_k": json.loads((out / "summary.json").read_text())["final_avg_at_k"],
+    }  # fmt: skip
+
+
+def _inputs(n: int, device: str, T: int = 1024) -> dict[str, torch.Tensor]:
+    g = torch.Generator(device=device).manual_seed(0)
+    b, t = max(1, n // T), min(T, n)
+    logp = -torch.rand(b, t, generator=g, device=device) * 3.0
+    return {
+        "logp": logp.requires_grad_(),
+        "behavior_logp": logp.detach() + 0.05 * torch.randn(b, t, generator=g, device=device),
+        "adv": torch.randn(b, generator=g, device=device),
+        "mask": torch.ones(b, t, dtype=torch.bool, device=device),
+    }
+
+
+def _step(preset: str, x: dict[str, torch.Tensor]) -> None:
+    x["logp"].grad = None
+    loss_tok, _ = policy_loss(preset, **x)
+    aggregate(loss_tok, x["mask"], "token-mean").backward()
+
+
+def objective_check(device: str, n: int, repeats: int) -> dict:
+    cuda = device.startswith("cuda")
+    x = _inputs(n, device)
+    out = {}
+    for preset in ("grpo", "sat_grpo"):
+        _step(preset, x)  # warm-up
+        times = []
+        for _ in range(repeats):
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                _step(preset, x)
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                _step(preset, x)
+                times.append(time.perf_counter() - t0)
+        peak = None
+        if cuda:
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            _step(preset, x)
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base
+        out[preset] = {"ms": statistics.median(times) * 1e3, "peak_mib": None if peak is None else peak / 2**20}
+    del x
+    if cuda:
+        torch.cuda.empty_cache()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true", help="small sizes and 2 steps; nothing written to the docs")
+    args = ap.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device here: run on the GPU machine, or pass --device cpu --quick for a smoke run")
+    steps = 2 if args.quick else 8
+    lines = ["| policy | steps (lag 2) | wall s | s/step | d at lag 0 (step 1) | mean gate rate | final avg@k | finite |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in ("tiny-arith", "tiny-arith-moe"):
+            r = train_check(args.device, model, steps, Path(tmp) / model)
+            print(json.dumps(r))
+            lines.append(
+                f"| {model} | {r['steps']} | {r['wall_s']:.1f} | {r['wall_s'] / r['steps']:.2f} | {r['d_pi_step1']:.2e} "
+                f"| {r['gate_rate']:.3f} | {r['final_avg_at_k']:.3f} | {r['finite']} |"
+            )
+    sizes = [1 << 16, 1 << 18] if args.quick else [1 << 20, 4 << 20, 16 << 20, 64 << 20]
+    lines += ["", "| tokens | grpo ms | sat_grpo ms | x grpo (time) | grpo peak MiB | sat_grpo peak MiB | x grpo (memory) |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for n in sizes:
+        r = objective_check(args.device, n, repeats=3 if args.quick else 20)
+        print(json.dumps({"tokens": n, **r}))
+        g, s = r["grpo"], r["sat_grpo"]
+        mem = (f"{g['peak_mib']:.0f} | {s['peak_mib']:.0f} | {s['peak_mib'] / g['peak_mib']:.2f}"
+               if g["peak_mib"] else "- | - | -")  # fmt: skip
+        lines.append(f"| {n >> 20 or n >> 10}{'M' if n >= 1 << 20 else 'K'} | {g['ms']:.2f} | {s['ms']:.2f} "
+                     f"| {s['ms'] / g['ms']:.2f} | {mem} |")  # fmt: skip
+    body = "\n".join(lines)
+    print(body)
+    if not args.quick:
+        from benchmarks._report import write_section
+
+        write_section("GPU", f"python -m benchmarks.gpu_check --device {args.device}", body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,23 @@
+"""benchmarks/gpu_check.py is meant for a lent GPU machine; its logic runs here on CPU in --quick mode."""
+
+import pytest
+import torch
+
+from benchmarks import gpu_check
+from benchmarks._report import DOC
+
+
+def test_gpu_check_logic_runs_on_cpu(capsys):
+    before = DOC.read_text() if DOC.exists() else None
+    assert gpu_check.main(["--device", "cpu", "--quick"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("| tiny-arith | 2 |", "| tiny-arith-moe | 2 |", "| 64K |", "| 256K |"):
+        assert needle in out, needle
+    assert "| True |" in out and "| False |" not in out  # every loss finite
+    assert (DOC.read_text() if DOC.exists() else None) == before  # --quick never writes the docs
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown where there is no GPU")
+def test_gpu_check_without_cuda_says_what_to_do():
+    with pytest.raises(SystemExit, match="no CUDA device here"):
+        gpu_check.main([])
