@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from benchmarks import gpu_check
 from benchmarks._report import DOC
 

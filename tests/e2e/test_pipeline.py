@@ -80,3 +80,19 @@ def test_metrics_reach_tensorboard_when_installed(run_tiny, monkeypatch):
     monkeypatch.setattr(rundir, "_tensorboard", lambda path: writer)
     run_tiny("steps=2")
     assert ("obj/d_pi", 1) in writer.scalars and ("eval/avg_at_k", 2) in writer.scalars and writer.closed
+
+
+def test_engine_process_start_failure_is_reported_with_its_cause():
+    """An engine that cannot start in the local backend's child process (here: an unknown task) surfaces the
+    child's own error in the trainer process, not just an exit code."""
+    from satrl.pipeline.backends import ProcessBackend
+    from satrl.pipeline.worker import RolloutRequest, WorkerSpec
+
+    backend = ProcessBackend(WorkerSpec(model="tiny-arith", task="no-such-task"), timeout_s=120)
+    try:
+        backend.submit(RolloutRequest(b=0, versions=[0], states={}))
+        with pytest.raises(RuntimeError, match=r"(?s)could not start.*no-such-task"):
+            backend.result(0)
+    finally:
+        backend.close()
+    assert not backend.proc.is_alive()

@@ -14,12 +14,13 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from run_helpers import REPO, TINY, read_jsonl
+from run_helpers import REPO, TINY, read_jsonl, stable
 from satrl.models import build_tiny_model, builtin_path, load_policy
 from satrl.types import GenerationRequest, SamplingParams
 
@@ -148,21 +149,42 @@ def test_r3_refuses_when_vllm_cannot_return_routing():
         VLLMEngine(builtin_path("tiny-arith-moe"), eos_token_id=1, capture_routing=True)
 
 
+def vllm_pids() -> set[int]:
+    """Processes vLLM names after itself (``VLLM::EngineCore``, ``VLLM::Worker``)."""
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"VLLM::"):
+                pids.add(int(proc.name))
+        except OSError:
+            pass
+    return pids
+
+
 @needs_vllm
 @pytest.mark.slow
 def test_satrl_train_with_the_vllm_engine(tmp_path):
-    """`satrl train ... engine=vllm`: rollouts and the final evaluation through vLLM, with weight sync at lag 2."""
-    out = tmp_path / "run"
-    args = [sys.executable, "-m", "satrl", "train", str(REPO / "configs" / "sat_grpo.yaml"), *TINY,
-            "engine=vllm", "steps=4", "lag.n=2", f"out={out}"]  # fmt: skip
-    r = subprocess.run(args, capture_output=True, text=True, timeout=900, env={**os.environ})
-    assert r.returncode == 0, r.stderr[-4000:]
-    rows = read_jsonl(out / "metrics.jsonl")
-    assert [row["step"] for row in rows] == [1, 2, 3, 4]
-    # lag 2 broadcast: the second batch was generated after a weight sync, by version 2
-    assert max(row["lag/max"] for row in rows) >= 1
-    # step 1 is at lag 0: d is pure implementation mismatch (bf16-weights engine vs fp32 trainer): small, real
-    assert 0 < rows[0]["obj/d_pi"] < 0.02 and all(math.isfinite(row["loss"]) for row in rows)
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 4 and Path(out / "eval.jsonl").read_text().strip()
-    assert "name: vllm" in (out / "config.yaml").read_text()
+    """`satrl train ... engine=vllm`: rollouts and the final evaluation through vLLM, with weight sync at lag 2;
+    the local backend (engine in a child process, vLLM's own processes below it) gives the same metrics as the
+    sequential one, and no vLLM process outlives the run."""
+    before = vllm_pids()
+    runs = {}
+    for backend in ("sequential", "local"):
+        out = tmp_path / backend
+        args = [sys.executable, "-m", "satrl", "train", str(REPO / "configs" / "sat_grpo.yaml"), *TINY,
+                "engine=vllm", "steps=4", "lag.n=2", f"backend={backend}", f"out={out}"]  # fmt: skip
+        r = subprocess.run(args, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-4000:]
+        runs[backend] = rows = read_jsonl(out / "metrics.jsonl")
+        assert [row["step"] for row in rows] == [1, 2, 3, 4]
+        assert max(row["lag/max"] for row in rows) >= 1  # batch 2 came after a weight sync
+        # step 1 is at lag 0: d is pure implementation mismatch (bf16-weights engine vs fp32 trainer): small, real
+        assert 0 < rows[0]["obj/d_pi"] < 0.02 and all(math.isfinite(row["loss"]) for row in rows)
+        assert json.loads((out / "summary.json").read_text())["steps"] == 4 and (out / "eval.jsonl").read_text().strip()
+        assert "name: vllm" in (out / "config.yaml").read_text()
+    assert stable(runs["local"]) == stable(runs["sequential"])
+    for _ in range(20):  # vLLM's processes stop within seconds of the run's end
+        if not (vllm_pids() - before):
+            break
+        time.sleep(0.5)
+    assert not (vllm_pids() - before), "vLLM processes outlived the run"

@@ -182,7 +182,9 @@ class VLLMEngine:
         return Completion(req.request_id, list(req.prompt_ids), ids, text, logp, finish, self._version, routing)
 
     def close(self) -> None:
-        """Shut vLLM's engine processes down now (they also stop when this object is collected)."""
-        shutdown = getattr(self.llm.llm_engine, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        """Shut vLLM's engine processes down now. Idempotent. Needed in child processes, which skip the
+        interpreter-exit hooks that would otherwise do it."""
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if core is not None and not getattr(self, "_closed", False):
+            core.shutdown()
+        self._closed = True

@@ -56,12 +56,33 @@ class SequentialBackend:
 
     def close(self) -> None:
         self.pending.clear()
+        self.worker.close()
 
 
 def _serve(spec: WorkerSpec, requests: mp.Queue, results: mp.Queue) -> None:
     """Child-process loop. Payloads are pickled by hand so tensors are copied, never fd-shared."""
-    worker = RolloutWorker(spec)
-    while (payload := requests.get()) is not None:
+    try:
+        worker = RolloutWorker(spec)
+    except Exception:  # e.g. an engine that refuses its config: the parent raises it with this traceback
+        results.put(pickle.dumps((-1, 0.0, RuntimeError(f"the engine process could not start:\n{traceback.format_exc()}"))))
+        return
+    try:
+        _serve_loop(worker, requests, results)
+    finally:  # a child process skips atexit handlers: stop the engine's own processes (vLLM) here
+        worker.close()
+
+
+def _serve_loop(worker: RolloutWorker, requests: mp.Queue, results: mp.Queue) -> None:
+    parent = mp.parent_process()
+    while True:
+        try:
+            payload = requests.get(timeout=5.0)
+        except queue.Empty:  # not a daemon (engines such as vLLM spawn processes), so leave with the parent
+            if parent is not None and not parent.is_alive():
+                return
+            continue
+        if payload is None:
+            return
         req: RolloutRequest = pickle.loads(payload)
         t0 = time.perf_counter()
         try:
@@ -77,7 +98,9 @@ class ProcessBackend:
     def __init__(self, spec: WorkerSpec, timeout_s: float = 3600.0) -> None:
         ctx = mp.get_context("spawn")  # fork after torch has started threads can deadlock
         self.requests, self.results = ctx.Queue(), ctx.Queue()
-        self.proc = ctx.Process(target=_serve, args=(spec, self.requests, self.results), daemon=True)
+        # Not a daemon: daemonic processes may not have children, and vLLM starts its own. The child exits
+        # when told (close), or by itself when this process is gone.
+        self.proc = ctx.Process(target=_serve, args=(spec, self.requests, self.results), daemon=False)
         self.proc.start()
         self.timeout_s = timeout_s
         self.done: dict[int, list[Sample]] = {}
@@ -124,9 +147,10 @@ class ProcessBackend:
     def close(self) -> None:
         if self.proc.is_alive():
             self.requests.put(None)
-            self.proc.join(timeout=10)
+            self.proc.join(timeout=30)
         if self.proc.is_alive():
             self.proc.kill()
+            self.proc.join(timeout=10)
 
 
 def _ray(spec: WorkerSpec) -> Backend:

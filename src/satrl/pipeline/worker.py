@@ -72,6 +72,12 @@ class RolloutWorker:
         self._stream = self.task.problems("train", spec.seed)
         self._cursor = 0  # index of the next batch the stream will serve
 
+    def close(self) -> None:
+        """Stop the engine's own processes, if it has any (vLLM); a no-op for the torch engine."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+
     def _problems(self, b: int) -> list[Problem]:
         P = self.spec.prompts_per_batch
         if b < self._cursor:  # restart the stream (resume after a crash, or a replayed batch)
