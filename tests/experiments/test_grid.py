@@ -92,6 +92,7 @@ def test_render_value_round_trips_through_yaml(value, text):
     [
         ("base: base.yaml\nlags: [1]\nseed: 3\ncells: {a: {}}\n", "seed"),  # typo for `seeds`
         ("base: base.yaml\nlags: [1]\nbaseline: b\ncells: {a: {}}\n", "baseline: 'b' is not a cell"),
+        ("base: base.yaml\nlags: [1]\npairs: {a: z}\ncells: {a: {}}\n", "pairs: 'z' is not a cell"),
         (
             "base: base.yaml\nlags: [1]\ncells: {a: {lag.n: 4}}\n",
             "cells.a: key 'lag.n' is set by the grid; use lags:",
@@ -114,7 +115,7 @@ def test_grid_errors_name_the_field(tmp_path, body, match):
 
 def test_builtin_grids_are_valid():
     expected = {"paper_table": (13, 26), "sat_ablation": (10, 10), "falsifier": (5, 5), "lag_sweep": (4, 24),
-                "async_random_lag": (4, 4), "ci_smoke": (2, 2), "staleness_damage": (2, 4)}  # fmt: skip
+                "async_random_lag": (4, 4), "ci_smoke": (2, 2), "staleness_damage": (2, 4), "sat_regime": (4, 4)}  # fmt: skip
     found = {}
     for path in sorted((REPO / "configs" / "grids").glob("*.yaml")):
         spec = load_grid(path, check_paths=False)  # base configs are the pipeline's presets

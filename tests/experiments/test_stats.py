@@ -12,6 +12,8 @@ from satrl.experiments.stats import (
     cell_stats,
     paired_diff,
     paired_table,
+    pairs_table,
+    percentile_coverage,
     separated,
 )
 
@@ -164,3 +166,20 @@ def test_separated():
     assert separated((0.5, 0.6), (0.3, 0.45))
     assert not separated((0.5, 0.6), (0.3, 0.52))
     assert separated((0.01, 0.02), (0.03, 0.04), higher_is_better=False)
+
+
+def test_pairs_table_compares_each_method_with_its_own_base():
+    runs = _runs()
+    worse = runs[runs["cell"] == "grpo"].assign(cell="other", best_avg_at_k=lambda d: d["best_avg_at_k"] - 0.1)
+    runs = pd.concat([runs, worse], ignore_index=True)
+    t = pairs_table(runs, {"sat": "grpo", "grpo": "other"}, n_resamples=2000)
+    assert t[["cell", "base", "lag", "wins", "n"]].values.tolist() == [["sat", "grpo", 8, 3, 3], ["grpo", "other", 8, 3, 3]]
+    assert t["mean"].tolist() == pytest.approx([0.05, 0.1]) and t["verdict"].tolist() == ["better", "better"]
+    assert pairs_table(runs, {"sat": "missing"}).empty  # no shared lag: no row, not an error
+
+
+def test_percentile_coverage_is_below_nominal_for_few_seeds_and_approaches_it():
+    few, many = percentile_coverage(5, sims=400), percentile_coverage(40, sims=400)
+    assert 0.78 < few < 0.91  # the known undercoverage of the percentile bootstrap at n = 5
+    assert many > few and abs(many - 0.95) < 0.04
+    assert percentile_coverage(1) == 0.0

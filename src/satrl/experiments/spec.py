@@ -74,6 +74,8 @@ class GridSpec(BaseModel):
     lag_schedule: str = "broadcast"
     seeds: int = Field(default=3, ge=1)
     baseline: str | None = None
+    # method cell -> the cell it is layered on (e.g. sat_gspo: gspo): the report adds a paired table per pair
+    pairs: dict[str, str] = Field(default_factory=dict)
     steps: int | None = Field(default=None, ge=1)
     extra: dict[str, Any] = Field(default_factory=dict)
     # Directory the relative base paths are resolved against (the grid file's folder); set by load_grid.
@@ -106,6 +108,10 @@ class GridSpec(BaseModel):
     def _check(self) -> GridSpec:
         if self.baseline is not None and self.baseline not in self.cells:
             raise ValueError(f"baseline: {self.baseline!r} is not a cell; cells: {sorted(self.cells)}")
+        for method, base in self.pairs.items():
+            for name in (method, base):
+                if name not in self.cells:
+                    raise ValueError(f"pairs: {name!r} is not a cell; cells: {sorted(self.cells)}")
         for name, cell in self.cells.items():
             if cell.base is None and self.base is None:
                 raise ValueError(f"cells.{name}: no base config; set `base:` on the grid or on the cell")
