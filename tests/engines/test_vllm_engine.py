@@ -165,11 +165,13 @@ def vllm_pids() -> set[int]:
 @pytest.mark.slow
 def test_satrl_train_with_the_vllm_engine(tmp_path):
     """`satrl train ... engine=vllm`: rollouts and the final evaluation through vLLM, with weight sync at lag 2;
-    the local backend (engine in a child process, vLLM's own processes below it) gives the same metrics as the
-    sequential one, and no vLLM process outlives the run."""
+    the local backend (engine in a child process, vLLM's own processes below it) and the Ray backend (vLLM inside
+    a Ray actor; `make test-vllm` installs Ray) give the same metrics as the sequential one, and no vLLM process
+    outlives a run."""
     before = vllm_pids()
     runs = {}
-    for backend in ("sequential", "local"):
+    backends = ("sequential", "local", "ray") if (REQUIRED or importlib.util.find_spec("ray")) else ("sequential", "local")
+    for backend in backends:
         out = tmp_path / backend
         args = [sys.executable, "-m", "satrl", "train", str(REPO / "configs" / "sat_grpo.yaml"), *TINY,
                 "engine=vllm", "steps=4", "lag.n=2", f"backend={backend}", f"out={out}"]  # fmt: skip
@@ -182,7 +184,7 @@ def test_satrl_train_with_the_vllm_engine(tmp_path):
         assert 0 < rows[0]["obj/d_pi"] < 0.02 and all(math.isfinite(row["loss"]) for row in rows)
         assert json.loads((out / "summary.json").read_text())["steps"] == 4 and (out / "eval.jsonl").read_text().strip()
         assert "name: vllm" in (out / "config.yaml").read_text()
-    assert stable(runs["local"]) == stable(runs["sequential"])
+    assert all(stable(runs[b]) == stable(runs["sequential"]) for b in backends)
     for _ in range(20):  # vLLM's processes stop within seconds of the run's end
         if not (vllm_pids() - before):
             break
