@@ -19,6 +19,11 @@ Options beyond the paper (all off by default):
   mirrors the normal one: psi is evaluated on q_lo/s (> 1 on gated tokens, infinite at s = 0), so gated
   tokens get c in (0, 1/2) in both modes and the *least* stale tokens are contracted the most.
   Tokens with d == 0 have no outward side and keep c = 1 in both modes.
+- ``shuffle``: the selection control. The normal gate and kernel are computed, then the same number of
+  gated slots, with the same multiset of kernel values psi, is moved to active tokens drawn at random
+  (a hash of position and d, so the function stays pure and device-side). It asks whether *which* tokens
+  SAT contracts matters, holding how many and how much fixed. (The inverted gate cannot: a bottom-tail
+  token is past its contracted radius only if |d| < q_lo^2 / eps, so it never binds.)
 """
 
 from __future__ import annotations
@@ -118,8 +123,11 @@ def sat_gate(
     exponent: float = 2.0,
     invert: bool = False,
     score: Tensor | None = None,
+    shuffle: bool = False,
 ) -> SatGate:
     """Quantile, gate and kernel of SAT (Eqs. 14-16), the kernel evaluated on gated tokens only."""
+    if invert and shuffle:
+        raise ValueError("SAT: invert and shuffle are two different controls; set at most one")
     mask = as_bool_mask(mask)
     d = d.detach()
     s = d.abs() if score is None else score.detach().to(d.dtype)
@@ -139,7 +147,22 @@ def sat_gate(
     s_g, d_g = s.reshape(-1).index_select(0, idx), d.reshape(-1).index_select(0, idx)
     rel = (q / s_g) if invert else (s_g / q)  # > 1 on gated tokens
     psi = 1.0 / (1.0 + rel.pow(exponent))
+    if shuffle:
+        idx, gate = _random_slots(d, mask, idx.numel())
+        d_g = d.reshape(-1).index_select(0, idx)
     return SatGate(q=q, gate=gate, idx=idx, d=d_g, psi=psi, n=n)
+
+
+def _random_slots(d: Tensor, mask: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    """``count`` active positions chosen pseudo-randomly (sorted), and their [B, T] gate: the ranks of a
+    sine hash of (position, d), so the choice is a pure function of the inputs and changes with them."""
+    active = mask.reshape(-1).nonzero().squeeze(1)
+    pos = active.to(torch.float64)
+    val = d.reshape(-1).index_select(0, active).to(torch.float64)
+    key = torch.frac(torch.sin(pos * 12.9898 + val * 7823.3 + 0.5) * 43758.5453).abs()
+    idx = active.index_select(0, torch.topk(key, count).indices).sort().values
+    gate = torch.zeros_like(mask).reshape(-1).index_fill_(0, idx, True).reshape(mask.shape)
+    return idx, gate
 
 
 def gated_bounds(g: SatGate, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor]:
@@ -176,6 +199,7 @@ def sat_clip_bounds(
     exponent: float = 2.0,
     invert: bool = False,
     score: Tensor | None = None,
+    shuffle: bool = False,
 ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
     """SAT's adaptive clip interval [lo, hi] per token (detached).
 
@@ -188,7 +212,7 @@ def sat_clip_bounds(
         metrics: ``q``, ``gate_rate``, ``eps_low_mean``, ``eps_high_mean``, ``c_min`` (paper Table 10,
         0-dim) and ``tok/gate`` ([B, T] bool).
     """
-    g = sat_gate(d, mask, alpha, exponent, invert, score)
+    g = sat_gate(d, mask, alpha, exponent, invert, score, shuffle)
     lo_g, hi_g = gated_bounds(g, eps_low, eps_high)
     hi = torch.full_like(d, 1.0 + eps_high)
     lo = torch.full_like(d, 1.0 - eps_low)

@@ -106,11 +106,11 @@ def sat_score(proxy: str, inp: ObjectiveInputs) -> Tensor | None:
 
 @TRUST_REGIONS.register(
     "sat",
-    defaults={**_EPS, "alpha": 0.9, "exponent": 2.0, "proxy": "log_ratio", "invert": False},
-    choices={"proxy": PROXIES, "invert": (False, True)},
+    defaults={**_EPS, "alpha": 0.9, "exponent": 2.0, "proxy": "log_ratio", "invert": False, "shuffle": False},
+    choices={"proxy": PROXIES, "invert": (False, True), "shuffle": (False, True)},
     checks={**_EPS_CHECKS, "alpha": (unit_interval, "in [0, 1]"), "exponent": (positive, "> 0")},
 )
-def sat_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip, alpha, exponent, proxy, invert):
+def sat_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip, alpha, exponent, proxy, invert, shuffle):
     """SAT: PPO clip with per-token bounds from :func:`sat_clip_bounds` (paper Eqs. 13-19).
 
     ``d`` is the ratio level's own log-ratio: the token log-ratio for GRPO, the broadcast sequence
@@ -122,7 +122,7 @@ def sat_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip, 
     ``clipped_surrogate(ratio, adv, lo, hi)`` gives with the dense bounds (tested), at the cost of the
     gated tokens only.
     """
-    g = sat_gate(d, mask, alpha, exponent, invert, score=sat_score(proxy, inp))
+    g = sat_gate(d, mask, alpha, exponent, invert, score=sat_score(proxy, inp), shuffle=shuffle)
     loss, clipped, metrics = _clip(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, dual_clip)
     metrics.update(sat_metrics(g, eps_low, eps_high))
     with torch.no_grad():
