@@ -120,3 +120,21 @@ def test_report_cli_and_regeneration_from_packed_results(grid_out, tmp_path, cap
     assert table and table == [line for line in r2.splitlines() if line.startswith(("| Alpha", "| Beta"))]
     assert run_report(parser.parse_args([str(tmp_path / "nope")])) == 2
     assert pack_results(grid_out, tmp_path / "p2")  # non-empty
+
+
+def test_report_named_pairs_section(tmp_path, make_run):
+    """`pairs:` adds a method-vs-its-base table, with the known differences recovered and the chance count stated."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "grid.yaml").write_text(
+        "baseline: grpo\npairs: {sat: gspo}\ncells: {grpo: {}, gspo: {label: GSPO}, sat: {label: SAT-GSPO}}\n"
+    )
+    for s in range(5):
+        make_run(out, "grpo", 8, s, {"best_avg_at_k": 0.5, "final_avg_at_k": 0.5})
+        make_run(out, "gspo", 8, s, {"best_avg_at_k": 0.40 + s / 100, "final_avg_at_k": 0.4})
+        make_run(out, "sat", 8, s, {"best_avg_at_k": 0.42 + s / 100, "final_avg_at_k": 0.4})
+    md = build_report(out, n_resamples=2000).read_text()
+    assert "## Named pairs: each method vs its base" in md
+    row = next(line for line in md.splitlines() if line.startswith("| SAT-GSPO | GSPO | 8 |"))
+    assert "+2.0 [+2.0, +2.0] (better)" in row and "| 5/5 |" in row and "+0.0 [+0.0, +0.0] (no difference)" in row
+    assert "1 of these 2 intervals exclude 0. With 5 seeds" in md

@@ -149,9 +149,10 @@ def _paired_md(res: GridResults, tables: dict[str, pd.DataFrame], baseline: str)
 
 def _pairs_md(res: GridResults, pairs: dict[str, str], n_resamples: int, ci: float, seed: int) -> list[str]:
     """'Each method vs its own base': the comparison the paper makes (SAT-X vs X, X w/ R3 vs X, ...)."""
-    out = ["## Each method vs the recipe it is layered on", "",
-           "Paired by seed, percentile bootstrap of the mean difference (method - base) in avg@k points; "
-           "wins = seeds where the method beats its base.", "",
+    out = ["## Named pairs: each method vs its base", "",
+           "The grid's `pairs:` (e.g. a method vs the recipe it is layered on, or vs a control). Paired by seed, "
+           "percentile bootstrap of the mean difference (method - base) in avg@k points; wins = seeds where the "
+           "method beats its base.", "",
            "| method | base | lag | best avg@k: difference [95% CI] | wins | final avg@k: difference [95% CI] | wins |",
            "|---|---|---|---|---|---|---|"]  # fmt: skip
     best = pairs_table(res.runs, pairs, "best_avg_at_k", n_resamples, ci, seed)
