@@ -190,3 +190,18 @@ def test_satrl_train_with_the_vllm_engine(tmp_path):
             break
         time.sleep(0.5)
     assert not (vllm_pids() - before), "vLLM processes outlived the run"
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_satrl_eval_with_the_vllm_engine_matches_torch_greedy():
+    """`satrl eval --engine vllm`: greedy accuracy equals the torch engine's (fp32 both: same argmax)."""
+    out = {}
+    for engine in ("torch", "vllm"):
+        args = [sys.executable, "-m", "satrl", "eval", "--model", "tiny-arith", "--engine", engine, "--k", "2",
+                "--n-problems", "40", "--max-new-tokens", "6", "--json"]  # fmt: skip
+        r = subprocess.run(args, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out[engine] = json.loads(next(x for x in r.stdout.splitlines()[::-1] if x.startswith('{"')))
+    assert out["vllm"]["greedy_acc"] == out["torch"]["greedy_acc"] > 0.3
+    assert 0.1 < out["vllm"]["avg_at_k"] < 0.9 and out["vllm"]["n_problems"] == 40

@@ -13,6 +13,7 @@ compute: a realistic implementation mismatch at fp32 speed on CPUs without bf16 
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -96,6 +97,10 @@ class TorchEngine:
         self.top_k = moe_top_k(self.model)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        # transformers renamed the KV-cache argument (past_key_values -> cache, 5.2x); an unknown name is
+        # swallowed by **kwargs and decoding silently runs without a cache, so pick the one forward() takes.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._version = int(version)
 
     # ------------------------------------------------------------------ weights
@@ -199,9 +204,9 @@ class TorchEngine:
                     input_ids=step_ids,
                     attention_mask=attn,
                     position_ids=pos,
-                    cache=cache,
                     use_cache=True,
                     logits_to_keep=1,
+                    **{self._cache_kw: cache},
                 ).logits[:, -1]  # [B_alive, V]
                 tok, lp = sample_step(logits, sampling, u[alive, t])
                 tokens[alive, t], logps[alive, t] = tok, lp

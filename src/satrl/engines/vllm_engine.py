@@ -77,6 +77,8 @@ class VLLMEngine:
         capture_routing: return MoE routing per token; None = auto (on for MoE checkpoints when vLLM supports
             it, off otherwise). True on a model vLLM cannot capture raises with what to do.
         version: initial policy version.
+        device: accepted for a uniform signature; vLLM runs on the platform its build targets (the CPU build on
+            CPU, the GPU build on the GPUs ``CUDA_VISIBLE_DEVICES`` shows).
         seed: vLLM's global seed (requests still carry their own).
         **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``tensor_parallel_size``,
             ``max_model_len``, ``enforce_eager=False`` for CUDA graphs on GPUs).
@@ -93,8 +95,11 @@ class VLLMEngine:
         capture_routing: bool | None = None,
         version: int = 0,
         seed: int = 0,
+        device: str | None = None,
         **llm_kwargs,
     ) -> None:
+        if device is not None and device != "cpu" and not device.startswith("cuda"):
+            raise ValueError(f"the vllm engine runs on cpu or cuda, not {device!r}")
         vllm = import_vllm()
         self._vllm = vllm
         self.numerics, self._num = numerics, resolve_numerics(numerics)

@@ -163,7 +163,8 @@ def add_eval_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="torch engine device (vLLM picks its own platform)")
+    parser.add_argument("--engine", default="torch", help="rollout engine: torch | vllm (needs vLLM, docs/vllm.md)")
     parser.add_argument("--json", action="store_true", help="also print the result as one JSON line")
 
 
@@ -190,8 +191,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
     from transformers.utils import logging as hf_logging
 
-    from satrl.engines import TorchEngine, resolve_numerics
-    from satrl.models import load_policy
+    from satrl.engines import ENGINES, make_engine, resolve_numerics
+    from satrl.models import load_tokenizer
     from satrl.tasks import make_task
 
     hf_logging.disable_progress_bar()  # keep stderr for our one-line errors
@@ -201,16 +202,21 @@ def run_eval(args: argparse.Namespace) -> int:
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens
         )
         resolve_numerics(args.numerics)  # fail before loading the model
-        model, tokenizer = load_policy(args.model)
+        if args.engine not in ENGINES:
+            raise ValueError(f"unknown engine {args.engine!r}; valid choices: {sorted(ENGINES)}")
+        tokenizer = load_tokenizer(args.model)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        engine = TorchEngine(
-            model, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad, tokenizer=tokenizer,
-            numerics=args.numerics, device=args.device,
+        engine = make_engine(
+            args.engine, model_path=args.model, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
+            tokenizer=tokenizer, numerics=args.numerics, device=args.device,
         )
         result = evaluate(
             engine, tokenizer, task, k=args.k, n_problems=args.n_problems, sampling=sampling, seed=args.seed,
             batch_size=args.batch_size,
         )
+        close = getattr(engine, "close", None)
+        if close is not None:  # vLLM: stop its processes (and their log lines) before printing the result
+            close()
     except (ValueError, OSError, ImportError) as e:  # bad user input: one line, exit 2
         return _fail(e)
     print(f"avg@{result.k} = {result.avg_at_k:.3f}")
@@ -218,7 +224,7 @@ def run_eval(args: argparse.Namespace) -> int:
     print(
         f"({result.task}, {result.n_problems} problems, k={result.k}, pass@{result.k} = {result.pass_at_k:.3f}, "
         f"temperature={sampling.temperature}, top_p={sampling.top_p}, top_k={sampling.top_k}, "
-        f"max_new_tokens={sampling.max_new_tokens}, numerics={args.numerics}, seed={result.seed})"
+        f"max_new_tokens={sampling.max_new_tokens}, numerics={args.numerics}, engine={args.engine}, seed={result.seed})"
     )
     if args.json:
         print(json.dumps(result.as_dict()))
