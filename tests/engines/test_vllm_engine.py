@@ -86,6 +86,27 @@ def test_behavior_logp_agrees_with_the_trainer(engine, policy, temperature):
 
 
 @needs_vllm
+def test_raw_logprobs_mode_would_be_wrong_at_temperature_below_one(policy):
+    """Why the engine sets ``processed_logprobs``: vLLM's default ``raw_logprobs`` reports log-softmax of the
+    unscaled logits, so at T = 0.7 it disagrees with the sampling distribution (the trainer's T-scaled
+    log-probs) and agrees instead with the T = 1 ones."""
+    from satrl.engines.vllm_engine import VLLMEngine
+
+    model, tok = policy
+    raw = VLLMEngine(builtin_path("tiny-arith"), eos_token_id=tok.eos_token_id, tokenizer=tok, numerics="fp32",
+                     logprobs_mode="raw_logprobs")  # fmt: skip
+    try:
+        comps = raw.generate(requests(tok), SamplingParams(temperature=0.7, max_new_tokens=8))
+    finally:
+        raw.close()
+    scaled, theirs = trainer_logp(model, comps, 0.7)
+    unscaled, _ = trainer_logp(model, comps, 1.0)
+    wrong, right = (scaled - theirs).abs().mean(), (unscaled - theirs).abs().mean()
+    print(f"raw_logprobs at T=0.7: mean |d| {wrong:.3e} vs the sampling distribution, {right:.3e} vs T=1")
+    assert wrong > 1e-2 and right < 1e-4
+
+
+@needs_vllm
 def test_truncated_sampling_reports_the_renormalized_distribution(engine, policy):
     """top-k / top-p: behavior_logp is log mu under the truncated, renormalized distribution it sampled from."""
     from engine_helpers import ref_logprobs
