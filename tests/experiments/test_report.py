@@ -130,11 +130,12 @@ def test_report_named_pairs_section(tmp_path, make_run):
         "baseline: grpo\npairs: {sat: gspo}\ncells: {grpo: {}, gspo: {label: GSPO}, sat: {label: SAT-GSPO}}\n"
     )
     for s in range(5):
-        make_run(out, "grpo", 8, s, {"best_avg_at_k": 0.5, "final_avg_at_k": 0.5})
-        make_run(out, "gspo", 8, s, {"best_avg_at_k": 0.40 + s / 100, "final_avg_at_k": 0.4})
-        make_run(out, "sat", 8, s, {"best_avg_at_k": 0.42 + s / 100, "final_avg_at_k": 0.4})
+        make_run(out, "grpo", 8, s, {"best_avg_at_k": 0.5, "final_avg_at_k": 0.5, "d_pi_last25": 0.1})
+        make_run(out, "gspo", 8, s, {"best_avg_at_k": 0.40 + s / 100, "final_avg_at_k": 0.4, "d_pi_last25": 0.2 + s / 100})
+        make_run(out, "sat", 8, s, {"best_avg_at_k": 0.42 + s / 100, "final_avg_at_k": 0.4, "d_pi_last25": 0.19 + s / 100})
     md = build_report(out, n_resamples=2000).read_text()
     assert "## Named pairs: each method vs its base" in md
     row = next(line for line in md.splitlines() if line.startswith("| SAT-GSPO | GSPO | 8 |"))
     assert "+2.0 [+2.0, +2.0] (better)" in row and "| 5/5 |" in row and "+0.0 [+0.0, +0.0] (no difference)" in row
-    assert "1 of these 2 intervals exclude 0. With 5 seeds" in md
+    assert row.endswith("| -0.0100 [-0.0100, -0.0100] (lower) | 5/5 |")
+    assert "1 of the 2 avg@k intervals exclude 0. With 5 seeds" in md

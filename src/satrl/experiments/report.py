@@ -148,24 +148,30 @@ def _paired_md(res: GridResults, tables: dict[str, pd.DataFrame], baseline: str)
 
 
 def _pairs_md(res: GridResults, pairs: dict[str, str], n_resamples: int, ci: float, seed: int) -> list[str]:
-    """'Each method vs its own base': the comparison the paper makes (SAT-X vs X, X w/ R3 vs X, ...)."""
+    """The grid's named pairs (a method vs the recipe it is layered on, or vs a control), paired by seed, on
+    best and final avg@k and on the late mismatch d_pi."""
     out = ["## Named pairs: each method vs its base", "",
            "The grid's `pairs:` (e.g. a method vs the recipe it is layered on, or vs a control). Paired by seed, "
-           "percentile bootstrap of the mean difference (method - base) in avg@k points; wins = seeds where the "
-           "method beats its base.", "",
-           "| method | base | lag | best avg@k: difference [95% CI] | wins | final avg@k: difference [95% CI] | wins |",
-           "|---|---|---|---|---|---|---|"]  # fmt: skip
-    best = pairs_table(res.runs, pairs, "best_avg_at_k", n_resamples, ci, seed)
-    final = pairs_table(res.runs, pairs, "final_avg_at_k", n_resamples, ci, seed)
-    for (_, b), (_, f) in zip(best.iterrows(), final.iterrows()):
+           "percentile bootstrap of the mean difference (method - base): avg@k in points (wins = seeds where the "
+           "method scores higher), d_pi (mean |log r| over the last 25% of steps; lower = seeds where the "
+           "method's mismatch is lower).", "",
+           "| method | base | lag | best avg@k: difference [95% CI] | wins | final avg@k: difference [95% CI] | wins "
+           "| d_pi: difference [95% CI] | lower |",
+           "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    best, final, dpi = (pairs_table(res.runs, pairs, m, n_resamples, ci, seed)
+                        for m in ("best_avg_at_k", "final_avg_at_k", "d_pi_last25"))  # fmt: skip
+    side = {"better": "higher", "worse": "lower"}
+    for (_, b), (_, f), (_, d) in zip(best.iterrows(), final.iterrows(), dpi.iterrows()):
         cells = [f"{r['mean'] * PCT:+.1f} [{r['lo'] * PCT:+.1f}, {r['hi'] * PCT:+.1f}] ({r['verdict']})" for r in (b, f)]
+        dcell = f"{d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}] ({side.get(d['verdict'], d['verdict'])})"
+        lower = d["n"] - d["wins"] - d["ties"]
         out.append(f"| {_md_cell(res.label(b['cell']))} | {_md_cell(res.label(b['base']))} | {b['lag']} | {cells[0]} "
-                   f"| {b['wins']}/{b['n']} | {cells[1]} | {f['wins']}/{f['n']} |")  # fmt: skip
+                   f"| {b['wins']}/{b['n']} | {cells[1]} | {f['wins']}/{f['n']} | {dcell} | {lower}/{d['n']} |")  # fmt: skip
     n = len(best) + len(final)
     verdicts = sum(v != "no difference" for v in [*best["verdict"], *final["verdict"]])
     seeds = int(best["n"].median()) if len(best) else 0
     cover = percentile_coverage(seeds, ci)
-    out += ["", f"{verdicts} of these {n} intervals exclude 0. With {seeds} seeds a nominal {ci:.0%} percentile "
+    out += ["", f"{verdicts} of the {n} avg@k intervals exclude 0. With {seeds} seeds a nominal {ci:.0%} percentile "
             f"interval covers only {cover:.0%} of the time (simulated on normal data: "
             f"`satrl.experiments.stats.percentile_coverage({seeds})`), so about {(1 - cover) * n:.1f} would exclude 0 "
             "by chance alone if no method differed from its base.", ""]  # fmt: skip
