@@ -44,13 +44,6 @@ def tiny_model(kind: str, seed: int = 0) -> torch.nn.Module:
     return model.float().eval()
 
 
-def cache_kw(model) -> str:
-    """forward()'s KV-cache argument: ``cache`` in transformers >= 5.2x, ``past_key_values`` before."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 def make_requests(n: int, seed: int = 1, min_len: int = 1, max_len: int = 8, base_seed: int = 100):
     """n requests with prompt lengths in [min_len, max_len], tokens never PAD/EOS, seeds base_seed+i."""
     g = torch.Generator().manual_seed(seed)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import EOS, PAD, cache_kw, make_requests, sampled_ref_logp, tiny_model
+from engine_helpers import EOS, PAD, make_requests, sampled_ref_logp, tiny_model
 from transformers import DynamicCache
 
 from satrl.engines import TorchEngine
+from satrl.engines.torch_engine import cache_argument
 from satrl.models.routing import (
     align_routing,
     capture_routing,
@@ -110,10 +111,10 @@ def test_incremental_replay_matches_full_sequence_replay(moe):
             full = moe(ids).logits
         cache, steps = DynamicCache(config=moe.config), []
         with replay_routing(moe, forced[:, :4]) as rep:
-            steps.append(moe(ids[:, :4], use_cache=True, **{cache_kw(moe): cache}).logits)
+            steps.append(moe(ids[:, :4], use_cache=True, **{cache_argument(moe): cache}).logits)
             for t in range(4, 7):
                 rep.set(forced[:, t : t + 1])
-                steps.append(moe(ids[:, t : t + 1], use_cache=True, **{cache_kw(moe): cache}).logits)
+                steps.append(moe(ids[:, t : t + 1], use_cache=True, **{cache_argument(moe): cache}).logits)
     assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
 
 

@@ -22,9 +22,9 @@ def _torch(*, model: nn.Module | None = None, model_path: str | None = None, **k
     if model is None:
         if model_path is None:
             raise ValueError("the torch engine needs model= (an nn.Module) or model_path= (a policy to load)")
-        from satrl.models import load_policy
+        from satrl.models import load_model
 
-        model, _ = load_policy(model_path)
+        model = load_model(model_path)
     return TorchEngine(model, **kwargs)
 
 

@@ -43,6 +43,12 @@ NUMERICS: dict[str, Numerics] = {
 }
 
 
+def cache_argument(model: nn.Module) -> str:
+    """The KV-cache argument of ``model.forward``: ``cache`` in transformers >= 5.2x, ``past_key_values`` before.
+    An unknown name is swallowed by ``**kwargs`` and decoding silently runs without a cache, so ask forward()."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def resolve_numerics(name: str) -> Numerics:
     if name not in NUMERICS:
         raise ValueError(f"unknown numerics {name!r}; valid choices: {sorted(NUMERICS)}")
@@ -97,10 +103,7 @@ class TorchEngine:
         self.top_k = moe_top_k(self.model)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
-        # transformers renamed the KV-cache argument (past_key_values -> cache, 5.2x); an unknown name is
-        # swallowed by **kwargs and decoding silently runs without a cache, so pick the one forward() takes.
-        params = inspect.signature(self.model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_argument(self.model)
         self._version = int(version)
 
     # ------------------------------------------------------------------ weights

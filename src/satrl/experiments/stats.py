@@ -8,6 +8,7 @@ is known to be too narrow (it cannot see beyond the observed values); the report
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -124,6 +125,7 @@ def paired_diff(
     return PairedDiff(mean, lo, hi, wins=int((d > 0).sum()), ties=int((d == 0).sum()), n=len(seeds))
 
 
+@functools.lru_cache(maxsize=64)
 def percentile_coverage(n: int, ci: float = 0.95, sims: int = 1000, n_resamples: int = 2000, seed: int = 0) -> float:
     """Simulated coverage of :func:`bootstrap_ci`'s percentile interval for the mean of ``n`` normal values.
 

@@ -10,7 +10,14 @@
 
 from __future__ import annotations
 
-from satrl.models.loading import BUILTINS, PolicyLoadError, builtin_path, load_policy, load_tokenizer
+from satrl.models.loading import (
+    BUILTINS,
+    PolicyLoadError,
+    builtin_path,
+    load_model,
+    load_policy,
+    load_tokenizer,
+)
 from satrl.models.tiny import build_tiny_model, count_params, tiny_config
 from satrl.models.tokenizer import build_char_tokenizer
 
@@ -21,6 +28,7 @@ __all__ = [
     "build_tiny_model",
     "builtin_path",
     "count_params",
+    "load_model",
     "load_policy",
     "load_tokenizer",
     "tiny_config",

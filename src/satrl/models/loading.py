@@ -68,15 +68,29 @@ def resolve_policy_path(path_or_name: str | Path) -> Path:
     return path
 
 
+def _loaded(what: str, path: Path, load):
+    """Run ``load()``; malformed config/weights/tokenizer files become the one-line PolicyLoadError."""
+    try:
+        return load()
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PolicyLoadError(f"cannot load {what} from {str(path)!r} ({first}); expected {EXPECTED}") from e
+
+
+def load_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The causal LM of a built-in policy or local HF directory, in eval mode, on CPU, in ``dtype``; never
+    downloads anything."""
+    path = resolve_policy_path(path_or_name)
+    model = _loaded("the policy", path, lambda: AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, use_safetensors=True, local_files_only=True, attn_implementation="sdpa"))  # fmt: skip
+    return model.eval()
+
+
 def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer of a built-in policy or local HF directory, without loading the weights (engines
     that load the checkpoint themselves, like vLLM, need only this)."""
     path = resolve_policy_path(path_or_name)
-    try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, KeyError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise PolicyLoadError(f"cannot load the tokenizer from {str(path)!r} ({first}); expected {EXPECTED}") from e
+    return _loaded("the tokenizer", path, lambda: AutoTokenizer.from_pretrained(path, local_files_only=True))
 
 
 def load_policy(
@@ -84,13 +98,4 @@ def load_policy(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` from a built-in name (``tiny-arith``, ``tiny-arith-moe``) or a local HF
     causal-LM directory. The model is in eval mode, on CPU, in ``dtype``; never downloads anything."""
-    path = resolve_policy_path(path_or_name)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, use_safetensors=True, local_files_only=True, attn_implementation="sdpa"
-        )
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, KeyError) as e:  # malformed config/weights: keep the one-line contract
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise PolicyLoadError(f"cannot load policy from {str(path)!r} ({first}); expected {EXPECTED}") from e
-    return model.eval(), tokenizer
+    return load_model(path_or_name, dtype), load_tokenizer(path_or_name)

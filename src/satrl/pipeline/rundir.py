@@ -169,15 +169,16 @@ class Evaluator:
 
         cfg = self.cfg
         if self.engine is None:
+            name = cfg.eval.engine or cfg.engine.name  # engine.kwargs belong to the rollout engine
             self.engine = make_engine(
-                cfg.eval.engine or cfg.engine.name,
+                name,
                 model=trainer.model,
                 model_path=cfg.model.source,
                 tokenizer=self.tokenizer,
                 eos_token_id=self.tokenizer.eos_token_id,
                 pad_token_id=self.tokenizer.pad_token_id,
                 numerics=cfg.engine.numerics,
-                **(cfg.engine.kwargs if (cfg.eval.engine or cfg.engine.name) == cfg.engine.name else {}),
+                **(cfg.engine.kwargs if name == cfg.engine.name else {}),
             )
             self.task = make_task(cfg.task.name, **cfg.task.kwargs)
         self.engine.load_weights(trainer.weights(), trainer.version)
