@@ -139,3 +139,18 @@ def test_report_named_pairs_section(tmp_path, make_run):
     assert "+2.0 [+2.0, +2.0] (better)" in row and "| 5/5 |" in row and "+0.0 [+0.0, +0.0] (no difference)" in row
     assert row.endswith("| -0.0100 [-0.0100, -0.0100] (lower) | 5/5 |")
     assert "1 of the 2 avg@k intervals exclude 0. With 5 seeds" in md
+
+
+def test_report_sat_activity_table(tmp_path, make_run):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "grid.yaml").write_text("cells: {grpo: {}, sat: {label: SAT}}\n")
+    rows = [{"step": i + 1, "obj/q": q, "obj/sat_clipfrac": 0.01, "obj/gate_rate": 0.1, "gate/tv_share": 0.5}
+            for i, q in enumerate([0.1, 0.3, 0.05, 0.4])]  # fmt: skip
+    for s in range(2):
+        make_run(out, "grpo", 8, s, {"best_avg_at_k": 0.3}, metrics=[{"step": 1, "obj/clipfrac": 0.1}])
+        make_run(out, "sat", 8, s, {"best_avg_at_k": 0.3}, metrics=rows)
+    md = build_report(out, n_resamples=500).read_text()
+    assert "## How much SAT acted" in md
+    assert "| SAT | 8 | 0.200 | 50% | 1.00% | 10.0% | 50.0% |" in md  # median of 0.05..0.4; 2 of 4 below log 1.2
+    assert "| grpo | 8 |" not in md.split("## How much SAT acted")[1].split("##")[0]

@@ -178,6 +178,31 @@ def _pairs_md(res: GridResults, pairs: dict[str, str], n_resamples: int, ci: flo
     return out
 
 
+PPO_RADIUS = math.log(1.2)  # log(1 + eps_high) at the default eps_high = 0.2
+
+
+def _sat_activity_md(res: GridResults) -> list[str]:
+    """How much SAT acted, per SAT cell and lag: SAT can change a gradient only when q < log(1 + eps_high)."""
+    m = res.metrics
+    if "obj/q" not in m or m["obj/q"].notna().sum() == 0:
+        return []
+    out = ["## How much SAT acted", "",
+           "Over all steps and seeds of each SAT cell: the median quantile q; the share of steps with q below PPO's "
+           "own radius log 1.2 (only then can SAT's contraction bind); the share of tokens whose gradient SAT "
+           "changed (`obj/sat_clipfrac`); the gate rate; and the share of the sampled-token TV mass on gated "
+           "tokens (`gate/tv_share`; equal to the gate rate for a random gate). For a proxy score or the inverted "
+           "gate, q is that score's own quantile, so the log 1.2 column does not apply.", "",
+           "| method | lag | median q | steps with q < log 1.2 | gradients changed | gate rate | TV mass on gated |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    sat = m[m["obj/q"].notna()]
+    for cell in res.cell_order():
+        for lag, g in sat[sat["cell"] == cell].groupby("lag"):
+            mean = {k: g[k].mean() if k in g else float("nan") for k in ("obj/sat_clipfrac", "obj/gate_rate", "gate/tv_share")}
+            out.append(f"| {_md_cell(res.label(cell))} | {lag} | {g['obj/q'].median():.3f} | {(g['obj/q'] < PPO_RADIUS).mean():.0%} "
+                       f"| {mean['obj/sat_clipfrac']:.2%} | {mean['obj/gate_rate']:.1%} | {mean['gate/tv_share']:.1%} |")  # fmt: skip
+    return out + [""]
+
+
 def _coverage_note(res: GridResults, ci: float) -> str:
     if res.finished.empty:
         return ""
@@ -236,6 +261,7 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
         )
     elif baseline:
         md += [f"## Paired comparisons vs {baseline}", "", "The baseline has no finished runs yet.", ""]
+    md += _sat_activity_md(res)
     pairs = res.meta.get("pairs") or {}
     if pairs and not st.empty:
         md += _pairs_md(res, pairs, n_resamples, ci, seed)
