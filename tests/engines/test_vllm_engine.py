@@ -47,7 +47,9 @@ def engine(policy):
     from satrl.engines.vllm_engine import VLLMEngine
 
     _, tok = policy
+    t0 = time.perf_counter()
     eng = VLLMEngine(builtin_path("tiny-arith"), eos_token_id=tok.eos_token_id, tokenizer=tok, numerics="fp32")
+    print(f"vLLM engine start: {time.perf_counter() - t0:.1f} s")
     yield eng
     eng.close()
 
@@ -145,7 +147,9 @@ def test_load_weights_updates_the_running_engine(engine, policy):
     before = engine.generate(reqs, sampling)
     other = build_tiny_model("dense", vocab_size=len(tok), seed=7).eval()
     assert {k: v.shape for k, v in other.state_dict().items()} == {k: v.shape for k, v in model.state_dict().items()}
+    t0 = time.perf_counter()
     engine.load_weights(other.state_dict(), version=3)
+    print(f"load_weights of {sum(v.numel() for v in other.state_dict().values()):,} values: {time.perf_counter() - t0:.3f} s")
     try:
         after = engine.generate(reqs, sampling)
         assert engine.version == 3 and all(c.version == 3 for c in after)
@@ -203,6 +207,7 @@ def test_satrl_train_with_the_vllm_engine(tmp_path):
         assert max(row["lag/max"] for row in rows) >= 1  # batch 2 came after a weight sync
         # step 1 is at lag 0: d is pure implementation mismatch (bf16-weights engine vs fp32 trainer): small, real
         assert 0 < rows[0]["obj/d_pi"] < 0.02 and all(math.isfinite(row["loss"]) for row in rows)
+        print(f"backend={backend}: d_pi at lag 0 (step 1) = {rows[0]['obj/d_pi']:.2e}")
         assert json.loads((out / "summary.json").read_text())["steps"] == 4 and (out / "eval.jsonl").read_text().strip()
         assert "name: vllm" in (out / "config.yaml").read_text()
     assert all(stable(runs[b]) == stable(runs["sequential"]) for b in backends)
