@@ -115,15 +115,34 @@ class TrainConfig(_Strict):
 
 
 class EvalConfig(_Strict):
+    """Evaluation: the task's eval problems are split by a fixed hash into disjoint ``val`` and ``test`` parts;
+    both are scored at every evaluation, the best step is chosen on val and reported on test."""
+
     every: int = Field(40, ge=0, description="Evaluate every this many optimizer steps (0: only at the end).")
+    at_start: bool = Field(True, description="Also evaluate before training (step 0): the collapse rule's base.")
     k: int = Field(8, ge=1, description="Samples per problem for avg@k.")
-    n_problems: int = Field(100, ge=1, description="Eval-split problems per evaluation.")
+    # Defaults fit the built-in arithmetic task's 200 eval problems (97 fall in val, 103 in test).
+    val_problems: int = Field(80, ge=1, description="Val-part problems per evaluation (checkpoint selection).")
+    test_problems: int = Field(100, ge=1, description="Test-part problems per evaluation (reported scores).")
+    n_problems: int | None = Field(
+        None, ge=2,
+        description="Configs before the val/test split: score the first n_problems eval problems, split by the "
+        "same hash into val and test (their pooled avg_at_k equals the old metric). Excludes val/test_problems.",
+    )  # fmt: skip
     engine: str | None = Field(None, description="Engine for evaluation (default: the rollout engine).")
 
     @field_validator("engine")
     @classmethod
     def _known(cls, name: str | None) -> str | None:
         return None if name is None else _known_engine(name)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> EvalConfig:
+        # A saved config holds every key, so only a value other than the default counts as "given".
+        given = [k for k in ("val_problems", "test_problems") if getattr(self, k) != type(self).model_fields[k].default]
+        if self.n_problems is not None and given:
+            raise ValueError(f"eval.n_problems and eval.{given[0]} exclude each other; give one of them")
+        return self
 
 
 class DiagnosticsConfig(_Strict):

@@ -115,7 +115,9 @@ def test_summarize_run_hand_written_rows():
     s = summarize_run(_rows(), EVALS, CollapseConfig(window=2))
     assert s["best_avg_at_k"] == 0.75 and s["best_step"] == 6  # earliest of the tie
     assert s["final_avg_at_k"] == 0.25
-    assert s["collapse_step"] == 6
+    assert s["reward_collapse_step"] == 6  # the training-reward rule
+    # the eval rule: base 0.5, peak 0.75, level 0.625; only the last eval (step 9) is below: unconfirmed
+    assert s["collapse_step"] is None and s["collapse_unconfirmed_step"] == 9
     # 9 steps -> last ceil(9/4) = 3 steps: 7, 8, 9; step 8 is NaN -> mean(0.07, 0.09)
     assert math.isclose(s["d_pi_last25"], 0.08)
     # gate_rate present on 8 of 9 steps: 0.1 * 6 + 0.3 (step 4) + 0.2 (re-logged step 5) -> / 8
@@ -134,11 +136,13 @@ def test_summarize_run_nonfinite_loss_missing_keys_and_empty():
     assert math.isclose(s["d_pi_last25"], 0.01) and s["steps"] == 5
     empty = summarize_run([], [], CollapseConfig())
     assert empty == {
-        "best_avg_at_k": None,
-        "best_step": None,
-        "final_avg_at_k": None,
-        "collapse_step": None,
+        **dict.fromkeys(("best_avg_at_k", "best_step", "final_avg_at_k", "late_avg_at_k", "best_val_avg_at_k",
+                         "best_test_avg_at_k", "late_test_avg_at_k", "final_test_avg_at_k")),  # fmt: skip
+        **dict.fromkeys(("collapse_step", "collapse_unconfirmed_step", "collapse_score", "reward_collapse_step")),
+        "eval_base": None,
+        "lag_realized": None,
         "d_pi_last25": None,
         "gate_rate_mean": None,
         "steps": 0,
+        "summary_version": 2,
     }

@@ -33,9 +33,10 @@ def test_lag_stats():
     lag = torch.tensor([[1, 3, 99], [0, 0, 0]])
     mask = torch.tensor([[True, True, False], [True, False, False]])
     r = lag_stats(lag, mask)
-    assert math.isclose(r["mean"].item(), 4 / 3) and r["max"].item() == 3.0
+    assert math.isclose(r["mean"].item(), 4 / 3) and r["max"].item() == 3.0 and r["min"].item() == 0.0
+    assert lag_stats(lag, torch.tensor([[True, True, False], [False] * 3]))["min"].item() == 1.0
     empty = lag_stats(lag, torch.zeros_like(mask))
-    assert empty["mean"].item() == 0.0 and empty["max"].item() == 0.0
+    assert empty["mean"].item() == 0.0 and empty["max"].item() == 0.0 and empty["min"].item() == 0.0
     assert by_lag(lag, torch.zeros_like(mask), x=lag.float()) == {}
 
 

@@ -36,6 +36,7 @@ def test_step_diagnostics_keys_and_values():
         "mismatch/logratio_var",
         "lag/mean",
         "lag/max",
+            "lag/min",
         "gate/tv_share",
         "gate/tv_lift",
         "gate/tv_mass_mean",

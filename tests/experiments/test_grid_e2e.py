@@ -14,7 +14,7 @@ import pytest
 
 from satrl.experiments.grid import load_grid, run_grid_spec
 from satrl.experiments.report import fmt_ci
-from satrl.experiments.stats import bootstrap_ci
+from satrl.experiments.stats import mean_ci
 from satrl.models.tiny import build_tiny_model
 from satrl.models.tokenizer import build_char_tokenizer
 
@@ -46,8 +46,11 @@ def test_ci_smoke_grid_then_report(tmp_path):
     for label, cell in (("GRPO", "grpo"), ("SAT-GRPO", "sat_grpo")):
         sums = [json.loads((out / cell / "lag2" / f"seed{s}" / "summary.json").read_text()) for s in (0, 1)]
         row = next(line for line in md.splitlines() if line.startswith(f"| {label} |"))
-        best = bootstrap_ci([s["best_avg_at_k"] for s in sums], n_resamples=2000)
-        dpi = bootstrap_ci([s["d_pi_last25"] for s in sums], n_resamples=2000)
-        assert fmt_ci(*best) in row and fmt_ci(*dpi, "{:.4f}", 1.0) in row
+        late = mean_ci([s["late_test_avg_at_k"] for s in sums], n_resamples=2000)
+        dpi = mean_ci([s["d_pi_last25"] for s in sums], n_resamples=2000)
+        assert row.startswith(f"| {label} | 2 | ") and fmt_ci(*late) in row and fmt_ci(*dpi, "{:.4f}", 1.0) in row
         assert all(s["steps"] == 4 for s in sums)
-    assert "SAT-GRPO vs GRPO at lag 2 (best avg@k)" in md
+        # val and test parts are disjoint and scored at every eval, including step 0
+        ev = [json.loads(line) for line in (out / cell / "lag2" / "seed0" / "eval.jsonl").read_text().splitlines()]
+        assert ev[0]["step"] == 0 and all({"val_avg_at_k", "test_avg_at_k"} <= e.keys() for e in ev)
+    assert "| SAT-GRPO | GRPO | 2 | " in md and "late test avg@k" in md

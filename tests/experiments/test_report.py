@@ -6,7 +6,7 @@ import pytest
 
 from satrl.experiments.grid import load_grid, run_grid_spec
 from satrl.experiments.report import add_report_args, build_report, fmt_ci, run_report
-from satrl.experiments.stats import bootstrap_ci
+from satrl.experiments.stats import mean_ci
 from satrl.experiments.store import pack_results
 
 FIGS = ["eval_curves.png", "d_pi.png", "sat_diagnostics.png", "gate_check.png", "bylag.png", "paired.png"]
@@ -53,22 +53,23 @@ def test_report_table_matches_summaries(grid_out, tmp_path):
         summaries = [
             json.loads((grid_out / cell / "lag2" / f"seed{s}" / "summary.json").read_text()) for s in range(3)
         ]
-        best = bootstrap_ci([s["best_avg_at_k"] for s in summaries], n_resamples=2000)
-        final = bootstrap_ci([s["final_avg_at_k"] for s in summaries], n_resamples=2000)
+        # the fake trainer writes old-style summaries: the late-window mean comes from its eval.jsonl (evals
+        # at steps 0, 4, 8 of 8: the late window, steps 7-8, holds only the last, whose score is `best`)
+        late = mean_ci([s["best_avg_at_k"] for s in summaries], n_resamples=2000)
+        best = mean_ci([s["best_avg_at_k"] for s in summaries], n_resamples=2000)
+        final = mean_ci([s["final_avg_at_k"] for s in summaries], n_resamples=2000)
         row = _row(md, label)
-        assert fmt_ci(*best) + " (8)" in row and fmt_ci(*final) in row
-        collapses = sum(s["collapse_step"] is not None for s in summaries)
-        assert f"| {collapses}/3" in row
-    # by hand: best of b = 0.4 + 0.02 s - 0.02 -> mean 40.0 %; b's seed 1 collapses at step 6
-    assert "40.0 ±" in _row(md, "Beta") and "1/3 (median step 6)" in _row(md, "Beta")
-    # b's CI [38, 42] is clear of a's [28, 32]: bold, and the paired difference is exactly +10 points each seed
-    assert "**40.0 ±" in _row(md, "Beta")
-    assert "**Beta beats Alpha** by +10.0 points [+10.0, +10.0], wins 3/3 seeds." in md
+        assert row.startswith(f"| {label} | 2 | — | {fmt_ci(*late)} | {fmt_ci(*best)} | {fmt_ci(*final)} | 0/3 |"), row
+    # by hand: late of b = 0.4 + 0.02 s - 0.02 -> mean 40.0 %; a is exactly 10 points lower on every seed,
+    # but 3 seeds cannot give a sign-flip p below 2/8 = 0.25: no verdict
+    assert "40.0 ±" in _row(md, "Beta")
+    assert "| Beta | Alpha | 2 | +10.0 [+10.0, +10.0] | 3/3 | 0.25 | 0.25 | inf | no detectable difference at this power |" in md
+    assert "0 of 1 comparisons differ after Holm's correction. With 3 seeds the smallest possible sign-flip p is 0.25" in md
     assert "`bad/lag2/seed0`: failed" in md
-    assert "A toy grid." in md
+    assert "A toy grid." in md and "These runs predate the val/test split" in md
 
 
-def test_report_without_sat_or_baseline_skips_figures_and_states_overlap(tmp_path, make_run):
+def test_report_without_sat_or_baseline_skips_figures(tmp_path, make_run):
     out = tmp_path / "out"
     for s, (x, y) in enumerate([(0.30, 0.31), (0.34, 0.33), (0.32, 0.36)]):
         make_run(out, "grpo", 8, s, {"best_avg_at_k": x, "final_avg_at_k": x, "d_pi_last25": 0.01},
@@ -76,19 +77,14 @@ def test_report_without_sat_or_baseline_skips_figures_and_states_overlap(tmp_pat
         make_run(out, "gspo", 8, s, {"best_avg_at_k": y, "final_avg_at_k": y, "d_pi_last25": 0.02},
                  metrics=[{"step": 1, "obj/d_pi": 0.02}], evals=[{"step": 1, "avg_at_k": y, "k": 8}])  # fmt: skip
     md = build_report(out, n_resamples=2000).read_text()
-    assert "Lag 8, best avg@k: the top two, gspo and grpo, have overlapping CIs" in md
-    rows = {line.split(" | ")[0]: line.split(" | ") for line in md.splitlines() if line.startswith("| g")}
-    assert not any("**" in c for r in rows.values() for c in r[1:3])  # avg@k columns: overlap, no bold
-    assert (
-        rows["| grpo"][4].startswith("**0.0100") and "**" not in rows["| gspo"][4]
-    )  # d_pi: separated, lower wins
     assert "Skipped: no SAT cells" in md and "Skipped: no `bylag/<k>/...` keys" in md
+    assert "## Exploratory" not in md and "## Declared hypotheses" not in md
     assert (out / "figures" / "eval_curves.png").exists() and not (
         out / "figures" / "sat_diagnostics.png"
     ).exists()
 
 
-def test_report_states_no_difference_when_ci_includes_zero(tmp_path, make_run):
+def test_report_states_no_difference_at_this_power(tmp_path, make_run):
     out = tmp_path / "out"
     (out).mkdir()
     (out / "grid.yaml").write_text("baseline: grpo\ncells: {grpo: {}, sat: {label: 'SAT |d|'}}\n")
@@ -96,13 +92,9 @@ def test_report_states_no_difference_when_ci_includes_zero(tmp_path, make_run):
         make_run(out, "grpo", 8, s, {"best_avg_at_k": 0.3, "final_avg_at_k": 0.3})
         make_run(out, "sat", 8, s, {"best_avg_at_k": 0.3 + d, "final_avg_at_k": 0.3})
     md = build_report(out, n_resamples=2000).read_text()
-    assert "SAT |d| vs grpo at lag 8 (best avg@k): no detectable difference, the CI includes 0" in md
-    assert "| SAT \\|d\\| | 29.8 ± " in md  # the pipe in the label does not break the table
-    assert "wins 2/4 seeds" in md
-    assert (
-        "(final avg@k): no detectable difference, the CI includes 0: +0.0 points [+0.0, +0.0], wins 0/4 seeds (4 ties)"
-        in md
-    )
+    # diffs +2, -3, +1, -1 points: |sum| = 1, and every sign pattern has an odd |sum| >= 1 -> p = 1 (by hand)
+    assert "| SAT \\|d\\| | grpo | 8 | -0.2 [" in md and "| 2/4 | 1 | 1 | inf | no detectable difference at this power |" in md
+    assert "| SAT \\|d\\| | 8 | — | 29.8 ± " in md  # the pipe in the label does not break the table
 
 
 def test_report_cli_and_regeneration_from_packed_results(grid_out, tmp_path, capsys):
@@ -123,22 +115,48 @@ def test_report_cli_and_regeneration_from_packed_results(grid_out, tmp_path, cap
 
 
 def test_report_named_pairs_section(tmp_path, make_run):
-    """`pairs:` adds a method-vs-its-base table, with the known differences recovered and the chance count stated."""
+    """`pairs:` adds a method-vs-its-base table on the primary endpoint and on d_pi, with the known differences
+    recovered, exact p-values and Holm within each table."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "grid.yaml").write_text(
         "baseline: grpo\npairs: {sat: gspo}\ncells: {grpo: {}, gspo: {label: GSPO}, sat: {label: SAT-GSPO}}\n"
     )
-    for s in range(5):
+    for s in range(6):
         make_run(out, "grpo", 8, s, {"best_avg_at_k": 0.5, "final_avg_at_k": 0.5, "d_pi_last25": 0.1})
         make_run(out, "gspo", 8, s, {"best_avg_at_k": 0.40 + s / 100, "final_avg_at_k": 0.4, "d_pi_last25": 0.2 + s / 100})
         make_run(out, "sat", 8, s, {"best_avg_at_k": 0.42 + s / 100, "final_avg_at_k": 0.4, "d_pi_last25": 0.19 + s / 100})
     md = build_report(out, n_resamples=2000).read_text()
-    assert "## Named pairs: each method vs its base" in md
-    row = next(line for line in md.splitlines() if line.startswith("| SAT-GSPO | GSPO | 8 |"))
-    assert "+2.0 [+2.0, +2.0] (better)" in row and "| 5/5 |" in row and "+0.0 [+0.0, +0.0] (no difference)" in row
-    assert row.endswith("| -0.0100 [-0.0100, -0.0100] (lower) | 5/5 |")
-    assert "1 of the 2 avg@k intervals exclude 0. With 5 seeds" in md
+    assert "## Exploratory: named pairs (each method vs its base)" in md
+    section = md.split("## Exploratory: named pairs")[1]
+    # +2 points on all 6 seeds: p = 2/64; one comparison in the family, so Holm p = p
+    assert "| SAT-GSPO | GSPO | 8 | +2.0 [+2.0, +2.0] | 6/6 | 0.0312 | 0.0312 |" in section
+    assert "| better |" in section.split("**d_pi")[0]
+    d_pi = section.split("**d_pi")[1]
+    assert "| SAT-GSPO | GSPO | 8 | -0.0100 [-0.0100, -0.0100] | 0/6 | 0.0312 | 0.0312 |" in d_pi and "| better |" in d_pi
+
+
+def test_report_declared_hypotheses_are_one_holm_family(tmp_path, make_run):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "grid.yaml").write_text(textwrap.dedent("""
+        baseline: grpo
+        cells: {grpo: {}, sat: {label: SAT}}
+        hypotheses:
+          H1: {method: sat, base: grpo, lag: 8, endpoint: late_test_avg_at_k, direction: greater}
+          H2: {method: sat, base: grpo, lag: 8, endpoint: d_pi_last25, direction: less}
+    """))
+    for s in range(10):
+        make_run(out, "grpo", 8, s, {"late_test_avg_at_k": 0.5, "d_pi_last25": 0.1, "summary_version": 2})
+        make_run(out, "sat", 8, s, {"late_test_avg_at_k": 0.5 + 0.01 * (1 + s % 2), "d_pi_last25": 0.1 + (0.01 if s % 2 else -0.01),
+                                    "summary_version": 2})  # fmt: skip
+    md = build_report(out, n_resamples=1000).read_text()
+    sec = md.split("## Declared hypotheses")[1].split("## ")[0]
+    # H1: 10 positive diffs, p = 2/1024; H2: diffs +-0.01, five each: sum 0, p = 1. Holm: [2 * 0.00195, 1]
+    assert "| H1 | SAT > grpo at lag 8 | `late_test_avg_at_k` | 10 | +1.5 [" in sec and "| 0.00195 | 0.00391 |" in sec
+    assert "| supported |" in sec
+    assert "| H2 | SAT < grpo at lag 8 | `d_pi_last25` | 10 | +0.0000 [" in sec and "| 1 | 1 |" in sec
+    assert "**H2**: SAT vs grpo at lag 8 (d_pi_last25): no detectable difference at this power" in sec
 
 
 def test_report_sat_activity_table(tmp_path, make_run):

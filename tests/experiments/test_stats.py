@@ -10,6 +10,7 @@ from satrl.experiments.stats import (
     bootstrap_ci,
     bootstrap_curve,
     cell_stats,
+    mean_ci,
     paired_diff,
     paired_table,
     pairs_table,
@@ -78,7 +79,7 @@ def test_paired_diff_recovers_known_difference_that_unpaired_would_miss():
     assert d.n == 12 and d.wins == 12
     assert d.lo > 0 and d.lo < 0.02 < d.hi
     assert d.mean == pytest.approx(np.mean(method - base))
-    assert d.verdict == "better"
+    assert d.verdict() == "better" and d.p == pytest.approx(2 / 2**12)  # all 12 diffs positive
     # Unpaired CIs of the two means overlap: pairing is what detects the gain.
     _, m_lo, _ = bootstrap_ci(method)
     _, _, b_hi = bootstrap_ci(base)
@@ -89,8 +90,8 @@ def test_paired_diff_uses_only_shared_seeds_and_counts_ties():
     d = paired_diff({0: 0.5, 1: 0.4, 2: 0.3, 7: 0.9}, {0: 0.4, 1: 0.4, 2: 0.35, 3: 0.1})
     assert (d.n, d.wins, d.ties) == (3, 1, 1)
     assert d.mean == pytest.approx((0.1 + 0.0 - 0.05) / 3)
-    assert d.verdict == "no difference"
-    assert paired_diff({0: 0.1}, {1: 0.2}).verdict == "no data"
+    assert d.verdict() == "no detectable difference at this power"
+    assert paired_diff({0: 0.1}, {1: 0.2}).verdict() == "no data"
 
 
 def test_curve_band():
@@ -145,10 +146,12 @@ def test_cell_stats_hand_computed():
     g, s = st_.loc["grpo"], st_.loc["sat"]
     assert g["n"] == 3 and s["n"] == 3  # the failed run is not counted
     assert g["best_mean"] == pytest.approx(0.32) and s["best_mean"] == pytest.approx(0.37)
-    assert g["best_lo"] >= 0.30 and g["best_hi"] <= 0.34
+    assert (g["best_lo"], g["best_hi"]) == pytest.approx(mean_ci([0.30, 0.34, 0.32], n_resamples=2000)[1:])
+    assert g["best_lo"] < 0.30 and g["best_hi"] > 0.34  # the studentized interval is not held inside the data
     assert g["best_step_median"] == 200
     assert g["final_mean"] == pytest.approx(0.25)
     assert (g["collapses"], g["collapse_step_median"]) == (2, 300)
+    assert g["unconfirmed"] == 0 and g["reward_collapses"] == 0 and math.isnan(g["lag_mean"])
     assert s["collapses"] == 0 and math.isnan(s["collapse_step_median"])
     assert g["d_pi_mean"] == pytest.approx(0.011)
     assert math.isnan(g["gate_rate_mean"]) and s["gate_rate_mean"] == pytest.approx(0.11)
@@ -174,7 +177,10 @@ def test_pairs_table_compares_each_method_with_its_own_base():
     runs = pd.concat([runs, worse], ignore_index=True)
     t = pairs_table(runs, {"sat": "grpo", "grpo": "other"}, n_resamples=2000)
     assert t[["cell", "base", "lag", "wins", "n"]].values.tolist() == [["sat", "grpo", 8, 3, 3], ["grpo", "other", 8, 3, 3]]
-    assert t["mean"].tolist() == pytest.approx([0.05, 0.1]) and t["verdict"].tolist() == ["better", "better"]
+    assert t["mean"].tolist() == pytest.approx([0.05, 0.1])
+    # 3 seeds: the smallest sign-flip p is 2/8 = 0.25, so nothing can be declared, however consistent
+    assert t["p"].tolist() == pytest.approx([0.25, 0.25]) and t["p_holm"].tolist() == pytest.approx([0.5, 0.5])
+    assert t["verdict"].tolist() == ["no detectable difference at this power"] * 2
     assert pairs_table(runs, {"sat": "missing"}).empty  # no shared lag: no row, not an error
 
 

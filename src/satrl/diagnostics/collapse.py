@@ -1,38 +1,53 @@
-"""Collapse detection and the end-of-run summary (``summary.json``), applied the same way to every run.
+"""Collapse detection: the eval-score rule (the run's ``collapse_step``) and the training-reward rule
+(``reward_collapse_step``), both pure functions of logged numbers. Definitions also in docs/metrics.md.
 
-Definition (also in docs/metrics.md, "Collapse"): let R(s) be the mean training reward over the last
-``window`` steps ending at step s (defined once ``window`` rewards exist), and R*(s) = max_{s' <= s} R(s')
-its running maximum. The run collapses at the first step s with
+**Eval rule** (:func:`eval_collapse`, the paper's sense: its GRPO falls from 0.34 to 0.14 on eval). With
+``base`` the score before training and ``peak(s)`` the best eval score up to eval step s, the run collapses
+at the first eval step s whose score is below
 
-    R*(s) >= min_peak   and   R(s') < drop * R*(s)   for every s' >= s through the end of the run,
+    level(s) = base + (1 - frac) * (peak(s) - base)
 
-i.e. the rolling reward falls below ``drop`` times the best rolling reward seen so far and never again
-reaches that level. A step with a non-finite loss is also a collapse; the collapse step is the earlier
-of the two. A dip that later climbs back to ``drop * R*`` is not a collapse.
+and stays below that level for ``confirm`` consecutive evals (s included). A drop seen only in the last
+fewer-than-``confirm`` evals is *unconfirmed* (:func:`eval_collapse_status` reports it); a run whose peak
+never exceeds ``base`` never collapses; a score that climbs back to the level ends the drop (recovered).
+
+**Reward rule** (:func:`detect_collapse`, kept for old runs and as a second opinion): let R(s) be the mean
+training reward over the last ``window`` steps ending at step s and R*(s) its running maximum. The run
+collapses at the first step s with R*(s) >= min_peak and R(s') < drop * R*(s) for every s' >= s through the
+end of the run. It reads the training reward, which can stay high while the eval score falls, and its
+"through the end" clause is cut short by the end of the run, so it is no longer the headline rule.
+
+Either way a step with a non-finite loss is also a collapse; the collapse step is the earlier of the two.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CollapseConfig", "detect_collapse", "summarize_run"]
+__all__ = ["CollapseConfig", "detect_collapse", "eval_collapse", "eval_collapse_status"]
 
 
 class CollapseConfig(BaseModel):
-    """Parameters of the collapse definition (see module docstring / docs/metrics.md)."""
+    """Parameters of both collapse rules (see module docstring / docs/metrics.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    window: int = Field(10, ge=1, description="Steps in the trailing rolling mean of the training reward.")
+    eval_frac: float = Field(
+        0.5, gt=0.0, le=1.0, description="Eval rule: collapse when this share of the val gain over base is lost."
+    )
+    eval_confirm: int = Field(
+        2, ge=1, description="Eval rule: consecutive evals (the first included) that must stay below the level."
+    )
+
+    window: int = Field(10, ge=1, description="Reward rule: steps in the trailing rolling mean of the training reward.")
     drop: float = Field(
-        0.5, gt=0.0, lt=1.0, description="Collapse when the rolling reward stays below drop x its best value."
+        0.5, gt=0.0, lt=1.0, description="Reward rule: collapse when the rolling reward stays below drop x its best value."
     )
     min_peak: float = Field(
-        0.05, ge=0.0, description="Ignore runs whose best rolling reward is below this (never learned)."
+        0.05, ge=0.0, description="Reward rule: ignore runs whose best rolling reward is below this (never learned)."
     )
 
 
@@ -88,80 +103,57 @@ def detect_collapse(
     return min(candidates) if candidates else None
 
 
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def eval_collapse_status(
+    steps: Sequence[int], scores: Sequence[float], base: float | None = None, frac: float = 0.5, confirm: int = 2
+) -> tuple[int | None, int | None]:
+    """``(collapse_step, unconfirmed_step)`` under the eval rule (module docstring).
+
+    ``unconfirmed_step`` is the eval step where a drop below the level began that the run ended before
+    ``confirm`` evals could confirm (None otherwise); it is only set when there is no confirmed collapse.
+    Non-finite scores are an error (drop missing evals instead), as are mismatched lengths.
+    """
+    if len(steps) != len(scores):
+        raise ValueError(f"steps has {len(steps)} entries but scores has {len(scores)}; give one step per score")
+    if not 0.0 < frac <= 1.0:
+        raise ValueError(f"frac must lie in (0, 1], got {frac}")
+    if confirm < 1:
+        raise ValueError(f"confirm must be >= 1, got {confirm}")
+    bad = [(s, x) for s, x in zip(steps, scores) if not math.isfinite(x)]
+    if bad:
+        raise ValueError(f"scores must be finite; eval step {bad[0][0]} has {bad[0][1]}")
+    if not scores:
+        return None, None
+    base = float(scores[0]) if base is None else float(base)
+    peak = -math.inf
+    for i, x in enumerate(scores):
+        peak = max(peak, x)
+        if peak <= base:
+            continue  # nothing learned yet: a score below base is not a collapse
+        level = base + (1.0 - frac) * (peak - base)
+        if x >= level:
+            continue
+        run = scores[i : i + confirm]
+        if all(y < level for y in run):
+            # Scores below the level cannot raise the peak, so the level is the same for the whole run.
+            if len(run) == confirm:
+                return int(steps[i]), None
+            return None, int(steps[i])  # the run ended inside the confirmation window
+    return None, None
 
 
-def _mean(values: list[float]) -> float | None:
-    return math.fsum(values) / len(values) if values else None
-
-
-def _dedupe_by_step(rows: list[dict]) -> list[dict]:
-    """Sort rows by ``step``; when a step repeats (a resumed run re-logged it) the last row wins.
-    Rows without ``step`` get their 1-based position."""
-    by_step: dict[int, dict] = {}
-    for i, row in enumerate(rows, start=1):
-        by_step[int(row.get("step", i))] = row
-    return [by_step[s] | {"step": s} for s in sorted(by_step)]
-
-
-def summarize_run(
-    metrics_rows: list[dict], eval_rows: list[dict], collapse: CollapseConfig
-) -> dict[str, Any]:
-    """The statistics fields of ``summary.json`` (contracts.md), from a run's rows.
+def eval_collapse(
+    steps: Sequence[int], scores: Sequence[float], base: float | None = None, frac: float = 0.5, confirm: int = 2
+) -> int | None:
+    """Eval step at which the run collapsed under the eval rule (module docstring), or None.
 
     Args:
-        metrics_rows: the objects of ``metrics.jsonl`` (one per optimizer step; keys may be absent).
-        eval_rows: the objects of ``eval.jsonl`` (``step``, ``avg_at_k``, ...).
-        collapse: collapse-definition parameters.
+        steps: the optimizer step of each evaluation, ascending.
+        scores: the eval score (e.g. val avg@k) at each of those steps, all finite.
+        base: the score before training (step 0); default the first score.
+        frac: the share of the gain over ``base`` that must be lost (0.5: half of it).
+        confirm: consecutive evals, the first included, that must stay below the level.
 
-    Returns a JSON-ready dict (Python floats/ints/None):
-        ``best_avg_at_k``, ``best_step``: highest finite avg@k and its step (earliest on ties);
-        ``final_avg_at_k``: avg@k of the last evaluation (by step);
-        ``collapse_step``: :func:`detect_collapse` on ``train/reward`` (rows where it is absent or
-            non-finite are skipped) and on the steps whose ``loss`` is present and non-finite;
-        ``d_pi_last25``: mean ``obj/d_pi`` over the last ceil(25%) of steps (rows lacking it or NaN skipped);
-        ``gate_rate_mean``: mean ``obj/gate_rate`` over the steps that have it, None if none do (non-SAT);
-        ``steps``: the last optimizer step logged (0 for no rows).
-        Every field is None when there is nothing to compute it from.
+    Examples: ``0.30, 0.40, 0.50, 0.20, 0.18, 0.19`` collapses at the 4th eval's step; the same curve cut
+    after ``0.50, 0.20`` does not (unconfirmed); ``0.30, 0.50, 0.20, 0.50, 0.50`` does not (recovered).
     """
-    rows = _dedupe_by_step(metrics_rows)
-    evals = sorted(
-        (e for e in _dedupe_by_step(eval_rows) if _finite(e.get("avg_at_k"))), key=lambda e: e["step"]
-    )
-
-    best_avg = best_step = final_avg = None
-    for e in evals:
-        if best_avg is None or e["avg_at_k"] > best_avg:
-            best_avg, best_step = float(e["avg_at_k"]), int(e["step"])
-    if evals:
-        final_avg = float(evals[-1]["avg_at_k"])
-
-    reward_rows = [row for row in rows if _finite(row.get("train/reward"))]
-    nonfinite = [row["step"] for row in rows if row.get("loss") is not None and not _finite(row.get("loss"))]
-    collapse_step = detect_collapse(
-        [float(row["train/reward"]) for row in reward_rows],
-        nonfinite_steps=nonfinite,
-        window=collapse.window,
-        drop=collapse.drop,
-        min_peak=collapse.min_peak,
-        steps=[row["step"] for row in reward_rows],
-    )
-
-    tail = rows[len(rows) - math.ceil(len(rows) / 4) :] if rows else []
-    d_pi = [float(row["obj/d_pi"]) for row in tail if _is_number(row.get("obj/d_pi"))]
-    gate = [float(row["obj/gate_rate"]) for row in rows if _is_number(row.get("obj/gate_rate"))]
-    return {
-        "best_avg_at_k": best_avg,
-        "best_step": best_step,
-        "final_avg_at_k": final_avg,
-        "collapse_step": collapse_step,
-        "d_pi_last25": _mean(d_pi),
-        "gate_rate_mean": _mean(gate),
-        "steps": rows[-1]["step"] if rows else 0,
-    }
-
-
-def _is_number(v: Any) -> bool:
-    """A present, non-NaN number (inf kept: a diverging d_pi must show in the summary)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+    return eval_collapse_status(steps, scores, base, frac, confirm)[0]

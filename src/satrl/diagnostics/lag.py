@@ -27,12 +27,12 @@ def _lag_2d(lag: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def lag_stats(lag: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Mean and max lag over active tokens (token-weighted). Both 0 when nothing is active.
+    """Mean, min and max lag over active tokens (mean token-weighted). All 0 when nothing is active.
 
     Args:
         lag: [B, T] or [B] int, trainer version − sample version.
         mask: [B, T] active tokens.
-    Returns: ``mean`` (0-dim float), ``max`` (0-dim float).
+    Returns: ``mean``, ``min``, ``max`` (0-dim floats).
     """
     m = as_bool_mask(mask)
     lag2 = _lag_2d(lag.detach(), m)
@@ -41,8 +41,10 @@ def lag_stats(lag: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
     n = m.sum()
     neg_inf = torch.full((), float("-inf"), dtype=dt, device=lag.device)
     mx = torch.where(m, lf, neg_inf).max() if lf.numel() else neg_inf
+    mn = torch.where(m, lf, -neg_inf).min() if lf.numel() else -neg_inf
     return {
         "mean": lf.sum() / n.clamp(min=1).to(dt),
+        "min": torch.where(n > 0, mn, torch.zeros_like(mn)),
         "max": torch.where(n > 0, mx, torch.zeros_like(mx)),
     }
 

@@ -42,7 +42,7 @@ def step_diagnostics(
         logp_at_version: [B, T] trainer log-probs under the sample's weight version (snapshot ring).
         engine_routing, trainer_routing: [B, T, layers, top_k] expert indices (MoE only).
 
-    Keys: ``mismatch/{d_pi,d_mean,d_p90_abs,d_max_abs,logratio_var}``, ``lag/{mean,max}``,
+    Keys: ``mismatch/{d_pi,d_mean,d_p90_abs,d_max_abs,logratio_var}``, ``lag/{mean,min,max}``,
     ``bylag/<k>/{frac_tokens,abs_d,clipfrac,gate_rate}``, ``gate/{tv_share,tv_lift,tv_mass_mean}``,
     ``mismatch/{d_policy,d_impl,frac_policy,frac_impl}``, ``moe/route_disagree``,
     ``moe/route_disagree/layer<i>``, ``moe/expert_diff``.

@@ -110,11 +110,14 @@ def _per_lag_figure(res: GridResults, df: pd.DataFrame, key: str, path: Path, ti
 
 
 def eval_curves(res: GridResults, path: Path) -> FigureOut:
+    test = "test_avg_at_k" in res.evals and res.evals["test_avg_at_k"].notna().any()
+    key, what = ("test_avg_at_k", "test-part") if test else ("avg_at_k", "all eval problems (runs without a val/test split)")
     title = "Evaluation avg@k over training"
-    caption = ("Eval avg@k (%) per method, one panel per configured lag. Thick line: mean over seeds; band: 95% "
-               "percentile bootstrap over seeds at each eval step; faint lines: individual seeds. Look for methods "
-               "whose band stays high late in training, and for seeds that fall off (collapse).")  # fmt: skip
-    ok = _per_lag_figure(res, res.evals, "avg_at_k", path, title, "avg@k (%)", scale=100.0)
+    caption = (f"Eval avg@k (%) on the {what} problems per method, one panel per configured lag. Thick line: mean "
+               "over seeds; band: 95% percentile bootstrap over seeds at each eval step; faint lines: individual "
+               "seeds. Look for methods whose band stays high late in training, and for seeds that fall off "
+               "(collapse).")  # fmt: skip
+    ok = _per_lag_figure(res, res.evals, key, path, title, "avg@k (%)", scale=100.0)
     return FigureOut(title, caption, path if ok else None, None if ok else "no eval.jsonl data")
 
 
@@ -262,8 +265,9 @@ def paired(res: GridResults, tables: dict[str, pd.DataFrame], baseline: str | No
     base = res.label(baseline) if baseline else None
     title = f"Paired difference vs {base}"
     caption = (f"Each row is a method at one lag: mean over shared seeds of (method - {base}) in avg@k points, "
-               "with the 95% percentile bootstrap CI of that mean, and wins = seeds where the method beats the "
-               "baseline. A bar that crosses 0 means no detectable difference.")  # fmt: skip
+               "with the 95% studentized bootstrap CI of that mean, and wins = seeds where the method beats the "
+               "baseline. Green/red: better/worse by the Holm-corrected sign-flip test; grey: no detectable "
+               "difference at this power (the colour never comes from the CI alone).")  # fmt: skip
     if baseline is None or not tables or all(t.empty for t in tables.values()):
         return FigureOut(title, caption, None, "no baseline cell, or no method shares seeds with it")
     fig, axes = plt.subplots(1, len(tables), figsize=(6 * len(tables), 0.45 * max(len(t) for t in tables.values()) + 1.8),
@@ -271,7 +275,7 @@ def paired(res: GridResults, tables: dict[str, pd.DataFrame], baseline: str | No
     for ax, (metric, t) in zip(axes[0], tables.items()):
         t = t.iloc[::-1].reset_index(drop=True)
         y = np.arange(len(t))
-        color = np.where(t["lo"] > 0, "tab:green", np.where(t["hi"] < 0, "tab:red", "tab:gray"))
+        color = t["verdict"].map({"better": "tab:green", "worse": "tab:red"}).fillna("tab:gray").to_numpy()
         err = _err(t["mean"] * 100, t["lo"] * 100, t["hi"] * 100)
         for i in range(len(t)):  # one call per row: errorbar takes a single colour
             ax.errorbar(

@@ -2,7 +2,8 @@
 
 The report is self-contained (figures in `figures/`, linked relatively) so that a folder committed
 under docs/results/<grid>/ renders on GitHub. Numbers in the tables come from summary.json files
-through stats.cell_stats / stats.paired_table; nothing is typed by hand.
+through stats.cell_stats / stats.compare; nothing is typed by hand. A grid's declared ``hypotheses:`` are
+tested as one Holm family; every other comparison is listed as exploratory.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ import pandas as pd
 
 from satrl.experiments import plots
 from satrl.experiments.grid import _git_commit
-from satrl.experiments.stats import cell_stats, paired_table, pairs_table, percentile_coverage, separated
+from satrl.experiments.stats import (
+    DEFAULT_INTERVAL,
+    cell_stats,
+    compare,
+    holm,
+    interval_coverage,
+    paired_table,
+    pairs_table,
+    verdict_words,
+)
 from satrl.experiments.store import GridResults, load_results
 
 PCT = 100.0  # avg_at_k is a fraction in [0, 1]; the report shows percentage points, as the paper does
@@ -40,142 +50,183 @@ def fmt_ci(mean: float, lo: float, hi: float, fmt: str = "{:.1f}", scale: float 
     return f"{_f(mean, fmt, scale)} ± {_f((hi - lo) / 2, fmt, scale)} [{_f(lo, fmt, scale)}, {_f(hi, fmt, scale)}]"
 
 
-# Columns of Table 1: (stats prefix, header, higher is better, format, scale)
-_METRICS = [("best", "best avg@k", True, "{:.1f}", PCT), ("final", "final avg@k", True, "{:.1f}", PCT),
-            ("d_pi", "d_pi (last 25%)", False, "{:.4f}", 1.0)]  # fmt: skip
+def _pct(x: float) -> str:
+    return _f(x, "{:+.1f}", PCT)
 
 
-def _column_marks(st: pd.DataFrame, prefix: str, higher: bool, label) -> tuple[str | None, str]:
-    """Which cell (if any) is bolded in this column, and the sentence explaining the decision."""
-    ok = st[np.isfinite(st[f"{prefix}_mean"])]
-    if len(ok) < 2:
-        return None, ""
-    ok = ok.sort_values(f"{prefix}_mean", ascending=not higher)
-    top, second = ok.iloc[0], ok.iloc[1]
-    if min(top["n"], second["n"]) < 2:
-        return (
-            None,
-            f"{label(top['cell'])} has the best mean, but with a single seed there is no CI to separate it.",
-        )
-    a, b = (top[f"{prefix}_lo"], top[f"{prefix}_hi"]), (second[f"{prefix}_lo"], second[f"{prefix}_hi"])
-    if separated(a, b, higher):
-        return (
-            top["cell"],
-            f"{label(top['cell'])} is best and its CI does not overlap the runner-up's ({label(second['cell'])}).",
-        )
-    return None, (f"the top two, {label(top['cell'])} and {label(second['cell'])}, have overlapping CIs, "
-                  "so no cell is marked best.")  # fmt: skip
+def endpoints(res: GridResults) -> dict[str, tuple[str, str]]:
+    """Which summary keys the report uses, with their names: the primary endpoint (late-window test mean,
+    no selection), the val-selected best on test, and the final test score. Runs made before the val/test
+    split have only pooled scores: then the late-window mean of the pooled score, and the best pooled score
+    (selected on the same problems it is reported on: optimistic, said in the name); summaries that have
+    not even the late-window mean fall back to that best score as the primary endpoint."""
+    have = lambda k: k in res.finished and pd.to_numeric(res.finished[k], errors="coerce").notna().any()  # noqa: E731
+    if have("late_test_avg_at_k"):
+        return {"primary": ("late_test_avg_at_k", "late test avg@k"),
+                "best": ("best_test_avg_at_k", "test avg@k at the val-best step"),
+                "final": ("final_test_avg_at_k", "final test avg@k")}  # fmt: skip
+    best = ("best_avg_at_k", "best avg@k (selected on itself: optimistic)")
+    primary = ("late_avg_at_k", "late avg@k (all eval problems)") if have("late_avg_at_k") else best
+    return {"primary": primary, "best": best, "final": ("final_avg_at_k", "final avg@k")}
 
 
-def table1(res: GridResults, st: pd.DataFrame) -> tuple[str, list[str]]:
-    """Markdown Table 1 (methods x lags) and the sentences about which cells are marked."""
-    lags = sorted(st["lag"].unique())
-    header = ["method"]
-    for _, name, *_ in _METRICS[:2]:
-        header += [f"{name}, lag {lag}" for lag in lags]
-    header += [f"collapses, lag {lag}" for lag in lags]
-    header += [f"{_METRICS[2][1]}, lag {lag}" for lag in lags]
-    bold: dict[tuple[str, int, str], bool] = {}
-    notes = []
-    for prefix, name, higher, *_ in _METRICS:
-        for lag in lags:
-            cell, sentence = _column_marks(st[st["lag"] == lag], prefix, higher, res.label)
-            if cell is not None:
-                bold[(cell, lag, prefix)] = True
-            if sentence:
-                notes.append(f"Lag {lag}, {name}: {sentence}")
-    rows = []
-    for cell in res.cell_order():
-        row = [_md_cell(res.label(cell))]
-        by_lag = {int(r["lag"]): r for _, r in st[st["cell"] == cell].iterrows()}
-        for prefix, _, _, fmt, scale in _METRICS[:2]:
-            for lag in lags:
-                r = by_lag.get(lag)
-                txt = (
-                    "—"
-                    if r is None
-                    else fmt_ci(r[f"{prefix}_mean"], r[f"{prefix}_lo"], r[f"{prefix}_hi"], fmt, scale)
-                )
-                if r is not None and prefix == "best" and txt != "—":
-                    txt += f" ({_f(r['best_step_median'], '{:.0f}')})"
-                row.append(f"**{txt}**" if bold.get((cell, lag, prefix)) else txt)
-        for lag in lags:
-            r = by_lag.get(lag)
-            if r is None:
-                row.append("—")
-                continue
-            med = f" (median step {_f(r['collapse_step_median'], '{:.0f}')})" if r["collapses"] else ""
-            row.append(f"{r['collapses']}/{r['n']}{med}")
-        for lag in lags:
-            r = by_lag.get(lag)
-            txt = "—" if r is None else fmt_ci(r["d_pi_mean"], r["d_pi_lo"], r["d_pi_hi"], "{:.4f}", 1.0)
-            row.append(f"**{txt}**" if bold.get((cell, lag, "d_pi")) else txt)
-        rows.append(row)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines), notes
+_PREFIX = {"late_test_avg_at_k": "late_test", "best_test_avg_at_k": "best_test", "final_test_avg_at_k": "final_test",
+           "late_avg_at_k": "late", "best_avg_at_k": "best", "final_avg_at_k": "final"}  # fmt: skip
 
 
-def conclusion(res: GridResults, row: pd.Series, baseline: str, metric_name: str) -> str:
-    """One sentence per paired comparison, positive or negative."""
-    m, b = res.label(row["cell"]), res.label(baseline)
-    diff = f"{row['mean'] * PCT:+.1f} points [{row['lo'] * PCT:+.1f}, {row['hi'] * PCT:+.1f}]"
-    wins = f"wins {row['wins']}/{row['n']} seeds" + (f" ({row['ties']} ties)" if row["ties"] else "")
-    head = f"{m} vs {b} at lag {row['lag']} ({metric_name})"
-    if row["n"] < 2:
-        return f"{head}: only {row['n']} shared seed(s), no uncertainty estimate; difference {row['mean'] * PCT:+.1f} points."
-    if row["verdict"] == "better":
-        return f"{head}: **{m} beats {b}** by {diff}, {wins}."
-    if row["verdict"] == "worse":
-        return f"{head}: **{m} is worse than {b}** by {diff}, {wins}."
-    return f"{head}: no detectable difference, the CI includes 0: {diff}, {wins}."
+def _lag_text(r: pd.Series) -> str:
+    if not math.isfinite(r["lag_mean"]):
+        return "—"
+    return f"{r['lag_mean']:.1f} [{r['lag_min']:.0f}-{r['lag_max']:.0f}]"
 
 
-def _paired_md(res: GridResults, tables: dict[str, pd.DataFrame], baseline: str) -> list[str]:
+def lag_warnings(st: pd.DataFrame, label) -> list[str]:
+    """One sentence per configured lag and realized range where the realized lag disagrees with the configured
+    one by more than 1 (the largest realized lag is not within 1 of it), naming the cells."""
+    bad = st[np.isfinite(st["lag_max"]) & ((st["lag_max"] - st["lag"]).abs() > 1)]
     out = []
-    for metric, t in tables.items():
-        name = metric.replace("_avg_at_k", " avg@k")
-        out += [
-            f"**{name}** (method - {res.label(baseline)}, avg@k points, 95% CI, wins = seeds where method > baseline):",
-            "",
-        ]
-        out += ["| method | lag | difference | 95% CI | wins | verdict |", "|---|---|---|---|---|---|"]
-        for _, r in t.iterrows():
-            out.append(f"| {_md_cell(res.label(r['cell']))} | {r['lag']} | {r['mean'] * PCT:+.1f} | [{r['lo'] * PCT:+.1f}, "
-                       f"{r['hi'] * PCT:+.1f}] | {r['wins']}/{r['n']} | {r['verdict']} |")  # fmt: skip
-        out += [""] + [f"- {conclusion(res, r, baseline, name)}" for _, r in t.iterrows()] + [""]
+    for (lag, lo, hi), g in bad.groupby(["lag", "lag_min", "lag_max"], sort=True):
+        cells = "every cell" if len(g) == int((st["lag"] == lag).sum()) else ", ".join(label(c) for c in g["cell"])
+        out.append(f"**Configured lag {lag} trained at realized lags {lo:.0f}-{hi:.0f} (mean {g['lag_mean'].mean():.1f})** "
+                   f"in {cells}: more than one optimizer step per rollout batch (or another schedule), so this is "
+                   "not the paper's lag n (docs/metrics.md, `lag_realized`).")  # fmt: skip
     return out
 
 
-def _pairs_md(res: GridResults, pairs: dict[str, str], n_resamples: int, ci: float, seed: int) -> list[str]:
-    """The grid's named pairs (a method vs the recipe it is layered on, or vs a control), paired by seed, on
-    best and final avg@k and on the late mismatch d_pi."""
-    out = ["## Named pairs: each method vs its base", "",
-           "The grid's `pairs:` (e.g. a method vs the recipe it is layered on, or vs a control). Paired by seed, "
-           "percentile bootstrap of the mean difference (method - base): avg@k in points (wins = seeds where the "
-           "method scores higher), d_pi (mean |log r| over the last 25% of steps; lower = seeds where the "
-           "method's mismatch is lower).", "",
-           "| method | base | lag | best avg@k: difference [95% CI] | wins | final avg@k: difference [95% CI] | wins "
-           "| d_pi: difference [95% CI] | lower |",
+def table1(res: GridResults, st: pd.DataFrame) -> str:
+    """Markdown Table 1, one row per (method, configured lag): realized lag, the endpoints with CIs,
+    collapses under the eval rule, and d_pi."""
+    ep = {k: v for k, v in endpoints(res).items() if k == "primary" or v != endpoints(res)["primary"]}
+    header = ["method", "lag", "realized lag: mean [min-max]"] + [f"{name}" for _, name in ep.values()]
+    header += ["collapses (eval rule)", "d_pi (last 25%)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for cell in res.cell_order():
+        for _, r in st[st["cell"] == cell].sort_values("lag").iterrows():
+            row = [_md_cell(res.label(cell)), str(r["lag"]), _lag_text(r)]
+            for key, _ in ep.values():
+                pre = _PREFIX[key]
+                row.append(fmt_ci(r[f"{pre}_mean"], r[f"{pre}_lo"], r[f"{pre}_hi"]))
+            med = f" (median step {_f(r['collapse_step_median'], '{:.0f}')})" if r["collapses"] else ""
+            unc = f", {r['unconfirmed']} unconfirmed" if r["unconfirmed"] else ""
+            row.append(f"{r['collapses']}/{r['n']}{med}{unc}")
+            row.append(fmt_ci(r["d_pi_mean"], r["d_pi_lo"], r["d_pi_hi"], "{:.4f}", 1.0))
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _verdict_sentence(res: GridResults, r: pd.Series, what: str, lower_better: bool = False) -> str:
+    m, b = res.label(r["cell"]), res.label(r["base"])
+    scale, fmt = (1.0, "{:+.4f}") if lower_better else (PCT, "{:+.1f}")
+    unit = "" if lower_better else " points"
+    diff = f"{fmt.format(r['mean'] * scale)}{unit} [{fmt.format(r['lo'] * scale)}, {fmt.format(r['hi'] * scale)}]"
+    stats = (f"sign-flip p = {r['p']:.3g}, Holm p = {r['p_holm']:.3g}, n = {r['n']} seeds, MDE "
+             f"{'inf' if not math.isfinite(r['mde']) else fmt.format(r['mde'] * scale).lstrip('+')}{unit}")  # fmt: skip
+    head = f"{m} vs {b} at lag {r['lag']} ({what})"
+    if r["verdict"] == "better":
+        return f"{head}: **{m} is better**, {diff}; {stats}."
+    if r["verdict"] == "worse":
+        return f"{head}: **{m} is worse**, {diff}; {stats}."
+    if r["verdict"] == "no data":
+        return f"{head}: no shared seeds."
+    low = " (the MDE is infinite: with this many seeds the test cannot reach its level)" if not math.isfinite(r["mde"]) else ""
+    return f"{head}: no detectable difference at this power{low}, {diff}; {stats}."
+
+
+def _comparison_table(res: GridResults, t: pd.DataFrame, lower_better: bool = False) -> list[str]:
+    scale, fmt = (1.0, "{:+.4f}") if lower_better else (PCT, "{:+.1f}")
+    out = ["| method | base | lag | difference [95% CI] | wins | sign-flip p | Holm p | MDE | verdict |",
            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    best, final, dpi = (pairs_table(res.runs, pairs, m, n_resamples, ci, seed)
-                        for m in ("best_avg_at_k", "final_avg_at_k", "d_pi_last25"))  # fmt: skip
-    side = {"better": "higher", "worse": "lower"}
-    for (_, b), (_, f), (_, d) in zip(best.iterrows(), final.iterrows(), dpi.iterrows()):
-        cells = [f"{r['mean'] * PCT:+.1f} [{r['lo'] * PCT:+.1f}, {r['hi'] * PCT:+.1f}] ({r['verdict']})" for r in (b, f)]
-        dcell = f"{d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}] ({side.get(d['verdict'], d['verdict'])})"
-        lower = d["n"] - d["wins"] - d["ties"]
-        out.append(f"| {_md_cell(res.label(b['cell']))} | {_md_cell(res.label(b['base']))} | {b['lag']} | {cells[0]} "
-                   f"| {b['wins']}/{b['n']} | {cells[1]} | {f['wins']}/{f['n']} | {dcell} | {lower}/{d['n']} |")  # fmt: skip
-    n = len(best) + len(final)
-    verdicts = sum(v != "no difference" for v in [*best["verdict"], *final["verdict"]])
-    seeds = int(best["n"].median()) if len(best) else 0
-    cover = percentile_coverage(seeds, ci)
-    out += ["", f"{verdicts} of the {n} avg@k intervals exclude 0. With {seeds} seeds a nominal {ci:.0%} percentile "
-            f"interval covers only {cover:.0%} of the time (simulated on normal data: "
-            f"`satrl.experiments.stats.percentile_coverage({seeds})`), so about {(1 - cover) * n:.1f} would exclude 0 "
-            "by chance alone if no method differed from its base.", ""]  # fmt: skip
+    for _, r in t.iterrows():
+        mde_txt = "inf" if not math.isfinite(r["mde"]) else fmt.format(r["mde"] * scale).lstrip("+")
+        out.append(f"| {_md_cell(res.label(r['cell']))} | {_md_cell(res.label(r['base']))} | {r['lag']} | "
+                   f"{fmt.format(r['mean'] * scale)} [{fmt.format(r['lo'] * scale)}, {fmt.format(r['hi'] * scale)}] | "
+                   f"{r['wins']}/{r['n']} | {r['p']:.3g} | {r['p_holm']:.3g} | {mde_txt} | {r['verdict']} |")  # fmt: skip
     return out
+
+
+def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> list[str]:
+    """The grid's declared hypotheses: one Holm family, each with its endpoint and direction."""
+    hyps = res.meta.get("hypotheses") or {}
+    if not hyps:
+        return []
+    rows = []
+    for name, h in hyps.items():
+        t = compare(res.runs, [(h["method"], h["base"], int(h["lag"]))], h.get("endpoint", "late_test_avg_at_k"),
+                    n_resamples, ci, seed)  # fmt: skip
+        if t.empty:
+            rows.append((name, h, None))
+        else:
+            rows.append((name, h, t.iloc[0].copy()))
+    done = [r for _, _, r in rows if r is not None]
+    adjusted = holm([r["p"] for r in done])
+    out = ["## Declared hypotheses", "",
+           "Each hypothesis is tested with the exact two-sided paired sign-flip test on its endpoint; the p-values "
+           "are Holm-corrected over these hypotheses only (one family), and the verdict follows the Holm p at 0.05 "
+           "in the declared direction. MDE: the smallest true difference detectable with 80 % power at this seed "
+           "count (paired SD as observed). Everything after this section is exploratory.", "",
+           "| hypothesis | comparison | endpoint | n | difference [95% CI] | sign-flip p | Holm p | MDE | verdict |",
+           "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    words = []
+    it = iter(adjusted)
+    for name, h, r in rows:
+        lower = h.get("direction", "greater") == "less"
+        endpoint = h.get("endpoint", "late_test_avg_at_k")
+        comp = f"{res.label(h['method'])} {'<' if lower else '>'} {res.label(h['base'])} at lag {h['lag']}"
+        if r is None:
+            out.append(f"| {name} | {_md_cell(comp)} | `{endpoint}` | 0 | — | — | — | — | no data yet |")
+            words.append(f"- **{name}** ({comp}): no finished runs on both sides yet.")
+            continue
+        r["p_holm"] = next(it)
+        r["verdict"] = verdict_words(r["n"], r["mean"], r["p_holm"], higher_is_better=not lower)
+        scale, fmt = (1.0, "{:+.4f}") if endpoint.startswith("d_pi") else (PCT, "{:+.1f}")
+        mde_txt = "inf" if not math.isfinite(r["mde"]) else fmt.format(r["mde"] * scale).lstrip("+")
+        supported = {"better": "supported", "worse": "contradicted (significant in the other direction)"}
+        out.append(f"| {name} | {_md_cell(comp)} | `{endpoint}` | {r['n']} | {fmt.format(r['mean'] * scale)} "
+                   f"[{fmt.format(r['lo'] * scale)}, {fmt.format(r['hi'] * scale)}] | {r['p']:.3g} | {r['p_holm']:.3g} "
+                   f"| {mde_txt} | {supported.get(r['verdict'], r['verdict'])} |")  # fmt: skip
+        words.append(f"- **{name}**: {_verdict_sentence(res, r, endpoint, endpoint.startswith('d_pi'))}"
+                     + (f" {h['description']}" if h.get("description") else ""))  # fmt: skip
+    return out + [""] + words + [""]
+
+
+def _family_sentence(t: pd.DataFrame) -> str:
+    """How many of a table's comparisons survive Holm, and whether the seed count could detect anything."""
+    if t.empty:
+        return "No comparison has finished runs on both sides yet."
+    sig = int(t["verdict"].isin(["better", "worse"]).sum())
+    n = int(t["n"].median())
+    floor = 2.0 / 2**n if n else 1.0
+    reach = (f" With {n} seeds the smallest possible sign-flip p is {floor:.3g}, so after Holm over {len(t)} "
+             f"comparisons none can reach 0.05: a null here is a null at (near) zero power, not evidence of no "
+             "effect." if floor * len(t) >= 0.05 else "")  # fmt: skip
+    return f"{sig} of {len(t)} comparisons differ after Holm's correction.{reach}"
+
+
+def exploratory_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> tuple[list[str], dict]:
+    """Every comparison the grid did not declare: each cell vs the baseline, and the named pairs, on the
+    primary endpoint and d_pi. Holm within each table."""
+    key, name = endpoints(res)["primary"]
+    out: list[str] = []
+    tables: dict[str, pd.DataFrame] = {}
+    baseline = res.meta.get("baseline")
+    intro = ("Exploratory (not declared before the runs): paired by seed, studentized bootstrap CI of the mean "
+             "difference, exact sign-flip p, Holm-corrected over the rows of each table; verdicts follow the Holm "
+             "p, never the CI. MDE at 80 % power for the observed paired SD.")  # fmt: skip
+    if baseline and baseline in set(res.finished["cell"]):
+        t = paired_table(res.runs, baseline, key, n_resamples, ci, seed)
+        tables[key] = t
+        out += [f"## Exploratory: each method vs {res.label(baseline)} ({name})", "", intro, ""]
+        out += _comparison_table(res, t) + ["", _family_sentence(t), ""]
+    elif baseline:
+        out += [f"## Exploratory: each method vs {baseline}", "", "The baseline has no finished runs yet.", ""]
+    pairs = res.meta.get("pairs") or {}
+    if pairs and not res.finished.empty:
+        t = pairs_table(res.runs, pairs, key, n_resamples, ci, seed)
+        d = pairs_table(res.runs, pairs, "d_pi_last25", n_resamples, ci, seed, higher_is_better=False)
+        out += [f"## Exploratory: named pairs (each method vs its base), {name}", "", intro, ""]
+        out += _comparison_table(res, t) + ["", _family_sentence(t), ""]
+        out += ["**d_pi (last 25 %), lower is better** (method - base):", ""] + _comparison_table(res, d, True) + [""]
+    return out, tables
 
 
 PPO_RADIUS = math.log(1.2)  # log(1 + eps_high) at the default eps_high = 0.2
@@ -207,9 +258,13 @@ def _coverage_note(res: GridResults, ci: float) -> str:
     if res.finished.empty:
         return ""
     n = int(res.finished.groupby(["cell", "lag"]).size().min())
-    return (f"With {n} seeds per cell (the fewest) the percentile interval is too narrow: it covers about "
-            f"{percentile_coverage(n, ci):.0%}, not {ci:.0%} (simulated on normal data), so read the intervals "
-            "as optimistic.")  # fmt: skip
+    if n < 2:
+        return "With a single seed per cell there is no interval."
+    normal, skewed = interval_coverage(n, DEFAULT_INTERVAL, ci), interval_coverage(n, DEFAULT_INTERVAL, ci, dist="lognormal")
+    return (f"With {n} seeds per cell (the fewest) this interval covers {normal:.0%} of the time on normal data and "
+            f"{skewed:.0%} on skewed (lognormal) data for a nominal {ci:.0%} (simulated: "
+            f"`satrl.experiments.stats.interval_coverage({n})`; the percentile bootstrap of earlier reports covers "
+            f"{interval_coverage(n, 'percentile', ci):.0%}).")  # fmt: skip
 
 
 def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resamples: int = 10_000,
@@ -232,39 +287,37 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
            f"`{res.meta.get('git_commit') or 'unknown'}`.",
            f"- Runs: {', '.join(f'{v} {s}' for s, v in sorted(counts.items())) or 'none'}; "
            f"avg@k with k = {', '.join(str(int(x)) for x in k) or 'unknown'}.",
-           f"- Statistics: mean over seeds and {ci:.0%} percentile bootstrap CI of the mean ({n_resamples} "
-           f"resamples, seed {seed}). {_coverage_note(res, ci)} Collapse is what each run's summary.json reports "
-           "(`collapse_step`).", ""]  # fmt: skip
-    if st.empty:
-        md += ["No finished runs yet: nothing to tabulate.", ""]
-    else:
-        tab, notes = table1(res, st)
+           f"- Statistics: mean over seeds and {ci:.0%} studentized bootstrap CI of the mean ({n_resamples} "
+           f"resamples, seed {seed}). {_coverage_note(res, ci)} Verdicts come from exact sign-flip tests with "
+           "Holm's correction, never from an interval. Collapse: the eval rule on val "
+           "(`satrl.diagnostics.collapse.eval_collapse`, docs/metrics.md).", ""]  # fmt: skip
+    if not st.empty:
+        ep = endpoints(res)
+        if ep["primary"][0] == "late_avg_at_k":
+            md += ["**These runs predate the val/test split**: their scores are on one set of eval problems, so "
+                   "the best score is selected and reported on the same problems (optimistic by the selection "
+                   "noise); the late-window mean needs no selection and is the endpoint to read. Their summaries "
+                   "were recomputed with today's rules from the runs' own files (eval-rule collapse, realized lag). "
+                   "They have no step-0 evaluation, so the collapse rule's base is the first eval, which makes it "
+                   "flag noise as collapse when the gain after that eval is small: read those counts as an upper "
+                   "bound.", ""]  # fmt: skip
+        warnings = lag_warnings(st, res.label)
         md += ["## Table 1 with uncertainty", "",
-               "Rows: methods; avg@k in %, as `mean ± half-width [lo, hi] (median best step)`; collapses = runs "
-               "whose summary reports a collapse, out of N finished, with the median collapse step; d_pi = the "
-               "run's mean over its last 25% of steps, then mean and CI over seeds. Bold: best in its column "
-               "with a CI that does not overlap the runner-up's.", "", tab, ""]  # fmt: skip
-        md += [f"- {n}" for n in notes] + [""]
-    baseline = res.meta.get("baseline")
-    tables: dict[str, pd.DataFrame] = {}
-    if baseline and not st.empty and baseline in set(res.finished["cell"]):
-        tables = {
-            m: paired_table(res.runs, baseline, m, n_resamples, ci, seed)
-            for m in ("best_avg_at_k", "final_avg_at_k")
-        }
-        tables = {m: t for m, t in tables.items() if not t.empty}
-        md += [f"## Paired comparisons vs {res.label(baseline)}", "",
-               "Paired by seed number (runs with the same seed share the trainer's seeding), percentile "
-               "bootstrap of the mean difference over seeds.", ""]  # fmt: skip
-        md += (
-            _paired_md(res, tables, baseline) if tables else ["No method shares seeds with the baseline.", ""]
-        )
-    elif baseline:
-        md += [f"## Paired comparisons vs {baseline}", "", "The baseline has no finished runs yet.", ""]
+               "One row per method and configured lag. Realized lag: token-weighted mean, min and max over the "
+               "trained tokens after the first rollout batch (`lag_realized`, mean over seeds, min/max over "
+               f"seeds). Primary endpoint: `{ep['primary'][0]}`, the mean over the evals in the last 25 % of "
+               "steps (no selection). avg@k in %, `mean ± half-width [lo, hi]`. Collapses: runs collapsed under "
+               "the eval rule, out of N, with the median step (unconfirmed: a drop the run ended inside). d_pi: "
+               "mean over the run's last 25 % of steps.", "", table1(res, st), ""]  # fmt: skip
+        if warnings:
+            md += ["**Realized lag differs from the configured lag:**", ""] + [f"- {w}" for w in warnings] + [""]
+    else:
+        md += ["No finished runs yet: nothing to tabulate.", ""]
+    md += hypotheses_md(res, n_resamples, ci, seed)
+    explore, tables = exploratory_md(res, n_resamples, ci, seed)
+    md += explore
     md += _sat_activity_md(res)
-    pairs = res.meta.get("pairs") or {}
-    if pairs and not st.empty:
-        md += _pairs_md(res, pairs, n_resamples, ci, seed)
+    baseline = res.meta.get("baseline")
     figures = [plots.eval_curves(res, figdir / "eval_curves.png"), plots.d_pi_curves(res, figdir / "d_pi.png"),
                plots.sat_diagnostics(res, figdir / "sat_diagnostics.png"), plots.gate_check(res, figdir / "gate_check.png"),
                plots.bylag(res, figdir / "bylag.png"), plots.paired(res, tables, baseline, figdir / "paired.png")]  # fmt: skip

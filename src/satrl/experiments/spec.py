@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -62,6 +62,31 @@ class CellSpec(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict)
 
 
+# Summary keys a hypothesis may name as its endpoint (docs/metrics.md).
+ENDPOINTS = ("late_test_avg_at_k", "best_test_avg_at_k", "final_test_avg_at_k", "late_avg_at_k", "best_avg_at_k",
+             "final_avg_at_k", "d_pi_last25", "gate_rate_mean")  # fmt: skip
+
+
+class HypothesisSpec(BaseModel):
+    """A comparison declared before the runs: ``method`` vs ``base`` at configured ``lag`` on ``endpoint``,
+    expected ``greater`` or ``less``. The report tests all of a grid's hypotheses as one Holm family."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: str
+    base: str
+    lag: int
+    endpoint: str = "late_test_avg_at_k"
+    direction: Literal["greater", "less"] = "greater"
+    description: str = ""
+
+    @field_validator("endpoint")
+    @classmethod
+    def _known_endpoint(cls, v: str) -> str:
+        if v not in ENDPOINTS:
+            raise ValueError(f"unknown endpoint {v!r}; valid choices: {list(ENDPOINTS)}")
+        return v
+
+
 class GridSpec(BaseModel):
     """A grid file. `cells:` maps a name to a dict of overrides plus optional keys base/lags/lag_schedule/label."""
 
@@ -76,6 +101,8 @@ class GridSpec(BaseModel):
     baseline: str | None = None
     # method cell -> the cell it is layered on (e.g. sat_gspo: gspo): the report adds a paired table per pair
     pairs: dict[str, str] = Field(default_factory=dict)
+    # name -> declared comparison (pre-registered); the report tests exactly these, Holm-corrected
+    hypotheses: dict[str, HypothesisSpec] = Field(default_factory=dict)
     steps: int | None = Field(default=None, ge=1)
     extra: dict[str, Any] = Field(default_factory=dict)
     # Directory the relative base paths are resolved against (the grid file's folder); set by load_grid.
@@ -112,6 +139,13 @@ class GridSpec(BaseModel):
             for name in (method, base):
                 if name not in self.cells:
                     raise ValueError(f"pairs: {name!r} is not a cell; cells: {sorted(self.cells)}")
+        for name, h in self.hypotheses.items():
+            for role in ("method", "base"):
+                cell = getattr(h, role)
+                if cell not in self.cells:
+                    raise ValueError(f"hypotheses.{name}.{role}: {cell!r} is not a cell; cells: {sorted(self.cells)}")
+                if h.lag not in self.cell_lags(cell):
+                    raise ValueError(f"hypotheses.{name}.lag: cell {cell!r} does not run lag {h.lag}")
         for name, cell in self.cells.items():
             if cell.base is None and self.base is None:
                 raise ValueError(f"cells.{name}: no base config; set `base:` on the grid or on the cell")

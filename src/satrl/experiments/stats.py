@@ -1,9 +1,10 @@
-"""Statistics over seeds: percentile bootstrap CIs, paired comparisons, per-cell summaries.
+"""Statistics over seeds: bootstrap intervals, paired comparisons with exact tests, per-cell summaries.
 
-Everything here is seeded and vectorized numpy; no scipy. The percentile bootstrap is the
-issue's choice: resample the N per-seed values with replacement, take the mean of each resample,
-and report the (1-ci)/2 and (1+ci)/2 percentiles of those means. With very few seeds (N <= 3) it
-is known to be too narrow (it cannot see beyond the observed values); the report says so.
+Everything here is seeded and vectorized numpy; no scipy. Two intervals for a mean over seeds: the
+studentized (bootstrap-t) one, the default, whose simulated coverage at 5 and 10 seeds is within a point
+or two of nominal on normal data, and the percentile bootstrap of the earlier reports, which is too narrow
+with few seeds (about 86 % at 5 for a nominal 95 %). Verdicts never come from an interval: they come
+from the exact sign-flip test, Holm-corrected over the comparisons of one family (significance.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+# Re-exported: the public home of the paired tests is satrl.experiments.stats.
+from satrl.experiments.significance import holm, mde, sign_flip_p, t_quantile  # noqa: F401
 
 # Bound the size of one [resamples, n] index block so huge inputs do not exhaust memory.
 _MAX_BLOCK = 4_000_000
@@ -83,9 +87,79 @@ def bootstrap_curve(
     return mean, lo, hi
 
 
+def studentized_ci(
+    values, n_resamples: int = 10_000, ci: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
+    """Mean and studentized (bootstrap-t) CI of the mean: returns (mean, lo, hi).
+
+    Each resample b gives t_b = (mean_b - mean) / se_b with se_b = sd_b / sqrt(n); the interval is
+    ``(mean - t_{(1+ci)/2} * se, mean - t_{(1-ci)/2} * se)`` with the t_b percentiles. Resamples of one
+    repeated value (se_b = 0, up to rounding) have no t_b and are left out: that is n / n^n of them (0.16 % at
+    n = 5, 11 % at n = 3, where the interval is therefore rough). Its simulated coverage is in
+    docs/benchmarks.md (``python -m benchmarks.coverage``). NaN/inf values are dropped; empty input gives
+    NaNs; one value or a constant sample gives a zero-width interval.
+    """
+    if not 0.0 < ci < 1.0:
+        raise ValueError(f"ci must lie in (0, 1), got {ci}")
+    x = _clean(values)
+    n = x.size
+    if n == 0:
+        return (float("nan"),) * 3
+    mean = float(x.mean())
+    tiny = 1e-12 * max(1.0, float(np.abs(x).max()))  # an SD below this is rounding noise of a constant
+    se = float(x.std(ddof=1)) / np.sqrt(n) if n > 1 else 0.0
+    if n == 1 or se <= tiny:
+        return mean, mean, mean
+    rng = np.random.default_rng(seed)
+    block = max(1, _MAX_BLOCK // n)
+    t = np.empty(n_resamples)
+    for start in range(0, n_resamples, block):
+        stop = min(n_resamples, start + block)
+        xb = x[rng.integers(0, n, size=(stop - start, n))]
+        mb, sb = xb.mean(axis=1), xb.std(axis=1, ddof=1) / np.sqrt(n)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t[start:stop] = np.where(sb > tiny, (mb - mean) / sb, np.nan)
+    t = t[np.isfinite(t)]
+    if t.size == 0:
+        return mean, float("nan"), float("nan")
+    tail = (1.0 - ci) / 2.0
+    t_lo, t_hi = float(np.quantile(t, tail, method="lower")), float(np.quantile(t, 1.0 - tail, method="higher"))
+    return mean, mean - t_hi * se, mean - t_lo * se
+
+
+# The interval a report uses for a mean over seeds, by name. Studentized is the default: the percentile
+# bootstrap covers about 86 % at 5 seeds for a nominal 95 % (docs/benchmarks.md, benchmarks/coverage.py).
+INTERVALS = {"studentized": studentized_ci, "percentile": bootstrap_ci}
+DEFAULT_INTERVAL = "studentized"
+
+
+def mean_ci(values, interval: str = DEFAULT_INTERVAL, n_resamples: int = 10_000, ci: float = 0.95,
+            seed: int = 0) -> tuple[float, float, float]:  # fmt: skip
+    """(mean, lo, hi) with the interval named ``interval`` (a key of :data:`INTERVALS`)."""
+    if interval not in INTERVALS:
+        raise ValueError(f"unknown interval {interval!r}; valid choices: {sorted(INTERVALS)}")
+    return INTERVALS[interval](values, n_resamples=n_resamples, ci=ci, seed=seed)
+
+
+NO_DIFFERENCE = "no detectable difference at this power"
+
+
+def verdict_words(n: int, mean: float, p_adj: float, alpha: float = 0.05, higher_is_better: bool = True) -> str:
+    """'better' / 'worse' when the (Holm-adjusted) p is below ``alpha``, in the direction of the mean
+    difference (method - base) read with ``higher_is_better``; else 'no detectable difference at this
+    power'; 'no data' without shared seeds. Never decided by a raw CI."""
+    if n == 0 or not np.isfinite(p_adj):
+        return "no data"
+    if p_adj < alpha and mean != 0:
+        return "better" if (mean > 0) == higher_is_better else "worse"
+    return NO_DIFFERENCE
+
+
 @dataclass(frozen=True)
 class PairedDiff:
-    """method - baseline over the seeds both have: mean difference, CI, wins (method > baseline)."""
+    """method - baseline over the seeds both have: mean difference and CI, wins (method > baseline), ties,
+    the SD of the paired differences, the exact sign-flip p-value and the MDE at this n (alpha 0.05,
+    power 0.8, the SD as observed)."""
 
     mean: float
     lo: float
@@ -93,17 +167,13 @@ class PairedDiff:
     wins: int
     ties: int
     n: int
+    sd: float = float("nan")
+    p: float = 1.0
+    mde: float = float("inf")
 
-    @property
-    def verdict(self) -> str:
-        """'better' if the CI lies above 0, 'worse' if below, 'no difference' if it includes 0."""
-        if self.n == 0 or not np.isfinite(self.lo):
-            return "no data"
-        if self.lo > 0:
-            return "better"
-        if self.hi < 0:
-            return "worse"
-        return "no difference"
+    def verdict(self, p_adj: float | None = None, alpha: float = 0.05, higher_is_better: bool = True) -> str:
+        """:func:`verdict_words` on ``p_adj`` (the corrected p of this comparison's family; default the raw p)."""
+        return verdict_words(self.n, self.mean, self.p if p_adj is None else p_adj, alpha, higher_is_better)
 
 
 def paired_diff(
@@ -112,8 +182,9 @@ def paired_diff(
     n_resamples: int = 10_000,
     ci: float = 0.95,
     seed: int = 0,
+    interval: str = DEFAULT_INTERVAL,
 ) -> PairedDiff:
-    """Paired comparison by seed: bootstrap CI of mean(method[s] - baseline[s]) over shared seeds.
+    """Paired comparison by seed: CI of mean(method[s] - baseline[s]) over shared seeds, sign-flip p, MDE.
 
     Seeds missing (or NaN) on either side are left out. wins = #seeds with method > baseline.
     """
@@ -121,25 +192,33 @@ def paired_diff(
     b = {int(k): float(v) for k, v in dict(baseline_values).items()}
     seeds = sorted(s for s in m.keys() & b.keys() if np.isfinite(m[s]) and np.isfinite(b[s]))
     d = np.array([m[s] - b[s] for s in seeds])
-    mean, lo, hi = bootstrap_ci(d, n_resamples=n_resamples, ci=ci, seed=seed)
-    return PairedDiff(mean, lo, hi, wins=int((d > 0).sum()), ties=int((d == 0).sum()), n=len(seeds))
+    mean, lo, hi = mean_ci(d, interval, n_resamples=n_resamples, ci=ci, seed=seed)
+    sd = float(d.std(ddof=1)) if d.size > 1 else float("nan")
+    return PairedDiff(mean, lo, hi, wins=int((d > 0).sum()), ties=int((d == 0).sum()), n=len(seeds), sd=sd,
+                      p=sign_flip_p(d), mde=mde(sd, d.size))  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)
-def percentile_coverage(n: int, ci: float = 0.95, sims: int = 1000, n_resamples: int = 2000, seed: int = 0) -> float:
-    """Simulated coverage of :func:`bootstrap_ci`'s percentile interval for the mean of ``n`` normal values.
-
-    With few seeds the percentile bootstrap is too narrow (about 0.85 at n = 5 for a nominal 0.95), so a
-    report's "CI excludes 0" fires more often than 5% of the time under no effect; reports use this to say
-    how often."""
+def interval_coverage(n: int, interval: str = DEFAULT_INTERVAL, ci: float = 0.95, sims: int = 1000,
+                      n_resamples: int = 2000, seed: int = 0, dist: str = "normal") -> float:  # fmt: skip
+    """Simulated coverage of :func:`mean_ci`'s ``interval`` for the mean of ``n`` i.i.d. values drawn
+    from ``dist`` (``normal`` or the skewed ``lognormal``). Reports state it next to their intervals;
+    ``python -m benchmarks.coverage`` tabulates it."""
     if n < 2:
         return 0.0
     rng = np.random.default_rng(seed)
+    draw, truth = {"normal": (rng.normal, 0.0), "lognormal": (rng.lognormal, float(np.exp(0.5)))}[dist]
     hits = 0
     for i in range(sims):
-        _, lo, hi = bootstrap_ci(rng.normal(size=n), n_resamples=n_resamples, ci=ci, seed=seed + i)
-        hits += lo <= 0.0 <= hi
+        _, lo, hi = mean_ci(draw(size=n), interval, n_resamples=n_resamples, ci=ci, seed=seed + i)
+        hits += lo <= truth <= hi
     return hits / sims
+
+
+def percentile_coverage(n: int, ci: float = 0.95, sims: int = 1000, n_resamples: int = 2000, seed: int = 0) -> float:
+    """Simulated coverage of the percentile bootstrap (about 0.86 at n = 5 for a nominal 0.95): the
+    interval of the reports before the studentized one; kept for them."""
+    return interval_coverage(n, "percentile", ci, sims, n_resamples, seed)
 
 
 def _median(values) -> float:
@@ -147,100 +226,111 @@ def _median(values) -> float:
     return float(np.median(x)) if x.size else float("nan")
 
 
+# Per-run columns that cell_stats summarizes with a mean and CI: (summary key, column prefix).
+CELL_METRICS = [("late_test_avg_at_k", "late_test"), ("best_test_avg_at_k", "best_test"),
+                ("final_test_avg_at_k", "final_test"), ("late_avg_at_k", "late"), ("best_avg_at_k", "best"),
+                ("final_avg_at_k", "final"), ("d_pi_last25", "d_pi")]  # fmt: skip
+
+
 def cell_stats(
-    runs: pd.DataFrame, n_resamples: int = 10_000, ci: float = 0.95, seed: int = 0
-) -> pd.DataFrame:
+    runs: pd.DataFrame, n_resamples: int = 10_000, ci: float = 0.95, seed: int = 0,
+    interval: str = DEFAULT_INTERVAL,
+) -> pd.DataFrame:  # fmt: skip
     """Per (cell, lag) summary over finished runs, one row each, in order of first appearance.
 
-    Columns: n, best_mean/best_lo/best_hi, best_step_median, final_mean/final_lo/final_hi,
-    collapses (runs with a collapse_step), collapse_step_median, d_pi_mean/d_pi_lo/d_pi_hi,
-    gate_rate_mean (NaN for non-SAT cells).
+    Columns: n; for each (key, prefix) of :data:`CELL_METRICS`, ``<prefix>_mean/_lo/_hi`` (NaN where the
+    runs lack the key, e.g. test scores of runs made before the val/test split); best_step_median;
+    collapses (eval rule: runs with a ``collapse_step``), collapse_step_median, unconfirmed (runs with only
+    an unconfirmed drop), reward_collapses (training-reward rule); lag_mean (mean over seeds of the run's
+    realized mean lag), lag_min, lag_max (over seeds); gate_rate_mean (NaN for non-SAT cells).
     """
-    cols = ["best_avg_at_k", "best_step", "final_avg_at_k", "collapse_step", "d_pi_last25", "gate_rate_mean"]
+    cols = [k for k, _ in CELL_METRICS] + ["best_step", "collapse_step", "collapse_unconfirmed_step",
+            "reward_collapse_step", "gate_rate_mean", "lag_realized_mean", "lag_realized_min", "lag_realized_max"]  # fmt: skip
     runs = runs.copy()
     for c in cols:
         if c not in runs:
             runs[c] = np.nan
+        runs[c] = pd.to_numeric(runs[c], errors="coerce")
     if "status" in runs:
         runs = runs[runs["status"] == "finished"]
     rows = []
     for (cell, lag), g in runs.groupby(["cell", "lag"], sort=False):
-        best = bootstrap_ci(g["best_avg_at_k"], n_resamples, ci, seed)
-        final = bootstrap_ci(g["final_avg_at_k"], n_resamples, ci, seed)
-        dpi = bootstrap_ci(g["d_pi_last25"], n_resamples, ci, seed)
-        collapse = pd.to_numeric(g["collapse_step"], errors="coerce")
-        gate = _clean(pd.to_numeric(g["gate_rate_mean"], errors="coerce"))
-        rows.append(
-            dict(
-                cell=cell, lag=int(lag), n=len(g),
-                best_mean=best[0], best_lo=best[1], best_hi=best[2],
-                best_step_median=_median(pd.to_numeric(g["best_step"], errors="coerce")),
-                final_mean=final[0], final_lo=final[1], final_hi=final[2],
-                collapses=int(collapse.notna().sum()), collapse_step_median=_median(collapse),
-                d_pi_mean=dpi[0], d_pi_lo=dpi[1], d_pi_hi=dpi[2],
-                gate_rate_mean=float(gate.mean()) if gate.size else float("nan"),
+        row: dict = dict(cell=cell, lag=int(lag), n=len(g))
+        for key, prefix in CELL_METRICS:
+            row[f"{prefix}_mean"], row[f"{prefix}_lo"], row[f"{prefix}_hi"] = mean_ci(
+                g[key], interval, n_resamples, ci, seed
             )
+        gate = _clean(g["gate_rate_mean"])
+        row.update(
+            best_step_median=_median(g["best_step"]),
+            collapses=int(g["collapse_step"].notna().sum()), collapse_step_median=_median(g["collapse_step"]),
+            unconfirmed=int(g["collapse_unconfirmed_step"].notna().sum()),
+            reward_collapses=int(g["reward_collapse_step"].notna().sum()),
+            lag_mean=float(g["lag_realized_mean"].mean()), lag_min=float(g["lag_realized_min"].min()),
+            lag_max=float(g["lag_realized_max"].max()),
+            gate_rate_mean=float(gate.mean()) if gate.size else float("nan"),
         )  # fmt: skip
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
-def paired_table(
+COMPARISON_COLUMNS = ["cell", "base", "lag", "metric", "mean", "lo", "hi", "wins", "ties", "n", "sd", "p",
+                      "p_holm", "mde", "verdict"]  # fmt: skip
+
+
+def compare(
     runs: pd.DataFrame,
-    baseline: str,
-    metric: str = "best_avg_at_k",
+    comparisons: list[tuple[str, str, int]],
+    metric: str,
     n_resamples: int = 10_000,
     ci: float = 0.95,
     seed: int = 0,
+    interval: str = DEFAULT_INTERVAL,
+    alpha: float = 0.05,
+    higher_is_better: bool = True,
 ) -> pd.DataFrame:
-    """Every non-baseline cell vs `baseline` at each lag both have, paired by seed on `metric`.
-
-    Columns: cell, lag, metric, mean, lo, hi, wins, ties, n, verdict.
-    """
+    """Each (method cell, base cell, lag) paired by seed on ``metric``: mean difference, CI, wins, paired
+    SD, exact sign-flip p, Holm-adjusted p over exactly these comparisons (one family), MDE at each row's
+    seed count, and the verdict from the Holm p. Comparisons without finished runs on both sides are left
+    out. Columns: :data:`COMPARISON_COLUMNS`."""
     if "status" in runs:
         runs = runs[runs["status"] == "finished"]
-    if baseline not in set(runs["cell"]):
-        raise ValueError(
-            f"baseline cell {baseline!r} has no finished runs; cells: {sorted(set(runs['cell']))}"
-        )
-    rows = []
-    for (cell, lag), g in runs.groupby(["cell", "lag"], sort=False):
-        if cell == baseline:
+    rows, diffs = [], []
+    for method, base, lag in comparisons:
+        m = runs[(runs["cell"] == method) & (runs["lag"] == lag)]
+        b = runs[(runs["cell"] == base) & (runs["lag"] == lag)]
+        if m.empty or b.empty or metric not in runs:
             continue
-        base = runs[(runs["cell"] == baseline) & (runs["lag"] == lag)]
-        if base.empty:
-            continue
-        pd_ = paired_diff(
-            dict(zip(g["seed"], g[metric])), dict(zip(base["seed"], base[metric])), n_resamples, ci, seed
-        )
-        rows.append(dict(cell=cell, lag=int(lag), metric=metric, mean=pd_.mean, lo=pd_.lo, hi=pd_.hi,
-                         wins=pd_.wins, ties=pd_.ties, n=pd_.n, verdict=pd_.verdict))  # fmt: skip
-    return pd.DataFrame(
-        rows, columns=["cell", "lag", "metric", "mean", "lo", "hi", "wins", "ties", "n", "verdict"]
-    )
+        d = paired_diff(dict(zip(m["seed"], pd.to_numeric(m[metric], errors="coerce"))),
+                        dict(zip(b["seed"], pd.to_numeric(b[metric], errors="coerce"))), n_resamples, ci, seed, interval)  # fmt: skip
+        diffs.append(d)
+        rows.append(dict(cell=method, base=base, lag=int(lag), metric=metric, mean=d.mean, lo=d.lo, hi=d.hi,
+                         wins=d.wins, ties=d.ties, n=d.n, sd=d.sd, p=d.p, mde=d.mde))  # fmt: skip
+    adjusted = holm([d.p if d.n else float("nan") for d in diffs])
+    for row, d, p_adj in zip(rows, diffs, adjusted):
+        row.update(p_holm=p_adj, verdict=d.verdict(p_adj, alpha, higher_is_better))
+    return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
 
 
-def pairs_table(
-    runs: pd.DataFrame,
-    pairs: Mapping[str, str],
-    metric: str = "best_avg_at_k",
-    n_resamples: int = 10_000,
-    ci: float = 0.95,
-    seed: int = 0,
-) -> pd.DataFrame:
-    """Each method cell vs its own base cell (``pairs``: method -> base) at every lag both have, paired by
-    seed. Columns as :func:`paired_table`, plus ``base``."""
-    if "status" in runs:
-        runs = runs[runs["status"] == "finished"]
-    rows = []
+def paired_table(runs: pd.DataFrame, baseline: str, metric: str = "best_avg_at_k", n_resamples: int = 10_000,
+                 ci: float = 0.95, seed: int = 0, **kw) -> pd.DataFrame:  # fmt: skip
+    """Every non-baseline cell vs ``baseline`` at each lag both have (one Holm family): :func:`compare`."""
+    fin = runs[runs["status"] == "finished"] if "status" in runs else runs
+    if baseline not in set(fin["cell"]):
+        raise ValueError(f"baseline cell {baseline!r} has no finished runs; cells: {sorted(set(fin['cell']))}")
+    todo = [(c, baseline, int(lag)) for (c, lag), _ in fin.groupby(["cell", "lag"], sort=False) if c != baseline]
+    return compare(runs, todo, metric, n_resamples, ci, seed, **kw)
+
+
+def pairs_table(runs: pd.DataFrame, pairs: Mapping[str, str], metric: str = "best_avg_at_k",
+                n_resamples: int = 10_000, ci: float = 0.95, seed: int = 0, **kw) -> pd.DataFrame:  # fmt: skip
+    """Each method cell vs its own base cell (``pairs``: method -> base) at every lag both have, one Holm
+    family: :func:`compare`."""
+    todo = []
     for method, base in pairs.items():
-        for lag in sorted(set(runs.loc[runs["cell"] == method, "lag"]) & set(runs.loc[runs["cell"] == base, "lag"])):
-            m = runs[(runs["cell"] == method) & (runs["lag"] == lag)]
-            b = runs[(runs["cell"] == base) & (runs["lag"] == lag)]
-            d = paired_diff(dict(zip(m["seed"], m[metric])), dict(zip(b["seed"], b[metric])), n_resamples, ci, seed)
-            rows.append(dict(cell=method, base=base, lag=int(lag), metric=metric, mean=d.mean, lo=d.lo, hi=d.hi,
-                             wins=d.wins, ties=d.ties, n=d.n, verdict=d.verdict))  # fmt: skip
-    cols = ["cell", "base", "lag", "metric", "mean", "lo", "hi", "wins", "ties", "n", "verdict"]
-    return pd.DataFrame(rows, columns=cols)
+        lags = set(runs.loc[runs["cell"] == method, "lag"]) & set(runs.loc[runs["cell"] == base, "lag"])
+        todo += [(method, base, int(lag)) for lag in sorted(lags)]
+    return compare(runs, todo, metric, n_resamples, ci, seed, **kw)
 
 
 def separated(

@@ -18,8 +18,11 @@ from typing import Any
 import pandas as pd
 import yaml
 
-SUMMARY_KEYS = ("best_avg_at_k", "best_step", "final_avg_at_k", "collapse_step", "d_pi_last25",
-                "gate_rate_mean", "wall_time_s", "steps", "status")  # fmt: skip
+SUMMARY_KEYS = ("best_avg_at_k", "best_step", "final_avg_at_k", "late_avg_at_k", "best_val_avg_at_k",
+                "best_test_avg_at_k", "late_test_avg_at_k", "final_test_avg_at_k", "collapse_step",
+                "collapse_unconfirmed_step", "reward_collapse_step", "eval_base", "lag_realized_mean",
+                "lag_realized_min", "lag_realized_max", "d_pi_last25", "gate_rate_mean", "wall_time_s", "steps",
+                "steps_per_batch", "summary_version", "status")  # fmt: skip
 _RUN_RE = re.compile(r"^lag(-?\d+)$"), re.compile(r"^seed(\d+)$")
 PACKED_FILES = ("summary.json", "config.yaml", "eval.jsonl")
 
@@ -82,13 +85,55 @@ def _status(run: RunDir, summary: dict | None) -> str:
     return "partial" if ck.is_dir() and any(ck.iterdir()) else "new"
 
 
+def _steps_per_batch(run_path: Path) -> int | None:
+    """Optimizer steps per rollout batch from the run's saved config.yaml (train.minibatches x ppo_epochs)."""
+    try:
+        cfg = yaml.safe_load((run_path / "config.yaml").read_text()) or {}
+        train = cfg.get("train") or {}
+        return int(train.get("minibatches", 4)) * int(train.get("ppo_epochs", 1))
+    except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
+        return None
+
+
+def _upgraded(run: RunDir, summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary.json written before ``summary_version`` 2, completed with today's keys computed from the
+    run's own files (late-window mean, eval-rule collapse, realized lag). Stored keys keep their values,
+    except ``collapse_step``, which now means the eval rule (the stored value moves to
+    ``reward_collapse_step``). A run without its metrics file keeps its old fields only."""
+    from satrl.diagnostics.collapse import CollapseConfig
+    from satrl.diagnostics.summary import summarize_run
+
+    mp = _metrics_path(run.path)
+    if summary.get("summary_version") or mp is None:
+        return summary
+    evals = read_jsonl(run.path / "eval.jsonl") if (run.path / "eval.jsonl").exists() else []
+    S = _steps_per_batch(run.path) or 0
+    new = summarize_run(read_jsonl(mp), evals, CollapseConfig(), warmup_steps=S)
+    out = {**new, **summary}  # the old keys keep their stored values ...
+    # ... except the collapse, whose rule changed: the stored one was the training-reward rule
+    out.update({k: new[k] for k in ("collapse_step", "collapse_unconfirmed_step", "collapse_score")})
+    out["reward_collapse_step"] = summary.get("collapse_step", new["reward_collapse_step"])
+    out["summary_version"] = f"1 (upgraded to {new['summary_version']})"
+    return out
+
+
+def _flat(summary: dict[str, Any]) -> dict[str, Any]:
+    """summary.json with its nested ``lag_realized`` {mean, min, max} as ``lag_realized_<k>`` columns."""
+    out = dict(summary)
+    lag = out.pop("lag_realized", None) or {}
+    out.update({f"lag_realized_{k}": lag.get(k) for k in ("mean", "min", "max")})
+    return out
+
+
 def load_runs(out_dir: str | Path) -> pd.DataFrame:
-    """One row per run dir: cell, lag, seed, run, status, path and every summary.json field."""
+    """One row per run dir: cell, lag, seed, run, status, path and every summary.json field (summaries
+    older than the val/test split are recomputed from the run's files, see :func:`_upgraded`)."""
     rows = []
     for r in find_runs(out_dir):
         summary = _read_json(r.path / "summary.json")
         row: dict[str, Any] = {k: None for k in SUMMARY_KEYS}
-        row.update(summary or {})
+        if summary is not None:
+            row.update(_flat(_upgraded(r, summary)), steps_per_batch=_steps_per_batch(r.path))
         row.update(
             cell=r.cell, lag=r.lag, seed=r.seed, run=r.name, path=str(r.path), status=_status(r, summary)
         )
@@ -96,7 +141,7 @@ def load_runs(out_dir: str | Path) -> pd.DataFrame:
     cols = ["cell", "lag", "seed", "run", "status", "path"]
     df = pd.DataFrame(rows, columns=None if rows else cols + list(SUMMARY_KEYS))
     for k in SUMMARY_KEYS:
-        if k != "status":
+        if k not in ("status", "summary_version"):
             df[k] = pd.to_numeric(df[k], errors="coerce")
     return df[cols + [c for c in df.columns if c not in cols]]
 

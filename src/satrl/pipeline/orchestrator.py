@@ -39,6 +39,8 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
     store = SnapshotStore(lambda b: _versions(sched, b, P) if b < n_batches else set(), _horizon(sched))
     state = run.restore(trainer, store) if resume else run.fresh(trainer, store)
     evaluator = Evaluator(cfg, tokenizer)
+    if not resume and evaluator.due(0, cfg.steps):  # the base score: the eval collapse rule's reference
+        run.log_eval(0, evaluator(trainer), trainer)
     backend = make_backend(cfg.backend, spec)
     try:
         for b in range(state.next_batch, n_batches):

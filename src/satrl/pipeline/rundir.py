@@ -116,10 +116,12 @@ class RunDir:
         with open(self.path / "eval.jsonl", "a") as f:
             f.write(json.dumps({"step": step, **result}) + "\n")
         if self.tb is not None:
-            self.tb.add_scalar("eval/avg_at_k", result["avg_at_k"], step)
-            self.tb.add_scalar("eval/greedy_acc", result["greedy_acc"], step)
-        if result["avg_at_k"] > self.state.best:
-            self.state.best, self.state.best_step = result["avg_at_k"], step
+            for k in ("avg_at_k", "greedy_acc", "val_avg_at_k", "test_avg_at_k"):
+                if k in result:
+                    self.tb.add_scalar(f"eval/{k}", result[k], step)
+        score = result.get("val_avg_at_k", result["avg_at_k"])  # the best checkpoint is chosen on val
+        if score > self.state.best:
+            self.state.best, self.state.best_step = score, step
             self._best_pending = True
 
     def checkpoint(self, trainer, store: SnapshotStore, state: RunState) -> None:
@@ -143,7 +145,8 @@ class RunDir:
         if self.tb is not None:
             self.tb.close()
         summary = summarize_run(
-            _read_jsonl(self.path / "metrics.jsonl"), _read_jsonl(self.path / "eval.jsonl"), self.cfg.collapse
+            _read_jsonl(self.path / "metrics.jsonl"), _read_jsonl(self.path / "eval.jsonl"), self.cfg.collapse,
+            warmup_steps=self.cfg.steps_per_batch,
         )
         summary.update(wall_time_s=self.wall(), status="finished")
         summary = {k: (_finite_or_none(v) if isinstance(v, float) else v) for k, v in summary.items()}
@@ -152,20 +155,39 @@ class RunDir:
 
 
 class Evaluator:
-    """avg@k and greedy accuracy of the trainer's current weights, with the engine's numerics."""
+    """avg@k and greedy accuracy of the trainer's current weights, with the engine's numerics, on the
+    val and test parts of the eval problems (one generation pass over both; scores per part and pooled)."""
 
     def __init__(self, cfg: RunConfig, tokenizer) -> None:
         self.cfg, self.tokenizer, self.engine = cfg, tokenizer, None
 
     def due(self, step: int, last: int) -> bool:
         every = self.cfg.eval.every
+        if step == 0:
+            return self.cfg.eval.at_start
         return step == last or (every > 0 and step % every == 0)
+
+    def _problems(self) -> None:
+        from satrl.tasks import make_task
+        from satrl.tasks.evaluate import part_of, split_val_test
+
+        ev = self.cfg.eval
+        self.task = make_task(self.cfg.task.name, **self.cfg.task.kwargs)
+        if ev.n_problems is not None:  # configs before the split: the same first-n problems as before
+            from satrl.tasks.evaluate import _take
+
+            self.pool = _take(self.task, "eval", ev.n_problems)
+            self.val_idx = [i for i, p in enumerate(self.pool) if part_of(p) == "val"]
+            self.test_idx = [i for i, p in enumerate(self.pool) if part_of(p) == "test"]
+        else:
+            self.pool, self.val_idx, self.test_idx = split_val_test(
+                self.task.problems("eval", 0), ev.val_problems, ev.test_problems
+            )
 
     def __call__(self, trainer) -> dict:
         from satrl.engines import make_engine
         from satrl.pipeline.setup import sampling_params
-        from satrl.tasks import make_task
-        from satrl.tasks.evaluate import evaluate
+        from satrl.tasks.evaluate import evaluate, part_scores
 
         cfg = self.cfg
         if self.engine is None:
@@ -180,13 +202,18 @@ class Evaluator:
                 numerics=cfg.engine.numerics,
                 **(cfg.engine.kwargs if name == cfg.engine.name else {}),
             )
-            self.task = make_task(cfg.task.name, **cfg.task.kwargs)
+            self._problems()
         self.engine.load_weights(trainer.weights(), trainer.version)
         res = evaluate(
-            self.engine, self.tokenizer, self.task, k=cfg.eval.k, n_problems=cfg.eval.n_problems,
-            sampling=sampling_params(cfg), seed=cfg.seed,
+            self.engine, self.tokenizer, self.task, k=cfg.eval.k, sampling=sampling_params(cfg), seed=cfg.seed,
+            problems=self.pool,
         )
-        return {"avg_at_k": res.avg_at_k, "greedy_acc": res.greedy_acc, "k": res.k}
+        out = {"avg_at_k": res.avg_at_k, "greedy_acc": res.greedy_acc, "k": res.k}
+        for part, idx in (("val", self.val_idx), ("test", self.test_idx)):
+            if idx:
+                out.update({f"{part}_{k}": v for k, v in part_scores(res, idx).items()})
+                out[f"{part}_n"] = len(idx)
+        return out
 
 
 def batch_metrics(batch: Batch, rows: torch.Tensor, step_s: float, waited_s: float, dropped: int, backend) -> dict:
@@ -196,6 +223,7 @@ def batch_metrics(batch: Batch, rows: torch.Tensor, step_s: float, waited_s: flo
         "train/reward": float(batch.rewards[rows].mean()),
         "train/acc": float((batch.rewards[rows] > 0.5).float().mean()),
         "train/response_len": float(mask.sum(1).float().mean()),
+        "train/tokens": float(mask.sum()),
         "async/dropped": float(dropped),
         "perf/trainer_tok_s": float(mask.sum()) / max(step_s, 1e-9),
         "perf/trainer_wait_s": waited_s,

@@ -11,6 +11,11 @@ result does not depend on the batch size or on which requests share a batch (the
 rest). Prompts are encoded with ``tokenizer(prompt)["input_ids"]``, the tokenizer used as is (the char
 tokenizer prepends BOS; a Qwen tokenizer adds nothing), exactly as the training pipeline encodes them.
 
+Val and test. :func:`split_val_test` splits a task's eval problems by a fixed keyed hash of the prompt into
+two disjoint parts, so that a training run can pick its best checkpoint on ``val`` and report it on
+``test`` (docs/metrics.md, "Select on validation, report on test"). A problem's part never depends on the
+seed, the order or how many problems are asked for.
+
 CLI: :func:`add_eval_args` / :func:`run_eval` implement ``satrl eval``.
 """
 
@@ -53,13 +58,64 @@ class EvalResult:
     seed: int = 0
     per_problem: list[float] = dataclasses.field(default_factory=list)
     greedy: list[float] = dataclasses.field(default_factory=list)
+    hit: list[float] = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """The scalar fields and the sampling settings (no per-problem lists), JSON-ready."""
         d = dataclasses.asdict(self)
-        d.pop("per_problem")
-        d.pop("greedy")
+        for name in ("per_problem", "greedy", "hit"):
+            d.pop(name)
         return d
+
+
+VAL_TEST_KEY = "satrl-val-test-v1"
+PARTS = ("val", "test")
+
+
+def part_of(problem: Problem, key: str = VAL_TEST_KEY) -> str:
+    """``"val"`` or ``"test"``: the one part an eval problem belongs to, by a keyed blake2b hash of its prompt
+    (half each in expectation; stable across processes, machines and Python versions)."""
+    h = hashlib.blake2b(problem.prompt.encode(), digest_size=8, key=key.encode()).digest()
+    return "val" if int.from_bytes(h, "big") >> 63 == 0 else "test"
+
+
+def split_val_test(
+    problems, val_problems: int, test_problems: int, key: str = VAL_TEST_KEY
+) -> tuple[list[Problem], list[int], list[int]]:
+    """Walk ``problems`` (an eval split, in order) and keep the first ``val_problems`` of the val part and the
+    first ``test_problems`` of the test part. Returns ``(pool, val_idx, test_idx)``: the kept problems in
+    their original order, and the positions in ``pool`` of each part. Raises ValueError naming the
+    ``eval.*`` keys when the eval split is too small."""
+    pool: list[Problem] = []
+    idx: dict[str, list[int]] = {"val": [], "test": []}
+    want = {"val": val_problems, "test": test_problems}
+    seen = {"val": 0, "test": 0}
+    for problem in problems:
+        part = part_of(problem, key)
+        seen[part] += 1
+        if len(idx[part]) < want[part]:
+            idx[part].append(len(pool))
+            pool.append(problem)
+        if all(len(idx[p]) == want[p] for p in PARTS):
+            break
+    short = [p for p in PARTS if len(idx[p]) < want[p]]
+    if short:
+        raise ValueError(
+            f"the eval split has {seen['val']} val and {seen['test']} test problems, fewer than "
+            f"eval.val_problems={val_problems} / eval.test_problems={test_problems}; lower them or give the task "
+            "more eval problems (e.g. task.kwargs.n_eval for arithmetic)"
+        )
+    return pool, idx["val"], idx["test"]
+
+
+def part_scores(result: EvalResult, idx: list[int]) -> dict[str, float]:
+    """avg@k, greedy accuracy and pass@k of the problems at positions ``idx`` of an :class:`EvalResult`."""
+    n = max(len(idx), 1)
+    return {
+        "avg_at_k": sum(result.per_problem[i] for i in idx) / n,
+        "greedy_acc": sum(result.greedy[i] for i in idx) / n,
+        "pass_at_k": sum(result.hit[i] for i in idx) / n,
+    }
 
 
 def _take(task: Task, split: str, n_problems: int | None) -> list[Problem]:
@@ -101,16 +157,19 @@ def evaluate(
     sampling: SamplingParams | None = None,
     seed: int = 0,
     batch_size: int = 256,
+    problems: list[Problem] | None = None,
 ) -> EvalResult:
     """avg@k with ``sampling`` (default: temperature 1, full support, 16 new tokens) and greedy
     accuracy (``sampling`` with ``greedy=True``) on the first ``n_problems`` problems of ``split``
-    (all eval problems if None). See the module docstring for the formulas."""
+    (all eval problems if None), or on ``problems`` when given. See the module docstring for the formulas."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     sampling = sampling if sampling is not None else SamplingParams()
     if sampling.greedy:
         raise ValueError("sampling must not be greedy: avg@k needs sampled completions (greedy is scored too)")
-    problems = _take(task, split, n_problems)
+    problems = _take(task, split, n_problems) if problems is None else list(problems)
+    if not problems:
+        raise ValueError("no problems to evaluate")
     ids = [list(tokenizer(p.prompt)["input_ids"]) for p in problems]
 
     sampled = [
@@ -142,6 +201,7 @@ def evaluate(
         seed=seed,
         per_problem=per_problem,
         greedy=greedy,
+        hit=hit,
     )
 
 
