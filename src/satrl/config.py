@@ -100,7 +100,11 @@ class TrainConfig(_Strict):
     grad_clip: float | None = Field(1.0, description="Gradient-norm clip; null disables.")
     prompts_per_batch: int = Field(16, ge=1, description="Prompts per rollout batch.")
     group_size: int = Field(8, ge=1, description="Samples per prompt (GRPO group).")
-    minibatches: int = Field(4, ge=1, description="Optimizer steps per epoch over a batch.")
+    # 1 by default so that configured lag n means the paper's lag n (Sec. 2.1, Fig. 1): with S optimizer steps per
+    # rollout batch, broadcast lag n trains at realized lags up to n + 2S - 2 (4-7 for "lag 1" at S = 4).
+    minibatches: int = Field(
+        1, ge=1, description="Optimizer steps per epoch over a batch (1: configured lag = the paper's lag)."
+    )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     microbatch_tokens: int = Field(4096, ge=1, description="Token budget per microbatch (grad accumulation).")
     quantile_scope: Literal["microbatch", "batch"] = Field(
