@@ -204,3 +204,37 @@ def test_cli_missing_model_dir(tmp_path, capsys):
     rc = run_eval(_args("--model", str(tmp_path / "no-such-model")))
     err = capsys.readouterr().err
     assert rc == 2 and "no-such-model" in err and len(err.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------- val / test split
+def test_val_test_parts_are_disjoint_deterministic_and_cover_every_problem():
+    from satrl.tasks.evaluate import part_of, split_val_test
+
+    task = ArithmeticTask(digits=3, n_eval=1000)
+    problems = list(task.problems("eval", 0))
+    parts = [part_of(p) for p in problems]
+    assert set(parts) == {"val", "test"} and 0.45 < parts.count("val") / len(parts) < 0.55
+    # the same problem lands in the same part whatever the order, the seed of the draw or the process
+    assert [part_of(p) for p in reversed(problems)] == parts[::-1]
+    other = ArithmeticTask(digits=3, n_eval=1000, eval_seed=7)
+    again = {p.prompt: part_of(p) for p in other.problems("eval", 0)}
+    assert all(again[p.prompt] == part for p, part in zip(problems, parts) if p.prompt in again)
+    pool, val, test = split_val_test(problems, 30, 40)
+    assert len(val) == 30 and len(test) == 40 and sorted(val + test) == list(range(70))  # each once
+    assert {pool[i].prompt for i in val}.isdisjoint({pool[i].prompt for i in test})
+    assert all(part_of(pool[i]) == "val" for i in val) and all(part_of(pool[i]) == "test" for i in test)
+    assert [p.prompt for p in pool] == [p.prompt for p in problems if p in pool]  # original order kept
+    assert split_val_test(problems, 30, 40) == (pool, val, test)
+    # a different key is a different (still disjoint) partition
+    assert [part_of(p, key="other") for p in problems] != parts
+    with pytest.raises(ValueError, match="eval.val_problems=600"):
+        split_val_test(problems, 600, 10)
+
+
+def test_part_scores_hand_values():
+    from satrl.tasks.evaluate import part_scores
+
+    r = EvalResult(avg_at_k=0.0, greedy_acc=0.0, pass_at_k=0.0, k=2, n_problems=3, sampling={},
+                   per_problem=[0.5, 1.0, 0.0], greedy=[1.0, 1.0, 0.0], hit=[1.0, 1.0, 0.0])  # fmt: skip
+    assert part_scores(r, [0, 2]) == {"avg_at_k": 0.25, "greedy_acc": 0.5, "pass_at_k": 0.5}
+    assert part_scores(r, [1]) == {"avg_at_k": 1.0, "greedy_acc": 1.0, "pass_at_k": 1.0}
