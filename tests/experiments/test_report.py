@@ -159,6 +159,27 @@ def test_report_declared_hypotheses_are_one_holm_family(tmp_path, make_run):
     assert "**H2**: SAT vs grpo at lag 8 (d_pi_last25): no detectable difference at this power" in sec
 
 
+def test_report_hypothesis_over_several_bases_is_an_intersection_union_test(tmp_path, make_run):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "grid.yaml").write_text(textwrap.dedent("""
+        cells: {a: {}, b: {}, best: {}}
+        hypotheses:
+          H5: {method: best, base: [a, b], lag: 8}
+          H6: {method: a, base: [b, best], lag: 8}
+    """))
+    for s in range(10):
+        make_run(out, "a", 8, s, {"late_test_avg_at_k": 0.50, "summary_version": 2})
+        make_run(out, "b", 8, s, {"late_test_avg_at_k": 0.40 + (0.01 if s < 7 else -0.01), "summary_version": 2})
+        make_run(out, "best", 8, s, {"late_test_avg_at_k": 0.52 + 0.001 * s, "summary_version": 2})
+    sec = build_report(out, n_resamples=500).read_text().split("## Declared hypotheses")[1].split("## ")[0]
+    # best > a on all 10 seeds (p = 2/1024) and > b on all 10 (p = 2/1024): the IUT p is the larger, 0.00195
+    assert "| H5 | best > each of a, b at lag 8 |" in sec and "| supported |" in sec
+    assert "**H5** (intersection-union test over 2 comparisons" in sec
+    # a beats b but loses to best on every seed: the binding comparison is the one in the wrong direction
+    assert "| H6 | a > each of b, best at lag 8 |" in sec and "contradicted" in sec and "binding: vs best" in sec
+
+
 def test_report_sat_activity_table(tmp_path, make_run):
     out = tmp_path / "out"
     out.mkdir()

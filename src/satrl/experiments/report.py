@@ -151,12 +151,18 @@ def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> l
         return []
     rows = []
     for name, h in hyps.items():
-        t = compare(res.runs, [(h["method"], h["base"], int(h["lag"]))], h.get("endpoint", "late_test_avg_at_k"),
-                    n_resamples, ci, seed)  # fmt: skip
-        if t.empty:
+        bases = [h["base"]] if isinstance(h["base"], str) else list(h["base"])
+        lower = h.get("direction", "greater") == "less"
+        t = compare(res.runs, [(h["method"], b, int(h["lag"])) for b in bases], h.get("endpoint", "late_test_avg_at_k"),
+                    n_resamples, ci, seed, higher_is_better=not lower)  # fmt: skip
+        if len(t) < len(bases):
             rows.append((name, h, None))
-        else:
-            rows.append((name, h, t.iloc[0].copy()))
+            continue
+        # one base: its comparison; several: the intersection-union test, bound by its weakest comparison:
+        # any difference in the wrong direction first, else the largest p (the IUT p-value)
+        wrong = (t["mean"] > 0) if lower else (t["mean"] < 0)
+        binding = t.assign(_wrong=wrong.astype(int)).sort_values(["_wrong", "p"], ascending=[False, False], kind="stable")
+        rows.append((name, h, binding.iloc[0].drop("_wrong").copy()))
     done = [r for _, _, r in rows if r is not None]
     adjusted = holm([r["p"] for r in done])
     out = ["## Declared hypotheses", "",
@@ -171,7 +177,9 @@ def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> l
     for name, h, r in rows:
         lower = h.get("direction", "greater") == "less"
         endpoint = h.get("endpoint", "late_test_avg_at_k")
-        comp = f"{res.label(h['method'])} {'<' if lower else '>'} {res.label(h['base'])} at lag {h['lag']}"
+        bases = [h["base"]] if isinstance(h["base"], str) else list(h["base"])
+        every = res.label(bases[0]) if len(bases) == 1 else "each of " + ", ".join(res.label(b) for b in bases)
+        comp = f"{res.label(h['method'])} {'<' if lower else '>'} {every} at lag {h['lag']}"
         if r is None:
             out.append(f"| {name} | {_md_cell(comp)} | `{endpoint}` | 0 | — | — | — | — | no data yet |")
             words.append(f"- **{name}** ({comp}): no finished runs on both sides yet.")
@@ -184,7 +192,8 @@ def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> l
         out.append(f"| {name} | {_md_cell(comp)} | `{endpoint}` | {r['n']} | {fmt.format(r['mean'] * scale)} "
                    f"[{fmt.format(r['lo'] * scale)}, {fmt.format(r['hi'] * scale)}] | {r['p']:.3g} | {r['p_holm']:.3g} "
                    f"| {mde_txt} | {supported.get(r['verdict'], r['verdict'])} |")  # fmt: skip
-        words.append(f"- **{name}**: {_verdict_sentence(res, r, endpoint, endpoint.startswith('d_pi'))}"
+        iut = f" (intersection-union test over {len(bases)} comparisons; binding: vs {res.label(r['base'])})" if len(bases) > 1 else ""
+        words.append(f"- **{name}**{iut}: {_verdict_sentence(res, r, endpoint, endpoint.startswith('d_pi'))}"
                      + (f" {h['description']}" if h.get("description") else ""))  # fmt: skip
     return out + [""] + words + [""]
 

@@ -69,11 +69,15 @@ ENDPOINTS = ("late_test_avg_at_k", "best_test_avg_at_k", "final_test_avg_at_k", 
 
 class HypothesisSpec(BaseModel):
     """A comparison declared before the runs: ``method`` vs ``base`` at configured ``lag`` on ``endpoint``,
-    expected ``greater`` or ``less``. The report tests all of a grid's hypotheses as one Holm family."""
+    expected ``greater`` or ``less``. The report tests all of a grid's hypotheses as one Holm family.
+
+    ``base`` may be a list: then the hypothesis is that ``method`` beats *every* listed cell (e.g. "the best
+    cell"), tested as an intersection-union test whose p-value is the largest of the pairwise ones (no
+    correction is needed inside it; the binding comparison is the one reported)."""
 
     model_config = ConfigDict(extra="forbid")
     method: str
-    base: str
+    base: str | list[str]
     lag: int
     endpoint: str = "late_test_avg_at_k"
     direction: Literal["greater", "less"] = "greater"
@@ -140,8 +144,8 @@ class GridSpec(BaseModel):
                 if name not in self.cells:
                     raise ValueError(f"pairs: {name!r} is not a cell; cells: {sorted(self.cells)}")
         for name, h in self.hypotheses.items():
-            for role in ("method", "base"):
-                cell = getattr(h, role)
+            bases = [h.base] if isinstance(h.base, str) else h.base
+            for role, cell in [("method", h.method)] + [("base", b) for b in bases]:
                 if cell not in self.cells:
                     raise ValueError(f"hypotheses.{name}.{role}: {cell!r} is not a cell; cells: {sorted(self.cells)}")
                 if h.lag not in self.cell_lags(cell):
