@@ -30,10 +30,16 @@ for the token-level losses. SAT's own keys live in ``config.policy_loss`` (see
 :class:`SatPolicyLossConfig`). With ``sat_alpha=1.0`` the gate is empty and ``sat``/``sat_gspo`` equal
 verl's ``vanilla``/``gspo`` (tested bit for bit). Departure from verl's ``gspo``: satrl clamps the mean
 sequence log-ratio to [-20, 20] where verl clamps it above at 10 (a ratio of e^10, far outside any clip).
+
+The gate's quantile is over what one call receives: one micro-batch on one rank. A sequence-level gate
+can gate a sequence only when its tokens are at most n - ceil(alpha * n) of the call's n tokens, so with
+few sequences per micro-batch it never fires; the plug-in warns once per process when a call's
+composition rules the gate out (see :func:`gate_capacity` and docs/integrations.md).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -49,10 +55,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from satrl.objectives import ObjectiveSpec, resolve_objective
+from satrl.objectives.sat import quantile_rank
 from satrl.objectives.trust_regions import PROXIES
 
 # verl's own policy losses read these (see core_algos.compute_policy_loss_vanilla); same fallbacks here.
 DEFAULT_CLIP_RATIO_C = 3.0
+# verl's vanilla clamps the log-ratio to this before its ppo_kl metric (core_algos.compute_policy_loss_vanilla).
+PPO_KL_CLAMP = 20.0
 # satrl keys in ``actor.policy_loss`` and their defaults (the paper's, and satrl's ``sat`` trust region's).
 SAT_KEYS: dict[str, Any] = {"sat_alpha": 0.9, "sat_exponent": 2.0, "sat_proxy": None, "sat_invert": None}
 # ``version_age`` needs per-token lags, which verl does not pass to policy losses.
@@ -171,12 +180,15 @@ SAT_METRICS = {
 
 
 @torch.no_grad()
-def verl_metrics(m: dict[str, Tensor], adv: Tensor, mask: Tensor, per_sequence: bool) -> dict[str, float]:
+def verl_metrics(
+    m: dict[str, Tensor], adv: Tensor, mask: Tensor, per_sequence: bool, extra: dict[str, Tensor] | None = None
+) -> dict[str, float]:
     """verl's three policy-loss metrics (same keys and meaning as ``vanilla``/``gspo``) plus SAT's.
 
     ``actor/pg_clipfrac``: tokens clipped at an endpoint of the (SAT-contracted) interval;
     ``actor/pg_clipfrac_lower``: tokens cut by the dual clip (A < 0, r > clip_ratio_c; 0 for GSPO, as verl);
-    ``actor/ppo_kl``: mean of log old - log pi over active tokens.
+    ``actor/ppo_kl``: mean of -clamp(log pi - log old, -20, 20) over active tokens, as verl's ``vanilla``.
+    ``extra`` 0-dim tensors ride along in the same single host sync.
     """
     mask = mask.bool()
     n = torch.count_nonzero(mask).clamp(min=1).to(torch.float32)
@@ -186,14 +198,62 @@ def verl_metrics(m: dict[str, Tensor], adv: Tensor, mask: Tensor, per_sequence: 
         # Low clipping needs r < 1 (d < 0), so clipped A < 0 tokens with d > 0 are the dual-clipped ones.
         dual = m["tok/clipped"] & (adv < 0) & (m["tok/d"] > 0) & mask
         lower = torch.count_nonzero(dual).to(torch.float32) / n
+    # tok/d is 0 on masked positions, so the plain sum is the masked sum.
+    ppo_kl = -m["tok/d"].clamp(-PPO_KL_CLAMP, PPO_KL_CLAMP).sum(dtype=torch.float32) / n
     values = {
         "actor/pg_clipfrac": m["clipfrac_high"] + m["clipfrac_low"],
-        "actor/ppo_kl": m["ppo_kl"],
+        "actor/ppo_kl": ppo_kl,
         "actor/pg_clipfrac_lower": lower,
         **{key: m[name] for key, name in SAT_METRICS.items()},
+        **(extra or {}),
     }
     floats = torch.stack([v.to(torch.float32) for v in values.values()]).tolist()  # one host sync
     return dict(zip(values, floats))
+
+
+@torch.no_grad()
+def composition(mask: Tensor) -> dict[str, Tensor]:
+    """What :func:`gate_capacity` needs of one call's mask [B, T]: active tokens n and the shortest
+    non-empty sequence's length (0-dim tensors, synced with the metrics)."""
+    lengths = mask.bool().sum(dim=-1)  # [B]
+    n = lengths.sum()
+    shortest = torch.where(lengths > 0, lengths, n).min() if lengths.numel() else n
+    return {"n": n, "shortest": shortest}
+
+
+def gate_capacity(n: int, shortest: int, alpha: float, per_sequence: bool) -> int | None:
+    """The gate's budget m = n - ceil(alpha * n) when the call's composition rules the gate out, else None.
+
+    The gate picks at most m of the call's n active tokens (strict inequality against the
+    ceil(alpha*n)-th smallest score, paper Eq. 14). A token-level gate needs m >= 1; a sequence-level gate
+    moves whole sequences (every token carries its sequence's score), so it needs a sequence of at most m
+    tokens: with alpha = 0.9 one whose tokens are at most 10 % of the call's. The inverted gate has the
+    same budget. alpha = 1 (gate off on purpose) never counts as ruled out.
+    """
+    if alpha >= 1.0 or n == 0:
+        return None
+    m = n - quantile_rank(alpha, n)
+    unit = shortest if per_sequence else 1
+    return m if m < unit else None
+
+
+_warned_gate: list[str] = []  # loss modes already warned about in this process
+
+
+def _warn_gate_cannot_fire(loss_mode: str, n: int, shortest: int, m: int, alpha: float, per_sequence: bool):
+    if _warned_gate:
+        return
+    _warned_gate.append(loss_mode)
+    unit = f"the shortest sequence ({shortest} tokens)" if per_sequence else "one token"
+    warnings.warn(
+        f"satrl loss_mode={loss_mode}: SAT's gate cannot fire in this micro-batch: it gates at most "
+        f"n - ceil(alpha*n) = {m} of its n = {n} tokens (sat_alpha={alpha}), fewer than {unit}, so the loss "
+        "is the base clip. The quantile is per loss call (micro-batch and rank): pack more sequences per "
+        "micro-batch (actor.use_dynamic_bsz=true with a larger ppo_max_token_len_per_gpu) or lower sat_alpha; "
+        "see docs/integrations.md. Warned once per process.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def sat_policy_loss(
@@ -215,7 +275,15 @@ def sat_policy_loss(
     loss = core_algos.agg_loss(
         loss_mat=loss_tok, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info
     )
-    metrics = verl_metrics(m, advantages, response_mask, VARIANTS[loss_mode].per_sequence)
+    # The gate moves whole sequences only when it ranks sequence scores (prob_diff is token-level).
+    per_sequence = VARIANTS[loss_mode].per_sequence and spec.params["proxy"] == "log_ratio"
+    metrics = verl_metrics(m, advantages, response_mask, VARIANTS[loss_mode].per_sequence,
+                           extra=composition(response_mask))
+    n, shortest = int(metrics.pop("n")), int(metrics.pop("shortest"))
+    alpha = float(spec.params["alpha"])
+    m_budget = gate_capacity(n, shortest, alpha, per_sequence)
+    if m_budget is not None:
+        _warn_gate_cannot_fire(loss_mode, n, shortest, m_budget, alpha, per_sequence)
     return loss, metrics
 
 
@@ -267,6 +335,8 @@ __all__ = [
     "SAT_KEYS",
     "VARIANTS",
     "SatPolicyLossConfig",
+    "composition",
+    "gate_capacity",
     "Variant",
     "objective_from_config",
     "register",
