@@ -39,7 +39,6 @@ composition rules the gate out (see :func:`gate_capacity` and docs/integrations.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -54,12 +53,15 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         f"satrl.integrations.verl needs verl ({exc}); install it with `pip install satrl[verl]`"
     ) from exc
 
+from satrl.integrations._gate import _warned_gate, composition, gate_capacity, warn_gate_cannot_fire
 from satrl.objectives import ObjectiveSpec, resolve_objective
-from satrl.objectives.sat import quantile_rank
 from satrl.objectives.trust_regions import PROXIES
 
 # verl's own policy losses read these (see core_algos.compute_policy_loss_vanilla); same fallbacks here.
 DEFAULT_CLIP_RATIO_C = 3.0
+# How to give SAT's gate more tokens per loss call in verl (see docs/integrations.md).
+VERL_HINT = ("pack more sequences per micro-batch (actor.use_dynamic_bsz=true with a larger "
+             "ppo_max_token_len_per_gpu) or lower sat_alpha")
 # verl's vanilla clamps the log-ratio to this before its ppo_kl metric (core_algos.compute_policy_loss_vanilla).
 PPO_KL_CLAMP = 20.0
 # satrl keys in ``actor.policy_loss`` and their defaults (the paper's, and satrl's ``sat`` trust region's).
@@ -211,51 +213,6 @@ def verl_metrics(
     return dict(zip(values, floats))
 
 
-@torch.no_grad()
-def composition(mask: Tensor) -> dict[str, Tensor]:
-    """What :func:`gate_capacity` needs of one call's mask [B, T]: active tokens n and the shortest
-    non-empty sequence's length (0-dim tensors, synced with the metrics)."""
-    lengths = mask.bool().sum(dim=-1)  # [B]
-    n = lengths.sum()
-    shortest = torch.where(lengths > 0, lengths, n).min() if lengths.numel() else n
-    return {"n": n, "shortest": shortest}
-
-
-def gate_capacity(n: int, shortest: int, alpha: float, per_sequence: bool) -> int | None:
-    """The gate's budget m = n - ceil(alpha * n) when the call's composition rules the gate out, else None.
-
-    The gate picks at most m of the call's n active tokens (strict inequality against the
-    ceil(alpha*n)-th smallest score, paper Eq. 14). A token-level gate needs m >= 1; a sequence-level gate
-    moves whole sequences (every token carries its sequence's score), so it needs a sequence of at most m
-    tokens: with alpha = 0.9 one whose tokens are at most 10 % of the call's. The inverted gate has the
-    same budget. alpha = 1 (gate off on purpose) never counts as ruled out.
-    """
-    if alpha >= 1.0 or n == 0:
-        return None
-    m = n - quantile_rank(alpha, n)
-    unit = shortest if per_sequence else 1
-    return m if m < unit else None
-
-
-_warned_gate: list[str] = []  # loss modes already warned about in this process
-
-
-def _warn_gate_cannot_fire(loss_mode: str, n: int, shortest: int, m: int, alpha: float, per_sequence: bool):
-    if _warned_gate:
-        return
-    _warned_gate.append(loss_mode)
-    unit = f"the shortest sequence ({shortest} tokens)" if per_sequence else "one token"
-    warnings.warn(
-        f"satrl loss_mode={loss_mode}: SAT's gate cannot fire in this micro-batch: it gates at most "
-        f"n - ceil(alpha*n) = {m} of its n = {n} tokens (sat_alpha={alpha}), fewer than {unit}, so the loss "
-        "is the base clip. The quantile is per loss call (micro-batch and rank): pack more sequences per "
-        "micro-batch (actor.use_dynamic_bsz=true with a larger ppo_max_token_len_per_gpu) or lower sat_alpha; "
-        "see docs/integrations.md. Warned once per process.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
-
-
 def sat_policy_loss(
     loss_mode: str,
     old_log_prob: Tensor,
@@ -283,7 +240,7 @@ def sat_policy_loss(
     alpha = float(spec.params["alpha"])
     m_budget = gate_capacity(n, shortest, alpha, per_sequence)
     if m_budget is not None:
-        _warn_gate_cannot_fire(loss_mode, n, shortest, m_budget, alpha, per_sequence)
+        warn_gate_cannot_fire(f"loss_mode={loss_mode}", n, shortest, m_budget, alpha, per_sequence, VERL_HINT)
     return loss, metrics
 
 
@@ -330,7 +287,8 @@ def register() -> list[str]:
 
 register()
 
-__all__ = [
+__all__ = [  # _warned_gate: re-exported for the tests' reset
+    "_warned_gate",
     "LOSS_FNS",
     "SAT_KEYS",
     "VARIANTS",
