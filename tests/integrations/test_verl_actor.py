@@ -180,19 +180,6 @@ def test_sequence_gate_is_inert_at_small_micro_batches_and_warns_once():
     assert not torch.equal(whole, grad)  # same data, same loss_mode: the split decides SAT's gradient
 
 
-@pytest.mark.parametrize("n,shortest,alpha,per_sequence,expected", [
-    (48, 12, 0.9, True, 4),      # 4 x 12 tokens: budget 48 - 44 = 4 < 12
-    (120, 12, 0.9, True, None),  # 10 x 12: budget 12 = one sequence
-    (9, 1, 0.9, False, 0),       # tokens: budget 9 - ceil(8.1) = 0
-    (10, 1, 0.9, False, None),   # budget 10 - 9 = 1 token
-    (10, 1, 0.7, False, None),   # exact rank: ceil(0.7 * 10) = 7, not 8
-    (48, 12, 1.0, True, None),   # gate off on purpose: no warning
-    (0, 0, 0.9, True, None),     # empty call
-])
-def test_gate_capacity(n, shortest, alpha, per_sequence, expected):
-    assert sv.gate_capacity(n, shortest, alpha, per_sequence) == expected
-
-
 def test_prob_diff_gate_is_token_level_and_does_not_warn():
     data, logp = rollout(3, equal_lengths=True)
     with warnings.catch_warnings():
