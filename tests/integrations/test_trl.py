@@ -135,8 +135,9 @@ def test_gate_off_equals_trls_loss_bit_for_bit(pair, level, loss_type):
                                                 ("sequence", "sat_gspo", "log_ratio")])
 def test_gate_on_equals_satrl_objectives(pair, level, preset, proxy):
     """sat_alpha = 0.75 (loss_type grpo = seq-mean-token-mean): loss and gradients equal satrl's preset;
-    bit for bit at token level, within 1e-6 at sequence level, where TRL differentiates through the
-    sequence mean and satrl uses GSPO's per-token form (same value and gradient, other rounding)."""
+    bit for bit at token level; at sequence level the loss within 1e-6 and the gradients within 1e-5
+    (relative), since TRL differentiates through the sequence mean and satrl uses GSPO's per-token form
+    (same value and gradient, other rounding)."""
     _, ours = pair(level, "grpo", sat_alpha=0.75, sat_proxy=proxy)
     inputs = stale_inputs(ours.model, seed=1, drift=0.1)
     loss, grads = loss_and_grads(ours, inputs)
