@@ -307,5 +307,9 @@ def test_installed_verl_is_in_the_extras_range_and_main_ppo_sees_the_plugin():
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
     out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_NUM_THREADS": "1"},
                          capture_output=True, text=True, timeout=300)
+    missing = out.returncode != 0 and "ModuleNotFoundError" in out.stderr
+    if missing and not REQUIRED:  # e.g. verl installed with --no-deps: its trainer cannot import
+        pytest.skip(f"verl's trainer misses a dependency here ({out.stderr.strip().splitlines()[-1]}); "
+                    "install verl with its dependencies: pip install 'satrl[verl]'")
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["satrl.integrations.verl"] * 2

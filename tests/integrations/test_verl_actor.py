@@ -29,6 +29,7 @@ try:
     from verl.workers.utils.padding import left_right_2_no_padding
 
     import satrl.integrations.verl as sv
+    from satrl.integrations import _gate
 
     VERL_MISSING = None
 except ImportError as exc:
@@ -44,9 +45,9 @@ B, P, T = 16, 5, 12  # sequences per mini-batch, prompt and response widths
 @pytest.fixture(autouse=True)
 def _one_thread_and_fresh_warning():
     torch.set_num_threads(1)
-    sv._warned_gate.clear()
+    _gate._warned_gate.clear()
     yield
-    sv._warned_gate.clear()
+    _gate._warned_gate.clear()
 
 
 def rollout(seed: int, equal_lengths: bool = False, drift: float = 0.1, noise: float = 0.02):
@@ -172,7 +173,7 @@ def test_sequence_gate_is_inert_at_small_micro_batches_and_warns_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # already warned in this process: silent now
         actor_step(actor_config("sat_gspo", agg), data, logp, micro_batch_size=4)
-        sv._warned_gate.clear()
+        _gate._warned_gate.clear()
         whole, rows, metrics = actor_step(actor_config("sat_gspo", agg), data, logp, max_token_len=10_000)
     assert rows == [list(range(B))] or sorted(rows[0]) == list(range(B))
     assert metrics[0]["actor/sat_gate_rate"] > 0  # at most 1 of 16 sequences: 1/16 = 0.0625 of the tokens

@@ -53,7 +53,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         f"satrl.integrations.verl needs verl ({exc}); install it with `pip install satrl[verl]`"
     ) from exc
 
-from satrl.integrations._gate import _warned_gate, composition, gate_capacity, warn_gate_cannot_fire
+from satrl.integrations._gate import composition, gate_capacity, warn_gate_cannot_fire
 from satrl.objectives import ObjectiveSpec, resolve_objective
 from satrl.objectives.trust_regions import PROXIES
 
@@ -287,8 +287,7 @@ def register() -> list[str]:
 
 register()
 
-__all__ = [  # _warned_gate: re-exported for the tests' reset
-    "_warned_gate",
+__all__ = [
     "LOSS_FNS",
     "SAT_KEYS",
     "VARIANTS",
