@@ -232,3 +232,14 @@ def test_bad_config_is_refused(tmp_path, keys, match):
 def test_trainer_needs_the_sat_config(tiny_dir, tmp_path):
     with pytest.raises(TypeError, match="SATGRPOConfig"):
         trainer(SATGRPOTrainer, GRPOConfig, tiny_dir, tmp_path)
+
+
+@needs_trl
+def test_a_trl_whose_loss_skips_the_hook_is_refused(pair, monkeypatch):
+    """If a TRL version stopped computing log-probs through the hooked method, SAT would silently not
+    apply: the trainer raises instead."""
+    _, ours = pair("token", "grpo")
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", lambda self, model, inputs: torch.zeros(()))
+    with pytest.raises(RuntimeError, match="not supported by satrl.integrations.trl"):
+        ours._compute_loss(ours.model, stale_inputs(ours.model, seed=3))
+    assert ours.epsilon_low == EPS_LOW  # TRL's scalars restored

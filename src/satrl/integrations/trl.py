@@ -107,9 +107,13 @@ class SATGRPOTrainer(GRPOTrainer):
         self._sat_inputs: dict | None = None
 
     def _compute_loss(self, model, inputs):
-        self._sat_inputs = inputs  # read by the log-prob hook below, once
+        self._sat_inputs = inputs  # read (and cleared) by the log-prob hook below, once
         try:
-            return super()._compute_loss(model, inputs)
+            loss = super()._compute_loss(model, inputs)
+            if self._sat_inputs is not None:  # the hook never ran: SAT would silently not apply
+                raise RuntimeError("TRL's _compute_loss did not call _get_per_token_logps_and_entropies; this "
+                                   "TRL version is not supported by satrl.integrations.trl (pip install 'satrl[trl]')")
+            return loss
         finally:
             self._sat_inputs = None
             self.epsilon_low, self.epsilon_high = self._sat_base
