@@ -7,18 +7,18 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-vllm lint install clean
+VERL_VENV := .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+
+.PHONY: demo test test-vllm test-verl lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch lies on disk; installing it first stops pip from pulling a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
-	# verl for the plug-in tests, without its pins (it would downgrade transformers): only what
-	# verl.trainer.ppo.core_algos imports. Users install it with `pip install satrl[verl]`.
-	$(BIN)/pip install -q --no-deps verl==0.9.1
-	$(BIN)/pip install -q "tensordict>=0.8.0,<=0.10.0,!=0.9.0" omegaconf hydra-core codetiming
+	# The TRL plug-in's extra as a user installs it (its tests also run on this newer transformers).
+	$(BIN)/pip install -q -e '.[dev,trl]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,10 +27,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 test: $(STAMP) lint
-	# SATRL_REQUIRE_EXTRAS=1: the Ray and verl tests must run, never skip. pytest exits 5 when it collects
-	# no tests in a selection: not a failure.
-	# The vLLM tests (marker vllm) need their own environment: `make test-vllm`.
-	SATRL_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+	# SATRL_REQUIRE_EXTRAS=1 / SATRL_REQUIRE_TRL=1: the Ray and TRL tests must run, never skip. pytest exits
+	# 5 when it collects no tests in a selection: not a failure.
+	# The vLLM tests (marker vllm) need their own environment: `make test-vllm`; the verl plug-in tests
+	# skip here (no verl in this environment) and run in `make test-verl`.
+	SATRL_REQUIRE_EXTRAS=1 SATRL_REQUIRE_TRL=1 $(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
 # The vLLM engine's tests run against the real vLLM in its own environment: vllm-cpu 0.32 pins
 # transformers<5.20, older than the main environment's. See docs/vllm.md.
@@ -51,8 +52,23 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	SATRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest tests/engines tests/models tests/training $(PYTEST_ARGS)
 
+# The verl extra exactly as a user installs it: `pip install satrl[verl]` with no --no-deps. verl 0.9.x pins
+# transformers<5.11, so this environment also runs the engine, model and trainer tests on that older
+# transformers. See docs/integrations.md.
+$(VERL_STAMP): pyproject.toml
+	test -x $(VERL_VENV)/bin/python || $(PY) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install -q --upgrade pip
+	$(VERL_VENV)/bin/pip install -q torch==2.13.0
+	$(VERL_VENV)/bin/pip install -q -e '.[verl,trl]' pytest hypothesis
+	touch $(VERL_STAMP)
+
+# SATRL_REQUIRE_VERL=1 / SATRL_REQUIRE_TRL=1: a missing verl or TRL fails (their tests never skip here).
+# tests/objectives runs here too, so objective tests that compare with verl's or TRL's losses run.
+test-verl: $(VERL_STAMP)
+	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(VERL_VENV)/bin/python -m pytest tests/integrations tests/objectives tests/engines tests/models tests/training -m "not vllm" $(PYTEST_ARGS)
+
 demo: $(STAMP)
 	$(BIN)/satrl demo --out runs/demo
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) runs .pytest_cache .ruff_cache

@@ -30,6 +30,11 @@ for the token-level losses. SAT's own keys live in ``config.policy_loss`` (see
 :class:`SatPolicyLossConfig`). With ``sat_alpha=1.0`` the gate is empty and ``sat``/``sat_gspo`` equal
 verl's ``vanilla``/``gspo`` (tested bit for bit). Departure from verl's ``gspo``: satrl clamps the mean
 sequence log-ratio to [-20, 20] where verl clamps it above at 10 (a ratio of e^10, far outside any clip).
+
+The gate's quantile is over what one call receives: one micro-batch on one rank. A sequence-level gate
+can gate a sequence only when its tokens are at most n - ceil(alpha * n) of the call's n tokens, so with
+few sequences per micro-batch it never fires; the plug-in warns once per process when a call's
+composition rules the gate out (see :func:`gate_capacity` and docs/integrations.md).
 """
 
 from __future__ import annotations
@@ -48,11 +53,17 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         f"satrl.integrations.verl needs verl ({exc}); install it with `pip install satrl[verl]`"
     ) from exc
 
+from satrl.integrations._gate import composition, gate_capacity, warn_gate_cannot_fire
 from satrl.objectives import ObjectiveSpec, resolve_objective
 from satrl.objectives.trust_regions import PROXIES
 
 # verl's own policy losses read these (see core_algos.compute_policy_loss_vanilla); same fallbacks here.
 DEFAULT_CLIP_RATIO_C = 3.0
+# How to give SAT's gate more tokens per loss call in verl (see docs/integrations.md).
+VERL_HINT = ("pack more sequences per micro-batch (actor.use_dynamic_bsz=true with a larger "
+             "ppo_max_token_len_per_gpu) or lower sat_alpha")
+# verl's vanilla clamps the log-ratio to this before its ppo_kl metric (core_algos.compute_policy_loss_vanilla).
+PPO_KL_CLAMP = 20.0
 # satrl keys in ``actor.policy_loss`` and their defaults (the paper's, and satrl's ``sat`` trust region's).
 SAT_KEYS: dict[str, Any] = {"sat_alpha": 0.9, "sat_exponent": 2.0, "sat_proxy": None, "sat_invert": None}
 # ``version_age`` needs per-token lags, which verl does not pass to policy losses.
@@ -171,12 +182,15 @@ SAT_METRICS = {
 
 
 @torch.no_grad()
-def verl_metrics(m: dict[str, Tensor], adv: Tensor, mask: Tensor, per_sequence: bool) -> dict[str, float]:
+def verl_metrics(
+    m: dict[str, Tensor], adv: Tensor, mask: Tensor, per_sequence: bool, extra: dict[str, Tensor] | None = None
+) -> dict[str, float]:
     """verl's three policy-loss metrics (same keys and meaning as ``vanilla``/``gspo``) plus SAT's.
 
     ``actor/pg_clipfrac``: tokens clipped at an endpoint of the (SAT-contracted) interval;
     ``actor/pg_clipfrac_lower``: tokens cut by the dual clip (A < 0, r > clip_ratio_c; 0 for GSPO, as verl);
-    ``actor/ppo_kl``: mean of log old - log pi over active tokens.
+    ``actor/ppo_kl``: mean of -clamp(log pi - log old, -20, 20) over active tokens, as verl's ``vanilla``.
+    ``extra`` 0-dim tensors ride along in the same single host sync.
     """
     mask = mask.bool()
     n = torch.count_nonzero(mask).clamp(min=1).to(torch.float32)
@@ -186,11 +200,14 @@ def verl_metrics(m: dict[str, Tensor], adv: Tensor, mask: Tensor, per_sequence: 
         # Low clipping needs r < 1 (d < 0), so clipped A < 0 tokens with d > 0 are the dual-clipped ones.
         dual = m["tok/clipped"] & (adv < 0) & (m["tok/d"] > 0) & mask
         lower = torch.count_nonzero(dual).to(torch.float32) / n
+    # tok/d is 0 on masked positions, so the plain sum is the masked sum.
+    ppo_kl = -m["tok/d"].clamp(-PPO_KL_CLAMP, PPO_KL_CLAMP).sum(dtype=torch.float32) / n
     values = {
         "actor/pg_clipfrac": m["clipfrac_high"] + m["clipfrac_low"],
-        "actor/ppo_kl": m["ppo_kl"],
+        "actor/ppo_kl": ppo_kl,
         "actor/pg_clipfrac_lower": lower,
         **{key: m[name] for key, name in SAT_METRICS.items()},
+        **(extra or {}),
     }
     floats = torch.stack([v.to(torch.float32) for v in values.values()]).tolist()  # one host sync
     return dict(zip(values, floats))
@@ -215,7 +232,15 @@ def sat_policy_loss(
     loss = core_algos.agg_loss(
         loss_mat=loss_tok, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info
     )
-    metrics = verl_metrics(m, advantages, response_mask, VARIANTS[loss_mode].per_sequence)
+    # The gate moves whole sequences only when it ranks sequence scores (prob_diff is token-level).
+    per_sequence = VARIANTS[loss_mode].per_sequence and spec.params["proxy"] == "log_ratio"
+    metrics = verl_metrics(m, advantages, response_mask, VARIANTS[loss_mode].per_sequence,
+                           extra=composition(response_mask))
+    n, shortest = int(metrics.pop("n")), int(metrics.pop("shortest"))
+    alpha = float(spec.params["alpha"])
+    m_budget = gate_capacity(n, shortest, alpha, per_sequence)
+    if m_budget is not None:
+        warn_gate_cannot_fire(f"loss_mode={loss_mode}", n, shortest, m_budget, alpha, per_sequence, VERL_HINT)
     return loss, metrics
 
 
@@ -267,6 +292,8 @@ __all__ = [
     "SAT_KEYS",
     "VARIANTS",
     "SatPolicyLossConfig",
+    "composition",
+    "gate_capacity",
     "Variant",
     "objective_from_config",
     "register",

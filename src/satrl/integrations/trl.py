@@ -1,0 +1,171 @@
+"""SAT in TRL's ``GRPOTrainer``: ``SATGRPOTrainer(args=SATGRPOConfig(...))`` (extra ``satrl[trl]``).
+
+TRL picks its loss inside ``GRPOTrainer._compute_loss`` and documents subclassing as the way to change
+it. Its clipped losses (``loss_type`` grpo, bnpo, dr_grpo, dapo, luspo) all compute
+
+    coef_1 = exp(log w)          # log w = log pi - log pi_old: per token [B, T], or the sequence mean [B, 1]
+    coef_2 = clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)
+    per_token_loss = -min(coef_1 * A, coef_2 * A)
+
+SAT (paper Eqs. 13-17) replaces the fixed interval by per-token bounds [1 - eps_low c-, 1 + eps_high c+].
+So the subclass changes one thing: for the duration of each ``_compute_loss`` call, right after TRL has
+computed the policy's log-probs, it sets ``self.epsilon_low`` / ``self.epsilon_high`` to SAT's per-token
+radii (tensors, [B, T] at token level, [B, 1] at sequence level) from
+:func:`satrl.objectives.sat.sat_clip_bounds`. Everything else (log-probs, KL, importance sampling,
+aggregation per ``loss_type``, gradient accumulation, TRL's clip metrics, which then count SAT's contracted
+interval) is TRL's own code. The gate ranks
+
+- ``importance_sampling_level="token"``: |d_t| with d_t = log pi - log pi_old (satrl preset ``sat_grpo``);
+- ``importance_sampling_level="sequence"`` (GSPO): |mean_t d_t| of the sequence, length-weighted
+  (satrl preset ``sat_gspo``);
+
+or, with ``sat_proxy="prob_diff"`` (token level only), |pi - pi_old| of each token. ``pi_old`` is TRL's
+``old_per_token_logps`` (the policy at generation time when ``num_iterations > 1`` or
+``steps_per_generation > gradient_accumulation_steps``; else TRL uses ``per_token_logps.detach()``, d = 0
+and the gate never fires).
+
+Exactness: the radii are stored as eps' = 1 - lo and eps'' = hi - 1, so TRL's ``1 - eps'`` and
+``1 + eps''`` give back exactly lo and hi (Sterbenz: exact for lo in [0.5, 1] and hi in [1, 2], hence
+``epsilon <= 0.5`` and ``epsilon_high <= 1``, checked). With ``sat_alpha=1`` the gate is empty, the bounds
+are exactly TRL's, and loss and gradients equal ``GRPOTrainer``'s bit for bit (tested).
+
+SAT's diagnostics reach TRL's logs as ``sat/q``, ``sat/gate_rate``, ``sat/eps_low_mean``,
+``sat/eps_high_mean``, ``sat/c_min`` (paper Table 10), averaged over processes. The quantile is over one
+loss call: ``per_device_train_batch_size`` completions on one process; the trainer warns once per
+process when that call's composition rules the gate out (see ``satrl.integrations._gate``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+try:
+    from trl import GRPOConfig, GRPOTrainer
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(f"satrl.integrations.trl needs TRL ({exc}); install it with `pip install satrl[trl]`") from exc
+
+from satrl.integrations._gate import composition, gate_capacity, warn_gate_cannot_fire
+from satrl.objectives import resolve_objective
+from satrl.objectives.sat import sat_clip_bounds
+
+# TRL loss types that clip coef_1 to [1 - epsilon_low, 1 + epsilon_high]: the ones SAT can contract.
+SAT_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+TRL_PROXIES = ("log_ratio", "prob_diff")  # TRL passes no per-token lags (no version_age)
+SAT_LOG_KEYS = ("q", "gate_rate", "eps_low_mean", "eps_high_mean", "c_min")  # logged as sat/<key>
+TRL_HINT = "raise per_device_train_batch_size (more completions per loss call) or lower sat_alpha"
+
+
+@dataclass
+class SATGRPOConfig(GRPOConfig):
+    """TRL's ``GRPOConfig`` plus SAT's keys; ``epsilon``/``epsilon_high`` are SAT's base radii.
+
+    Args:
+        sat_alpha: quantile level alpha of SAT's gate (paper Eq. 14); 1.0 turns the gate off.
+        sat_exponent: kernel exponent p of psi(u; q) = 1 / (1 + (u/q)^p) (paper Eq. 16).
+        sat_proxy: gate score, ``log_ratio`` (|d|, the paper) or ``prob_diff`` (|pi - pi_old| per token).
+        sat_invert: gate the bottom tail instead of the top (falsification control).
+    """
+
+    sat_alpha: float = field(default=0.9, metadata={"help": "SAT gate quantile level alpha (1.0: gate off)."})
+    sat_exponent: float = field(default=2.0, metadata={"help": "SAT kernel exponent p (> 0)."})
+    sat_proxy: str = field(default="log_ratio", metadata={"help": "SAT gate score: log_ratio or prob_diff."})
+    sat_invert: bool = field(default=False, metadata={"help": "Gate the bottom tail (falsification control)."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.loss_type not in SAT_LOSS_TYPES:
+            raise ValueError(f"SATGRPOConfig.loss_type={self.loss_type!r} has no clip interval for SAT to "
+                             f"contract; choose one of {list(SAT_LOSS_TYPES)}")
+        if self.sat_proxy not in TRL_PROXIES:
+            raise ValueError(f"SATGRPOConfig.sat_proxy={self.sat_proxy!r}; choose one of {list(TRL_PROXIES)}")
+        if self.sat_proxy == "prob_diff" and self.importance_sampling_level == "sequence":
+            # Per-token bounds on TRL's [B, 1] sequence ratio would spread each token's clip over the whole
+            # sequence through the mean (satrl's sat_gspo keeps it on the token): not the same objective.
+            raise ValueError("SATGRPOConfig.sat_proxy='prob_diff' needs importance_sampling_level='token' "
+                             "(at sequence level the gate ranks sequences: use sat_proxy='log_ratio')")
+        eps_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
+        if not (0.0 <= self.epsilon <= 0.5 and 0.0 <= eps_high <= 1.0):
+            raise ValueError(f"SATGRPOConfig: epsilon={self.epsilon} must be in [0, 0.5] and epsilon_high="
+                             f"{eps_high} in [0, 1] (SAT's bounds are handed to TRL exactly only there)")
+        # satrl's own checks (alpha in [0, 1], exponent > 0), with satrl's messages
+        resolve_objective("sat_grpo", eps_low=self.epsilon, eps_high=eps_high, alpha=self.sat_alpha,
+                          exponent=self.sat_exponent, proxy=self.sat_proxy, invert=self.sat_invert)
+
+
+class SATGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` whose clip interval is SAT's (see the module docstring). Needs ``args=SATGRPOConfig``."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.args, SATGRPOConfig):
+            raise TypeError(f"SATGRPOTrainer needs args=SATGRPOConfig(...), got {type(self.args).__name__}")
+        self._sat_base = (self.epsilon_low, self.epsilon_high)  # TRL's scalars, restored after each call
+        self._sat_inputs: dict | None = None
+
+    def _compute_loss(self, model, inputs):
+        self._sat_inputs = inputs  # read (and cleared) by the log-prob hook below, once
+        try:
+            loss = super()._compute_loss(model, inputs)
+            if self._sat_inputs is not None:  # the hook never ran: SAT would silently not apply
+                raise RuntimeError("TRL's _compute_loss did not call _get_per_token_logps_and_entropies; this "
+                                   "TRL version is not supported by satrl.integrations.trl (pip install 'satrl[trl]')")
+            return loss
+        finally:
+            self._sat_inputs = None
+            self.epsilon_low, self.epsilon_high = self._sat_base
+
+    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any):
+        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self._sat_inputs is not None:  # the policy forward of _compute_loss (not generation's)
+            inputs, self._sat_inputs = self._sat_inputs, None
+            self.epsilon_low, self.epsilon_high = self._sat_radii(out[0], inputs)
+        return out
+
+    @torch.no_grad()
+    def _sat_radii(self, per_token_logps: Tensor, inputs: dict) -> tuple[Tensor, Tensor]:
+        """SAT's radii (1 - lo, hi - 1) for this call, from TRL's log-probs and inputs; logs SAT's metrics."""
+        a = self.args
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:  # as TRL's _compute_loss
+            mask = mask * inputs["tool_mask"]
+        old = inputs.get("old_per_token_logps")
+        logp = per_token_logps.detach()
+        log_ratio = logp - (logp if old is None else old)
+        sequence = self.importance_sampling_level == "sequence"
+        if sequence:  # TRL's sequence log-weight, broadcast: the gate ranks sequences, length-weighted
+            d = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1).expand_as(log_ratio)
+        else:
+            d = log_ratio
+        active = mask.bool()
+        score = None
+        if a.sat_proxy == "prob_diff":  # token level (the config refuses it at sequence level)
+            score = torch.where(active, (logp.exp() - (logp if old is None else old).exp()).abs(), 0.0)
+        eps_low, eps_high = self._sat_base
+        lo, hi, m = sat_clip_bounds(d, active, eps_low=eps_low, eps_high=eps_high, alpha=a.sat_alpha,
+                                    exponent=a.sat_exponent, invert=a.sat_invert, score=score)
+        per_sequence = sequence
+        if per_sequence:  # one bound per sequence, TRL's [B, 1] shape (so its gradient path is unchanged)
+            lo, hi = lo[:, :1], hi[:, :1]
+        self._sat_log(m, active, per_sequence)
+        return 1.0 - lo, hi - 1.0
+
+    def _sat_log(self, m: dict[str, Tensor], active: Tensor, per_sequence: bool) -> None:
+        comp = composition(active)
+        local = torch.stack([m[k].to(torch.float32) for k in SAT_LOG_KEYS]
+                            + [comp["n"].to(torch.float32), comp["shortest"].to(torch.float32)])
+        rows = self.accelerator.gather(local[None]).tolist()  # [processes, 7]: one host sync
+        mode = "train" if self.model.training else "eval"
+        for i, key in enumerate(SAT_LOG_KEYS):  # averaged over processes
+            self._metrics[mode][f"sat/{key}"].append(sum(r[i] for r in rows) / len(rows))
+        n, shortest = (int(v) for v in rows[self.accelerator.process_index][-2:])
+        budget = gate_capacity(n, shortest, self.args.sat_alpha, per_sequence)
+        if budget is not None:
+            warn_gate_cannot_fire("SATGRPOTrainer", n, shortest, budget, self.args.sat_alpha, per_sequence,
+                                  TRL_HINT)
+
+
+__all__ = ["SATGRPOConfig", "SATGRPOTrainer", "SAT_LOSS_TYPES", "TRL_PROXIES"]

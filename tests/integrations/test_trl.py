@@ -1,0 +1,245 @@
+"""The TRL plug-in (``satrl.integrations.trl``, extra ``satrl[trl]``) against the real TRL, on CPU.
+
+A tiny Qwen3 from satrl's builders and the char tokenizer are saved to a temporary directory; TRL loads
+them from there (no hub). Without TRL these tests skip with the reason printed (``-ra``), except
+``test_trl_is_installed_when_required``, which fails when ``SATRL_REQUIRE_TRL=1`` (set by ``make test``
+and ``make test-verl``, whose environments install the extra).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+
+try:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from satrl.integrations.trl import SATGRPOConfig, SATGRPOTrainer
+
+    TRL_MISSING = None
+except ImportError as exc:
+    TRL_MISSING = f"TRL is not importable ({exc}); install the extra: pip install 'satrl[trl]'"
+
+from satrl.models import build_char_tokenizer, build_tiny_model
+from satrl.objectives import aggregate, policy_loss
+
+REQUIRED = os.environ.get("SATRL_REQUIRE_TRL") == "1"
+needs_trl = pytest.mark.skipif(TRL_MISSING is not None, reason=str(TRL_MISSING))
+PROMPTS = ["1+1=", "2+3=", "7-4=", "3*3=", "8/2=", "5+5=", "9-1=", "6*2="]
+EPS_LOW, EPS_HIGH = 0.2, 0.28
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def test_trl_is_installed_when_required():
+    if REQUIRED:
+        assert TRL_MISSING is None, f"SATRL_REQUIRE_TRL=1 but {TRL_MISSING}"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-policy")
+    tok = build_char_tokenizer()
+    build_tiny_model(vocab_size=len(tok), seed=0).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def reward_digits(completions, **_):
+    """Distinct rewards within a group (so advantages are not all 0): digits in the completion."""
+    return [float(sum(ch.isdigit() for ch in c)) for c in completions]
+
+
+def config(cls, out, **kw):
+    base = dict(
+        output_dir=str(out), use_cpu=True, per_device_train_batch_size=8, num_generations=4,
+        max_completion_length=8, max_steps=3, num_iterations=2, learning_rate=3e-5, logging_steps=1,
+        report_to="none", save_strategy="no", seed=0, loss_type="grpo", epsilon=EPS_LOW,
+        epsilon_high=EPS_HIGH, dataloader_num_workers=0, disable_tqdm=True,
+    )
+    return cls(**{**base, **kw})
+
+
+def trainer(cls, cfg_cls, tiny_dir, out, **kw):
+    tok = build_char_tokenizer()
+    return cls(model=tiny_dir, reward_funcs=reward_digits, args=config(cfg_cls, out, **kw),
+               train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=tok)
+
+
+def stale_inputs(model, seed: int, b: int = 8, p: int = 4, t: int = 8, drift: float = 0.05):
+    """One loss call's inputs as TRL builds them, with pi_old = pi + a per-sequence drift + token noise."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(4, 40, (b, p), generator=g)
+    completion_ids = torch.randint(4, 40, (b, t), generator=g)
+    lengths = torch.randint(2, t + 1, (b,), generator=g)
+    completion_mask = (torch.arange(t) < lengths[:, None]).long()
+    with torch.no_grad():
+        logits = model(input_ids=torch.cat([prompt_ids, completion_ids], 1)).logits[:, p - 1:-1]
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, completion_ids[..., None]).squeeze(-1)
+    old = logp + torch.randn(b, 1, generator=g) * drift + torch.randn(b, t, generator=g) * drift
+    return {
+        "prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completion_ids,
+        "completion_mask": completion_mask, "advantages": torch.randn(b, generator=g),
+        "old_per_token_logps": old, "num_items_in_batch": completion_mask.sum(),
+    }
+
+
+def loss_and_grads(tr, inputs):
+    tr.model.train()
+    tr.model.zero_grad(set_to_none=True)
+    tr.current_gradient_accumulation_steps = 1
+    loss = tr._compute_loss(tr.model, inputs)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in tr.model.parameters()]
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_dir, tmp_path_factory):
+    """Factory: (TRL's GRPOTrainer, SATGRPOTrainer) on the same tiny model and settings."""
+    out = tmp_path_factory.mktemp("trl-out")
+
+    def make(level: str, loss_type: str, **sat):
+        kw = dict(importance_sampling_level=level, loss_type=loss_type)
+        return (trainer(GRPOTrainer, GRPOConfig, tiny_dir, out, **kw),
+                trainer(SATGRPOTrainer, SATGRPOConfig, tiny_dir, out, **kw, **sat))
+    return make
+
+
+@needs_trl
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "bnpo", "dr_grpo"])
+def test_gate_off_equals_trls_loss_bit_for_bit(pair, level, loss_type):
+    """sat_alpha = 1: loss and every parameter gradient equal GRPOTrainer's (GSPO at sequence level)."""
+    theirs, ours = pair(level, loss_type, sat_alpha=1.0)
+    inputs = stale_inputs(theirs.model, seed=0, drift=0.3)  # large drift: TRL's clip is exercised
+    loss, grads = loss_and_grads(ours, inputs)
+    ref_loss, ref_grads = loss_and_grads(theirs, inputs)
+    assert torch.equal(loss, ref_loss)
+    assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+    assert theirs._metrics["train"]["clip_ratio/region_mean"][-1] > 0
+    for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"):
+        assert ours._metrics["train"][key][-1] == theirs._metrics["train"][key][-1]
+    assert ours._metrics["train"]["sat/gate_rate"][-1] == 0.0
+    assert ours.epsilon_low == EPS_LOW and ours.epsilon_high == EPS_HIGH  # TRL's scalars restored
+
+
+@needs_trl
+@pytest.mark.parametrize("level,preset,proxy", [("token", "sat_grpo", "log_ratio"), ("token", "sat_grpo", "prob_diff"),
+                                                ("sequence", "sat_gspo", "log_ratio")])
+def test_gate_on_equals_satrl_objectives(pair, level, preset, proxy):
+    """sat_alpha = 0.75 (loss_type grpo = seq-mean-token-mean): loss and gradients equal satrl's preset;
+    bit for bit at token level; at sequence level the loss within 1e-6 and the gradients within 1e-5
+    (relative), since TRL differentiates through the sequence mean and satrl uses GSPO's per-token form
+    (same value and gradient, other rounding)."""
+    _, ours = pair(level, "grpo", sat_alpha=0.75, sat_proxy=proxy)
+    inputs = stale_inputs(ours.model, seed=1, drift=0.1)
+    loss, grads = loss_and_grads(ours, inputs)
+    mask = inputs["completion_mask"].bool()
+    ours.model.zero_grad(set_to_none=True)
+    # TRL's own log-probs (the base class's method: no SAT hook), with gradient
+    logp, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+        ours, ours.model, torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+        torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1), inputs["completion_ids"].size(1))
+    loss_tok, m = policy_loss(preset, logp=logp, behavior_logp=inputs["old_per_token_logps"],
+                              adv=inputs["advantages"], mask=mask, eps_low=EPS_LOW, eps_high=EPS_HIGH,
+                              alpha=0.75, proxy=proxy)
+    ref_loss = aggregate(loss_tok, mask, "seq-mean-token-mean")
+    ref_loss.backward()
+    ref_grads = [p.grad for p in ours.model.parameters()]
+    logged = ours._metrics["train"]
+    assert logged["sat/gate_rate"][-1] == pytest.approx(float(m["gate_rate"])) and logged["sat/gate_rate"][-1] > 0
+    assert logged["sat/q"][-1] == pytest.approx(float(m["q"]), rel=1e-6)
+    if level == "token":
+        assert torch.equal(loss, ref_loss.detach())
+        assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+    else:
+        assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-6)
+        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-9) for a, b in zip(grads, ref_grads))
+    base, _ = pair(level, "grpo")
+    base_loss, base_grads = loss_and_grads(base, inputs)
+    assert not all(torch.equal(a, b) for a, b in zip(grads, base_grads))  # the gate changed the gradient
+
+
+def train_logs(tr):
+    tr.train()
+    return [h for h in tr.state.log_history if "loss" in h], [p.detach().clone() for p in tr.model.parameters()]
+
+
+@needs_trl
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_training_a_few_steps(tiny_dir, tmp_path, level):
+    """End to end (generation, rewards, two iterations per batch, optimizer): SAT's gate off trains exactly
+    as GRPOTrainer (same logs, same weights); gate on, SAT's metrics reach TRL's logs, the gate fires and
+    the weights differ."""
+    kw = dict(importance_sampling_level=level)
+    ref_logs, ref_params = train_logs(trainer(GRPOTrainer, GRPOConfig, tiny_dir, tmp_path / "a", **kw))
+    off_logs, off_params = train_logs(trainer(SATGRPOTrainer, SATGRPOConfig, tiny_dir, tmp_path / "b",
+                                              sat_alpha=1.0, **kw))
+    assert len(ref_logs) == 3
+    assert all(torch.equal(a, b) for a, b in zip(off_params, ref_params))
+    def untimed(h):  # wall-clock entries differ between any two runs
+        return {k: v for k, v in h.items() if not k.startswith("sat/") and "time" not in k and "per_second" not in k}
+
+    assert [untimed(h) for h in off_logs] == [untimed(h) for h in ref_logs]
+    on_logs, on_params = train_logs(trainer(SATGRPOTrainer, SATGRPOConfig, tiny_dir, tmp_path / "c",
+                                            sat_alpha=0.75, **kw))
+    assert all({"sat/q", "sat/gate_rate", "sat/eps_low_mean", "sat/eps_high_mean", "sat/c_min"} <= set(h)
+               for h in on_logs)
+    assert max(h["sat/gate_rate"] for h in on_logs) > 0
+    assert all(h["sat/eps_high_mean"] <= EPS_HIGH + 1e-6 for h in on_logs)  # fp32 radii
+    assert not all(torch.equal(a, b) for a, b in zip(on_params, ref_params))
+
+
+@needs_trl
+def test_sequence_gate_that_cannot_fire_warns_once(pair):
+    """8 sequences of 8 tokens: alpha = 0.9 gates at most 64 - 58 = 6 tokens, less than one sequence."""
+    _, ours = pair("sequence", "grpo", sat_alpha=0.9)
+    inputs = stale_inputs(ours.model, seed=2)
+    inputs["completion_mask"] = torch.ones_like(inputs["completion_mask"])
+    from satrl.integrations import _gate
+
+    _gate._warned_gate.clear()
+    with pytest.warns(RuntimeWarning, match=r"SATGRPOTrainer: .* at most n - ceil\(alpha\*n\) = 6 of its n = 64"):
+        loss_and_grads(ours, inputs)
+    assert ours._metrics["train"]["sat/gate_rate"][-1] == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss_and_grads(ours, inputs)
+    _gate._warned_gate.clear()
+
+
+@needs_trl
+@pytest.mark.parametrize("keys,match", [
+    ({"loss_type": "cispo"}, "no clip interval"),
+    ({"sat_proxy": "version_age"}, "sat_proxy"),
+    ({"sat_proxy": "prob_diff", "importance_sampling_level": "sequence"}, "needs importance_sampling_level"),
+    ({"epsilon": 0.6}, r"epsilon=0.6 must be in \[0, 0.5\]"),
+    ({"sat_alpha": 1.5}, "alpha"),
+])
+def test_bad_config_is_refused(tmp_path, keys, match):
+    with pytest.raises(ValueError, match=match):
+        config(SATGRPOConfig, tmp_path, **keys)
+
+
+@needs_trl
+def test_trainer_needs_the_sat_config(tiny_dir, tmp_path):
+    with pytest.raises(TypeError, match="SATGRPOConfig"):
+        trainer(SATGRPOTrainer, GRPOConfig, tiny_dir, tmp_path)
+
+
+@needs_trl
+def test_a_trl_whose_loss_skips_the_hook_is_refused(pair, monkeypatch):
+    """If a TRL version stopped computing log-probs through the hooked method, SAT would silently not
+    apply: the trainer raises instead."""
+    _, ours = pair("token", "grpo")
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", lambda self, model, inputs: torch.zeros(()))
+    with pytest.raises(RuntimeError, match="not supported by satrl.integrations.trl"):
+        ours._compute_loss(ours.model, stale_inputs(ours.model, seed=3))
+    assert ours.epsilon_low == EPS_LOW  # TRL's scalars restored
