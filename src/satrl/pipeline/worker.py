@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from satrl import faults
 from satrl.types import GenerationRequest, Problem, Sample, SamplingParams
 
 
@@ -91,6 +92,7 @@ class RolloutWorker:
 
     def rollout(self, req: RolloutRequest) -> list[Sample]:
         """Generate and score the G samples of each prompt of batch ``req.b``."""
+        faults.point("worker.rollout")
         problems = self._problems(req.b)
         out: list[Sample] = []
         threads = torch.get_num_threads()
@@ -98,6 +100,7 @@ class RolloutWorker:
         try:
             for version in sorted(set(req.versions)):
                 if self.engine.version != version:
+                    faults.point("engine.load_weights")
                     self.engine.load_weights(req.states[version], version)
                 groups = [g for g, v in enumerate(req.versions) if v == version]
                 out += self._generate(req.b, groups, problems)
