@@ -21,6 +21,7 @@ from satrl.pipeline.rundir import Evaluator, RunDir, batch_metrics
 from satrl.pipeline.schedules import Schedule, make_schedule
 from satrl.pipeline.setup import build_trainer, worker_spec
 from satrl.pipeline.worker import RolloutRequest, WorkerSpec
+from satrl.tasks import make_task
 from satrl.training.advantages import group_advantages
 from satrl.training.trainer import split_rows
 
@@ -31,6 +32,8 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
     torch.set_num_threads(min(cfg.train.threads, int(os.environ.get("SATRL_TORCH_THREADS", cfg.train.threads))))
     torch.manual_seed(cfg.seed)
     run = RunDir(cfg, resume=resume)
+    task = make_task(cfg.task.name, **cfg.task.kwargs)  # here too, so bad data fails before any engine starts
+    run.skipped_rows = len(getattr(task, "skipped", ()))
     trainer, tokenizer = build_trainer(cfg)
     spec: WorkerSpec = worker_spec(cfg)
     S, P = cfg.steps_per_batch, cfg.train.prompts_per_batch
@@ -38,7 +41,7 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
     sched = make_schedule(cfg.lag.schedule, S, cfg.lag.n, cfg.lag.max_staleness, cfg.seed)
     store = SnapshotStore(lambda b: _versions(sched, b, P) if b < n_batches else set(), _horizon(sched))
     state = run.restore(trainer, store) if resume else run.fresh(trainer, store)
-    evaluator = Evaluator(cfg, tokenizer)
+    evaluator = Evaluator(cfg, tokenizer, task)
     backend = make_backend(cfg.backend, spec)
     try:
         for b in range(state.next_batch, n_batches):

@@ -66,6 +66,7 @@ class RunDir:
         self.t0 = time.perf_counter()
         self.wall_before = 0.0
         self.state = RunState()
+        self.skipped_rows = 0  # malformed dataset rows the task skipped (summary.json: data/skipped_rows)
         self.tb = _tensorboard(self.path / "tb")
 
     @staticmethod
@@ -150,6 +151,7 @@ class RunDir:
             self.cfg.collapse,
         )
         summary.update(wall_time_s=self.wall(), status="finished")
+        summary["data/skipped_rows"] = self.skipped_rows
         summary = {k: (_finite_or_none(v) if isinstance(v, float) else v) for k, v in summary.items()}
         tmp = self.path / "summary.json.tmp"  # atomic: a kill never leaves a torn summary
         tmp.write_text(json.dumps(strict(summary), indent=2, allow_nan=False) + "\n")
@@ -160,8 +162,8 @@ class RunDir:
 class Evaluator:
     """avg@k and greedy accuracy of the trainer's current weights, with the engine's numerics."""
 
-    def __init__(self, cfg: RunConfig, tokenizer) -> None:
-        self.cfg, self.tokenizer, self.engine = cfg, tokenizer, None
+    def __init__(self, cfg: RunConfig, tokenizer, task=None) -> None:
+        self.cfg, self.tokenizer, self.engine, self.task = cfg, tokenizer, None, task
 
     def due(self, step: int, last: int) -> bool:
         every = self.cfg.eval.every
@@ -187,7 +189,8 @@ class Evaluator:
                 numerics=cfg.engine.numerics,
                 **(cfg.engine.kwargs if name == cfg.engine.name else {}),
             )
-            self.task = make_task(cfg.task.name, **cfg.task.kwargs)
+            if self.task is None:
+                self.task = make_task(cfg.task.name, **cfg.task.kwargs)
         self.engine.load_weights(trainer.weights(), trainer.version)
         res = evaluate(
             self.engine, self.tokenizer, self.task, k=cfg.eval.k, n_problems=cfg.eval.n_problems,
@@ -207,4 +210,5 @@ def batch_metrics(batch: Batch, rows: torch.Tensor, step_s: float, waited_s: flo
         "perf/trainer_tok_s": float(mask.sum()) / max(step_s, 1e-9),
         "perf/trainer_wait_s": waited_s,
         "perf/engine_busy_s": backend.busy_seconds(),
+        "perf/engine_restarts": float(getattr(backend, "restarts", 0)),
     }
