@@ -57,7 +57,7 @@ def make_task(name: str, **kwargs: Any) -> Task:
         raise
     except TypeError as e:  # a misspelt or missing constructor argument: say which task and what
         raise TaskError(f"bad arguments for task {name!r}: {e}") from e
-    except (ValueError, OSError) as e:  # bad data or a bad path: the task's message, on one line
+    except (ValueError, OSError, ImportError) as e:  # bad data, a bad path, a missing reader: one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TaskError(f"task {name!r}: {first}") from e
 

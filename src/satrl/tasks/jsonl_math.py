@@ -7,8 +7,8 @@ own extraction (``\\boxed{}`` first, then LaTeX and plain expressions), and the 
 at load time wrapped as ``\\boxed{answer}`` (unless it already has ``$`` or ``\\boxed``): a bare gold
 such as ``3\\pi`` or ``\\sqrt{3}+1`` is otherwise read as ``3`` or not at all.
 
-Malformed rows (bad JSON, not an object, a missing or empty field, a gold answer math-verify cannot
-parse) are never silently dropped: they are listed in :attr:`JsonlMathTask.skipped` as
+Malformed rows (bad JSON, invalid UTF-8, a row over :data:`MAX_ROW_BYTES`, not an object, a missing or
+empty field, a gold answer math-verify cannot parse) are never silently dropped: they are listed in :attr:`JsonlMathTask.skipped` as
 ``(line_number, reason)``, summarized by :meth:`JsonlMathTask.report`, and announced with one
 ``warnings.warn`` at load time.
 
@@ -37,6 +37,7 @@ from satrl.types import Problem
 
 DEFAULT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 _TIMEOUT_S = 5  # math-verify's own default
+MAX_ROW_BYTES = 1_000_000  # a longer row is skipped (and counted): no real problem is a megabyte
 
 
 def _timeout() -> int | None:
@@ -77,6 +78,8 @@ class JsonlMathTask:
         split_key: str = "satrl-jsonl-v1",
     ) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise ValueError(f"jsonl_math: {str(self.path)!r} is a directory, not a .jsonl or .parquet file")
         if not self.path.is_file():
             raise FileNotFoundError(f"jsonl_math: no such file {str(self.path)!r} (expected a .jsonl or .parquet file)")
         if "{problem}" not in prompt_template:
@@ -107,22 +110,40 @@ class JsonlMathTask:
         suffix = self.path.suffix.lower()
         if suffix == ".parquet":
             if importlib.util.find_spec("pyarrow") is None:
-                raise ImportError("reading parquet needs pyarrow: run `pip install pyarrow` (or convert to JSONL)")
+                raise ImportError(f"reading {self.path} needs pyarrow: run `pip install pyarrow` (or convert to JSONL)")
             import pandas as pd
 
-            records = pd.read_parquet(self.path).to_dict(orient="records")
-            yield from enumerate(records, start=1)
+            try:
+                records = pd.read_parquet(self.path).to_dict(orient="records")
+            except Exception as e:  # pyarrow's errors for a corrupt or non-parquet file
+                raise ValueError(f"jsonl_math: cannot read {self.path} as parquet ({str(e).splitlines()[0]})") from e
+            for row_no, row in enumerate(records, start=1):
+                text_len = sum(len(v) for v in row.values() if isinstance(v, str))
+                if text_len > MAX_ROW_BYTES:
+                    self.skipped.append((row_no, f"longer than {MAX_ROW_BYTES:,} characters"))
+                    continue
+                yield row_no, row
             return
         if suffix not in (".jsonl", ".json", ".ndjson"):
-            raise ValueError(f"jsonl_math: unsupported file type {suffix!r}; valid choices: .jsonl, .json, .ndjson, .parquet")
-        with self.path.open(encoding="utf-8") as f:
-            for line_no, line in enumerate(f, start=1):
+            raise ValueError(f"jsonl_math: {self.path}: unsupported file type {suffix!r}; valid choices: .jsonl, .json, .ndjson, .parquet")
+        with self.path.open("rb") as f:
+            for line_no, raw in enumerate(f, start=1):
+                if len(raw) > MAX_ROW_BYTES:
+                    self.skipped.append((line_no, f"longer than {MAX_ROW_BYTES:,} bytes"))
+                    continue
+                try:
+                    line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+                except UnicodeDecodeError as e:
+                    self.skipped.append((line_no, f"invalid UTF-8 at byte {e.start}"))
+                    continue
                 if not line.strip():
                     continue  # blank lines (e.g. a trailing newline) are not rows
                 try:
                     yield line_no, json.loads(line)
                 except json.JSONDecodeError as e:
                     self.skipped.append((line_no, f"bad JSON ({e.msg})"))
+                except RecursionError:
+                    self.skipped.append((line_no, "bad JSON (nested too deeply)"))
 
     def _field(self, row: dict[str, Any], key: str) -> str | None:
         value = row.get(key)
@@ -131,7 +152,7 @@ class JsonlMathTask:
         if isinstance(value, float) and value != value:  # NaN, as pandas writes a missing cell
             return None
         text = str(value).strip()
-        return text or None
+        return text if any(c.isprintable() and not c.isspace() for c in text) else None  # NULs alone are empty
 
     def _check_row(self, line_no: int, row: Any) -> Problem | None:
         if not isinstance(row, dict):
