@@ -50,6 +50,7 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
             samples = state.ready.pop(b) if b in state.ready else backend.result(b)
             waited = time.perf_counter() - t_wait
             samples, dropped = _drop_stale(sched, samples, b)
+            timeouts = sum(bool(s.meta.get("reward_timeout")) for s in samples)
             batch = collate(samples, tokenizer.pad_token_id)
             adv = group_advantages(batch.rewards, batch.group_index, cfg.train.adv_std_norm)
             old_logp = trainer.logp_with(None, batch) if trainer.needs_old_logp else None
@@ -64,7 +65,8 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
                     store.offer(trainer.version, trainer.weights, b)
                     _submit_ready(backend, sched, store, state, trainer.version, b, n_batches, P)
                     metrics.update(batch_metrics(batch, rows, time.perf_counter() - t0, waited, dropped, backend))
-                    waited, dropped = 0.0, 0
+                    metrics["reward/timeouts"] = float(timeouts)  # graders that hit their time limit (reward 0)
+                    waited, dropped, timeouts = 0.0, 0, 0
                     run.log_step(trainer.version, metrics)
                     result = evaluator(trainer) if evaluator.due(trainer.version, cfg.steps) else None
                     if result is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import random
 import threading
 import warnings
@@ -40,9 +41,33 @@ _TIMEOUT_S = 5  # math-verify's own default
 MAX_ROW_BYTES = 1_000_000  # a longer row is skipped (and counted): no real problem is a megabyte
 
 
-def _timeout() -> int | None:
-    # math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere run without one.
-    return _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+MAX_ANSWER_CHARS = 10_000  # only the tail of a completion is graded (where its final answer is)
+
+
+class _Timeouts(logging.Filter):
+    """Counts math-verify's "Timeout during parsing/comparison" records (and drops them: they hold the
+    whole, possibly megabyte-long, input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Timeout during"):
+            self.count += 1
+            return False
+        return True
+
+
+TIMEOUTS = _Timeouts()
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(TIMEOUTS)
+
+
+def _timeout(seconds: int = _TIMEOUT_S) -> int | None:
+    # math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere run without one
+    # (then only MAX_ANSWER_CHARS bounds the work). The engine process and the trainer grade in their main thread.
+    return seconds if threading.current_thread() is threading.main_thread() else None
 
 
 def parse_gold(answer: str) -> list[Any]:
@@ -51,10 +76,13 @@ def parse_gold(answer: str) -> list[Any]:
     return parse(text, parsing_timeout=_timeout())
 
 
-def math_equal(gold: list[Any], completion_text: str) -> bool:
-    """Whether the answer math-verify extracts from ``completion_text`` equals the parsed ``gold``."""
-    pred = parse(completion_text, parsing_timeout=_timeout())
-    return bool(pred) and verify(gold, pred, timeout_seconds=_timeout())
+def math_equal(gold: list[Any], completion_text: str, timeout_s: int = _TIMEOUT_S) -> bool:
+    """Whether the answer math-verify extracts from the last :data:`MAX_ANSWER_CHARS` characters of
+    ``completion_text`` equals the parsed ``gold``. Parsing and comparing each stop after ``timeout_s``
+    (then the answer is wrong, and :data:`TIMEOUTS` counts it)."""
+    text = completion_text[-MAX_ANSWER_CHARS:]
+    pred = parse(text, parsing_timeout=_timeout(timeout_s))
+    return bool(pred) and verify(gold, pred, timeout_seconds=_timeout(timeout_s))
 
 
 class JsonlMathTask:
@@ -66,6 +94,8 @@ class JsonlMathTask:
         prompt_template: ``str.format`` template with a ``{problem}`` field.
         eval_fraction: share of rows in the eval split, in [0, 1].
         split_key: key of the split hash.
+        verify_timeout_s: seconds (integer >= 1) math-verify may spend parsing, and again comparing, one
+            answer; past it the reward is 0 and :attr:`timeouts` counts it.
     """
 
     def __init__(
@@ -76,6 +106,7 @@ class JsonlMathTask:
         prompt_template: str = DEFAULT_TEMPLATE,
         eval_fraction: float = 1.0,
         split_key: str = "satrl-jsonl-v1",
+        verify_timeout_s: int = _TIMEOUT_S,
     ) -> None:
         self.path = Path(path)
         if self.path.is_dir():
@@ -90,6 +121,10 @@ class JsonlMathTask:
         self.prompt_template = prompt_template
         self.eval_fraction = eval_fraction
         self.split_key = split_key
+        if not (isinstance(verify_timeout_s, int) and verify_timeout_s >= 1):
+            raise ValueError(f"verify_timeout_s must be an integer >= 1, got {verify_timeout_s!r}")
+        self.verify_timeout_s = verify_timeout_s
+        self.timeouts = 0  # answers whose grading hit the time limit (reward 0)
         self.name = f"jsonl_math({self.path.name})"
         self.skipped: list[tuple[int, str]] = []
         self._gold: dict[str, list[Any]] = {}
@@ -217,4 +252,7 @@ class JsonlMathTask:
         gold = self._gold.get(problem.id)
         if gold is None:  # a Problem built elsewhere: parse its answer now
             gold = parse_gold(problem.answer)
-        return 1.0 if math_equal(gold, completion_text) else 0.0
+        before = TIMEOUTS.count
+        ok = math_equal(gold, completion_text, self.verify_timeout_s)
+        self.timeouts += TIMEOUTS.count - before
+        return 1.0 if ok else 0.0
