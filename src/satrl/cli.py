@@ -64,8 +64,8 @@ def run_train(args: argparse.Namespace) -> int:
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        print(f"satrl train: disk full ({_first_line(err)}); the last complete checkpoint is kept: free space, "
-              f"then resume with --resume {cfg.run_dir()}", file=sys.stderr)  # fmt: skip
+        print(f"satrl train: disk full ({_first_line(err)}); free space, then continue with "
+              f"satrl train --resume {cfg.run_dir()}", file=sys.stderr)  # fmt: skip
         return 1
     print(f"run: {cfg.run_dir()}  best avg@{cfg.eval.k} = {summary.get('best_avg_at_k')}  collapse = {summary.get('collapse_step')}")
     return 0

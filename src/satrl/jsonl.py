@@ -64,5 +64,8 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
 
 def append_jsonl(path: str | Path, row: dict[str, Any]) -> None:
     """Append one row as a single write, so a kill leaves at most one torn (skipped) last line."""
-    with open(path, "a") as f:
-        f.write(dumps(row) + "\n")
+    try:
+        with open(path, "a") as f:
+            f.write(dumps(row) + "\n")
+    except OSError as e:  # e.g. disk full: name the file (the OS error from a buffered write does not)
+        raise OSError(e.errno, f"{e.strerror} writing {path}") from e

@@ -11,6 +11,7 @@ checkpoint with a ``state.pt`` (the old, pickled format) is refused.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -59,8 +60,12 @@ def save_checkpoint(
         if final.exists():
             os.replace(final, root / f".{name}.old")
         os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # frees the space a full disk needs for the next try
+        if not isinstance(e, OSError) and "No space left on device" in str(e):  # safetensors' own error type
+            raise OSError(errno.ENOSPC, f"No space left on device writing checkpoint {final}") from e
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(e.errno, f"{e.strerror} writing checkpoint {final}") from e
         raise
     _atomic_text(root / "latest", name)
     for old in [*root.glob("step-*"), *root.glob(".step-*")]:
