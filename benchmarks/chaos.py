@@ -2,6 +2,7 @@
 
     python -m benchmarks.chaos                  # 12 kill points, every hostile input, engine kills
     python -m benchmarks.chaos --points 20 --seed 3
+    python -m benchmarks.chaos --write-doc      # also writes the "Chaos" section of docs/benchmarks.md
 
 Kill anywhere: one short run (sequential backend, a checkpoint per batch) is relaunched with
 ``satrl train --resume`` after each SIGKILL until it finishes; each kill is either a named fault point
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__.splitlines()[0])
     p.add_argument("--points", type=int, default=12, help="kill points to try")
     p.add_argument("--seed", type=int, default=0, help="seed of the kill points (replay a failure with it)")
+    p.add_argument("--write-doc", action="store_true", help="write the result to docs/benchmarks.md")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,9 +169,15 @@ def main(argv: list[str] | None = None) -> int:
         kill = kill_anywhere(work / "kill", args.points, args.seed)
         hostile = hostile_inputs(work / "hostile")
         engine = engine_kills(work / "engine")
-    print(summary_line(kill, hostile, engine))
-    print(json.dumps({"seed": args.seed, "kill": kill, "hostile": hostile, "engine": engine,
-                      "wall_s": round(time.perf_counter() - t0, 1)}))  # fmt: skip
+    line = summary_line(kill, hostile, engine)
+    record = {"seed": args.seed, "kill": kill, "hostile": hostile, "engine": engine, "wall_s": round(time.perf_counter() - t0, 1)}
+    print(line)
+    print(json.dumps(record))
+    if args.write_doc:
+        from benchmarks._report import write_section
+
+        write_section("Chaos", f"python -m benchmarks.chaos --points {args.points} --seed {args.seed} --write-doc",
+                      f"{line}\n\n```json\n{json.dumps(record)}\n```\n")  # fmt: skip
     ok = kill["identical"] == kill["tried"] and hostile["clean"] == hostile["tried"] and engine["identical"]
     return 0 if ok else 1
 

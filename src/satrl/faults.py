@@ -5,7 +5,7 @@ kills every engine child on its first rollout.
 
 Points: ``checkpoint.weights`` / ``checkpoint.state`` (inside a checkpoint write, after the weights /
 before the directory is renamed into place), ``metrics.write`` (half a line written), ``eval.start``,
-``engine.load_weights`` (weights half loaded into the engine), ``worker.rollout``.
+``engine.load_weights`` (just before new weights go into the engine), ``worker.rollout``.
 """
 
 from __future__ import annotations
