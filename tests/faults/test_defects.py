@@ -33,6 +33,8 @@ def test_metrics_are_strict_json(run_tiny):
     out = run_tiny("steps=2", "objective.name=grpo")  # GRPO logs gate/tv_lift, undefined without a gate
     rows = _strict_rows(out / "metrics.jsonl")
     assert any(r.get("gate/tv_lift", 0.0) is None for r in rows)
+    assert all(r["reward/timeouts"] == 0.0 and r["perf/engine_restarts"] == 0.0 for r in rows)
+    assert json.loads((out / "summary.json").read_text())["data/skipped_rows"] == 0
     _strict_rows(out / "eval.jsonl")
     json.loads((out / "summary.json").read_text(), parse_constant=lambda n: pytest.fail(f"bare {n} in summary"))
 
