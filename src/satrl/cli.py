@@ -7,6 +7,7 @@ Modules are imported lazily, so ``satrl --help`` is instant.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 
@@ -43,18 +44,36 @@ def run_train(args: argparse.Namespace) -> int:
         else:
             cfg = load_config(config, overrides)
     except ConfigError as err:
-        print(f"satrl train: {err}", file=sys.stderr)
+        print(f"satrl train: {_first_line(err)}", file=sys.stderr)
         return 2
     if args.print_config:
         import yaml
 
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
         return 0
+    from satrl.models.loading import PolicyLoadError
     from satrl.pipeline.progress import train_with_progress
+    from satrl.tasks import TaskError
+    from satrl.training.checkpoint import CheckpointError
 
-    summary = train_with_progress(cfg, resume=bool(args.resume), progress=not args.no_progress)
+    try:
+        summary = train_with_progress(cfg, resume=bool(args.resume), progress=not args.no_progress)
+    except (TaskError, PolicyLoadError, CheckpointError, FileExistsError) as err:  # bad input: one line, exit 2
+        print(f"satrl train: {_first_line(err)}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"satrl train: disk full ({_first_line(err)}); free space, then continue with "
+              f"satrl train --resume {cfg.run_dir()}", file=sys.stderr)  # fmt: skip
+        return 1
     print(f"run: {cfg.run_dir()}  best avg@{cfg.eval.k} = {summary.get('best_avg_at_k')}  collapse = {summary.get('collapse_step')}")
     return 0
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,15 @@ from satrl.diagnostics.collapse import CollapseConfig
 class ConfigError(ValueError):
     """A bad config key or value. The message is one line, naming the field and the allowed values."""
 
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))  # one line, whatever a key or value held
+
+
+def _show(part: object) -> str:
+    """A key part as typed, or quoted (repr) when it holds spaces or unprintable characters."""
+    text = str(part)
+    return text if text and text.isprintable() and " " not in text else repr(text)
+
 
 def _known_engine(name: str) -> str:
     from satrl.engines.registry import ENGINES
@@ -158,8 +167,8 @@ class CheckpointConfig(_Strict):
 
 
 class RunConfig(_Strict):
-    seed: int = Field(0, description="Seed for data order, sampling and init.")
-    steps: int = Field(400, ge=1, description="Optimizer steps to train.")
+    seed: int = Field(0, ge=0, lt=2**63, description="Seed for data order, sampling and init (0 <= seed < 2^63).")
+    steps: int = Field(400, ge=1, le=10**9, description="Optimizer steps to train (at most 10^9).")
     out: str | None = Field(None, description="Run directory (default runs/<objective>-<schedule>-n<n>-s<seed>).")
     backend: Literal["local", "sequential", "ray"] = Field(
         "local",
@@ -211,9 +220,13 @@ def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
         node[leaf] = value
 
 
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())[:300]
+
+
 def _format_error(err: ValidationError) -> str:
     first = err.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or "config"
+    field = ".".join(_show(p) for p in first["loc"]) or "config"
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         section = _section_for(first["loc"][:-1])
@@ -249,13 +262,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
-        data = yaml.safe_load(p.read_text()) or {}
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{p}: not valid YAML ({_one_line(e)})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: expected a mapping of config sections at the top level")
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value (e.g. lag.n=8)")
         key, value = item.split("=", 1)
+        if not all(part.strip() for part in key.split(".")):
+            raise ConfigError(f"override {item!r}: empty key or key part in {key!r} (e.g. lag.n=8)")
         apply_override(data, key.strip(), _parse_scalar(value))
     return build_config(data)
 
@@ -263,4 +281,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
 def save_config(cfg: RunConfig, path: Path) -> None:
     """Save the resolved config (every default filled in) as YAML."""
     data = cfg.model_dump(mode="json")
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp = path.with_name(path.name + ".tmp")  # atomic: a killed run never leaves a torn config.yaml
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(path)

@@ -21,7 +21,9 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
 
 
 def _read(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    from satrl.jsonl import read_jsonl
+
+    return read_jsonl(path, null_as_nan=True)
 
 
 def write_report(out: Path, runs: dict[str, Path]) -> Path:

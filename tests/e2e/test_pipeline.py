@@ -84,14 +84,16 @@ def test_metrics_reach_tensorboard_when_installed(run_tiny, monkeypatch):
 
 def test_engine_process_start_failure_is_reported_with_its_cause():
     """An engine that cannot start in the local backend's child process (here: an unknown task) surfaces the
-    child's own error in the trainer process, not just an exit code."""
+    child's own error in the trainer process, not just an exit code. A bad-input error (TaskError) comes back
+    as itself, so the command line can print it as one line."""
     from satrl.pipeline.backends import ProcessBackend
     from satrl.pipeline.worker import RolloutRequest, WorkerSpec
+    from satrl.tasks import TaskError
 
     backend = ProcessBackend(WorkerSpec(model="tiny-arith", task="no-such-task"), timeout_s=120)
     try:
         backend.submit(RolloutRequest(b=0, versions=[0], states={}))
-        with pytest.raises(RuntimeError, match=r"(?s)could not start.*no-such-task"):
+        with pytest.raises(TaskError, match=r"unknown task 'no-such-task'"):
             backend.result(0)
     finally:
         backend.close()

@@ -6,7 +6,6 @@ record was made are allowed (new diagnostics), keys removed are not."""
 import json
 
 import pytest
-
 from replay import CONFIGS, RECORD, replay
 
 

@@ -16,7 +16,7 @@ def test_resume_after_sigkill_equals_uninterrupted(run_tiny, tmp_path):
 
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "satrl", "train", *TINY, *args, f"out={out}", "--no-progress"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}  # this checkout's code, not an installed copy
     kill_after = random.Random(os.getpid()).randint(2, 9)  # a random step, logged so a failure can be replayed
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300

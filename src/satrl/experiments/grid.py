@@ -166,6 +166,8 @@ class _Runner:
     # --- processes ---------------------------------------------------------------------------
     def start(self, run: Run) -> None:
         resume = run_state(run.run_dir) == "partial"
+        if (run.run_dir / "summary.json").exists():  # present but not valid: torn, hand-edited, or failed
+            self.console.print(f"[yellow]invalid summary.json[/] in {run.run_dir}: running it again")
         run.run_dir.mkdir(parents=True, exist_ok=True)
         (run.run_dir / "error.txt").unlink(missing_ok=True)
         if not resume:  # no checkpoint to continue from: stale files of an earlier attempt would mix in
@@ -177,7 +179,8 @@ class _Runner:
                   f"{' '.join(cmd)}\n")  # fmt: skip
         log.flush()
         # A new session: the terminal's Ctrl-C reaches only us, and we stop the children ourselves.
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
+                             preexec_fn=_die_with_parent)  # fmt: skip
         rec = self.result.records[run.name]
         rec.status, rec.resumed, rec.command, rec.error, rec.returncode = "running", resume, cmd, None, None
         self.active[run.name] = (run, p, time.monotonic(), log)
@@ -236,6 +239,15 @@ class _Runner:
                 self.live.update(self.line())
             time.sleep(self.poll_s)
         self.write_status()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec (Linux): SIGKILL it when the grid process dies, even by SIGKILL, so a
+    rerun of the grid never races an orphaned run in the same run directory."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:

@@ -18,6 +18,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from satrl.jsonl import read_jsonl  # the one tolerant JSONL reader (torn lines skipped)
+
 SUMMARY_KEYS = ("best_avg_at_k", "best_step", "final_avg_at_k", "late_avg_at_k", "best_val_avg_at_k",
                 "best_test_avg_at_k", "late_test_avg_at_k", "final_test_avg_at_k", "collapse_step",
                 "collapse_unconfirmed_step", "reward_collapse_step", "eval_base", "lag_realized_mean",
@@ -25,25 +27,6 @@ SUMMARY_KEYS = ("best_avg_at_k", "best_step", "final_avg_at_k", "late_avg_at_k",
                 "steps_per_batch", "summary_version", "status")  # fmt: skip
 _RUN_RE = re.compile(r"^lag(-?\d+)$"), re.compile(r"^seed(\d+)$")
 PACKED_FILES = ("summary.json", "config.yaml", "eval.jsonl")
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a .jsonl or .jsonl.gz file; unparsable lines (a truncated tail) are skipped."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    rows = []
-    with opener(path, "rt") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-    return rows
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

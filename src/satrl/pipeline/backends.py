@@ -10,12 +10,17 @@ from __future__ import annotations
 import multiprocessing as mp
 import pickle
 import queue
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Protocol
 
+from satrl.models.loading import PolicyLoadError
 from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
+from satrl.tasks import TaskError
 from satrl.types import Sample
 
 
@@ -59,20 +64,41 @@ class SequentialBackend:
         self.worker.close()
 
 
-def _serve(spec: WorkerSpec, requests: mp.Queue, results: mp.Queue) -> None:
-    """Child-process loop. Payloads are pickled by hand so tensors are copied, never fd-shared."""
+def _serve(spec: WorkerSpec, requests: mp.Queue, results: Connection) -> None:
+    """Child-process loop. Payloads are pickled by hand so tensors are copied, never fd-shared. Results go
+    back over a pipe whose only writer is this process, so the parent sees this process's death as EOF
+    (even mid-message) instead of waiting forever; a sender thread keeps generation from waiting on the
+    parent to read."""
+    outbox: queue.Queue = queue.Queue()
+
+    def send() -> None:
+        while (item := outbox.get()) is not None:
+            try:
+                results.send_bytes(item)
+            except OSError:  # the parent is gone
+                return
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
     try:
-        worker = RolloutWorker(spec)
-    except Exception:  # e.g. an engine that refuses its config: the parent raises it with this traceback
-        results.put(pickle.dumps((-1, 0.0, RuntimeError(f"the engine process could not start:\n{traceback.format_exc()}"))))
-        return
-    try:
-        _serve_loop(worker, requests, results)
-    finally:  # a child process skips atexit handlers: stop the engine's own processes (vLLM) here
-        worker.close()
+        try:
+            worker = RolloutWorker(spec)
+        except (TaskError, PolicyLoadError) as e:  # bad user input: the parent raises it as it is (one line)
+            outbox.put(pickle.dumps((-1, 0.0, e)))
+            return
+        except Exception:  # e.g. an engine that refuses its config: the parent raises it with this traceback
+            outbox.put(pickle.dumps((-1, 0.0, RuntimeError(f"the engine process could not start:\n{traceback.format_exc()}"))))
+            return
+        try:
+            _serve_loop(worker, requests, outbox)
+        finally:  # a child process skips atexit handlers: stop the engine's own processes (vLLM) here
+            worker.close()
+    finally:
+        outbox.put(None)
+        sender.join(timeout=60)
 
 
-def _serve_loop(worker: RolloutWorker, requests: mp.Queue, results: mp.Queue) -> None:
+def _serve_loop(worker: RolloutWorker, requests: mp.Queue, outbox: queue.Queue) -> None:
     parent = mp.parent_process()
     while True:
         try:
@@ -89,43 +115,80 @@ def _serve_loop(worker: RolloutWorker, requests: mp.Queue, results: mp.Queue) ->
             out: object = worker.rollout(req)
         except Exception:  # the parent re-raises it with the child's traceback
             out = RuntimeError(f"rollout of batch {req.b} failed in the engine process:\n{traceback.format_exc()}")
-        results.put(pickle.dumps((req.b, time.perf_counter() - t0, out)))
+        outbox.put(pickle.dumps((req.b, time.perf_counter() - t0, out)))
 
 
 class ProcessBackend:
-    """The engine in its own process, generating while the trainer trains."""
+    """The engine in its own process, generating while the trainer trains.
 
-    def __init__(self, spec: WorkerSpec, timeout_s: float = 3600.0) -> None:
-        ctx = mp.get_context("spawn")  # fork after torch has started threads can deadlock
-        self.requests, self.results = ctx.Queue(), ctx.Queue()
+    Fault tolerance: a request stays *in flight* from :meth:`submit` until its result arrives. If the engine
+    process dies (crash, OOM kill, SIGKILL), a fresh one is started and every in-flight request is sent to it
+    again, in batch order. Samples depend only on per-request seeds and the weights sent, so the redone
+    batches equal the lost ones; a batch is handed over once, so none is lost or duplicated. After
+    ``max_restarts`` deaths in a row without a result in between, the run fails with one line.
+    """
+
+    def __init__(self, spec: WorkerSpec, timeout_s: float = 3600.0, max_restarts: int = 3) -> None:
+        self.spec, self.timeout_s, self.max_restarts = spec, timeout_s, max_restarts
+        self.ctx = mp.get_context("spawn")  # fork after torch has started threads can deadlock
+        self.done: dict[int, list[Sample]] = {}
+        self.in_flight: dict[int, RolloutRequest] = {}
+        self.restarts = 0  # engine processes started after a death, over the run
+        self._deaths = 0  # deaths since the last result
+        self._busy = 0.0
+        self._start()
+
+    def _start(self) -> None:
+        self.requests = self.ctx.Queue()
+        self.results, child_end = self.ctx.Pipe(duplex=False)
         # Not a daemon: daemonic processes may not have children, and vLLM starts its own. The child exits
         # when told (close), or by itself when this process is gone.
-        self.proc = ctx.Process(target=_serve, args=(spec, self.requests, self.results), daemon=False)
+        self.proc = self.ctx.Process(target=_serve, args=(self.spec, self.requests, child_end), daemon=False)
         self.proc.start()
-        self.timeout_s = timeout_s
-        self.done: dict[int, list[Sample]] = {}
-        self._busy = 0.0
+        child_end.close()  # the child now holds the only write end: its death reads as EOF here
+
+    def _restart(self) -> None:
+        self.proc.join(timeout=10)
+        why = f"exit code {self.proc.exitcode}"
+        self._deaths += 1
+        if self._deaths > self.max_restarts:
+            raise RuntimeError(
+                f"engine process died {self._deaths} times in a row without a result ({why}); giving up"
+            )
+        self._stop()
+        self._start()
+        self.restarts += 1
+        print(f"satrl: engine process died ({why}); restarted it ({self._deaths}/{self.max_restarts}), "
+              f"re-issuing batches {sorted(self.in_flight)}", file=sys.stderr)  # fmt: skip
+        for b in sorted(self.in_flight):
+            self.requests.put(pickle.dumps(self.in_flight[b]))
 
     def submit(self, req: RolloutRequest) -> None:
+        self.in_flight[req.b] = req
         self.requests.put(pickle.dumps(req))
 
     def _drain(self, block: bool) -> None:
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
-                b, busy, out = pickle.loads(self.results.get(timeout=1.0 if block else 0.0))
-            except queue.Empty:
-                if not block:
-                    return
-                if not self.proc.is_alive():
-                    raise RuntimeError(f"engine process died (exit code {self.proc.exitcode})") from None
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"no rollout from the engine process in {self.timeout_s:.0f} s") from None
+                if not self.results.poll(1.0 if block else 0.0):
+                    if not block:
+                        return
+                    if not self.proc.is_alive():
+                        self._restart()
+                    elif time.monotonic() > deadline:
+                        raise TimeoutError(f"no rollout from the engine process in {self.timeout_s:.0f} s")
+                    continue
+                b, busy, out = pickle.loads(self.results.recv_bytes())
+            except (EOFError, OSError, pickle.UnpicklingError):  # the child died, perhaps mid-message
+                self._restart()
                 continue
             if isinstance(out, Exception):
                 raise out
+            self._deaths = 0
             self._busy += busy
-            self.done[b] = out
+            if self.in_flight.pop(b, None) is not None:  # never hand a batch over twice
+                self.done[b] = out
             if not block:
                 continue
             return
@@ -144,13 +207,21 @@ class ProcessBackend:
     def busy_seconds(self) -> float:
         return self._busy
 
-    def close(self) -> None:
+    def _stop(self) -> None:
         if self.proc.is_alive():
             self.requests.put(None)
             self.proc.join(timeout=30)
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(timeout=10)
+        # A dead child never drains its request queue: without this, exiting would wait forever for the
+        # queue's feeder thread to flush (the 0 %-CPU hang after a failed engine start).
+        self.requests.cancel_join_thread()
+        self.requests.close()
+        self.results.close()
+
+    def close(self) -> None:
+        self._stop()
 
 
 def _ray(spec: WorkerSpec) -> Backend:

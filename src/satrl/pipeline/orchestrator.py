@@ -21,6 +21,7 @@ from satrl.pipeline.rundir import Evaluator, RunDir, batch_metrics
 from satrl.pipeline.schedules import Schedule, make_schedule
 from satrl.pipeline.setup import build_trainer, worker_spec
 from satrl.pipeline.worker import RolloutRequest, WorkerSpec
+from satrl.tasks import make_task
 from satrl.training.advantages import group_advantages
 from satrl.training.trainer import split_rows
 
@@ -31,6 +32,8 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
     torch.set_num_threads(min(cfg.train.threads, int(os.environ.get("SATRL_TORCH_THREADS", cfg.train.threads))))
     torch.manual_seed(cfg.seed)
     run = RunDir(cfg, resume=resume)
+    task = make_task(cfg.task.name, **cfg.task.kwargs)  # here too, so bad data fails before any engine starts
+    run.skipped_rows = len(getattr(task, "skipped", ()))
     trainer, tokenizer = build_trainer(cfg)
     spec: WorkerSpec = worker_spec(cfg)
     S, P = cfg.steps_per_batch, cfg.train.prompts_per_batch
@@ -38,8 +41,9 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
     sched = make_schedule(cfg.lag.schedule, S, cfg.lag.n, cfg.lag.max_staleness, cfg.seed)
     store = SnapshotStore(lambda b: _versions(sched, b, P) if b < n_batches else set(), _horizon(sched))
     state = run.restore(trainer, store) if resume else run.fresh(trainer, store)
-    evaluator = Evaluator(cfg, tokenizer)
-    if not resume and evaluator.due(0, cfg.steps):  # the base score: the eval collapse rule's reference
+    evaluator = Evaluator(cfg, tokenizer, task)
+    evaluator.prepare()
+    if trainer.version == 0 and evaluator.due(0, cfg.steps):  # the base score: the eval collapse rule's reference
         run.log_eval(0, evaluator(trainer), trainer)
     backend = make_backend(cfg.backend, spec)
     try:
@@ -49,6 +53,7 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
             samples = state.ready.pop(b) if b in state.ready else backend.result(b)
             waited = time.perf_counter() - t_wait
             samples, dropped = _drop_stale(sched, samples, b)
+            timeouts = sum(bool(s.meta.get("reward_timeout")) for s in samples)
             batch = collate(samples, tokenizer.pad_token_id)
             adv = group_advantages(batch.rewards, batch.group_index, cfg.train.adv_std_norm)
             old_logp = trainer.logp_with(None, batch) if trainer.needs_old_logp else None
@@ -63,7 +68,8 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
                     store.offer(trainer.version, trainer.weights, b)
                     _submit_ready(backend, sched, store, state, trainer.version, b, n_batches, P)
                     metrics.update(batch_metrics(batch, rows, time.perf_counter() - t0, waited, dropped, backend))
-                    waited, dropped = 0.0, 0
+                    metrics["reward/timeouts"] = float(timeouts)  # graders that hit their time limit (reward 0)
+                    waited, dropped, timeouts = 0.0, 0, 0
                     run.log_step(trainer.version, metrics)
                     result = evaluator(trainer) if evaluator.due(trainer.version, cfg.steps) else None
                     if result is not None:

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from satrl.config import RunConfig, load_config, save_config
+from satrl import faults
+from satrl.config import ConfigError, RunConfig, load_config, save_config
 from satrl.diagnostics import summarize_run
+from satrl.jsonl import append_jsonl, dumps, read_jsonl, strict, write_jsonl
 from satrl.pipeline.buffer import SnapshotStore
 from satrl.training import checkpoint as ckpt
 from satrl.types import Batch, Sample
@@ -32,14 +35,9 @@ class RunState:
     best_step: int | None = None
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+def _append_text(path: Path, text: str) -> None:
+    with open(path, "a") as f:
+        f.write(text)
 
 
 def _tensorboard(path: Path):
@@ -68,11 +66,14 @@ class RunDir:
         self.t0 = time.perf_counter()
         self.wall_before = 0.0
         self.state = RunState()
+        self.skipped_rows = 0  # malformed dataset rows the task skipped (summary.json: data/skipped_rows)
         self.tb = _tensorboard(self.path / "tb")
 
     @staticmethod
     def config_of(path: str | Path, overrides: list[str] = ()) -> RunConfig:
         """The saved config of a run directory (for ``--resume``), with ``out`` pinned to it."""
+        if not (Path(path) / "config.yaml").is_file():
+            raise ConfigError(f"--resume {path}: not a run directory (no config.yaml in it)")
         return load_config(Path(path) / "config.yaml", [*overrides, f"out={path}"])
 
     # -- start -------------------------------------------------------------------------------------
@@ -84,9 +85,10 @@ class RunDir:
 
     def restore(self, trainer, store: SnapshotStore) -> RunState:
         path = ckpt.latest_checkpoint(self.ckpt_dir)
-        if path is None:
-            raise FileNotFoundError(f"no checkpoint in {self.ckpt_dir}; start the run without --resume")
-        weights, state = ckpt.load_checkpoint(path)
+        if path is None:  # killed before (or while writing) its first checkpoint: the same command starts over
+            print(f"satrl: no complete checkpoint in {self.ckpt_dir}; starting from step 0", file=sys.stderr)
+            return self.fresh(trainer, store)
+        weights, state = ckpt.load_checkpoint(path, {"RunState": RunState, "Sample": Sample})
         trainer.model.load_state_dict(weights)
         trainer.load_state_dict(state["trainer"])
         store.states = state["snapshots"]
@@ -96,8 +98,9 @@ class RunDir:
         self.state.next_submit = self.state.next_batch
         self.wall_before = state["wall_s"]
         step = trainer.version  # drop log lines written after the checkpoint: they will be redone
-        for name in ("metrics.jsonl", "eval.jsonl"):
-            _write_jsonl(self.path / name, [r for r in _read_jsonl(self.path / name) if r["step"] <= step])
+        for name in ("metrics.jsonl", "eval.jsonl"):  # a torn last line (killed mid-append) goes too
+            rows = read_jsonl(self.path / name)
+            write_jsonl(self.path / name, [r for r in rows if isinstance(r.get("step"), int) and r["step"] <= step])
         return self.state
 
     # -- during ------------------------------------------------------------------------------------
@@ -106,15 +109,15 @@ class RunDir:
 
     def log_step(self, step: int, metrics: dict) -> None:
         row = {"step": step, "wall_s": self.wall(), **metrics}
-        with open(self.path / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
+        path = self.path / "metrics.jsonl"
+        faults.point("metrics.write", lambda: _append_text(path, dumps(row)[:40]))  # dies leaving half a line
+        append_jsonl(path, row)
         if self.tb is not None:
             for k, v in metrics.items():
                 self.tb.add_scalar(k, v, step)
 
     def log_eval(self, step: int, result: dict, trainer) -> None:
-        with open(self.path / "eval.jsonl", "a") as f:
-            f.write(json.dumps({"step": step, **result}) + "\n")
+        append_jsonl(self.path / "eval.jsonl", {"step": step, **result})
         if self.tb is not None:
             for k in ("avg_at_k", "greedy_acc", "val_avg_at_k", "test_avg_at_k"):
                 if k in result:
@@ -145,12 +148,17 @@ class RunDir:
         if self.tb is not None:
             self.tb.close()
         summary = summarize_run(
-            _read_jsonl(self.path / "metrics.jsonl"), _read_jsonl(self.path / "eval.jsonl"), self.cfg.collapse,
+            read_jsonl(self.path / "metrics.jsonl", null_as_nan=True),
+            read_jsonl(self.path / "eval.jsonl", null_as_nan=True),
+            self.cfg.collapse,
             warmup_steps=self.cfg.steps_per_batch,
         )
         summary.update(wall_time_s=self.wall(), status="finished")
+        summary["data/skipped_rows"] = self.skipped_rows
         summary = {k: (_finite_or_none(v) if isinstance(v, float) else v) for k, v in summary.items()}
-        (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        tmp = self.path / "summary.json.tmp"  # atomic: a kill never leaves a torn summary
+        tmp.write_text(json.dumps(strict(summary), indent=2, allow_nan=False) + "\n")
+        tmp.replace(self.path / "summary.json")
         return summary
 
 
@@ -158,8 +166,8 @@ class Evaluator:
     """avg@k and greedy accuracy of the trainer's current weights, with the engine's numerics, on the
     val and test parts of the eval problems (one generation pass over both; scores per part and pooled)."""
 
-    def __init__(self, cfg: RunConfig, tokenizer) -> None:
-        self.cfg, self.tokenizer, self.engine = cfg, tokenizer, None
+    def __init__(self, cfg: RunConfig, tokenizer, task=None) -> None:
+        self.cfg, self.tokenizer, self.engine, self.task = cfg, tokenizer, None, task
 
     def due(self, step: int, last: int) -> bool:
         every = self.cfg.eval.every
@@ -167,22 +175,28 @@ class Evaluator:
             return self.cfg.eval.at_start
         return step == last or (every > 0 and step % every == 0)
 
-    def _problems(self) -> None:
-        from satrl.tasks import make_task
-        from satrl.tasks.evaluate import part_of, split_val_test
+    def prepare(self) -> None:
+        """Choose the val and test problems (once). Called before training, so that an eval split too small
+        for ``eval.*`` fails at once with a one-line TaskError, not at the first evaluation."""
+        from satrl.tasks import TaskError, make_task
+        from satrl.tasks.evaluate import _take, part_of, split_val_test
 
+        if hasattr(self, "pool"):
+            return
         ev = self.cfg.eval
-        self.task = make_task(self.cfg.task.name, **self.cfg.task.kwargs)
-        if ev.n_problems is not None:  # configs before the split: the same first-n problems as before
-            from satrl.tasks.evaluate import _take
-
-            self.pool = _take(self.task, "eval", ev.n_problems)
-            self.val_idx = [i for i, p in enumerate(self.pool) if part_of(p) == "val"]
-            self.test_idx = [i for i, p in enumerate(self.pool) if part_of(p) == "test"]
-        else:
-            self.pool, self.val_idx, self.test_idx = split_val_test(
-                self.task.problems("eval", 0), ev.val_problems, ev.test_problems
-            )
+        if self.task is None:
+            self.task = make_task(self.cfg.task.name, **self.cfg.task.kwargs)
+        try:
+            if ev.n_problems is not None:  # configs before the split: the same first-n problems as before
+                self.pool = _take(self.task, "eval", ev.n_problems)
+                self.val_idx = [i for i, p in enumerate(self.pool) if part_of(p) == "val"]
+                self.test_idx = [i for i, p in enumerate(self.pool) if part_of(p) == "test"]
+            else:
+                self.pool, self.val_idx, self.test_idx = split_val_test(
+                    self.task.problems("eval", 0), ev.val_problems, ev.test_problems
+                )
+        except ValueError as err:
+            raise TaskError(str(err)) from None
 
     def __call__(self, trainer) -> dict:
         from satrl.engines import make_engine
@@ -190,6 +204,7 @@ class Evaluator:
         from satrl.tasks.evaluate import evaluate, part_scores
 
         cfg = self.cfg
+        faults.point("eval.start")
         if self.engine is None:
             name = cfg.eval.engine or cfg.engine.name  # engine.kwargs belong to the rollout engine
             self.engine = make_engine(
@@ -202,7 +217,7 @@ class Evaluator:
                 numerics=cfg.engine.numerics,
                 **(cfg.engine.kwargs if name == cfg.engine.name else {}),
             )
-            self._problems()
+            self.prepare()
         self.engine.load_weights(trainer.weights(), trainer.version)
         res = evaluate(
             self.engine, self.tokenizer, self.task, k=cfg.eval.k, sampling=sampling_params(cfg), seed=cfg.seed,
@@ -228,4 +243,5 @@ def batch_metrics(batch: Batch, rows: torch.Tensor, step_s: float, waited_s: flo
         "perf/trainer_tok_s": float(mask.sum()) / max(step_s, 1e-9),
         "perf/trainer_wait_s": waited_s,
         "perf/engine_busy_s": backend.busy_seconds(),
+        "perf/engine_restarts": float(getattr(backend, "restarts", 0)),
     }

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from satrl import faults
 from satrl.types import GenerationRequest, Problem, Sample, SamplingParams
 
 
@@ -91,6 +92,7 @@ class RolloutWorker:
 
     def rollout(self, req: RolloutRequest) -> list[Sample]:
         """Generate and score the G samples of each prompt of batch ``req.b``."""
+        faults.point("worker.rollout")
         problems = self._problems(req.b)
         out: list[Sample] = []
         threads = torch.get_num_threads()
@@ -98,6 +100,7 @@ class RolloutWorker:
         try:
             for version in sorted(set(req.versions)):
                 if self.engine.version != version:
+                    faults.point("engine.load_weights")
                     self.engine.load_weights(req.states[version], version)
                 groups = [g for g, v in enumerate(req.versions) if v == version]
                 out += self._generate(req.b, groups, problems)
@@ -115,8 +118,11 @@ class RolloutWorker:
                 requests.append(GenerationRequest(rid, list(prompt_ids), request_seed(seed, b, g, i)))
                 meta.append((g, problems[g]))
         completions = self.engine.generate(requests, self.spec.sampling)
-        return [
-            Sample(
+        out = []
+        for c, (g, problem) in zip(completions, meta):
+            timeouts = getattr(self.task, "timeouts", 0)  # a task that bounds grading time counts its timeouts
+            reward = float(self.task.reward(problem, c.text))
+            out.append(Sample(
                 id=c.request_id,
                 group_id=f"b{b:06d}-g{g:04d}",
                 problem_id=problem.id,
@@ -124,9 +130,9 @@ class RolloutWorker:
                 response_ids=c.response_ids,
                 behavior_logp=c.behavior_logp,
                 version=c.version,
-                reward=float(self.task.reward(problem, c.text)),
+                reward=reward,
                 finish_reason=c.finish_reason,
                 routing=c.routing,
-            )
-            for c, (g, problem) in zip(completions, meta)
-        ]
+                meta={"reward_timeout": True} if getattr(self.task, "timeouts", 0) > timeouts else {},
+            ))  # fmt: skip
+        return out

@@ -14,6 +14,10 @@ from satrl.tasks.arithmetic import ArithmeticTask
 from satrl.types import Problem, Task
 
 
+class TaskError(ValueError):
+    """A bad task name, task argument or dataset: one line naming the task, or the file and line."""
+
+
 def _jsonl_math(**kwargs: Any) -> Task:
     from satrl.tasks.jsonl_math import JsonlMathTask
 
@@ -44,13 +48,18 @@ def make_task(name: str, **kwargs: Any) -> Task:
     elif name in TASKS:
         factory = TASKS[name]
     else:
-        raise ValueError(
+        raise TaskError(
             f"unknown task {name!r}; valid choices: {sorted(TASKS)} or '{GYM_PREFIX}<reasoning_gym dataset>'"
         )
     try:
         return factory(**kwargs)
+    except TaskError:
+        raise
     except TypeError as e:  # a misspelt or missing constructor argument: say which task and what
-        raise ValueError(f"bad arguments for task {name!r}: {e}") from e
+        raise TaskError(f"bad arguments for task {name!r}: {e}") from e
+    except (ValueError, OSError, ImportError) as e:  # bad data, a bad path, a missing reader: one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TaskError(f"task {name!r}: {first}") from e
 
 
-__all__ = ["ArithmeticTask", "Problem", "Task", "TASKS", "make_task"]
+__all__ = ["ArithmeticTask", "Problem", "Task", "TaskError", "TASKS", "make_task"]

@@ -7,8 +7,8 @@ own extraction (``\\boxed{}`` first, then LaTeX and plain expressions), and the 
 at load time wrapped as ``\\boxed{answer}`` (unless it already has ``$`` or ``\\boxed``): a bare gold
 such as ``3\\pi`` or ``\\sqrt{3}+1`` is otherwise read as ``3`` or not at all.
 
-Malformed rows (bad JSON, not an object, a missing or empty field, a gold answer math-verify cannot
-parse) are never silently dropped: they are listed in :attr:`JsonlMathTask.skipped` as
+Malformed rows (bad JSON, invalid UTF-8, a row over :data:`MAX_ROW_BYTES`, not an object, a missing or
+empty field, a gold answer math-verify cannot parse) are never silently dropped: they are listed in :attr:`JsonlMathTask.skipped` as
 ``(line_number, reason)``, summarized by :meth:`JsonlMathTask.report`, and announced with one
 ``warnings.warn`` at load time.
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import random
 import threading
 import warnings
@@ -37,11 +38,36 @@ from satrl.types import Problem
 
 DEFAULT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 _TIMEOUT_S = 5  # math-verify's own default
+MAX_ROW_BYTES = 1_000_000  # a longer row is skipped (and counted): no real problem is a megabyte
 
 
-def _timeout() -> int | None:
-    # math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere run without one.
-    return _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+MAX_ANSWER_CHARS = 10_000  # only the tail of a completion is graded (where its final answer is)
+
+
+class _Timeouts(logging.Filter):
+    """Counts math-verify's "Timeout during parsing/comparison" records (and drops them: they hold the
+    whole, possibly megabyte-long, input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Timeout during"):
+            self.count += 1
+            return False
+        return True
+
+
+TIMEOUTS = _Timeouts()
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(TIMEOUTS)
+
+
+def _timeout(seconds: int = _TIMEOUT_S) -> int | None:
+    # math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere run without one
+    # (then only MAX_ANSWER_CHARS bounds the work). The engine process and the trainer grade in their main thread.
+    return seconds if threading.current_thread() is threading.main_thread() else None
 
 
 def parse_gold(answer: str) -> list[Any]:
@@ -50,10 +76,13 @@ def parse_gold(answer: str) -> list[Any]:
     return parse(text, parsing_timeout=_timeout())
 
 
-def math_equal(gold: list[Any], completion_text: str) -> bool:
-    """Whether the answer math-verify extracts from ``completion_text`` equals the parsed ``gold``."""
-    pred = parse(completion_text, parsing_timeout=_timeout())
-    return bool(pred) and verify(gold, pred, timeout_seconds=_timeout())
+def math_equal(gold: list[Any], completion_text: str, timeout_s: int = _TIMEOUT_S) -> bool:
+    """Whether the answer math-verify extracts from the last :data:`MAX_ANSWER_CHARS` characters of
+    ``completion_text`` equals the parsed ``gold``. Parsing and comparing each stop after ``timeout_s``
+    (then the answer is wrong, and :data:`TIMEOUTS` counts it)."""
+    text = completion_text[-MAX_ANSWER_CHARS:]
+    pred = parse(text, parsing_timeout=_timeout(timeout_s))
+    return bool(pred) and verify(gold, pred, timeout_seconds=_timeout(timeout_s))
 
 
 class JsonlMathTask:
@@ -65,6 +94,8 @@ class JsonlMathTask:
         prompt_template: ``str.format`` template with a ``{problem}`` field.
         eval_fraction: share of rows in the eval split, in [0, 1].
         split_key: key of the split hash.
+        verify_timeout_s: seconds (integer >= 1) math-verify may spend parsing, and again comparing, one
+            answer; past it the reward is 0 and :attr:`timeouts` counts it.
     """
 
     def __init__(
@@ -75,8 +106,11 @@ class JsonlMathTask:
         prompt_template: str = DEFAULT_TEMPLATE,
         eval_fraction: float = 1.0,
         split_key: str = "satrl-jsonl-v1",
+        verify_timeout_s: int = _TIMEOUT_S,
     ) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise ValueError(f"jsonl_math: {str(self.path)!r} is a directory, not a .jsonl or .parquet file")
         if not self.path.is_file():
             raise FileNotFoundError(f"jsonl_math: no such file {str(self.path)!r} (expected a .jsonl or .parquet file)")
         if "{problem}" not in prompt_template:
@@ -87,6 +121,10 @@ class JsonlMathTask:
         self.prompt_template = prompt_template
         self.eval_fraction = eval_fraction
         self.split_key = split_key
+        if not (isinstance(verify_timeout_s, int) and verify_timeout_s >= 1):
+            raise ValueError(f"verify_timeout_s must be an integer >= 1, got {verify_timeout_s!r}")
+        self.verify_timeout_s = verify_timeout_s
+        self.timeouts = 0  # answers whose grading hit the time limit (reward 0)
         self.name = f"jsonl_math({self.path.name})"
         self.skipped: list[tuple[int, str]] = []
         self._gold: dict[str, list[Any]] = {}
@@ -107,22 +145,40 @@ class JsonlMathTask:
         suffix = self.path.suffix.lower()
         if suffix == ".parquet":
             if importlib.util.find_spec("pyarrow") is None:
-                raise ImportError("reading parquet needs pyarrow: run `pip install pyarrow` (or convert to JSONL)")
+                raise ImportError(f"reading {self.path} needs pyarrow: run `pip install pyarrow` (or convert to JSONL)")
             import pandas as pd
 
-            records = pd.read_parquet(self.path).to_dict(orient="records")
-            yield from enumerate(records, start=1)
+            try:
+                records = pd.read_parquet(self.path).to_dict(orient="records")
+            except Exception as e:  # pyarrow's errors for a corrupt or non-parquet file
+                raise ValueError(f"jsonl_math: cannot read {self.path} as parquet ({str(e).splitlines()[0]})") from e
+            for row_no, row in enumerate(records, start=1):
+                text_len = sum(len(v) for v in row.values() if isinstance(v, str))
+                if text_len > MAX_ROW_BYTES:
+                    self.skipped.append((row_no, f"longer than {MAX_ROW_BYTES:,} characters"))
+                    continue
+                yield row_no, row
             return
         if suffix not in (".jsonl", ".json", ".ndjson"):
-            raise ValueError(f"jsonl_math: unsupported file type {suffix!r}; valid choices: .jsonl, .json, .ndjson, .parquet")
-        with self.path.open(encoding="utf-8") as f:
-            for line_no, line in enumerate(f, start=1):
+            raise ValueError(f"jsonl_math: {self.path}: unsupported file type {suffix!r}; valid choices: .jsonl, .json, .ndjson, .parquet")
+        with self.path.open("rb") as f:
+            for line_no, raw in enumerate(f, start=1):
+                if len(raw) > MAX_ROW_BYTES:
+                    self.skipped.append((line_no, f"longer than {MAX_ROW_BYTES:,} bytes"))
+                    continue
+                try:
+                    line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+                except UnicodeDecodeError as e:
+                    self.skipped.append((line_no, f"invalid UTF-8 at byte {e.start}"))
+                    continue
                 if not line.strip():
                     continue  # blank lines (e.g. a trailing newline) are not rows
                 try:
                     yield line_no, json.loads(line)
                 except json.JSONDecodeError as e:
                     self.skipped.append((line_no, f"bad JSON ({e.msg})"))
+                except RecursionError:
+                    self.skipped.append((line_no, "bad JSON (nested too deeply)"))
 
     def _field(self, row: dict[str, Any], key: str) -> str | None:
         value = row.get(key)
@@ -131,7 +187,7 @@ class JsonlMathTask:
         if isinstance(value, float) and value != value:  # NaN, as pandas writes a missing cell
             return None
         text = str(value).strip()
-        return text or None
+        return text if any(c.isprintable() and not c.isspace() for c in text) else None  # NULs alone are empty
 
     def _check_row(self, line_no: int, row: Any) -> Problem | None:
         if not isinstance(row, dict):
@@ -196,4 +252,7 @@ class JsonlMathTask:
         gold = self._gold.get(problem.id)
         if gold is None:  # a Problem built elsewhere: parse its answer now
             gold = parse_gold(problem.answer)
-        return 1.0 if math_equal(gold, completion_text) else 0.0
+        before = TIMEOUTS.count
+        ok = math_equal(gold, completion_text, self.verify_timeout_s)
+        self.timeouts += TIMEOUTS.count - before
+        return 1.0 if ok else 0.0

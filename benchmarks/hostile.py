@@ -1,0 +1,156 @@
+"""Hostile inputs for the chaos suite: malformed datasets and configs, and what a clean outcome is for each.
+
+A dataset is clean when ``make_task('jsonl_math', path=...)`` either loads and counts exactly the bad rows
+it skipped (``("skip", n)``), or raises :class:`~satrl.tasks.TaskError` with one line naming the file and,
+where a line is at fault, ``line N`` (``("exit2", line)``). A config is clean when ``load_config`` raises
+:class:`~satrl.config.ConfigError` with one line naming the offending key.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+GOOD = '{"problem": "1+1?", "answer": "2"}\n'
+HAS_PYARROW = importlib.util.find_spec("pyarrow") is not None
+
+
+def _text(name: str, text: str | bytes) -> Callable[[Path], tuple[Path, tuple]]:
+    def make(d: Path, expect: tuple) -> Path:
+        d.mkdir(parents=True, exist_ok=True)
+        p = d / name
+        p.write_bytes(text if isinstance(text, bytes) else text.encode())
+        return p
+
+    return make
+
+
+def _parquet(name: str, rows: list[dict] | None) -> Callable[[Path, tuple], Path]:
+    def make(d: Path, expect: tuple) -> Path:
+        d.mkdir(parents=True, exist_ok=True)
+        p = d / name
+        if rows is None or not HAS_PYARROW:  # without pyarrow every parquet is refused with one line
+            p.write_bytes(b"PAR1 this is not parquet")
+        else:
+            import pandas as pd
+
+            pd.DataFrame(rows).to_parquet(p)
+        return p
+
+    return make
+
+
+def _dir(d: Path, expect: tuple) -> Path:
+    (d / "a_directory.jsonl").mkdir(parents=True, exist_ok=True)
+    return d / "a_directory.jsonl"
+
+
+# name -> (builder, expected outcome)
+BAD_DATASETS: dict[str, tuple[Callable, tuple]] = {
+    "empty file": (_text("empty.jsonl", ""), ("exit2", None)),
+    "only blank lines": (_text("blank.jsonl", "\n \n\t\n"), ("exit2", None)),
+    "all rows malformed": (_text("bad.jsonl", '{"question": "1+1", "answer": "2"}\n{"question": 5}\nnot json\n'), ("exit2", 1)),
+    "missing answer": (_text("noanswer.jsonl", GOOD + '{"problem": "2+2?"}\n'), ("skip", 1)),
+    "empty problem": (_text("emptyproblem.jsonl", GOOD + '{"problem": "", "answer": "3"}\n'), ("skip", 1)),
+    "whitespace answer": (_text("wsanswer.jsonl", GOOD + '{"problem": "x", "answer": "  \\t"}\n'), ("skip", 1)),
+    "wrong types": (_text("types.jsonl", GOOD + '{"problem": ["a"], "answer": "1"}\n{"problem": "a", "answer": {"x": 1}}\n'
+                          '{"problem": "b", "answer": true}\n'), ("skip", 3)),
+    "number answer": (_text("numanswer.jsonl", GOOD + '{"problem": "3+4?", "answer": 7}\n'), ("skip", 0)),
+    "blank lines between rows": (_text("gaps.jsonl", "\n" + GOOD + "\n\n" + GOOD.replace("1+1", "1+2").replace('"2"', '"3"') + "\n"), ("skip", 0)),
+    "invalid UTF-8": (_text("utf8.jsonl", GOOD.encode() + b'{"problem": "\xff\xfe", "answer": "1"}\n'), ("skip", 1)),
+    "10 MB line": (_text("huge.jsonl", GOOD + json.dumps({"problem": "x" * 10_000_000, "answer": "1"}) + "\n"), ("skip", 1)),
+    "duplicate rows": (_text("dups.jsonl", GOOD * 3), ("skip", 0)),
+    "row is an array": (_text("array.jsonl", GOOD + "[1, 2]\n"), ("skip", 1)),
+    "row is null": (_text("null.jsonl", GOOD + "null\n"), ("skip", 1)),
+    "NaN field": (_text("nan.jsonl", GOOD + '{"problem": NaN, "answer": "1"}\n'), ("skip", 1)),
+    "deeply nested row": (_text("deep.jsonl", GOOD + "[" * 100_000 + "]" * 100_000 + "\n"), ("skip", 1)),
+    "torn last line": (_text("torn.jsonl", GOOD + '{"problem": "2+2?", "ans'), ("skip", 1)),
+    "byte-order mark": (_text("bom.jsonl", "\ufeff" + GOOD), ("skip", 0)),
+    "CRLF line ends": (_text("crlf.jsonl", GOOD.replace("\n", "\r\n") * 2), ("skip", 0)),
+    "NUL bytes": (_text("nul.jsonl", GOOD + '{"problem": "\\u0000", "answer": "\\u0000"}\n' + "\0\0\0\n"), ("skip", 2)),
+    "a directory": (_dir, ("exit2", None)),
+    "wrong extension": (_text("data.txt", GOOD), ("exit2", None)),
+    "parquet: not parquet": (_parquet("corrupt.parquet", None), ("exit2", None)),
+    "parquet: null cells": (_parquet("nulls.parquet", [{"problem": "1+1?", "answer": "2"}, {"problem": None, "answer": "1"}]),
+                            ("skip", 1) if HAS_PYARROW else ("exit2", None)),
+    "parquet: missing column": (_parquet("nocol.parquet", [{"problem": "1+1?"}]), ("exit2", 1) if HAS_PYARROW else ("exit2", None)),
+}
+
+
+def check_dataset(d: Path, name: str) -> str | None:
+    """None if the dataset ``name`` has its clean outcome; else what went wrong."""
+    import warnings
+
+    from satrl.tasks import TaskError, make_task
+
+    build, (kind, n) = BAD_DATASETS[name]
+    path = build(d / name.replace(" ", "_").replace(":", ""), (kind, n))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            task = make_task("jsonl_math", path=str(path))
+    except TaskError as e:
+        msg = str(e)
+        if kind != "exit2":
+            return f"{name}: refused, expected to skip {n} rows: {msg[:300]}"
+        if "\n" in msg or str(path) not in msg:
+            return f"{name}: message is not one line naming {path}: {msg[:300]}"
+        if n is not None and f"line {n}" not in msg:
+            return f"{name}: message does not name line {n}: {msg[:300]}"
+        return None
+    except BaseException as e:  # anything else would be a traceback
+        return f"{name}: {type(e).__name__}: {str(e)[:300]}"
+    if kind != "skip":
+        return f"{name}: loaded, expected a refusal"
+    if len(task.skipped) != n:
+        return f"{name}: skipped {len(task.skipped)} rows, expected {n}: {task.report()[:300]}"
+    return None
+
+
+# (YAML file text or None, overrides, key the one-line error must name)
+BAD_CONFIGS: list[tuple[str | None, list[str], str]] = [
+    ("", ["steps=abc"], "steps"),
+    ("- 1\n- 2\n", [], "mapping"),
+    ("just a string\n", [], "mapping"),
+    ("steps: [1, 2\n", [], "YAML"),
+    ("train:\n  lr: -1\n", [], "train.lr"),
+    ("train: 5\n", [], "train"),
+    ("bogus: 1\n", [], "bogus"),
+    (None, ["train.nope=1"], "nope"),
+    (None, ["steps=1e999"], "steps"),
+    (None, ["steps=99999999999999999999999999999999"], "steps"),
+    (None, ["seed=ü"], "seed"),
+    (None, ["lag.schedule=ünïcode"], "lag.schedule"),
+    (None, ["steps"], "steps"),
+    (None, ["=3"], "=3"),
+    (None, ["steps.x=1"], "steps"),
+    (None, ["train..lr=1"], "train..lr"),
+    (None, ["objective.alpha=[1, 2]"], "alpha"),
+    (None, ["objective.name=nope"], "nope"),
+    (None, ["engine.temperature=0"], "engine.temperature"),
+    (None, ["task.kwargs=3"], "task.kwargs"),
+    ("\x00\x01binary", [], "YAML"),
+    ("a: &x [*x]\n", [], "a"),
+]
+
+
+def check_config(d: Path, text: str | None, overrides: list[str], key: str) -> str | None:
+    from satrl.config import ConfigError, load_config
+
+    path = None
+    if text is not None:
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / "cfg.yaml"
+        path.write_text(text)
+    try:
+        load_config(path, overrides)
+    except ConfigError as e:
+        msg = str(e)
+        if "\n" in msg or key not in msg:
+            return f"{text!r} {overrides}: message is not one line naming {key!r}: {msg[:300]}"
+        return None
+    except BaseException as e:
+        return f"{text!r} {overrides}: {type(e).__name__}: {str(e)[:300]}"
+    return f"{text!r} {overrides}: accepted"

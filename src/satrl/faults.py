@@ -1,0 +1,38 @@
+"""Named fault points, for the chaos tests: ``SATRL_FAULT=NAME[:N]`` SIGKILLs this process the N-th time
+(default: the first) it reaches ``point(NAME)``. Unset (always, outside tests), ``point`` is one dict
+lookup. Each process counts on its own, and spawned children inherit the variable: ``worker.rollout``
+kills every engine child on its first rollout.
+
+Points: ``checkpoint.weights`` / ``checkpoint.state`` (inside a checkpoint write, after the weights /
+before the directory is renamed into place), ``metrics.write`` (half a line written), ``eval.start``,
+``engine.load_weights`` (just before new weights go into the engine), ``worker.rollout``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+
+_counts: dict[str, int] = {}
+
+
+def _target() -> tuple[str, int] | None:
+    spec = os.environ.get("SATRL_FAULT")
+    if not spec:
+        return None
+    name, _, n = spec.partition(":")
+    return name, int(n or 1)
+
+
+def point(name: str, before: Callable[[], None] | None = None) -> None:
+    """Die here (SIGKILL, no cleanup) if ``SATRL_FAULT`` names this point and its count is reached;
+    ``before`` runs first (e.g. to leave half a line behind)."""
+    target = _target()
+    if target is None or target[0] != name:
+        return
+    _counts[name] = _counts.get(name, 0) + 1
+    if _counts[name] == target[1]:
+        if before is not None:
+            before()
+        os.kill(os.getpid(), signal.SIGKILL)
