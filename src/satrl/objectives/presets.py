@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import offpolicy  # noqa: F401  (registers the peers' trust regions and the opsm correction)
 from ._common import as_bool_mask, clean_adv, count, masked, masked_frac, masked_mean, seq_mean
 from .corrections import CORRECTIONS
 from .kl import KL_ESTIMATORS
@@ -56,6 +57,15 @@ PRESETS: dict[str, Preset] = {
     "sat_gspo_tis": Preset("sequence", "sat", "tis", source="SAT paper App. F (TIS composes with SAT)"),
     "grpo_icepop": Preset("token", "ppo", "icepop", source="Ling team 2025; SAT paper Eq. 42"),
     "grpo_mis": Preset("token", "ppo", "mis", source="masked importance sampling"),
+    # the peers' off-policy objectives (satrl.objectives.offpolicy) and SAT on those with a clip interval
+    "cispo": Preset("token", "cispo", source="Chen et al. 2025, MiniMax-M1 (arXiv 2506.13585), Eq. 4"),
+    "sat_cispo": Preset("token", "sat_cispo", source="CISPO's interval contracted by SAT (Eqs. 13-19)"),
+    "sapo": Preset("token", "sapo", source="Gao et al. 2025, SAPO (arXiv 2511.20347)"),
+    "gmpo": Preset("token", "gmpo", source="Zhao et al. 2025, GMPO (arXiv 2507.20673)"),
+    "sat_gmpo": Preset("token", "sat_gmpo", source="GMPO's log-space interval contracted by SAT"),
+    "opsm": Preset("token", "ppo", "opsm", source="DeepSeek-AI 2025, DeepSeek-V3.2 (arXiv 2512.02556)"),
+    "sat_opsm": Preset("token", "sat", "opsm", source="SAT-GRPO with DeepSeek-V3.2's sequence mask"),
+    "m2po": Preset("token", "m2po", source="Zheng et al. 2025, M2PO (arXiv 2510.01161), Alg. 1, Eq. 5"),
 }
 
 
@@ -102,7 +112,7 @@ class ObjectiveSpec:
         old = logp.detach() if old_logp is None else old_logp.detach()
         denom = behavior_logp if old_logp is None else old
         adv = clean_adv(adv.detach(), mask)  # [B, 1] or [B, T], 0 where inactive
-        inp = ObjectiveInputs(logp, denom, behavior_logp, old, mask, versions)
+        inp = ObjectiveInputs(logp, denom, behavior_logp, old, mask, versions, adv)
 
         ratio_fn = self.component("ratio").fn
         per_sequence = getattr(ratio_fn, "per_sequence", False)

@@ -35,6 +35,7 @@ class ObjectiveInputs:
     old_logp: Tensor  # trainer log-prob at the start of the step; logp.detach() when not given
     mask: Tensor  # bool
     versions: Tensor | None = None  # per-token lag (trainer version - sample version)
+    adv: Tensor | None = None  # cleaned advantage, [B, 1] or [B, T] (for corrections that need its sign)
 
 
 def clipped_surrogate(
