@@ -45,7 +45,7 @@ from ._common import LOG_RATIO_CLAMP, count, masked, masked_frac, seq_mean
 from .corrections import CORRECTIONS
 from .registry import non_negative, positive, unit_interval
 from .sat import gated_bounds, sat_gate, sat_metrics
-from .trust_regions import _EPS_CHECKS, PROXIES, TRUST_REGIONS, ObjectiveInputs, sat_score
+from .trust_regions import _EPS_CHECKS, PROXIES, TRUST_REGIONS, ZERO_MASKED, ObjectiveInputs, sat_score
 
 _SAT = {"alpha": 0.9, "exponent": 2.0, "proxy": "log_ratio", "invert": False, "shuffle": False}
 _SAT_CHOICES = {"proxy": PROXIES, "invert": (False, True), "shuffle": (False, True)}
@@ -57,7 +57,7 @@ _RADII = {k: _EPS_CHECKS[k] for k in ("eps_low", "eps_high")}
 
 def _sat(d: Tensor, mask: Tensor, inp: ObjectiveInputs, p: dict):
     return sat_gate(d, mask, p["alpha"], p["exponent"], p["invert"], score=sat_score(p["proxy"], inp),
-                    shuffle=p["shuffle"])  # fmt: skip
+                    shuffle=p["shuffle"], zero_masked=p["proxy"] in ZERO_MASKED)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- CISPO
