@@ -11,7 +11,10 @@ skipped, so the numbers are the policy terms alone). One step = ``policy_loss`` 
 verl rows (when verl is importable): ``verl:vanilla`` and ``verl:gspo``, verl's own policy-loss functions
 called as its actor calls them (``ActorConfig`` with radii 0.2/0.2, a bool [B, T] response mask, a
 materialized [B, T] advantage, ``loss_agg_mode="token-mean"``), then ``backward``; their metrics are
-Python floats (``.item()``), as verl returns them. verl's vanilla includes its dual clip (c = 3).
+Python floats (``.item()``), as verl returns them. verl's vanilla includes its dual clip (c = 3). For
+their peak memory, verl is imported and the [B, T] advantage built before the measurement starts.
+Paired ratios: for each pair (a, b), the median of time(a) / time(b) over adjacent runs in alternating
+order, the number to trust on a shared machine.
 
 Time: median over repeats, all rows interleaved in one process (A, B, A, B, ...), so a noisy neighbour
 slows every row alike; ratios are to ``grpo`` at that size.
@@ -117,6 +120,31 @@ def time_presets(n_tokens: int, repeats: int, presets: list[str] | None = None) 
     return {p: statistics.median(v) for p, v in runs.items()}
 
 
+PAIRS = [("sat_grpo", "grpo"), ("sat_grpo", "verl:vanilla"), ("gspo", "verl:gspo"), ("sat_gspo", "gspo")]
+
+
+def paired_ratios(n_tokens: int, repeats: int, presets: list[str]) -> dict[tuple[str, str], float]:
+    """time(a) / time(b) for each pair in :data:`PAIRS`: the median over ``repeats`` adjacent (a, b)
+    runs, the order alternating (ab, ba, ab, ...), so that load that changes over seconds on a shared
+    machine cancels within each pair."""
+    x = make_inputs(n_tokens)
+    out = {}
+    for a, b in PAIRS:
+        if a not in presets or b not in presets:
+            continue
+        step(a, x), step(b, x)  # warm-up
+        ratios = []
+        for i in range(repeats):
+            times = {}
+            for p in ((a, b) if i % 2 == 0 else (b, a)):
+                t0 = time.perf_counter()
+                step(p, x)
+                times[p] = time.perf_counter() - t0
+            ratios.append(times[a] / times[b])
+        out[(a, b)] = statistics.median(ratios)
+    return out
+
+
 def _status(key: str) -> int:
     for line in open("/proc/self/status"):
         if line.startswith(key + ":"):
@@ -128,6 +156,10 @@ def measure_child(preset: str, n_tokens: int, demo_quantile: bool) -> dict:
     """Runs inside the fresh subprocess: one step, its time and its peak extra RSS."""
     x = make_inputs(n_tokens)
     out: dict = {}
+    if preset.startswith("verl:"):  # import verl and build its [B, T] advantage before measuring
+        x["logp"].requires_grad_(False)
+        _verl_call(preset.split(":", 1)[1], x)
+        x["logp"].requires_grad_(True)
     if demo_quantile:
         d = (x["logp"].detach() - x["behavior_logp"]).abs().flatten()
         try:
@@ -193,13 +225,12 @@ def main(argv: list[str] | None = None) -> int:
             f"| {m / mem_of[(n, 'grpo')]:.2f} | {r} |"
         )
     body = "\n".join(lines)
-    targets = [("sat_grpo", "grpo"), ("sat_grpo", "verl:vanilla"), ("gspo", "verl:gspo"), ("sat_gspo", "gspo")]
-    ratios = [
-        f"{a} / {b} = {time_of[(n, a)] / time_of[(n, b)]:.2f}"
-        for n in sizes for a, b in targets if (n, a) in time_of and (n, b) in time_of
-    ]  # fmt: skip
-    if ratios:
-        body += "\n\nTime ratios (" + ", ".join(fmt_size(n) for n in sizes) + "): " + "; ".join(ratios) + "."
+    for n in sizes:
+        reps = args.repeats or (3 if args.quick else 15)
+        pairs = paired_ratios(n, reps, presets)
+        if pairs:
+            body += (f"\n\nPaired time ratios at {fmt_size(n)} (median over {reps} adjacent runs, order "
+                     "alternating): " + "; ".join(f"{a} / {b} = {r:.2f}" for (a, b), r in pairs.items()) + ".")  # fmt: skip
     if not args.quick and not args.no_64m:
         big = 64 << 20
         r = peak_memory("sat_grpo", big, demo_quantile=True)
@@ -214,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         "docstring). B = N/1024 responses of 1024 tokens, all active, adv [B], no ref_logp (no KL term)."
     )
     body += note
+    load = os.getloadavg()
+    body += (f" Load average at the end: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min) on "
+             f"{os.cpu_count()} cores; above ~{max(os.cpu_count() - 1, 1)} the machine was shared and the "
+             "timings (more so the multi-thread ones) are noisy.")  # fmt: skip
     print(body)
     if not args.quick:
         from benchmarks._report import write_section
