@@ -2,13 +2,22 @@
 
     .venv/bin/python -m benchmarks.objectives            # 1M, 4M, 16M tokens + sat_grpo at 64M
     .venv/bin/python -m benchmarks.objectives --quick    # tiny smoke run (not written to the docs)
-    .venv/bin/python -m benchmarks.objectives --sizes 1M 4M --no-64m
+    .venv/bin/python -m benchmarks.objectives --sizes 1M 4M --no-64m --threads 2 --repeats 15
 
 Shapes: B = N/1024 responses of T = 1024 tokens, all active; adv is [B]; no ``ref_logp`` (the KL term is
 skipped, so the numbers are the policy terms alone). One step = ``policy_loss`` + ``aggregate``
 (token-mean) + ``backward``, metrics included.
 
-Time: median over repeats, all presets interleaved in one process; ratios are to ``grpo`` at that size.
+verl rows (when verl is importable): ``verl:vanilla`` and ``verl:gspo``, verl's own policy-loss functions
+called as its actor calls them (``ActorConfig`` with radii 0.2/0.2, a bool [B, T] response mask, a
+materialized [B, T] advantage, ``loss_agg_mode="token-mean"``), then ``backward``; their metrics are
+Python floats (``.item()``), as verl returns them. verl's vanilla includes its dual clip (c = 3). For
+their peak memory, verl is imported and the [B, T] advantage built before the measurement starts.
+Paired ratios: for each pair (a, b), the median of time(a) / time(b) over adjacent runs in alternating
+order, the number to trust on a shared machine.
+
+Time: median over repeats, all rows interleaved in one process (A, B, A, B, ...), so a noisy neighbour
+slows every row alike; ratios are to ``grpo`` at that size.
 Peak memory: each (preset, size) runs in a fresh subprocess with ``MALLOC_MMAP_THRESHOLD_=65536`` (so
 every large tensor is its own mmap, returned to the OS when freed); after building the inputs it resets
 the kernel's peak-RSS counter (``echo 5 > /proc/self/clear_refs``) and reports VmHWM - VmRSS after one
@@ -31,7 +40,17 @@ import torch
 from satrl.objectives import aggregate, policy_loss
 
 PRESETS = ["grpo", "sat_grpo", "gspo", "sat_gspo", "dppo_tv"]
+VERL_ROWS = ["verl:vanilla", "verl:gspo"]
 T = 1024
+
+
+def rows_available() -> list[str]:
+    """Our presets, and verl's rows when verl can be imported."""
+    try:
+        import verl.trainer.ppo.core_algos  # noqa: F401
+    except ImportError:
+        return list(PRESETS)
+    return [*PRESETS, *VERL_ROWS]
 
 
 def parse_size(s: str) -> int:
@@ -58,23 +77,72 @@ def make_inputs(n_tokens: int, seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
+_VERL: dict = {}
+
+
+def _verl_call(name: str, x: dict[str, torch.Tensor]) -> torch.Tensor:
+    """verl's policy loss ``name`` on the same tokens, with the inputs its actor would pass."""
+    if not _VERL:
+        from verl.trainer.ppo import core_algos
+        from verl.workers.config import ActorConfig
+
+        _VERL["fns"] = core_algos.get_policy_loss_fn
+        _VERL["config"] = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=2,
+                                      clip_ratio_low=0.2, clip_ratio_high=0.2)  # fmt: skip
+    if "adv_bt" not in x:  # verl's batch holds a [B, T] advantage
+        x["adv_bt"] = x["adv"][:, None].expand_as(x["mask"]).contiguous()
+    loss, _ = _VERL["fns"](name)(x["behavior_logp"], x["logp"], x["adv_bt"], x["mask"],
+                                 loss_agg_mode="token-mean", config=_VERL["config"])  # fmt: skip
+    return loss
+
+
 def step(preset: str, x: dict[str, torch.Tensor]) -> None:
     x["logp"].grad = None
-    loss_tok, _ = policy_loss(preset, **x)
+    if preset.startswith("verl:"):
+        _verl_call(preset.split(":", 1)[1], x).backward()
+        return
+    ours = {k: v for k, v in x.items() if k != "adv_bt"}
+    loss_tok, _ = policy_loss(preset, **ours)
     aggregate(loss_tok, x["mask"], "token-mean").backward()
 
 
-def time_presets(n_tokens: int, repeats: int) -> dict[str, float]:
+def time_presets(n_tokens: int, repeats: int, presets: list[str] | None = None) -> dict[str, float]:
+    presets = rows_available() if presets is None else presets
     x = make_inputs(n_tokens)
-    for p in PRESETS:  # warm-up
+    for p in presets:  # warm-up
         step(p, x)
-    runs: dict[str, list[float]] = {p: [] for p in PRESETS}
+    runs: dict[str, list[float]] = {p: [] for p in presets}
     for _ in range(repeats):
-        for p in PRESETS:
+        for p in presets:
             t0 = time.perf_counter()
             step(p, x)
             runs[p].append(time.perf_counter() - t0)
     return {p: statistics.median(v) for p, v in runs.items()}
+
+
+PAIRS = [("sat_grpo", "grpo"), ("sat_grpo", "verl:vanilla"), ("gspo", "verl:gspo"), ("sat_gspo", "gspo")]
+
+
+def paired_ratios(n_tokens: int, repeats: int, presets: list[str]) -> dict[tuple[str, str], float]:
+    """time(a) / time(b) for each pair in :data:`PAIRS`: the median over ``repeats`` adjacent (a, b)
+    runs, the order alternating (ab, ba, ab, ...), so that load that changes over seconds on a shared
+    machine cancels within each pair."""
+    x = make_inputs(n_tokens)
+    out = {}
+    for a, b in PAIRS:
+        if a not in presets or b not in presets:
+            continue
+        step(a, x), step(b, x)  # warm-up
+        ratios = []
+        for i in range(repeats):
+            times = {}
+            for p in ((a, b) if i % 2 == 0 else (b, a)):
+                t0 = time.perf_counter()
+                step(p, x)
+                times[p] = time.perf_counter() - t0
+            ratios.append(times[a] / times[b])
+        out[(a, b)] = statistics.median(ratios)
+    return out
 
 
 def _status(key: str) -> int:
@@ -88,6 +156,10 @@ def measure_child(preset: str, n_tokens: int, demo_quantile: bool) -> dict:
     """Runs inside the fresh subprocess: one step, its time and its peak extra RSS."""
     x = make_inputs(n_tokens)
     out: dict = {}
+    if preset.startswith("verl:"):  # import verl and build its [B, T] advantage before measuring
+        x["logp"].requires_grad_(False)
+        _verl_call(preset.split(":", 1)[1], x)
+        x["logp"].requires_grad_(True)
     if demo_quantile:
         d = (x["logp"].detach() - x["behavior_logp"]).abs().flatten()
         try:
@@ -103,13 +175,14 @@ def measure_child(preset: str, n_tokens: int, demo_quantile: bool) -> dict:
     step(preset, x)
     out["time_s"] = time.perf_counter() - t0
     out["peak_bytes"] = _status("VmHWM") - before
-    out["input_bytes"] = sum(t.numel() * t.element_size() for t in x.values())
+    out["input_bytes"] = sum(t.numel() * t.element_size() for k, t in x.items() if k != "adv_bt")
     return out
 
 
 def peak_memory(preset: str, n_tokens: int, demo_quantile: bool = False) -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    cmd = [sys.executable, "-m", "benchmarks.objectives", "--_child", preset, str(n_tokens)]
+    cmd = [sys.executable, "-m", "benchmarks.objectives", "--_child", preset, str(n_tokens),
+           "--threads", str(torch.get_num_threads())]  # fmt: skip
     if demo_quantile:
         cmd.append("--_quantile")
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
@@ -121,20 +194,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes, nothing written to docs")
     ap.add_argument("--sizes", nargs="+", default=None, help="active-token counts, e.g. 1M 4M 16M")
     ap.add_argument("--no-64m", action="store_true", help="skip the 64M sat_grpo run")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable on a shared box)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed repeats per size (default: by size)")
     ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--_quantile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)  # the machine is shared: one thread gives stable, comparable numbers
+    torch.set_num_threads(args.threads)
     if args._child:
         print(json.dumps(measure_child(args._child[0], int(args._child[1]), args._quantile)))
         return 0
 
     sizes = [parse_size(s) for s in (args.sizes or (["64K", "256K"] if args.quick else ["1M", "4M", "16M"]))]
     rows = []
+    presets = rows_available()
     for n in sizes:
-        repeats = 3 if args.quick else max(3, min(9, (8 << 20) // n))
-        times = time_presets(n, repeats)
-        for p in PRESETS:
+        repeats = args.repeats or (3 if args.quick else max(3, min(9, (8 << 20) // n)))
+        times = time_presets(n, repeats, presets)
+        for p in presets:
             mem = peak_memory(p, n)
             rows.append((n, p, times[p], mem["peak_bytes"], repeats))
     mem_of = {(n, p): m for n, p, _, m, _ in rows}
@@ -149,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
             f"| {m / mem_of[(n, 'grpo')]:.2f} | {r} |"
         )
     body = "\n".join(lines)
+    for n in sizes:
+        reps = args.repeats or (3 if args.quick else 15)
+        pairs = paired_ratios(n, reps, presets)
+        if pairs:
+            body += (f"\n\nPaired time ratios at {fmt_size(n)} (median over {reps} adjacent runs, order "
+                     "alternating): " + "; ".join(f"{a} / {b} = {r:.2f}" for (a, b), r in pairs.items()) + ".")  # fmt: skip
     if not args.quick and not args.no_64m:
         big = 64 << 20
         r = peak_memory("sat_grpo", big, demo_quantile=True)
@@ -158,17 +240,23 @@ def main(argv: list[str] | None = None) -> int:
             f"`torch.quantile` on the same {fmt_size(big)} |d| values: {r['quantile']}."
         )
     note = (
-        f"\n\nTime: median of the repeats, presets interleaved in one process, {torch.get_num_threads()} "
-        "torch thread. Memory: peak extra RSS of one step in a fresh subprocess (see the script's "
+        f"\n\nTime: median of the repeats, rows interleaved in one process, {torch.get_num_threads()} "
+        "torch thread(s). Memory: peak extra RSS of one step in a fresh subprocess (see the script's "
         "docstring). B = N/1024 responses of 1024 tokens, all active, adv [B], no ref_logp (no KL term)."
     )
     body += note
+    load = os.getloadavg()
+    body += (f" Load average at the end: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min) on "
+             f"{os.cpu_count()} cores; above ~{max(os.cpu_count() - 1, 1)} the machine was shared and the "
+             "timings (more so the multi-thread ones) are noisy.")  # fmt: skip
     print(body)
     if not args.quick:
         from benchmarks._report import write_section
 
         cmd = "python -m benchmarks.objectives" + (f" --sizes {' '.join(args.sizes)}" if args.sizes else "")
-        write_section("Objectives", cmd + (" --no-64m" if args.no_64m else ""), body)
+        cmd += (" --no-64m" if args.no_64m else "") + (f" --threads {args.threads}" if args.threads != 1 else "")
+        cmd += f" --repeats {args.repeats}" if args.repeats else ""
+        write_section("Objectives", cmd, body)
     return 0
 
 

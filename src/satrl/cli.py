@@ -1,7 +1,8 @@
-"""``satrl`` command line: train | eval | pretrain | grid | report | demo | bench.
+"""``satrl`` command line: train | eval | pretrain | grid | report | demo.
 
 Each subcommand's arguments and handler live next to the code they drive; this file only wires them.
-Modules are imported lazily, so ``satrl --help`` is instant.
+Modules are imported lazily, so ``satrl --help`` is instant. A subcommand's flags and positionals (e.g.
+``train``'s ``key=value`` overrides) mix in any order: ``satrl train grpo.yaml --no-progress steps=8``.
 """
 
 from __future__ import annotations
@@ -67,8 +68,14 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"satrl train: disk full ({_first_line(err)}); free space, then continue with "
               f"satrl train --resume {cfg.run_dir()}", file=sys.stderr)  # fmt: skip
         return 1
-    print(f"run: {cfg.run_dir()}  best avg@{cfg.eval.k} = {summary.get('best_avg_at_k')}  collapse = {summary.get('collapse_step')}")
+    k, late, best = cfg.eval.k, summary.get("late_test_avg_at_k"), summary.get("best_test_avg_at_k")
+    print(f"run: {cfg.run_dir()}  late test avg@{k} = {_num(late)}  test avg@{k} at the val-best step "
+          f"{summary.get('best_step')} = {_num(best)}  collapse = {summary.get('collapse_step')}")
     return 0
+
+
+def _num(x) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
 
 
 def _first_line(err: BaseException) -> str:
@@ -76,16 +83,35 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="satrl", description=__doc__.splitlines()[0])
+def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser | None]:
+    """The top-level parser, and the subparser of ``command`` with its arguments (None if ``command`` is not
+    one of :data:`COMMANDS`). Only that command's module is imported."""
+    parser = argparse.ArgumentParser(prog="satrl", description=__doc__.splitlines()[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    argv = sys.argv[1:] if argv is None else argv
-    chosen = next((a for a in argv if not a.startswith("-")), None)
+    chosen = None
     for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        if name == chosen:  # import only the module of the command being run
+        # argparse %-formats help strings (not descriptions): a literal % must be doubled there
+        p = sub.add_parser(name, help=help_text.replace("%", "%%"), description=help_text)
+        if name == command:  # import only the module of the command being run
             getattr(importlib.import_module(module), f"add_{name}_args")(p)
-    args = parser.parse_args(argv)
+            chosen = p
+    return parser, chosen
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse ``satrl COMMAND ...``. Within a command, options and positionals may be intermixed
+    (``argparse``'s ``parse_intermixed_args``, which a parser holding subparsers cannot use itself)."""
+    command = argv[0] if argv else None
+    parser, chosen = build_parser(command)
+    if chosen is None:  # no command, an unknown one, or top-level flags first: argparse's own help/message
+        return parser.parse_args(argv)
+    args = chosen.parse_intermixed_args(argv[1:])
+    args.command = command
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else list(argv))
     module = importlib.import_module(COMMANDS[args.command][0])
     return int(getattr(module, f"run_{args.command}")(args) or 0)
 

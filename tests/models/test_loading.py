@@ -95,3 +95,26 @@ def test_file_instead_of_dir(tmp_path):
     f.write_bytes(b"")
     with pytest.raises(PolicyLoadError, match="not a directory"):
         load_policy(f)
+
+
+def test_loading_prints_no_progress_bar_and_restores_the_setting(tmp_path, capfd):
+    from transformers.utils import logging as hf_logging
+
+    from satrl.models import load_model, quiet_progress_bars
+
+    _save_tiny(tmp_path)
+    hf_logging.enable_progress_bar()
+    AutoModelForCausalLM.from_pretrained(tmp_path)  # control: transformers itself draws a bar
+    assert "Loading weights" in capfd.readouterr().err
+    load_model(str(tmp_path))
+    assert capfd.readouterr().err == "" and hf_logging.is_progress_bar_enabled()
+    with quiet_progress_bars():
+        with quiet_progress_bars():
+            pass
+        assert not hf_logging.is_progress_bar_enabled()  # an inner block does not restore early
+    assert hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    with quiet_progress_bars():
+        pass
+    assert not hf_logging.is_progress_bar_enabled()  # off before stays off
+    hf_logging.enable_progress_bar()

@@ -44,17 +44,42 @@ def naive_policy_loss(name, logp, behavior_logp, adv, mask, ref_logp=None, old_l
                 r[b, t] = math.exp(m) * torch.exp(logp[b, t] - logp[b, t].detach())
                 dval[b, t] = m
 
-    lo = {bt: 1 - p.get("eps_low", 0.0) for bt in act}
-    hi = {bt: 1 + p.get("eps_high", 0.0) for bt in act}
-    if spec.trust_region == "sat":
+    # SAT's contraction factors c- (lower endpoint) and c+ (upper), 1 where it does not act
+    c_lo = {bt: 1.0 for bt in act}
+    c_hi = {bt: 1.0 for bt in act}
+    if spec.trust_region.startswith("sat"):
         q = kth([abs(dval[bt]) for bt in act], p["alpha"])
         for bt in act:
             if q > 0 and abs(dval[bt]) > q:
                 c = 1.0 / (1.0 + (abs(dval[bt]) / q) ** p["exponent"])
                 if dval[bt] > 0:
-                    hi[bt] = 1 + p["eps_high"] * c
+                    c_hi[bt] = c
                 elif dval[bt] < 0:
-                    lo[bt] = 1 - p["eps_low"] * c
+                    c_lo[bt] = c
+    lo = {bt: 1 - p.get("eps_low", 0.0) * c_lo[bt] for bt in act}
+    hi = {bt: 1 + p.get("eps_high", 0.0) * c_hi[bt] for bt in act}
+    seq_loss = {}
+    if spec.trust_region in ("gmpo", "sat_gmpo"):  # per response: -mean(A) exp(mean_t clipped log r_t)
+        for b in range(B):
+            toks = [t for t in range(T) if mask[b, t]]
+            lcs = []
+            for t in toks:
+                lr = logp[b, t] - den[b, t]
+                if A(b, t) > 0:
+                    lcs.append(torch.clamp(lr, max=p["eps_high"] * c_hi[b, t]))
+                elif A(b, t) < 0:
+                    lcs.append(torch.clamp(lr, min=-p["eps_low"] * c_lo[b, t]))
+                else:
+                    lcs.append(lr * 0.0)
+            if toks:
+                seq_loss[b] = -sum(A(b, t) for t in toks) / len(toks) * torch.exp(sum(lcs) / len(toks))
+    dropped = set()
+    if spec.trust_region == "m2po":  # Algorithm 1, literally: remove the largest d^2 while the mean > tau
+        cand = [bt for bt in act if (A(*bt) > 0 and dval[bt] > 0) or (A(*bt) < 0 and dval[bt] < 0)]
+        while cand and sum(dval[bt] ** 2 for bt in cand) / len(cand) > p["m2_threshold"]:
+            worst = max(cand, key=lambda bt: dval[bt] ** 2)
+            cand.remove(worst)
+            dropped.add(worst)
 
     out = torch.zeros(B, T, dtype=logp.dtype)
     total = logp.sum() * 0.0
@@ -63,7 +88,16 @@ def naive_policy_loss(name, logp, behavior_logp, adv, mask, ref_logp=None, old_l
         rr = r[b, t]
         pi, mu = math.exp(float(logp[b, t].detach())), math.exp(float(den[b, t]))
         outward = (a > 0 and pi > mu) or (a < 0 and pi < mu)
-        if spec.trust_region in ("ppo", "sat", "ppo_dtv_mask"):
+        if spec.trust_region in ("cispo", "sat_cispo"):
+            loss = -torch.clamp(rr.detach(), lo[b, t], hi[b, t]) * a * logp[b, t]
+        elif spec.trust_region == "sapo":
+            tau = p["tau_pos"] if a > 0 else p["tau_neg"]
+            loss = -(4.0 / tau) * torch.sigmoid(tau * (rr - 1.0)) * a
+        elif spec.trust_region in ("gmpo", "sat_gmpo"):
+            loss = seq_loss[b]
+        elif spec.trust_region == "m2po":
+            loss = loss_drop(-rr * a, (b, t) in dropped)
+        elif spec.trust_region in ("ppo", "sat", "ppo_dtv_mask"):
             loss = -torch.min(rr * a, torch.clamp(rr, lo[b, t], hi[b, t]) * a)
             if p.get("dual_clip") is not None and a < 0:
                 loss = torch.min(loss, torch.tensor(-p["dual_clip"] * a, dtype=logp.dtype))
@@ -76,7 +110,7 @@ def naive_policy_loss(name, logp, behavior_logp, adv, mask, ref_logp=None, old_l
             loss = loss_drop(-rr * a, outward and kl > p["delta"])
 
         k = math.exp(float(old[b, t] - behavior_logp[b, t]))
-        if spec.correction != "none" and p["correction_level"] == "sequence":
+        if spec.correction != "none" and p.get("correction_level") == "sequence":
             toks = [u for u in range(T) if mask[b, u]]
             k = math.exp(sum(float(old[b, u] - behavior_logp[b, u]) for u in toks) / len(toks))
         if spec.correction == "tis":
@@ -85,6 +119,10 @@ def naive_policy_loss(name, logp, behavior_logp, adv, mask, ref_logp=None, old_l
             loss = loss * (1.0 if p["icepop_low"] <= k <= p["icepop_high"] else 0.0)
         elif spec.correction == "mis":
             loss = loss * (k if k <= p["mis_threshold"] else 0.0)
+        elif spec.correction == "opsm":  # drop A < 0 responses whose mean log(mu / pi) exceeds delta
+            toks = [u for u in range(T) if mask[b, u]]
+            kl = sum(float(behavior_logp[b, u] - logp[b, u].detach()) for u in toks) / len(toks)
+            loss = loss_drop(loss, a < 0 and kl > p["opsm_delta"])
 
         if ref_logp is not None and spec.kl != "none":
             toks = [t] if spec.ratio == "token" else [u for u in range(T) if mask[b, u]]

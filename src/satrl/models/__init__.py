@@ -17,6 +17,7 @@ from satrl.models.loading import (
     load_model,
     load_policy,
     load_tokenizer,
+    quiet_progress_bars,
 )
 from satrl.models.tiny import build_tiny_model, count_params, tiny_config
 from satrl.models.tokenizer import build_char_tokenizer
@@ -31,5 +32,6 @@ __all__ = [
     "load_model",
     "load_policy",
     "load_tokenizer",
+    "quiet_progress_bars",
     "tiny_config",
 ]

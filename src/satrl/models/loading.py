@@ -3,11 +3,15 @@
 Built-ins ship inside the package as ordinary HF directories under ``satrl/models/checkpoints/<name>/``
 (config.json, model.safetensors, tokenizer files, pretrain.json with the command that regenerates them).
 Weights load from safetensors only: a directory holding only ``pytorch_model.bin`` is refused, because
-unpickling a checkpoint can run arbitrary code.
+unpickling a checkpoint can run arbitrary code. Loading is quiet: transformers' and huggingface_hub's
+progress bars ("Loading weights: 100%|...") are off while it runs (:func:`quiet_progress_bars`).
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -20,6 +24,37 @@ BUILTINS: dict[str, str] = {  # name -> folder under CHECKPOINTS
 }
 EXPECTED = "a Hugging Face causal-LM directory with config.json, *.safetensors weights and tokenizer files"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+_quiet_lock = threading.Lock()
+_quiet_depth = 0
+_quiet_restore = (False, False)
+
+
+@contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """Turn off transformers' and huggingface_hub's tqdm progress bars inside the block (they print
+    "Loading weights: 100%|..." to stderr at every model load, one line per engine start in a log file).
+    The outermost of nested or concurrent blocks restores the settings found on entry."""
+    global _quiet_depth, _quiet_restore
+    from huggingface_hub import utils as hub_utils
+    from transformers.utils import logging as hf_logging
+
+    with _quiet_lock:
+        if _quiet_depth == 0:
+            _quiet_restore = (hf_logging.is_progress_bar_enabled(), not hub_utils.are_progress_bars_disabled())
+            hf_logging.disable_progress_bar()  # also disables huggingface_hub's bars
+        _quiet_depth += 1
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            _quiet_depth -= 1
+            if _quiet_depth == 0:
+                transformers_on, hub_on = _quiet_restore
+                if transformers_on:
+                    hf_logging.enable_progress_bar()  # also touches huggingface_hub's: set those next
+                (hub_utils.enable_progress_bars if hub_on else hub_utils.disable_progress_bars)()
 
 
 class PolicyLoadError(ValueError):
@@ -71,7 +106,8 @@ def resolve_policy_path(path_or_name: str | Path) -> Path:
 def _loaded(what: str, path: Path, load):
     """Run ``load()``; malformed config/weights/tokenizer files become the one-line PolicyLoadError."""
     try:
-        return load()
+        with quiet_progress_bars():
+            return load()
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise PolicyLoadError(f"cannot load {what} from {str(path)!r} ({first}); expected {EXPECTED}") from e

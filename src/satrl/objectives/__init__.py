@@ -1,4 +1,5 @@
-"""satrl.objectives: pure tensor RL objectives (GRPO, GSPO, SAT, DPPO, TIS/IcePop/MIS, KL).
+"""satrl.objectives: pure tensor RL objectives (GRPO, GSPO, SAT, DPPO, TIS/IcePop/MIS, CISPO, SAPO, GMPO,
+M2PO, OPSM, KL).
 
 ```python
 from satrl.objectives import sat_clip_bounds, clipped_surrogate, policy_loss, aggregate, available_presets

@@ -17,24 +17,24 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import as_bool_mask, masked
+from ._common import as_bool_mask, lengths, masked
 from .registry import Registry
 
 AGGREGATIONS: Registry = Registry("aggregation mode")
 
 
 def _n_seq(mask: Tensor) -> Tensor:
-    return (mask.sum(-1) > 0).sum().clamp(min=1).to(torch.float32)
+    return torch.count_nonzero(mask.any(-1)).clamp(min=1).to(torch.float32)
 
 
 @AGGREGATIONS.register("token-mean")
 def token_mean(loss_tok: Tensor, mask: Tensor, horizon: int | None) -> Tensor:
-    return masked(loss_tok, mask).sum() / mask.sum().clamp(min=1)
+    return masked(loss_tok, mask).sum() / torch.count_nonzero(mask).clamp(min=1)
 
 
 @AGGREGATIONS.register("seq-mean-token-mean")
 def seq_mean_token_mean(loss_tok: Tensor, mask: Tensor, horizon: int | None) -> Tensor:
-    per_seq = masked(loss_tok, mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    per_seq = masked(loss_tok, mask).sum(-1) / lengths(mask).clamp(min=1)
     return per_seq.sum() / _n_seq(mask)
 
 

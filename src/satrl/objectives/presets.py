@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import offpolicy  # noqa: F401  (registers the peers' trust regions and the opsm correction)
 from ._common import as_bool_mask, clean_adv, count, masked, masked_frac, masked_mean, seq_mean
 from .corrections import CORRECTIONS
 from .kl import KL_ESTIMATORS
@@ -56,6 +57,15 @@ PRESETS: dict[str, Preset] = {
     "sat_gspo_tis": Preset("sequence", "sat", "tis", source="SAT paper App. F (TIS composes with SAT)"),
     "grpo_icepop": Preset("token", "ppo", "icepop", source="Ling team 2025; SAT paper Eq. 42"),
     "grpo_mis": Preset("token", "ppo", "mis", source="masked importance sampling"),
+    # the peers' off-policy objectives (satrl.objectives.offpolicy) and SAT on those with a clip interval
+    "cispo": Preset("token", "cispo", source="Chen et al. 2025, MiniMax-M1 (arXiv 2506.13585), Eq. 4"),
+    "sat_cispo": Preset("token", "sat_cispo", source="CISPO's interval contracted by SAT (Eqs. 13-19)"),
+    "sapo": Preset("token", "sapo", source="Gao et al. 2025, SAPO (arXiv 2511.20347)"),
+    "gmpo": Preset("token", "gmpo", source="Zhao et al. 2025, GMPO (arXiv 2507.20673)"),
+    "sat_gmpo": Preset("token", "sat_gmpo", source="GMPO's log-space interval contracted by SAT"),
+    "opsm": Preset("token", "ppo", "opsm", source="DeepSeek-AI 2025, DeepSeek-V3.2 (arXiv 2512.02556)"),
+    "sat_opsm": Preset("token", "sat", "opsm", source="SAT-GRPO with DeepSeek-V3.2's sequence mask"),
+    "m2po": Preset("token", "m2po", source="Zheng et al. 2025, M2PO (arXiv 2510.01161), Alg. 1, Eq. 5"),
 }
 
 
@@ -102,11 +112,22 @@ class ObjectiveSpec:
         old = logp.detach() if old_logp is None else old_logp.detach()
         denom = behavior_logp if old_logp is None else old
         adv = clean_adv(adv.detach(), mask)  # [B, 1] or [B, T], 0 where inactive
-        inp = ObjectiveInputs(logp, denom, behavior_logp, old, mask, versions)
 
         ratio_fn = self.component("ratio").fn
         per_sequence = getattr(ratio_fn, "per_sequence", False)
-        ratio, d = ratio_fn(logp, denom, mask)
+        # tok_d: the token log-ratio log pi - log mu (0 on masked), for the metrics; computed once and
+        # shared with the ratio level (sequence) or taken from it (token) when the denominators agree.
+        tok_d = None
+        if per_sequence and old_logp is None and getattr(ratio_fn, "takes_tok_d", False):
+            tok_d = masked(logp.detach() - behavior_logp, mask)
+            ratio, d = ratio_fn(logp, denom, mask, tok_d=tok_d)
+        else:
+            ratio, d = ratio_fn(logp, denom, mask)
+            if old_logp is None and not per_sequence:
+                tok_d = d  # reuse: same log-ratio
+        abs_tok = None if tok_d is None else tok_d.abs()  # for d_pi; also SAT's |d| when tok_d is d
+        inp = ObjectiveInputs(logp, denom, behavior_logp, old, mask, versions, adv,
+                              abs_d=abs_tok if tok_d is d else None)  # fmt: skip
         loss, tr_clipped, metrics = self.component("trust_region").fn(
             ratio, d, adv, mask, inp, **self.slot_params("trust_region")
         )
@@ -128,26 +149,30 @@ class ObjectiveSpec:
             metrics["kl"] = masked_mean(kl_tok.detach(), mask)
 
         loss = masked(loss, mask)
-        tok_d = d if (old_logp is None and not per_sequence) else None  # reuse: same log-ratio
-        metrics.update(_common_metrics(logp, denom, behavior_logp, mask, tr_clipped, old_logp is None, tok_d))
+        metrics.update(_common_metrics(logp, denom, behavior_logp, mask, tr_clipped, old_logp is None, tok_d,
+                                       abs_tok))  # fmt: skip
         metrics.setdefault("tok/gate", torch.zeros_like(mask))
         metrics["tok/clipped"] = clipped
         return loss, metrics
 
 
 @torch.no_grad()
-def _common_metrics(logp, denom, behavior_logp, mask, tr_clipped, same_denom, tok_d) -> dict[str, Tensor]:
-    """clipfrac, ppo_kl and logratio_var (of the optimized log-ratio), d_pi and tok/d (vs mu, Eq. 52)."""
+def _common_metrics(logp, denom, behavior_logp, mask, tr_clipped, same_denom, tok_d, abs_tok=None) -> dict[str, Tensor]:
+    """clipfrac, ppo_kl and logratio_var (of the optimized log-ratio), d_pi and tok/d (vs mu, Eq. 52).
+    ``tok_d`` / ``abs_tok``: the token log-ratio and its abs, when the caller has them."""
     n = count(mask)
     if tok_d is None:
         tok_d = masked(logp.detach() - behavior_logp, mask)  # [B, T] token log-ratio log pi - log mu
+        abs_tok = None
+    if abs_tok is None:
+        abs_tok = tok_d.abs()
     x = tok_d if same_denom else masked(logp.detach() - denom, mask)
     # tok_d and x are exactly 0 on masked positions, so plain sums are masked sums.
     mean_x = x.sum(dtype=torch.float32) / n
     return {
         "clipfrac": masked_frac(tr_clipped, mask, n),
         "ppo_kl": -mean_x,
-        "d_pi": tok_d.abs().sum(dtype=torch.float32) / n,
+        "d_pi": abs_tok.sum(dtype=torch.float32) / n,
         "logratio_var": (x.square().sum(dtype=torch.float32) / n - mean_x.square()).clamp(min=0.0),
         "tok/d": tok_d,
     }

@@ -28,16 +28,23 @@ def token_ratio(logp: Tensor, denom_logp: Tensor, mask: Tensor) -> tuple[Tensor,
 
 
 @RATIO_LEVELS.register("sequence")
-def sequence_ratio(logp: Tensor, denom_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+def sequence_ratio(
+    logp: Tensor, denom_logp: Tensor, mask: Tensor, tok_d: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """GSPO length-normalized sequence ratio, broadcast to the response's tokens (paper Eq. 20).
 
     s_b = exp(mean_t d_bt) over active tokens. Gradient form is GSPO-token (Zheng et al. 2025, Eq. 13):
     s_bt = sg[s_b] * pi_t / sg[pi_t], i.e. log s_bt = sg[log s_b] + logp_t - sg[logp_t]; its value is s_b
     on every token and d s_bt / d logp_t = s_b. With ``seq-mean-token-mean`` aggregation the gradient is
     exactly GSPO's sequence-level gradient.  # [B, T] -> [B, T], [B, T]
+
+    ``tok_d``: the detached token log-ratio ``masked(logp - denom_logp)`` if the caller has computed it
+    (the objective does, for its metrics); the result is the same.
     """
     lp = masked(logp, mask)
-    log_s = seq_mean(lp.detach() - masked(denom_logp, mask), mask)  # [B]
+    if tok_d is None:
+        tok_d = lp.detach() - masked(denom_logp, mask)  # 0 on masked positions
+    log_s = seq_mean(tok_d, mask, premasked=True)  # [B]
     log_s = log_s.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     d = masked(log_s[:, None].expand_as(lp), mask)  # [B, T], detached
     ratio = torch.exp(d + (lp - lp.detach()))
@@ -45,3 +52,4 @@ def sequence_ratio(logp: Tensor, denom_logp: Tensor, mask: Tensor) -> tuple[Tens
 
 
 sequence_ratio.per_sequence = True  # tells the objective to broadcast the KL as a sequence mean
+sequence_ratio.takes_tok_d = True  # accepts the objective's token log-ratio

@@ -46,14 +46,16 @@ def quantile_rank(alpha: float, n: int) -> int:
 RADIX_MIN = 1 << 16  # below this many values, kthvalue is as fast and simpler
 
 
-def kth_smallest(values: Tensor, k: int, method: str = "auto") -> Tensor:
+def kth_smallest(values: Tensor, k: int, method: str = "auto", nonneg: bool = False) -> Tensor:
     """The k-th smallest entry (1-based) of a flat tensor, as a 0-dim tensor; 0 when k < 1.
 
     An exact order statistic, never ``torch.quantile`` (which interpolates, so it is not Eq. 14's
     inverse-CDF convention, and refuses inputs above 16M elements). ``method``: ``kthvalue``,
     ``radix`` (float16/bfloat16/float32 only) or ``auto`` (radix for large float32-representable
     inputs). Both return the same value; the radix select avoids ``kthvalue``'s full copy plus int64
-    index tensor and is several times faster on CPU.
+    index tensor and is several times faster on CPU. ``nonneg=True`` promises no negative entries
+    and no sign bit set, -0.0 included: true of ``abs`` outputs, NaN and +inf allowed), which saves the
+    radix select a pass and a host sync.
     """
     n = values.numel()
     if k < 1 or n == 0:
@@ -63,13 +65,13 @@ def kth_smallest(values: Tensor, k: int, method: str = "auto") -> Tensor:
     if method == "radix" or (method == "auto" and radix_ok and n >= RADIX_MIN):
         if not radix_ok:
             raise ValueError(f"radix selection needs float16/bfloat16/float32 values, got {values.dtype}")
-        return _radix_kth(values.reshape(-1).float(), k).to(values.dtype)
+        return _radix_kth(values.reshape(-1).float(), k, nonneg).to(values.dtype)
     if method not in ("auto", "kthvalue"):
         raise ValueError(f"unknown selection method {method!r}; valid choices: ['auto', 'kthvalue', 'radix']")
     return values.reshape(-1).kthvalue(k).values
 
 
-def _radix_kth(x: Tensor, k: int) -> Tensor:
+def _radix_kth(x: Tensor, k: int, nonneg: bool = False) -> Tensor:
     """Exact k-th smallest of float32 ``x`` by two 16-bit histogram passes over order-preserving keys.
 
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF) maps float32 to int32 monotonically (negatives included;
@@ -78,8 +80,9 @@ def _radix_kth(x: Tensor, k: int) -> Tensor:
     counts the low 16 bits inside that bucket. Memory: about two int32 copies of ``x``.
     """
     key = x.view(torch.int32)
-    if bool(x.min() < 0):
-        key = key ^ ((key >> 31) & 0x7FFFFFFF)
+    if nonneg or not bool((key < 0).any()):  # no sign bit set (-0.0 has one: it takes the general path)
+        return _radix_kth_nonneg(key, k)
+    key = key ^ ((key >> 31) & 0x7FFFFFFF)
     high = (key >> 16) + (1 << 15)  # [0, 65536)
     b, r = _bucket(torch.bincount(high, minlength=1 << 16), k)
     low = torch.where(high == b, key & 0xFFFF, 1 << 16)  # outside the bucket: an extra, ignored bin
@@ -90,12 +93,63 @@ def _radix_kth(x: Tensor, k: int) -> Tensor:
     return out.view(torch.float32)
 
 
+def _radix_kth_nonneg(key: Tensor, k: int) -> Tensor:
+    """:func:`_radix_kth` for keys >= 0 (the bits of non-negative floats): high 16 bits in [0, 32768).
+
+    Pass 2 is key - bucket start clamped to [0, 65536]: keys below the bucket land in bin 0 with the
+    bucket's own low-bits-0 keys and are subtracted back out (their number is known from pass 1),
+    keys above it land in bin 65536; two elementwise passes instead of three.
+    """
+    b, r = _bucket(torch.bincount(key >> 16, minlength=1 << 15), k)
+    low = torch.sub(key, b << 16).clamp_(0, 1 << 16)
+    counts = torch.bincount(low, minlength=(1 << 16) + 1)[: 1 << 16]
+    del low
+    counts[0] -= k - r  # the keys below the bucket
+    j, _ = _bucket(counts, r)
+    return torch.tensor((b << 16) | j, dtype=torch.int32, device=key.device).view(torch.float32)
+
+
 def _bucket(counts: Tensor, k: int) -> tuple[int, int]:
     """(index of the bin holding the k-th element, its rank inside that bin)."""
     cum = counts.cumsum(0)
     b = int(torch.searchsorted(cum, torch.tensor([k], device=cum.device, dtype=cum.dtype)).item())
     before = int(cum[b - 1].item()) if b > 0 else 0
     return b, k - before
+
+
+SAMPLE = 1 << 15  # _kth_and_above: size of the strided sample that brackets q
+MARGIN = 0.01  # ... and how far below q's rank (as a share of the entries) the bracket is put
+
+
+def _kth_and_above(s: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(q, idx) for float32 scores ``s`` >= 0 (``abs`` outputs): q = the k-th smallest entry (as
+    :func:`kth_smallest`) and idx = the ascending flat positions with s > q, empty when q = 0.
+
+    One full pass instead of the radix select's two histograms plus the gate's compare: a strided
+    sample of ``SAMPLE`` entries gives a value v whose rank is about ``MARGIN`` below q's; every entry
+    not below v is a candidate (one compare and one ``nonzero``, the ``nonzero`` the gate needs anyway;
+    NaN is a candidate, as it sorts last). If fewer than k entries lie below v, q is exactly the
+    (k - below)-th smallest candidate and the gate is the candidates above it; otherwise (a sample
+    that missed, e.g. adversarial data) the exact two-pass histogram path runs. Exact either way, and a
+    pure function of ``s``.
+    """
+    flat = s.reshape(-1)
+    n = flat.numel()
+    j = int((k / n - MARGIN) * min(n, SAMPLE))
+    if j >= 1:
+        v = flat[:: max(1, n // SAMPLE)][: min(n, SAMPLE)].kthvalue(j).values
+        cand = (~(flat < v)).nonzero().squeeze(1)
+        below = n - cand.numel()
+        if below < k:
+            cv = flat.index_select(0, cand)
+            q = kth_smallest(cv, k - below, nonneg=True)
+            if not bool(q > 0):
+                return q, cand[:0]
+            return q, cand.masked_select(cv > q)  # float compare: NaN is never gated, as s > q
+    q = kth_smallest(flat, k, nonneg=True)
+    if not bool(q > 0):
+        return q, torch.zeros(0, dtype=torch.int64, device=s.device)
+    return q, (flat > q).nonzero().squeeze(1)
 
 
 @dataclass(frozen=True)
@@ -124,8 +178,14 @@ def sat_gate(
     invert: bool = False,
     score: Tensor | None = None,
     shuffle: bool = False,
+    zero_masked: bool = False,
 ) -> SatGate:
-    """Quantile, gate and kernel of SAT (Eqs. 14-16), the kernel evaluated on gated tokens only."""
+    """Quantile, gate and kernel of SAT (Eqs. 14-16), the kernel evaluated on gated tokens only.
+
+    ``zero_masked=True`` is the caller's promise that the score (``|d|`` or ``score``) is an ``abs``
+    output (>= 0, no sign bit) and exactly 0 on masked positions (true of the ratio levels' ``d`` and
+    of the ``prob_diff`` proxy); the quantile then needs no +inf
+    fill and the gate no mask. The result is the same either way (tested)."""
     if invert and shuffle:
         raise ValueError("SAT: invert and shuffle are two different controls; set at most one")
     mask = as_bool_mask(mask)
@@ -133,17 +193,34 @@ def sat_gate(
     s = d.abs() if score is None else score.detach().to(d.dtype)
     n = int(torch.count_nonzero(mask))
     k = quantile_rank(alpha, n)
-    # Masked positions become +inf, so the k-th smallest of the whole tensor is the k-th active one.
-    ranked = torch.where(mask, s, float("inf"))
+    if zero_masked:
+        # Scores are >= 0 and exactly 0 on the numel - n masked positions, which therefore sort first:
+        # the j-th smallest active score is the (j + numel - n)-th smallest of the whole tensor.
+        ranked, offset = s, s.numel() - n
+    else:
+        # Masked positions become +inf, so the k-th smallest of the whole tensor is the k-th active one.
+        ranked, offset = torch.where(mask, s, float("inf")), 0
+    nonneg = zero_masked or score is None  # |d| (or a promised non-negative score)
+    idx = None
     if invert:
         m = n - k  # gate budget, identical to the normal mode's
-        q = kth_smallest(ranked, m + 1) if m > 0 else s.new_zeros(())
+        q = kth_smallest(ranked, m + 1 + offset, nonneg=nonneg) if m > 0 else s.new_zeros(())
         gate = (s < q) & mask
+    elif k < 1:
+        q, gate = s.new_zeros(()), torch.zeros_like(mask)
+    elif zero_masked and s.dtype == torch.float32 and s.numel() >= RADIX_MIN:
+        q, idx = _kth_and_above(s, k + offset)  # one pass for q, one for the gated positions
+        gate = torch.zeros(mask.shape, dtype=torch.bool, device=mask.device)
+        gate.view(-1).index_fill_(0, idx, True)
     else:
-        q = kth_smallest(ranked, k)
-        gate = (s > q) & mask if bool(q > 0) else torch.zeros_like(mask)
+        q = kth_smallest(ranked, k + offset, nonneg=nonneg)
+        if not bool(q > 0):
+            gate = torch.zeros_like(mask)
+        else:  # masked scores are 0 < q under zero_masked: no mask needed
+            gate = (s > q) if zero_masked else (s > q) & mask
     del ranked
-    idx = gate.reshape(-1).nonzero().squeeze(1)  # at most a (1 - alpha) share of the tokens
+    if idx is None:
+        idx = gate.reshape(-1).nonzero().squeeze(1)  # at most a (1 - alpha) share of the tokens
     s_g, d_g = s.reshape(-1).index_select(0, idx), d.reshape(-1).index_select(0, idx)
     rel = (q / s_g) if invert else (s_g / q)  # > 1 on gated tokens
     psi = 1.0 / (1.0 + rel.pow(exponent))

@@ -35,6 +35,8 @@ class ObjectiveInputs:
     old_logp: Tensor  # trainer log-prob at the start of the step; logp.detach() when not given
     mask: Tensor  # bool
     versions: Tensor | None = None  # per-token lag (trainer version - sample version)
+    adv: Tensor | None = None  # cleaned advantage, [B, 1] or [B, T] (for corrections that need its sign)
+    abs_d: Tensor | None = None  # |d| of the ratio level's log-ratio, if the caller has it (0 on masked)
 
 
 def clipped_surrogate(
@@ -89,13 +91,14 @@ def ppo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip):
 
 
 PROXIES = ("log_ratio", "prob_diff", "version_age")
+ZERO_MASKED = ("log_ratio", "prob_diff")  # scores that are abs() values, exactly 0 on masked positions
 
 
 @torch.no_grad()
 def sat_score(proxy: str, inp: ObjectiveInputs) -> Tensor | None:
     """The gate's score: None (= |d|, the paper), |pi - mu| of the sampled token, or the token's lag."""
     if proxy == "log_ratio":
-        return None
+        return inp.abs_d  # |d|, when the caller computed it already (else None: sat_gate takes |d|)
     if proxy == "prob_diff":
         return masked((inp.logp.detach().exp() - inp.denom_logp.exp()).abs(), inp.mask)
     if inp.versions is None:
@@ -122,15 +125,16 @@ def sat_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip, 
     ``clipped_surrogate(ratio, adv, lo, hi)`` gives with the dense bounds (tested), at the cost of the
     gated tokens only.
     """
-    g = sat_gate(d, mask, alpha, exponent, invert, score=sat_score(proxy, inp), shuffle=shuffle)
+    g = sat_gate(d, mask, alpha, exponent, invert, score=sat_score(proxy, inp), shuffle=shuffle,
+                 zero_masked=proxy in ZERO_MASKED)
     loss, clipped, metrics = _clip(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, dual_clip)
     metrics.update(sat_metrics(g, eps_low, eps_high))
     with torch.no_grad():
         lo, hi = gated_bounds(g, eps_low, eps_high)
         cols = ratio.shape[-1]
-        rows_g, cols_g = g.idx // cols, g.idx % cols
-        r_g = ratio.detach()[rows_g, cols_g]
-        a_g = adv.expand_as(ratio)[rows_g, cols_g]  # no [B, T] copy of a [B, 1] advantage
+        r_g = ratio.detach().reshape(-1).index_select(0, g.idx)
+        # no [B, T] copy of a [B, 1] advantage: gather by row
+        a_g = adv.reshape(-1).index_select(0, g.idx // cols if adv.shape[-1] == 1 else g.idx)
         up = (a_g > 0) & (r_g > hi)  # pushed past the contracted upper endpoint
         down = (a_g < 0) & (r_g < lo)
         hit = (up | down).nonzero().squeeze(1)

@@ -1,18 +1,25 @@
-"""A ``rich`` progress bar for a training run: step, reward, eval, lag, d_pi and SAT's gate rate."""
+"""Progress of a training run: step, reward, eval, lag, d_pi and SAT's gate rate.
+
+On a terminal, a ``rich`` bar. Anywhere else (a log file, a pipe, CI), where a live bar degrades into
+``━━━ 40… 0:… 0…``, plain lines every ~10 % of the steps (and at least once a minute), e.g.::
+
+    runs/grpo/s0 step 40/200 (20%) 0:01:12 eta 0:04:48 reward 0.512 eval 0.430 lag 3.5 d_pi 0.0123 gate 0.010
+
+Third-party progress bars (transformers' "Loading weights", huggingface_hub downloads) stay off for the run.
+"""
 
 from __future__ import annotations
 
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+import sys
+import time
+from typing import TextIO
 
 from satrl.config import RunConfig
+from satrl.models.loading import quiet_progress_bars
 from satrl.pipeline.orchestrator import train
+
+LOG_FRACTION = 10  # plain-line mode: a line every steps // LOG_FRACTION steps
+LOG_SECONDS = 60.0  # ... and after at most this many seconds without one
 
 
 def _fmt(row: dict, key: str, spec: str = ".3f") -> str:
@@ -20,9 +27,64 @@ def _fmt(row: dict, key: str, spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def train_with_progress(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
-    if not progress:
-        return train(cfg, resume=resume)
+def _hms(seconds: float) -> str:
+    s = max(0, int(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def step_info(row: dict, last_eval: dict) -> str:
+    """``reward .. eval .. lag .. d_pi .. gate ..`` of one step's metrics row and the latest eval."""
+    return (
+        f"reward {_fmt(row, 'train/reward')} eval {_fmt(last_eval, 'avg_at_k')} "
+        f"lag {_fmt(row, 'lag/mean', '.1f')} d_pi {_fmt(row, 'obj/d_pi', '.4f')} "
+        f"gate {_fmt(row, 'obj/gate_rate')}"
+    )
+
+
+class LineLog:
+    """``on_step`` callback printing one plain line every ``every`` steps, after ``seconds`` without a
+    line, and at the last step. ``clock`` is injectable for tests."""
+
+    def __init__(self, name: str, total: int, stream: TextIO, every: int | None = None,
+                 seconds: float = LOG_SECONDS, clock=time.monotonic) -> None:  # fmt: skip
+        self.name, self.total, self.stream, self.clock = name, total, stream, clock
+        self.every = every or max(1, total // LOG_FRACTION)
+        self.seconds = seconds
+        self.t0 = self.last_t = clock()
+        self.first: int | None = None
+        self.last_eval: dict = {}
+
+    def __call__(self, step: int, row: dict, eval_row: dict | None) -> None:
+        if eval_row:
+            self.last_eval.update(eval_row)
+        now = self.clock()
+        if self.first is None:
+            self.first = step - 1  # a resumed run starts past 0: its rate counts this process's steps only
+        if not (step % self.every == 0 or step >= self.total or now - self.last_t >= self.seconds):
+            return
+        self.last_t = now
+        elapsed, done = now - self.t0, step - self.first
+        eta = elapsed / done * (self.total - step) if done > 0 else 0.0
+        pct = 100 * step // max(self.total, 1)
+        print(
+            f"{self.name} step {step}/{self.total} ({pct}%) {_hms(elapsed)} eta {_hms(eta)} "
+            f"{step_info(row, self.last_eval)}",
+            file=self.stream,
+            flush=True,
+        )
+
+
+def _with_bar(cfg: RunConfig, resume: bool, stream: TextIO) -> dict:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -31,18 +93,27 @@ def train_with_progress(cfg: RunConfig, resume: bool = False, progress: bool = T
         TimeRemainingColumn(),
         TextColumn("{task.fields[info]}"),
     )
-    with Progress(*columns, transient=False) as bar:
+    with Progress(*columns, console=Console(file=stream), transient=False) as bar:
         task = bar.add_task(str(cfg.run_dir()), total=cfg.steps, info="")
         last_eval: dict = {}
 
         def on_step(step: int, row: dict, eval_row: dict | None) -> None:
             if eval_row:
                 last_eval.update(eval_row)
-            info = (
-                f"reward {_fmt(row, 'train/reward')} eval {_fmt(last_eval, 'avg_at_k')} "
-                f"lag {_fmt(row, 'lag/mean', '.1f')} d_pi {_fmt(row, 'obj/d_pi', '.4f')} "
-                f"gate {_fmt(row, 'obj/gate_rate')}"
-            )
-            bar.update(task, completed=step, info=info)
+            bar.update(task, completed=step, info=step_info(row, last_eval))
 
         return train(cfg, resume=resume, on_step=on_step)
+
+
+def train_with_progress(
+    cfg: RunConfig, resume: bool = False, progress: bool = True, stream: TextIO | None = None
+) -> dict:
+    """``train(cfg)`` reporting progress on ``stream`` (default stdout): a live bar if it is a terminal,
+    plain periodic lines otherwise, nothing if ``progress`` is False. Returns the run's summary."""
+    stream = sys.stdout if stream is None else stream
+    with quiet_progress_bars():
+        if not progress:
+            return train(cfg, resume=resume)
+        if stream.isatty():
+            return _with_bar(cfg, resume, stream)
+        return train(cfg, resume=resume, on_step=LineLog(str(cfg.run_dir()), cfg.steps, stream))

@@ -1,0 +1,94 @@
+"""The ``satrl`` command line: every --help, flags mixed with key=value overrides, plain output off a terminal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from run_helpers import REPO, TINY
+from satrl import cli
+
+HELPS = [[], *[[name] for name in cli.COMMANDS]]
+
+
+@pytest.mark.parametrize("words", HELPS, ids=lambda w: " ".join(w) or "satrl")
+def test_every_help_exits_zero_with_its_usage(words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*words, "--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0
+    assert out.startswith(f"usage: satrl {' '.join(words)}".rstrip())
+    if not words:  # the top level lists every command with its help
+        assert all(f"    {name} " in out for name in cli.COMMANDS)
+
+
+def test_help_of_the_installed_program():
+    """`python -m satrl --help` (the console script's module) in a fresh interpreter, as a user runs it."""
+    r = subprocess.run([sys.executable, "-m", "satrl", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "report" in r.stdout and "95% CIs" in r.stdout
+
+
+def test_docstring_names_exactly_the_commands():
+    first = cli.__doc__.splitlines()[0]
+    listed = first.split(":", 1)[1].strip(" .").split(" | ")
+    assert listed == list(cli.COMMANDS)
+
+
+def _printed_config(capsys, *argv: str) -> dict:
+    assert cli.main(["train", *argv]) == 0
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["configs/grpo.yaml", "--no-progress", "steps=8", "seed=3", "--print-config"],
+        ["--no-progress", "configs/grpo.yaml", "steps=8", "--print-config", "seed=3"],
+        ["configs/grpo.yaml", "steps=8", "--print-config", "seed=3", "--no-progress"],
+        ["--print-config", "configs/grpo.yaml", "steps=8", "--no-progress", "seed=3"],
+    ],
+    ids=["flag-first", "flags-around-file", "flag-between", "all-mixed"],
+)
+def test_flags_and_overrides_mix_in_any_order(argv, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    cfg = _printed_config(capsys, *argv)
+    assert (cfg["steps"], cfg["seed"]) == (8, 3)
+    assert cfg == _printed_config(capsys, "configs/grpo.yaml", "steps=8", "seed=3", "--print-config")
+
+
+def test_overrides_without_a_config_file_and_with_resume(capsys):
+    assert _printed_config(capsys, "steps=5", "--print-config", "seed=2")["steps"] == 5
+    args = cli.parse_args(["train", "--resume", "runs/x", "steps=9", "--no-progress"])
+    assert (args.resume, args.config, args.overrides, args.no_progress) == ("runs/x", "steps=9", [], True)
+    args = cli.parse_args(["demo", "--seed", "1", "train.threads=1", "--lag", "4", "steps=3"])
+    assert (args.seed, args.lag, args.overrides) == (1, 4, ["train.threads=1", "steps=3"])
+
+
+def test_bad_override_after_a_flag_is_one_line_and_exit_2(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert cli.main(["train", "configs/grpo.yaml", "--no-progress", "stepz=8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stepz" in err[0]
+
+
+def test_unknown_command_is_argparse_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench"])
+    assert exc.value.code == 2 and "invalid choice: 'bench'" in capsys.readouterr().err
+
+
+def test_train_off_a_terminal_prints_plain_lines_and_no_third_party_bars(tmp_path, capfd):
+    """A real tiny run with stdout captured (not a TTY), as in a log file: one plain line per step here
+    (2 steps), no rich bar glyphs, no transformers "Loading weights" bar on stderr."""
+    out = tmp_path / "run"
+    assert cli.main(["train", *TINY, "steps=2", f"out={out}"]) == 0
+    captured = capfd.readouterr()
+    lines = [x for x in captured.out.splitlines() if " step " in x]
+    assert [x.split(" step ")[1].split()[0] for x in lines] == ["1/2", "2/2"]
+    assert all(x.startswith(str(out)) and " reward " in x and " gate " in x for x in lines)
+    assert "━" not in captured.out and "Loading weights" not in captured.err
+    assert "%|" not in captured.err  # no tqdm bar of any kind
