@@ -69,8 +69,8 @@ def run_train(args: argparse.Namespace) -> int:
               f"satrl train --resume {cfg.run_dir()}", file=sys.stderr)  # fmt: skip
         return 1
     k, late, best = cfg.eval.k, summary.get("late_test_avg_at_k"), summary.get("best_test_avg_at_k")
-    print(f"run: {cfg.run_dir()}  late test avg@{k} = {_num(late)}  test avg@{k} at the val-best step "
-          f"{summary.get('best_step')} = {_num(best)}  collapse = {summary.get('collapse_step')}")
+    print(f"run: {cfg.run_dir()}  late test avg@{k} = {_num(late)}  test avg@{k} at the val-best eval "
+          f"(step {summary.get('best_step')}) = {_num(best)}  collapse = {summary.get('collapse_step')}")
     return 0
 
 
