@@ -29,6 +29,25 @@ def _clean(values) -> np.ndarray:
     return arr[np.isfinite(arr)]
 
 
+def _checked(values, ci: float) -> np.ndarray:
+    if not 0.0 < ci < 1.0:
+        raise ValueError(f"ci must lie in (0, 1), got {ci}")
+    return _clean(values)
+
+
+def _resampled(x: np.ndarray, n_resamples: int, seed: int, stat) -> np.ndarray:
+    """``stat`` of each of ``n_resamples`` resamples of ``x`` with replacement, seeded; ``stat`` maps a
+    [b, n] block of resamples to [b]. Blocks bound the memory of one index matrix."""
+    rng = np.random.default_rng(seed)
+    n = x.size
+    block = max(1, _MAX_BLOCK // n)
+    out = np.empty(n_resamples)
+    for start in range(0, n_resamples, block):
+        stop = min(n_resamples, start + block)
+        out[start:stop] = stat(x[rng.integers(0, n, size=(stop - start, n))])
+    return out
+
+
 def bootstrap_ci(
     values, n_resamples: int = 10_000, ci: float = 0.95, seed: int = 0
 ) -> tuple[float, float, float]:
@@ -37,22 +56,14 @@ def bootstrap_ci(
     NaN/inf values are dropped. Empty input gives (nan, nan, nan); one value v gives (v, v, v);
     a constant sample gives a zero-width interval.
     """
-    if not 0.0 < ci < 1.0:
-        raise ValueError(f"ci must lie in (0, 1), got {ci}")
-    x = _clean(values)
+    x = _checked(values, ci)
     n = x.size
     if n == 0:
         return (float("nan"),) * 3
     mean = float(x.mean())
     if n == 1 or np.all(x == x[0]):
         return mean, mean, mean
-    rng = np.random.default_rng(seed)
-    block = max(1, _MAX_BLOCK // n)
-    means = np.empty(n_resamples)
-    for start in range(0, n_resamples, block):
-        stop = min(n_resamples, start + block)
-        idx = rng.integers(0, n, size=(stop - start, n))
-        means[start:stop] = x[idx].mean(axis=1)
+    means = _resampled(x, n_resamples, seed, lambda xb: xb.mean(axis=1))
     tail = (1.0 - ci) / 2.0 * 100.0
     lo, hi = np.percentile(means, [tail, 100.0 - tail])
     return mean, float(lo), float(hi)
@@ -99,9 +110,7 @@ def studentized_ci(
     docs/benchmarks.md (``python -m benchmarks.coverage``). NaN/inf values are dropped; empty input gives
     NaNs; one value or a constant sample gives a zero-width interval.
     """
-    if not 0.0 < ci < 1.0:
-        raise ValueError(f"ci must lie in (0, 1), got {ci}")
-    x = _clean(values)
+    x = _checked(values, ci)
     n = x.size
     if n == 0:
         return (float("nan"),) * 3
@@ -110,15 +119,13 @@ def studentized_ci(
     se = float(x.std(ddof=1)) / np.sqrt(n) if n > 1 else 0.0
     if n == 1 or se <= tiny:
         return mean, mean, mean
-    rng = np.random.default_rng(seed)
-    block = max(1, _MAX_BLOCK // n)
-    t = np.empty(n_resamples)
-    for start in range(0, n_resamples, block):
-        stop = min(n_resamples, start + block)
-        xb = x[rng.integers(0, n, size=(stop - start, n))]
+
+    def t_stat(xb: np.ndarray) -> np.ndarray:  # [b, n] -> [b]
         mb, sb = xb.mean(axis=1), xb.std(axis=1, ddof=1) / np.sqrt(n)
         with np.errstate(divide="ignore", invalid="ignore"):
-            t[start:stop] = np.where(sb > tiny, (mb - mean) / sb, np.nan)
+            return np.where(sb > tiny, (mb - mean) / sb, np.nan)
+
+    t = _resampled(x, n_resamples, seed, t_stat)
     t = t[np.isfinite(t)]
     if t.size == 0:
         return mean, float("nan"), float("nan")
