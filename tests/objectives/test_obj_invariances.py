@@ -152,10 +152,13 @@ def test_version_age_proxy_gates_the_oldest_tokens():
     mask = torch.ones_like(mask)
     lag = torch.ones(10, 10, dtype=torch.long)
     lag[0] = 5  # the 10 tokens of response 0 are the stalest: exactly the top decile, q = 1
-    _, _, m = run("sat_grpo", logp, blp, mask, adv, versions=lag, proxy="version_age")
+    _, _, m = run("sat_grpo", logp, blp, mask, adv, lag=lag, proxy="version_age")
     assert torch.equal(m["tok/gate"][0], (logp - blp)[0] != 0) and not m["tok/gate"][1:].any()
-    with pytest.raises(ValueError, match="versions"):
+    with pytest.raises(ValueError, match="lag="):
         run("sat_grpo", logp, blp, mask, adv, proxy="version_age")
+    # the old keyword (which invited passing Batch.versions, the sample versions) is an error naming the new one
+    with pytest.raises(TypeError, match="versions= is now lag="):
+        run("sat_grpo", logp, blp, mask, adv, versions=lag, proxy="version_age")
 
 
 def test_prob_diff_proxy_uses_its_own_quantile():

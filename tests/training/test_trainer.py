@@ -108,3 +108,45 @@ def test_r3_without_engine_routing_refuses():
     assert batch.routing is None
     with pytest.raises(ValueError, match="r3=true but these samples carry no MoE routing"):
         trainer.step(batch, torch.ones(batch.mask.shape[0]))
+
+
+def test_extreme_metrics_reduce_as_extremes_over_many_microbatches(tiny, monkeypatch):
+    """c_min is the smallest contraction among gated tokens: below 1/2 whenever any token is gated
+    (psi(u; q) = 1 / (1 + (u/q)^2) < 1/2 for u > q). Averaged over microbatches, the ungated ones (c_min = 1)
+    pushed it above 1/2; reduced as a minimum, it holds. The mean-reduction run shows the test can fail."""
+    from satrl.objectives import reductions
+
+    model, tok = tiny
+    batch = make_batch(tok, n=24, seed=3)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5] * 6)
+    # 8 microbatches of 4-12 tokens: a 0.9-quantile gate can fire only in those with >= 10 tokens
+    assert len(list(microbatches(batch, 40))) == 8
+
+    def c_min_and_gate():
+        out = make_trainer(model, microbatch_tokens=40).step(batch, adv)
+        return out["obj/c_min"], out["obj/gate_rate"]
+
+    c_min, gate = c_min_and_gate()
+    assert gate > 0 and c_min < 0.5
+    monkeypatch.setattr(reductions, "REDUCTIONS", {})  # every metric a token mean, as before the fix
+    wrong, _ = c_min_and_gate()
+    assert wrong > 0.5
+
+
+def test_every_extreme_metric_declares_its_reduction():
+    from satrl.objectives import available_presets, policy_loss
+    from satrl.objectives.reductions import REDUCTIONS, reduction_of
+
+    g = torch.Generator().manual_seed(0)
+    logp = torch.randn(4, 8, generator=g) * 0.1 - 2
+    blp = logp + 0.05 * torch.randn(4, 8, generator=g)
+    adv, mask = torch.tensor([1.0, -1.0, 0.5, -0.5]), torch.ones(4, 8, dtype=torch.bool)
+    seen = set()
+    for name in available_presets():
+        _, m = policy_loss(name, logp=logp.clone().requires_grad_(), behavior_logp=blp, adv=adv, mask=mask,
+                           ref_logp=logp, lag=torch.ones(4, 8, dtype=torch.long))  # fmt: skip
+        seen |= {k for k in m if not k.startswith("tok/")}
+    for k in seen:
+        if k.endswith(("_min", "_max")):
+            assert reduction_of(k) in ("min", "max"), k
+    assert set(REDUCTIONS) <= seen  # no stale declarations

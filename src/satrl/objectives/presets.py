@@ -99,13 +99,17 @@ class ObjectiveSpec:
         adv: Tensor,
         mask: Tensor,
         ref_logp: Tensor | None = None,
-        versions: Tensor | None = None,
+        lag: Tensor | None = None,
         old_logp: Tensor | None = None,
+        **renamed: Any,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Per-token loss [B, T] (0 on masked positions) and detached metrics; see :func:`policy_loss`."""
+        _no_renamed(renamed)
+        if renamed:
+            raise TypeError(f"unexpected keyword arguments {sorted(renamed)}")
         mask = as_bool_mask(mask)
         for key, t in (("behavior_logp", behavior_logp), ("mask", mask), ("ref_logp", ref_logp),
-                       ("old_logp", old_logp), ("versions", versions)):
+                       ("old_logp", old_logp), ("lag", lag)):
             if t is not None and t.shape != logp.shape:
                 raise ValueError(f"{key} must have logp's shape {tuple(logp.shape)}, got {tuple(t.shape)}")
         behavior_logp = behavior_logp.detach()
@@ -126,7 +130,7 @@ class ObjectiveSpec:
             if old_logp is None and not per_sequence:
                 tok_d = d  # reuse: same log-ratio
         abs_tok = None if tok_d is None else tok_d.abs()  # for d_pi; also SAT's |d| when tok_d is d
-        inp = ObjectiveInputs(logp, denom, behavior_logp, old, mask, versions, adv,
+        inp = ObjectiveInputs(logp, denom, behavior_logp, old, mask, lag, adv,
                               abs_d=abs_tok if tok_d is d else None)  # fmt: skip
         loss, tr_clipped, metrics = self.component("trust_region").fn(
             ratio, d, adv, mask, inp, **self.slot_params("trust_region")
@@ -212,6 +216,14 @@ def resolve_objective(name: str, **overrides: Any) -> ObjectiveSpec:
 resolve = resolve_objective
 
 
+def _no_renamed(kwargs: dict[str, Any]) -> None:
+    """``versions=`` was renamed ``lag=``: a caller passing ``batch.versions`` there silently got a wrong
+    version-age proxy, so the old name is an error that names the new one."""
+    if "versions" in kwargs:
+        raise TypeError("policy_loss: the keyword versions= is now lag= (per-token trainer version - sample "
+                        "version, not Batch.versions)")
+
+
 def policy_loss(
     name: str | ObjectiveSpec,
     *,
@@ -220,7 +232,7 @@ def policy_loss(
     adv: Tensor,
     mask: Tensor,
     ref_logp: Tensor | None = None,
-    versions: Tensor | None = None,
+    lag: Tensor | None = None,
     old_logp: Tensor | None = None,
     **overrides: Any,
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -232,11 +244,13 @@ def policy_loss(
             is given, then exp(logp - old_logp); correction weights use exp(old_logp - behavior_logp).
         mask: active response tokens. Masked positions of every input may hold NaN/inf.
         ref_logp: reference log-prob; the KL term is added only when it is given.
-        versions: per-token lag (for SAT's ``proxy="version_age"``).
+        lag: per-token lag, trainer version - sample version (for SAT's ``proxy="version_age"``). Not
+            ``Batch.versions``, which holds the sample versions themselves.
     Returns:
         loss_tok [B, T] (0 on masked positions) and metrics: 0-dim detached scalars and [B, T]
         ``tok/gate``, ``tok/clipped``, ``tok/d``.
     """
+    _no_renamed(overrides)
     spec = resolve_objective(name, **overrides) if overrides or not isinstance(name, ObjectiveSpec) else name
     return spec(logp=logp, behavior_logp=behavior_logp, adv=adv, mask=mask, ref_logp=ref_logp,
-                versions=versions, old_logp=old_logp)
+                lag=lag, old_logp=old_logp)

@@ -34,7 +34,7 @@ class ObjectiveInputs:
     behavior_logp: Tensor  # engine log-prob mu (detached)
     old_logp: Tensor  # trainer log-prob at the start of the step; logp.detach() when not given
     mask: Tensor  # bool
-    versions: Tensor | None = None  # per-token lag (trainer version - sample version)
+    lag: Tensor | None = None  # per-token lag (trainer version - sample version)
     adv: Tensor | None = None  # cleaned advantage, [B, 1] or [B, T] (for corrections that need its sign)
     abs_d: Tensor | None = None  # |d| of the ratio level's log-ratio, if the caller has it (0 on masked)
 
@@ -101,10 +101,10 @@ def sat_score(proxy: str, inp: ObjectiveInputs) -> Tensor | None:
         return inp.abs_d  # |d|, when the caller computed it already (else None: sat_gate takes |d|)
     if proxy == "prob_diff":
         return masked((inp.logp.detach().exp() - inp.denom_logp.exp()).abs(), inp.mask)
-    if inp.versions is None:
-        raise ValueError("SAT proxy='version_age' needs versions= (the per-token lag); pass it or use "
+    if inp.lag is None:
+        raise ValueError("SAT proxy='version_age' needs lag= (the per-token lag); pass it or use "
                          "proxy='log_ratio'")
-    return masked(inp.versions.to(inp.logp.dtype), inp.mask)
+    return masked(inp.lag.to(inp.logp.dtype), inp.mask)
 
 
 @TRUST_REGIONS.register(

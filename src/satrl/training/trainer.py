@@ -16,6 +16,7 @@ import torch
 
 from satrl import diagnostics as diag
 from satrl.objectives import ObjectiveSpec, aggregate
+from satrl.objectives.reductions import reduce_metrics
 from satrl.types import Batch
 
 Snapshots = Callable[[int], "dict[str, torch.Tensor] | None"]
@@ -186,7 +187,10 @@ class Trainer:
         n_tok = int(mb.mask.sum())
         n_seq = int(mb.mask.any(1).sum())
         seq_mode = self.aggregation != "token-mean"
-        rows, total, scalars, tok = 0, 0.0, {}, {"logp": [], "gate": [], "clipped": [], "d": [], "routing": []}
+        rows, tok = 0, {"logp": [], "gate": [], "clipped": [], "d": [], "routing": []}
+        total = torch.zeros((), dtype=torch.float64, device=dev)  # the loss, summed without a sync per microbatch
+        per_mb: list[dict[str, torch.Tensor]] = []
+        weights: list[float] = []
         for m in microbatches(mb, self.microbatch_tokens):
             sl = slice(rows, rows + m.mask.shape[0])
             rows = sl.stop
@@ -203,23 +207,28 @@ class Trainer:
                 adv=adv[sl],
                 mask=m.mask,
                 ref_logp=ref_logp,
-                versions=lag[sl],
+                lag=lag[sl],
                 old_logp=None if old_logp is None else old_logp[sl],
             )
             share = (m.mask.any(1).sum() / max(n_seq, 1)) if seq_mode else (m.mask.sum() / max(n_tok, 1))
             loss = aggregate(loss_tok, m.mask, self.aggregation) * share
             loss.backward()
-            total += float(loss.detach())
-            weight = float(m.mask.sum()) / max(n_tok, 1)
+            total = total + loss.detach().to(torch.float64)
+            weights.append(float(m.mask.sum()) / max(n_tok, 1))  # host-side: the mask came from the CPU batch
+            per_mb.append({k: v for k, v in metrics.items() if not k.startswith("tok/")})
             for k, v in metrics.items():
                 if k.startswith("tok/"):
                     tok[k[4:]].append(v)
-                else:
-                    scalars[k] = scalars.get(k, 0.0) + float(v) * weight
             tok["logp"].append(logp.detach())
-        finite = bool(torch.isfinite(torch.tensor(total))) and all(
-            torch.isfinite(p.grad).all() for p in self.model.parameters() if p.grad is not None
-        )
+        # One device sync for the guard, the loss and every metric: the metrics combine as each declares
+        # (token mean, min or max; satrl.objectives.reductions), as tensors, then come to the host together.
+        grads = [torch.isfinite(p.grad).all() for p in self.model.parameters() if p.grad is not None]
+        reduced = reduce_metrics(per_mb, weights)
+        keys = list(reduced)
+        flags = torch.stack([torch.isfinite(total), *grads]).all() if grads else torch.isfinite(total)
+        host = torch.stack([flags.to(torch.float64), total, *(reduced[k] for k in keys)]).tolist()
+        finite, total = bool(host[0]), host[1]
+        scalars = dict(zip(keys, host[2:]))
         if finite:
             if self.grad_clip is not None:
                 scalars["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
