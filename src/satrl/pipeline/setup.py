@@ -54,5 +54,10 @@ def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
         r3=cfg.r3,
         recomputed_denominator=cfg.train.denominator == "recomputed",
         device=cfg.train.device,
+        minibatches=cfg.train.minibatches,
+        ppo_epochs=cfg.train.ppo_epochs,
+        adv_std_norm=cfg.train.adv_std_norm,
+        decompose=cfg.diagnostics.decompose,
+        seed=cfg.seed,
     )
     return trainer, tokenizer

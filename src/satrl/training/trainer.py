@@ -17,6 +17,7 @@ import torch
 from satrl import diagnostics as diag
 from satrl.objectives import ObjectiveSpec, aggregate
 from satrl.objectives.reductions import reduce_metrics
+from satrl.training.advantages import group_advantages
 from satrl.types import Batch
 
 Snapshots = Callable[[int], "dict[str, torch.Tensor] | None"]
@@ -82,6 +83,16 @@ def microbatches(mb: Batch, token_budget: int) -> Iterator[Batch]:
         start = end
 
 
+def epoch_order(seed: int, index: int, epoch: int, n: int) -> torch.Tensor:
+    """The row order of one pass over a batch: a permutation of ``n`` rows, distinct and reproducible for each
+    (run seed, batch index, epoch). The mixing constants are arbitrary primes, kept so runs reproduce."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 7919 + index * 31 + epoch))
+
+
+def _pick(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if x is None else x[rows]
+
+
 class Trainer:
     """Owns the policy, its frozen reference and the optimizer. One :meth:`step` = one optimizer step."""
 
@@ -101,6 +112,11 @@ class Trainer:
         r3: bool = False,
         recomputed_denominator: bool = False,
         device: str | torch.device = "cpu",
+        minibatches: int = 1,
+        ppo_epochs: int = 1,
+        adv_std_norm: bool = True,
+        decompose: bool = False,
+        seed: int = 0,
     ) -> None:
         self.device = torch.device(device)
         self.model = model.float().to(self.device).train()
@@ -116,6 +132,9 @@ class Trainer:
         # The paper's quantile is per microbatch; "batch" scope runs the minibatch as one microbatch.
         self.microbatch_tokens = 1 << 62 if whole_batch_quantile else microbatch_tokens
         self.r3 = r3
+        # How one rollout batch is trained (train_batch): ppo_epochs passes of `minibatches` optimizer steps.
+        self.minibatches, self.ppo_epochs, self.adv_std_norm = minibatches, ppo_epochs, adv_std_norm
+        self.decompose, self.seed = decompose, seed
         self.version = 0
         self.skipped = 0
         self._scratch: torch.nn.Module | None = None
@@ -168,6 +187,33 @@ class Trainer:
             rows = (row_version == v).nonzero().squeeze(1)
             out[rows] = self.logp_with(state, split_rows(mb, rows))
         return out
+
+    # -- one rollout batch -------------------------------------------------------------------------
+    def train_batch(
+        self, batch: Batch, index: int, snapshots: Snapshots, stop_at: int
+    ) -> Iterator[tuple[dict[str, float], torch.Tensor]]:
+        """Train rollout batch number ``index``: everything the trainer does with it, in order.
+
+        1. GRPO advantages from the batch's rewards and groups;
+        2. pi_old, the trainer's own log-probs before the batch, when a correction or the recomputed
+           denominator needs it;
+        3. for the d = Delta_pi + Delta_impl split (``decompose``), the log-probs under each sample's own
+           weight version (``snapshots``: version -> weights);
+        4. ``ppo_epochs`` passes, each a seeded permutation of the rows cut into ``minibatches`` optimizer steps.
+
+        Yields ``(metrics, rows)`` after every optimizer step, so that the loop can push weights, log and
+        evaluate between steps; stops as soon as the version reaches ``stop_at`` (the run's last step).
+        """
+        adv = group_advantages(batch.rewards, batch.group_index, self.adv_std_norm)
+        old_logp = self.logp_with(None, batch) if self.needs_old_logp else None
+        vlogp = self.version_logp(batch, snapshots) if self.decompose else None
+        for epoch in range(self.ppo_epochs):
+            if self.version >= stop_at:
+                return
+            for rows in torch.tensor_split(epoch_order(self.seed, index, epoch, batch.mask.shape[0]), self.minibatches):
+                yield self.step(split_rows(batch, rows), adv[rows], _pick(old_logp, rows), _pick(vlogp, rows)), rows
+                if self.version >= stop_at:
+                    return
 
     # -- one optimizer step ------------------------------------------------------------------------
     def step(
