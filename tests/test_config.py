@@ -92,3 +92,19 @@ def test_qwen3_gpu_config_follows_appendix_f():
     assert (cfg.engine.temperature, cfg.engine.top_p, cfg.engine.top_k) == (1.0, 1.0, 0)
     assert (cfg.lag.schedule, cfg.lag.n, cfg.eval.k) == ("broadcast", 8, 16)
     assert cfg.engine.name == "vllm" and cfg.train.device == "cuda" and cfg.model.path
+
+
+def test_bad_aggregation_fails_when_the_config_loads():
+    from satrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="unknown aggregation mode 'nope'; valid choices"):
+        load_config(None, ["objective.aggregation=nope"])
+
+
+def test_objectives_declare_what_they_need():
+    from satrl.objectives import resolve_objective
+
+    assert resolve_objective("grpo").needs == {"ref_logp"}  # k3 KL at kl_coef 1e-3
+    assert resolve_objective("grpo", kl_coef=0.0).needs == frozenset()
+    assert resolve_objective("grpo", kl="none").needs == frozenset()
+    assert resolve_objective("grpo_tis").needs == {"ref_logp", "old_logp"}  # TIS weighs by pi_old / mu

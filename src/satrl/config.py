@@ -88,9 +88,10 @@ class ObjectiveConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ObjectiveConfig:
-        from satrl.objectives import resolve_objective
+        from satrl.objectives import AGGREGATIONS, resolve_objective
 
         resolve_objective(self.name, **self.overrides)
+        AGGREGATIONS.get(self.aggregation)  # at load time, not at the first step: names the valid modes
         return self
 
 

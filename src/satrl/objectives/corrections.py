@@ -45,6 +45,7 @@ def no_correction(inp: ObjectiveInputs):
 
 @CORRECTIONS.register(
     "tis",
+    needs=("old_logp",),  # weights pi_old / mu
     defaults={"tis_cap": 2.0, "correction_level": "token"},
     choices={"correction_level": LEVELS},
     checks={"tis_cap": (positive, "> 0")},
@@ -64,6 +65,7 @@ def tis_correction(inp: ObjectiveInputs, *, tis_cap, correction_level):
 
 @CORRECTIONS.register(
     "icepop",
+    needs=("old_logp",),  # weights pi_old / mu
     defaults={"icepop_low": 0.5, "icepop_high": 2.0, "icepop_weighted": False, "correction_level": "token"},
     choices={"correction_level": LEVELS, "icepop_weighted": (False, True)},
     checks={"icepop_low": (positive, "> 0"), "icepop_high": (positive, "> 0")},
@@ -85,6 +87,7 @@ def icepop_correction(inp: ObjectiveInputs, *, icepop_low, icepop_high, icepop_w
 
 @CORRECTIONS.register(
     "mis",
+    needs=("old_logp",),  # weights pi_old / mu
     defaults={"mis_threshold": 2.0, "correction_level": "token"},
     choices={"correction_level": LEVELS},
     checks={"mis_threshold": (positive, "> 0")},

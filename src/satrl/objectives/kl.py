@@ -34,17 +34,17 @@ def no_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> None:
     return None
 
 
-@KL_ESTIMATORS.register("k1", defaults=_COEF, checks=_COEF_CHECK)
+@KL_ESTIMATORS.register("k1", defaults=_COEF, checks=_COEF_CHECK, needs=("ref_logp",))
 def kl_k1(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     return -_log_ratio(logp, ref_logp, mask)
 
 
-@KL_ESTIMATORS.register("k2", defaults=_COEF, checks=_COEF_CHECK)
+@KL_ESTIMATORS.register("k2", defaults=_COEF, checks=_COEF_CHECK, needs=("ref_logp",))
 def kl_k2(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     return 0.5 * _log_ratio(logp, ref_logp, mask).square()
 
 
-@KL_ESTIMATORS.register("k3", defaults=_COEF, checks=_COEF_CHECK)
+@KL_ESTIMATORS.register("k3", defaults=_COEF, checks=_COEF_CHECK, needs=("ref_logp",))
 def kl_k3(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     x = _log_ratio(logp, ref_logp, mask)
     return torch.exp(x) - x - 1.0

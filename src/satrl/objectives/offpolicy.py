@@ -212,7 +212,8 @@ def m2po_trust_region(ratio, d, adv, mask, inp, *, m2_threshold):
 
 
 # -------------------------------------------------------------------------------------------- OPSM
-@CORRECTIONS.register("opsm", defaults={"opsm_delta": 0.5}, checks={"opsm_delta": (non_negative, ">= 0")})
+@CORRECTIONS.register("opsm", defaults={"opsm_delta": 0.5}, checks={"opsm_delta": (non_negative, ">= 0")},
+                      needs=("old_logp",))
 @torch.no_grad()
 def opsm_correction(inp: ObjectiveInputs, *, opsm_delta):
     """OPSM: weight 0 on responses with A < 0 and mean_t (log mu - log pi) > delta, else 1.

@@ -88,6 +88,16 @@ class ObjectiveSpec:
     def component(self, slot: str) -> Component:
         return SLOTS[slot].get(getattr(self, slot))
 
+    @property
+    def needs(self) -> frozenset[str]:
+        """The optional inputs this objective reads, as its components declare them (``ref_logp`` for a KL
+        term, ``old_logp`` for a correction weighing by pi_old / mu). A KL term with ``kl_coef = 0`` needs no
+        reference."""
+        needs = frozenset().union(*(self.component(slot).needs for slot in SLOTS))
+        if not self.params.get("kl_coef", 0) > 0:
+            needs -= {"ref_logp"}
+        return needs
+
     def slot_params(self, slot: str) -> dict[str, Any]:
         return {k: self.params[k] for k in self.component(slot).defaults}
 

@@ -25,6 +25,10 @@ class Component:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     choices: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     checks: Mapping[str, tuple[Callable[[Any], bool], str]] = field(default_factory=dict)
+    # What the component declares about itself, so that nothing downstream compares its name: the optional
+    # inputs it reads (``ref_logp``, ``old_logp``) and free-form traits (e.g. an aggregation's ``share``).
+    needs: frozenset[str] = frozenset()
+    traits: Mapping[str, Any] = field(default_factory=dict)
 
     def validate(self, name: str, value: Any) -> None:
         """Raise ValueError if ``value`` is not allowed for hyperparameter ``name``."""
@@ -51,6 +55,8 @@ class Registry(Generic[F]):
         defaults: Mapping[str, Any] | None = None,
         choices: Mapping[str, tuple[Any, ...]] | None = None,
         checks: Mapping[str, tuple[Callable[[Any], bool], str]] | None = None,
+        needs: tuple[str, ...] = (),
+        traits: Mapping[str, Any] | None = None,
     ) -> Callable[[F], F]:
         """Decorator registering ``fn`` under ``name``."""
 
@@ -63,6 +69,8 @@ class Registry(Generic[F]):
                 MappingProxyType(dict(defaults or {})),
                 MappingProxyType(dict(choices or {})),
                 MappingProxyType(dict(checks or {})),
+                frozenset(needs),
+                MappingProxyType(dict(traits or {})),
             )
             return fn
 

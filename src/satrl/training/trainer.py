@@ -16,6 +16,7 @@ import torch
 
 from satrl import diagnostics as diag
 from satrl.objectives import ObjectiveSpec, aggregate
+from satrl.objectives.aggregation import share_unit
 from satrl.objectives.reductions import reduce_metrics
 from satrl.training.advantages import group_advantages
 from satrl.types import Batch
@@ -120,12 +121,12 @@ class Trainer:
     ) -> None:
         self.device = torch.device(device)
         self.model = model.float().to(self.device).train()
-        uses_ref = objective.kl != "none" and objective.params.get("kl_coef", 0) > 0
+        uses_ref = "ref_logp" in objective.needs
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if uses_ref else None
         self.objective, self.aggregation = objective, aggregation
         # A correction (TIS, IcePop, MIS) weighs by pi_old/mu, so it needs pi_old: the trainer's own log-probs
         # at the start of the batch (the paper's Eq. 51 "recomputed" side), whatever the denominator option.
-        self.needs_old_logp = recomputed_denominator or objective.correction != "none"
+        self.needs_old_logp = recomputed_denominator or "old_logp" in objective.needs
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
         self.grad_clip = grad_clip
         self.temperature = temperature
@@ -232,7 +233,7 @@ class Trainer:
         lag = (self.version - mb.versions).clamp(min=0)  # [B, T]
         n_tok = int(mb.mask.sum())
         n_seq = int(mb.mask.any(1).sum())
-        seq_mode = self.aggregation != "token-mean"
+        seq_mode = share_unit(self.aggregation) == "sequence"
         rows, tok = 0, {"logp": [], "gate": [], "clipped": [], "d": [], "routing": []}
         total = torch.zeros((), dtype=torch.float64, device=dev)  # the loss, summed without a sync per microbatch
         per_mb: list[dict[str, torch.Tensor]] = []
