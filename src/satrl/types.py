@@ -2,7 +2,7 @@
 
 Staleness is explicit data: every :class:`Completion` and :class:`Sample` carries the policy ``version``
 that produced it, its ``behavior_logp`` and (for MoE models) its ``routing``. Shapes are given as
-``# [T]`` comments, with T the number of response tokens. See DESIGN.md ("Data flow", "Glossary").
+``# [T]`` comments, with T the number of response tokens. See docs/design.md ("One sample, from task to metrics", "Glossary").
 """
 
 from __future__ import annotations

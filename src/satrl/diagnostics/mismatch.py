@@ -1,7 +1,7 @@
 """Training-inference mismatch on sampled tokens: d̄_π, its split into policy lag and implementation
 mismatch, and how much of the sampled total-variation mass the SAT gate catches.
 
-Notation (DESIGN.md glossary, paper Appendix A): ``logp`` = log π^(j)(y_t|s_t), the trainer's current
+Notation (docs/design.md glossary, paper Appendix A): ``logp`` = log π^(j)(y_t|s_t), the trainer's current
 log-prob of the sampled token; ``behavior_logp`` = log μ(y_t|s_t), the engine's; ``logp_at_version`` =
 log π^(ℓ)(y_t|s_t), the trainer's log-prob under the weights of the version ℓ that generated the sample;
 ``d = logp - behavior_logp`` (paper Eq. 26); ``mask`` marks active response tokens.

@@ -1,4 +1,4 @@
-"""Capture and replay of MoE routing (R3, DESIGN.md "R3").
+"""Capture and replay of MoE routing (R3, docs/design.md "R3").
 
 Hugging Face MoE layers (Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral in transformers 5.x) route through a
 ``*TopKRouter`` module whose forward maps hidden states [N, H] (N = B*L tokens, flattened) to

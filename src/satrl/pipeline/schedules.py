@@ -1,4 +1,4 @@
-"""Lag schedules: which policy version generates each rollout batch (DESIGN.md, "Lag schedules").
+"""Lag schedules: which policy version generates each rollout batch (docs/design.md, "Versions and lag").
 
 A schedule is a pure function of the batch index. It is enforced by versions, never by timing, so a
 concurrent run and a sequential run see exactly the same versions. ``S`` is the number of optimizer steps

@@ -67,7 +67,7 @@ def _batches(task: Any, seed: int, batch_size: int) -> Iterator[tuple[list[str],
 
 
 def _make_task(name: str, digits: int, ops: str) -> Any:
-    # Imported here: satrl.tasks sits above satrl.models in the layering (DESIGN.md "Folders").
+    # Imported lazily: pretraining lives in training/, which may use tasks (docs/design.md, "Layers").
     from satrl.tasks import make_task
 
     return make_task(name, digits=digits, ops=ops) if name == "arithmetic" else make_task(name)
