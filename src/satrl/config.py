@@ -97,7 +97,7 @@ class ObjectiveConfig(BaseModel):
 
 class LagConfig(_Strict):
     schedule: Literal["sync", "broadcast", "fixed", "async"] = Field(
-        "broadcast", description="Lag schedule (docs/design.md, "Versions and lag")."
+        "broadcast", description="Lag schedule (docs/design.md, 'Versions and lag')."
     )
     n: int = Field(1, ge=0, description="broadcast: weight-broadcast interval; fixed: exact lag (opt. steps).")
     max_staleness: int = Field(8, ge=0, description="async: samples older than this are dropped and counted.")
