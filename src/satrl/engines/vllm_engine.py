@@ -150,9 +150,6 @@ class VLLMEngine:
         self.llm.collective_rpc("satrl_load_weights", args=(payload, round_to))
         self._version = int(version)
 
-    def weight_checksum(self) -> float:
-        return float(self.llm.collective_rpc("satrl_weight_checksum")[0])
-
     def _params(self, req: GenerationRequest, s: SamplingParams):
         return self._vllm.SamplingParams(
             n=1, temperature=0.0 if s.greedy else s.temperature, top_p=s.top_p, top_k=s.top_k,

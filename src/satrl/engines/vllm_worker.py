@@ -49,8 +49,3 @@ class SatrlWorkerExtension:
                     p.copy_(p.to(dtype).to(p.dtype))
                     n += 1
         return n
-
-    def satrl_weight_checksum(self) -> float:
-        """Sum of all parameters in float64: a cheap fingerprint tests use to see that weights moved."""
-        with torch.no_grad():
-            return float(sum(p.double().sum() for p in self._satrl_model().parameters()))

@@ -19,7 +19,7 @@ from satrl.models.loading import (
     load_tokenizer,
     quiet_progress_bars,
 )
-from satrl.models.tiny import build_tiny_model, count_params, tiny_config
+from satrl.models.tiny import build_tiny_model, count_params
 from satrl.models.tokenizer import build_char_tokenizer
 
 __all__ = [
@@ -33,5 +33,4 @@ __all__ = [
     "load_policy",
     "load_tokenizer",
     "quiet_progress_bars",
-    "tiny_config",
 ]

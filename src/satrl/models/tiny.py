@@ -62,14 +62,6 @@ KINDS: dict[str, Callable[[dict[str, Any]], tuple[PretrainedConfig, type[PreTrai
 }
 
 
-def tiny_config(kind: str, vocab_size: int, **cfg: Any) -> PretrainedConfig:
-    """The ``transformers`` config of a tiny model; ``cfg`` overrides any field (e.g. ``num_hidden_layers``)."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown model kind {kind!r}; valid kinds: {sorted(KINDS)}")
-    config, _ = KINDS[kind]({"vocab_size": vocab_size, **cfg})
-    return config
-
-
 def build_tiny_model(kind: str = "dense", vocab_size: int = 52, seed: int = 0, **cfg: Any) -> PreTrainedModel:
     """A freshly initialised tiny Qwen3 (``kind="dense"``) or Qwen3-MoE (``kind="moe"``) causal LM, fp32,
     in eval mode. The same ``(kind, vocab_size, seed, cfg)`` always gives bit-identical weights; the

@@ -13,10 +13,10 @@ See docs/objectives.md for every preset's formula, defaults and sources.
 """
 
 from ._common import LOG_RATIO_CLAMP
-from .aggregation import AGGREGATIONS, aggregate, available_aggregations
+from .aggregation import AGGREGATIONS, aggregate
 from .corrections import CORRECTIONS
 from .kl import KL_ESTIMATORS
-from .presets import PRESETS, ObjectiveSpec, available_presets, policy_loss, resolve, resolve_objective
+from .presets import PRESETS, ObjectiveSpec, available_presets, policy_loss, resolve_objective
 from .ratios import RATIO_LEVELS
 from .sat import kth_smallest, quantile_rank, sat_clip_bounds
 from .trust_regions import TRUST_REGIONS, ObjectiveInputs, clipped_surrogate
@@ -32,13 +32,11 @@ __all__ = [
     "ObjectiveInputs",
     "ObjectiveSpec",
     "aggregate",
-    "available_aggregations",
     "available_presets",
     "clipped_surrogate",
     "kth_smallest",
     "policy_loss",
     "quantile_rank",
-    "resolve",
     "resolve_objective",
     "sat_clip_bounds",
 ]

@@ -60,5 +60,4 @@ def share_unit(mode: str) -> str:
     return AGGREGATIONS.get(mode).traits["share"]
 
 
-def available_aggregations() -> list[str]:
-    return AGGREGATIONS.names()
+

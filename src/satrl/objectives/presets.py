@@ -223,7 +223,6 @@ def resolve_objective(name: str, **overrides: Any) -> ObjectiveSpec:
     return ObjectiveSpec(name, params=MappingProxyType(params), **choice)
 
 
-resolve = resolve_objective
 
 
 def _no_renamed(kwargs: dict[str, Any]) -> None:

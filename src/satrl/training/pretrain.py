@@ -223,14 +223,11 @@ def _train_loop(
 def final_scores(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Any, n_problems: int, k: int = 8
 ) -> dict[str, Any]:
-    """avg@k (temperature 1) and greedy accuracy on the first ``n_problems`` eval problems: through
-    ``satrl.tasks.evaluate`` and the torch engine when they are installed, else the local sampler."""
-    try:
-        from satrl.engines import TorchEngine
-        from satrl.tasks.evaluate import evaluate
-    except ImportError:
-        problems = list(task.problems("eval", 0))[:n_problems]
-        return {**score(model, tokenizer, problems, task.reward, k=k), "scorer": "satrl.models.sampler"}
+    """avg@k (temperature 1) and greedy accuracy on the first ``n_problems`` eval problems, through
+    ``satrl.tasks.evaluate`` and the torch engine (both always installed: they are satrl itself)."""
+    from satrl.engines import TorchEngine
+    from satrl.tasks.evaluate import evaluate
+
     engine = TorchEngine(
         model,
         eos_token_id=tokenizer.eos_token_id,
