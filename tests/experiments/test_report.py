@@ -193,3 +193,17 @@ def test_report_sat_activity_table(tmp_path, make_run):
     assert "## How much SAT acted" in md
     assert "| SAT | 8 | 0.200 | 50% | 1.00% | 10.0% | 50.0% |" in md  # median of 0.05..0.4; 2 of 4 below log 1.2
     assert "| grpo | 8 |" not in md.split("## How much SAT acted")[1].split("##")[0]
+
+
+def test_dose_response_figure_needs_three_lags(tmp_path, make_run):
+    out = tmp_path / "out"
+    for lag in (1, 2, 8):
+        for s in range(2):
+            make_run(out, "grpo", lag, s, {"late_test_avg_at_k": 0.6 - 0.01 * lag, "d_pi_last25": 0.001 * lag,
+                                           "summary_version": 2})  # fmt: skip
+    md = build_report(out, n_resamples=200).read_text()
+    assert "![Dose-response: endpoint and d_pi against the lag](figures/dose_response.png)" in md
+    assert (out / "figures" / "dose_response.png").stat().st_size > 5000
+    few = tmp_path / "few"
+    make_run(few, "grpo", 1, 0, {"late_test_avg_at_k": 0.5, "summary_version": 2})
+    assert "Skipped: no cell was run at three or more lags" in build_report(few, n_resamples=200).read_text()

@@ -261,6 +261,41 @@ def bylag(res: GridResults, path: Path) -> FigureOut:
     return FigureOut(title, caption, path)
 
 
+def dose_response(res: GridResults, path: Path) -> FigureOut:
+    """Score and mismatch against the configured lag, for every cell run at three lags or more."""
+    title = "Dose-response: endpoint and d_pi against the lag"
+    key = "late_test_avg_at_k" if res.finished.get("late_test_avg_at_k", pd.Series(dtype=float)).notna().any() else "late_avg_at_k"
+    caption = (f"Per cell run at three or more configured lags: `{key}` (left, %) and `d_pi_last25` (right) against "
+               "the configured lag (log scale), mean over seeds with the 95% studentized interval when there are "
+               "two or more seeds. Staleness damage is a score that falls as the lag grows.")  # fmt: skip
+    from satrl.experiments.stats import mean_ci
+
+    fin = res.finished
+    cells = [c for c in res.cell_order() if fin[fin["cell"] == c]["lag"].nunique() >= 3]
+    if not cells or key not in fin:
+        return FigureOut(title, caption, None, "no cell was run at three or more lags")
+    colors = _colors(res.cell_order())
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), squeeze=False)
+    for ax, (col, scale, name) in zip(axes[0], ((key, 100.0, key + " (%)"), ("d_pi_last25", 1.0, "d_pi (last 25%)"))):
+        for cell in cells:
+            g = fin[fin["cell"] == cell]
+            lags = sorted(g["lag"].unique())
+            stats = np.array([mean_ci(pd.to_numeric(g[g["lag"] == lag][col], errors="coerce"), n_resamples=2000)
+                              for lag in lags]) * scale  # fmt: skip
+            ax.errorbar(lags, stats[:, 0], yerr=_err(stats[:, 0], stats[:, 1], stats[:, 2]), marker="o",
+                        capsize=3, color=colors[cell], label=res.label(cell))  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("configured lag n (optimizer steps)")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return FigureOut(title, caption, path)
+
+
 def paired(res: GridResults, tables: dict[str, pd.DataFrame], baseline: str | None, path: Path) -> FigureOut:
     base = res.label(baseline) if baseline else None
     title = f"Paired difference vs {base}"

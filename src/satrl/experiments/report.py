@@ -329,7 +329,8 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
     baseline = res.meta.get("baseline")
     figures = [plots.eval_curves(res, figdir / "eval_curves.png"), plots.d_pi_curves(res, figdir / "d_pi.png"),
                plots.sat_diagnostics(res, figdir / "sat_diagnostics.png"), plots.gate_check(res, figdir / "gate_check.png"),
-               plots.bylag(res, figdir / "bylag.png"), plots.paired(res, tables, baseline, figdir / "paired.png")]  # fmt: skip
+               plots.bylag(res, figdir / "bylag.png"), plots.paired(res, tables, baseline, figdir / "paired.png"),
+               plots.dose_response(res, figdir / "dose_response.png")]  # fmt: skip
     md += ["## Figures", ""]
     for fig in figures:
         md += [f"### {fig.title}", ""]
