@@ -224,3 +224,21 @@ def test_completion_tensors_are_ordinary_tensors(moe):
     (torch.exp(logp - c.behavior_logp) * c.behavior_logp).sum().backward()
     assert logp.grad is not None
     c.behavior_logp.add_(0.0)
+
+
+def test_engine_for_falls_back_to_eos_when_the_tokenizer_has_no_pad_token():
+    """One engine construction for the whole codebase; a tokenizer without a pad token (Llama-style) pads
+    with EOS instead of reaching int(None) deep in the engine."""
+    from types import SimpleNamespace
+
+    from satrl.engines.registry import engine_for, pad_id
+    from satrl.models import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model("dense", vocab_size=len(tok), seed=0, num_hidden_layers=1)
+    no_pad = SimpleNamespace(pad_token_id=None, eos_token_id=tok.eos_token_id)
+    assert pad_id(no_pad) == tok.eos_token_id and pad_id(tok) == tok.pad_token_id
+    engine = engine_for("torch", no_pad, model=model)
+    assert engine.pad_token_id == tok.eos_token_id
+    with pytest.raises(ValueError, match="neither a pad nor an EOS token"):
+        pad_id(SimpleNamespace(pad_token_id=None, eos_token_id=None))

@@ -44,6 +44,22 @@ ENGINES: dict[str, Callable[..., Engine]] = {
 }
 
 
+def pad_id(tokenizer: Any) -> int:
+    """The tokenizer's pad token id, or its EOS id when it has no pad token (many causal-LM tokenizers, e.g.
+    Llama's, define none; padding positions are masked out everywhere, so any valid id serves)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError("the tokenizer has neither a pad nor an EOS token; set one in its tokenizer_config.json")
+    return int(pad)
+
+
+def engine_for(name: str, tokenizer: Any, **kwargs: Any) -> Engine:
+    """The one way satrl builds an engine for a tokenizer: ``make_engine`` with the tokenizer's EOS and pad ids
+    (:func:`pad_id`'s fallback included) and ``tokenizer`` passed on; ``kwargs`` as for :func:`make_engine`."""
+    return make_engine(name, tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id(tokenizer),
+                       **kwargs)  # fmt: skip
+
+
 def make_engine(name: str, **kwargs: Any) -> Engine:
     """Build the engine ``name`` (e.g. ``make_engine("torch", model=m, eos_token_id=1, pad_token_id=0)``)."""
     if name not in ENGINES:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from satrl.config import RunConfig
+from satrl.engines.registry import pad_id
 from satrl.pipeline.backends import make_backend
 from satrl.pipeline.buffer import SnapshotStore, collate
 from satrl.pipeline.rundir import Evaluator, RunDir, batch_metrics
@@ -52,7 +53,7 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
             waited = time.perf_counter() - t_wait
             samples, dropped = _drop_stale(sched, samples, b)
             timeouts = sum(bool(s.meta.get("reward_timeout")) for s in samples)
-            batch = collate(samples, tokenizer.pad_token_id)
+            batch = collate(samples, pad_id(tokenizer))
             t0 = time.perf_counter()
             for metrics, rows in trainer.train_batch(batch, b, store.get, stop_at=cfg.steps):  # train it
                 _push_weights(backend, sched, store, state, trainer, b, n_batches, P)

@@ -199,7 +199,7 @@ class Evaluator:
             raise TaskError(str(err)) from None
 
     def __call__(self, trainer) -> dict:
-        from satrl.engines import make_engine
+        from satrl.engines.registry import engine_for
         from satrl.pipeline.setup import sampling_params
         from satrl.tasks.evaluate import evaluate, part_scores
 
@@ -207,13 +207,11 @@ class Evaluator:
         faults.point("eval.start")
         if self.engine is None:
             name = cfg.eval.engine or cfg.engine.name  # engine.kwargs belong to the rollout engine
-            self.engine = make_engine(
+            self.engine = engine_for(
                 name,
+                self.tokenizer,
                 model=trainer.model,
                 model_path=cfg.model.source,
-                tokenizer=self.tokenizer,
-                eos_token_id=self.tokenizer.eos_token_id,
-                pad_token_id=self.tokenizer.pad_token_id,
                 numerics=cfg.engine.numerics,
                 **(cfg.engine.kwargs if name == cfg.engine.name else {}),
             )

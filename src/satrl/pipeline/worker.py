@@ -53,18 +53,16 @@ class RolloutRequest:
 
 class RolloutWorker:
     def __init__(self, spec: WorkerSpec) -> None:
-        from satrl.engines import make_engine
+        from satrl.engines.registry import engine_for
         from satrl.models import load_tokenizer
         from satrl.tasks import make_task
 
         self.spec = spec
         self.tokenizer = load_tokenizer(spec.model)
-        self.engine = make_engine(
+        self.engine = engine_for(
             spec.engine,
+            self.tokenizer,
             model_path=spec.model,
-            tokenizer=self.tokenizer,
-            eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self.tokenizer.pad_token_id,
             numerics=spec.numerics,
             capture_routing=spec.capture_routing,
             **spec.engine_kwargs,

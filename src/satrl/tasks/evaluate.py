@@ -251,7 +251,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
     from transformers.utils import logging as hf_logging
 
-    from satrl.engines import make_engine, resolve_numerics
+    from satrl.engines import resolve_numerics
+    from satrl.engines.registry import engine_for
     from satrl.models import load_tokenizer
     from satrl.tasks import make_task
 
@@ -263,11 +264,7 @@ def run_eval(args: argparse.Namespace) -> int:
         )
         resolve_numerics(args.numerics)  # fail before loading the model
         tokenizer = load_tokenizer(args.model)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        engine = make_engine(
-            args.engine, model_path=args.model, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
-            tokenizer=tokenizer, numerics=args.numerics, device=args.device,
-        )
+        engine = engine_for(args.engine, tokenizer, model_path=args.model, numerics=args.numerics, device=args.device)
         result = evaluate(
             engine, tokenizer, task, k=args.k, n_problems=args.n_problems, sampling=sampling, seed=args.seed,
             batch_size=args.batch_size,

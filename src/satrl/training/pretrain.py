@@ -225,16 +225,10 @@ def final_scores(
 ) -> dict[str, Any]:
     """avg@k (temperature 1) and greedy accuracy on the first ``n_problems`` eval problems, through
     ``satrl.tasks.evaluate`` and the torch engine (both always installed: they are satrl itself)."""
-    from satrl.engines import TorchEngine
+    from satrl.engines.registry import engine_for
     from satrl.tasks.evaluate import evaluate
 
-    engine = TorchEngine(
-        model,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tokenizer=tokenizer,
-        numerics="fp32",  # as `satrl eval` does by default
-    )
+    engine = engine_for("torch", tokenizer, model=model, numerics="fp32")  # fp32: as `satrl eval` by default
     result = evaluate(engine, tokenizer, task, k=k, split="eval", n_problems=n_problems, seed=0)
     return {**result.as_dict(), "scorer": "satrl.tasks.evaluate(TorchEngine)"}
 
