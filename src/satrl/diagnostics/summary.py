@@ -65,10 +65,13 @@ def realized_lag(rows: list[dict], warmup_steps: int = 0) -> dict[str, float] | 
         return None
     lo, hi, num, den = math.inf, -math.inf, [], []
     for r in rows:
-        present = [int(k.split("/")[1]) for k, v in r.items()
-                   if k.startswith("bylag/") and k.endswith("/frac_tokens") and _finite(v) and v > 0]  # fmt: skip
-        r_min = r.get("lag/min", min(present) if present else r["lag/mean"])
-        r_max = r.get("lag/max", max(present) if present else r["lag/mean"])
+        if "lag/min" in r and "lag/max" in r:
+            r_min, r_max = r["lag/min"], r["lag/max"]
+        else:  # runs logged before lag/min: the lags whose bylag buckets hold tokens
+            present = [int(k.split("/")[1]) for k, v in r.items()
+                       if k.startswith("bylag/") and k.endswith("/frac_tokens") and _finite(v) and v > 0]  # fmt: skip
+            r_min = r.get("lag/min", min(present) if present else r["lag/mean"])
+            r_max = r.get("lag/max", max(present) if present else r["lag/mean"])
         lo, hi = min(lo, float(r_min)), max(hi, float(r_max))
         w = float(r["train/tokens"]) if _finite(r.get("train/tokens")) else 1.0
         num.append(w * float(r["lag/mean"]))
