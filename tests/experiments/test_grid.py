@@ -293,3 +293,33 @@ def test_builtin_grid_runs_are_valid_train_configs():
         for run in expand(load_grid(path), "runs/x", seeds=1):
             cfg = load_config(run.base, [*run.overrides, f"seed={run.seed}", f"out={run.run_dir}"])
             assert cfg.lag.n == run.lag, run.name
+
+
+def test_seed_order_and_only_filter(tmp_path, capsys):
+    """`order: seed` runs seed 0 of every cell and lag before seed 1; --only selects runs by name pattern."""
+    import argparse
+
+    from satrl.experiments.spec import select
+
+    (tmp_path / "other.yaml").write_text("{}\n")
+    spec = load_grid(_write(tmp_path, GRID + "    order: seed\n"))
+    names = [r.name for r in expand(spec, tmp_path / "out")]
+    assert names == [
+        "grpo/lag1/seed0", "grpo/lag8/seed0", "sat/lag1/seed0", "sat/lag8/seed0", "other/lag0/seed0",
+        "grpo/lag1/seed1", "grpo/lag8/seed1", "sat/lag1/seed1", "sat/lag8/seed1", "other/lag0/seed1",
+    ]  # fmt: skip
+    runs = expand(spec, tmp_path / "out")
+    assert [r.name for r in select(runs, ["sat/*", "*/lag1/seed1"])] == [
+        "sat/lag1/seed0", "sat/lag8/seed0", "grpo/lag1/seed1", "sat/lag1/seed1", "sat/lag8/seed1"]  # fmt: skip
+    assert select(runs, None) == runs and select(runs, ["nope/*"]) == []
+
+    parser = argparse.ArgumentParser()
+    grid_mod.add_grid_args(parser)
+    path = _write(tmp_path, RUNNER_GRID)
+    args = parser.parse_args([str(path), "--dry-run", "--only", "*/seed1", "--seeds", "2", "--out", str(tmp_path / "o")])
+    assert grid_mod.run_grid(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out and all("/seed1: " in line for line in out)
+    args = parser.parse_args([str(path), "--only", "zzz/*", "--out", str(tmp_path / "o")])
+    assert grid_mod.run_grid(args) == 2
+    assert "matches no run" in capsys.readouterr().err

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from satrl.experiments.spec import GridSpec, Run, expand, load_grid, render_value, spec_to_yaml
+from satrl.experiments.spec import GridSpec, Run, expand, load_grid, render_value, select, spec_to_yaml
 
 __all__ = ["GridResult", "GridSpec", "Run", "add_grid_args", "default_command", "expand", "load_grid",
            "render_value", "run_grid", "run_grid_spec", "run_state", "thread_env"]  # fmt: skip
@@ -268,11 +268,12 @@ def run_grid_spec(
     progress: bool | None = None,
     env: dict[str, str] | None = None,
     poll_s: float = 0.2,
+    only: list[str] | None = None,
 ) -> GridResult:
     """Run every run of the grid not yet finished, `workers` at a time. Returns a GridResult.
 
     command_fn(run, resume) gives the child's argv. progress: rich live line (default: if stderr
-    is a terminal), else one line per finished run. Ctrl-C / SIGTERM stop the children (SIGTERM, then
+    is a terminal), else one line per finished run. only: shell patterns over run names (see `select`). Ctrl-C / SIGTERM stop the children (SIGTERM, then
     SIGKILL after 10 s), mark them 'interrupted', and return with result.interrupted = True.
     """
     from rich.console import Console
@@ -291,7 +292,7 @@ def run_grid_spec(
     full_env = {**os.environ, **thread_env(workers, threads), **(env or {})}
     progress = sys.stderr.isatty() if progress is None else progress
     runner = _Runner(
-        spec, out, expand(spec, out, n_seeds), workers, command_fn, full_env, console, None, poll_s
+        spec, out, select(expand(spec, out, n_seeds), only), workers, command_fn, full_env, console, None, poll_s
     )
 
     def _on_term(signum, frame):
@@ -351,6 +352,11 @@ def add_grid_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", default=None, help="output folder (default: runs/<grid name>)")
     parser.add_argument(
+        "--only", action="append", default=None, metavar="PATTERN",
+        help="run only runs whose name <cell>/lag<n>/seed<s> matches this shell pattern (repeatable), "
+        "e.g. --only 'grpo_lr5e-5/*' --only '*/lag8/seed[12]'",
+    )
+    parser.add_argument(
         "--dry-run", action="store_true", help="print each run's command and state, run nothing"
     )
 
@@ -363,11 +369,15 @@ def run_grid(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out or Path("runs") / spec.name)
     if args.dry_run:
-        for run in expand(spec, out, args.seeds):
+        for run in select(expand(spec, out, args.seeds), args.only):
             state = run_state(run.run_dir)
             cmd = default_command(run, state == "partial")
             missing = "" if run.base.exists() else "  # base config missing!"
             print(f"[{'skip' if state == 'finished' else state}] {run.name}: {' '.join(cmd)}{missing}")
         return 0
-    result = run_grid_spec(spec, out, args.seeds, args.workers, threads=args.threads)
+    runs = select(expand(spec, out, args.seeds), args.only)
+    if not runs:
+        print(f"satrl grid: --only {' '.join(args.only or [])} matches no run of {args.grid}", file=sys.stderr)
+        return 2
+    result = run_grid_spec(spec, out, args.seeds, args.workers, threads=args.threads, only=args.only)
     return result.exit_code

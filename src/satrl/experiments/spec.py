@@ -1,13 +1,14 @@
 """Grid files: the spec (pydantic), its validation, and its expansion into runs `<cell>/lag<n>/seed<s>`.
 
 A grid YAML names a base config, cells (name -> `key: value` overrides of `satrl train`, plus the cell
-keys base / lags / lag_schedule / label), lags, seeds, an optional baseline cell, steps and global
-`extra:` overrides. Values stay YAML scalars and are rendered `key=value` so that yaml.safe_load
+keys base / lags / lag_schedule / label), lags, seeds, an optional baseline cell, steps, the run order
+(`order: cell` or `seed`), declared `hypotheses:` and global `extra:` overrides. Values stay YAML scalars and are rendered `key=value` so that yaml.safe_load
 reads them back unchanged.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +109,9 @@ class GridSpec(BaseModel):
     # name -> declared comparison (pre-registered); the report tests exactly these, Holm-corrected
     hypotheses: dict[str, HypothesisSpec] = Field(default_factory=dict)
     steps: int | None = Field(default=None, ge=1)
+    # "cell": cell by cell (each cell's seeds together); "seed": seed 0 of every cell and lag, then seed 1, ...
+    # so that a grid stopped part-way holds the same seeds in every cell (paired comparisons stay possible).
+    order: Literal["cell", "seed"] = "cell"
     extra: dict[str, Any] = Field(default_factory=dict)
     # Directory the relative base paths are resolved against (the grid file's folder); set by load_grid.
     root: str = "."
@@ -217,7 +221,8 @@ class Run:
 
 
 def expand(spec: GridSpec, out: str | Path, seeds: int | None = None) -> list[Run]:
-    """All runs, cell-major then lag then seed. Override order: extra, steps, schedule, lag, cell."""
+    """All runs, cell-major then lag then seed (``order: seed``: seed-major, then cell, then lag).
+    Override order: extra, steps, schedule, lag, cell."""
     out = Path(out)
     runs = []
     for cell, c in spec.cells.items():
@@ -233,7 +238,16 @@ def expand(spec: GridSpec, out: str | Path, seeds: int | None = None) -> list[Ru
                 runs.append(
                     Run(cell, lag, s, spec.base_path(cell), items, out / cell / f"lag{lag}" / f"seed{s}")
                 )
+    if spec.order == "seed":
+        runs.sort(key=lambda r: r.seed)  # stable: cell and lag order kept within a seed
     return runs
+
+
+def select(runs: list[Run], patterns: list[str] | None) -> list[Run]:
+    """The runs whose name `<cell>/lag<n>/seed<s>` matches any shell pattern (all runs when none given)."""
+    if not patterns:
+        return runs
+    return [r for r in runs if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)]
 
 
 def spec_to_yaml(spec: GridSpec, seeds: int) -> str:
