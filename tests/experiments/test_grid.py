@@ -323,3 +323,15 @@ def test_seed_order_and_only_filter(tmp_path, capsys):
     args = parser.parse_args([str(path), "--only", "zzz/*", "--out", str(tmp_path / "o")])
     assert grid_mod.run_grid(args) == 2
     assert "matches no run" in capsys.readouterr().err
+
+
+def test_git_commit_is_the_code_checkout_not_the_cwd(tmp_path, monkeypatch):
+    """grid_status.json names the commit of the satrl code that ran the grid, whatever the cwd."""
+    monkeypatch.chdir(tmp_path)  # not a git repository
+    commit = grid_mod._git_commit()
+    src = Path(grid_mod.__file__).resolve().parent
+    inside = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True)
+    if inside.returncode != 0:
+        assert commit is None
+    else:
+        assert commit is not None and commit.removesuffix("+dirty") == inside.stdout.strip()

@@ -69,11 +69,17 @@ def _tail(path: Path, n_lines: int = 30) -> str:
 
 
 def _git_commit() -> str | None:
+    """The commit of the satrl code that runs the grid (not of the cwd), '+dirty' if tracked files changed;
+    None outside a git checkout (an installed wheel)."""
+    here = Path(__file__).resolve().parent
     try:
-        r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=here, capture_output=True, text=True,
+                               timeout=10)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
-    return r.stdout.strip() or None
+    commit = head.stdout.strip() if head.returncode == 0 else ""
+    return (commit + ("+dirty" if dirty.stdout.strip() else "")) or None
 
 
 @dataclass
