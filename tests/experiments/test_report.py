@@ -207,3 +207,17 @@ def test_dose_response_figure_needs_three_lags(tmp_path, make_run):
     few = tmp_path / "few"
     make_run(few, "grpo", 1, 0, {"late_test_avg_at_k": 0.5, "summary_version": 2})
     assert "Skipped: no cell was run at three or more lags" in build_report(few, n_resamples=200).read_text()
+
+
+def test_report_mismatch_regime_table_uses_last_quarter_of_each_run(tmp_path, make_run):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "grid.yaml").write_text("cells: {grpo: {}}\n")
+    for s, late in enumerate([0.02, 0.04]):  # steps 1-3 are early (0.5), step 4 is the last 25 %
+        rows = [{"step": i, "mismatch/d_pi": 0.5 if i < 4 else late, "mismatch/frac_impl": 0.4,
+                 "obj/clipfrac": 0.01} for i in range(1, 5)]  # fmt: skip
+        make_run(out, "grpo", 1, s, {"best_avg_at_k": 0.3}, metrics=rows)
+    md = build_report(out, n_resamples=200).read_text()
+    section = md.split("## Mismatch regime")[1].split("\n## ")[0]
+    assert "| method | lag | d_pi | implementation share | total clip fraction |" in section
+    assert "| grpo | 1 | 0.0300 | 40% | 1.00% |" in section  # mean over seeds of each run's late mean

@@ -264,6 +264,37 @@ def _sat_activity_md(res: GridResults) -> list[str]:
     return out + [""]
 
 
+# (metric, column header, format): the mismatch regime over the last 25 % of each run's steps
+_REGIME_COLS = (("mismatch/d_pi", "d_pi", "{:.4f}"), ("mismatch/d_policy", "Δπ (policy lag)", "{:.4f}"),
+                ("mismatch/d_impl", "Δimpl (implementation)", "{:.4f}"),
+                ("mismatch/frac_impl", "implementation share", "{:.0%}"),
+                ("moe/route_disagree", "routing disagreement", "{:.2%}"), ("obj/clipfrac", "total clip fraction", "{:.2%}"))  # fmt: skip
+
+
+def regime_md(res: GridResults) -> list[str]:
+    """The mismatch regime per method and lag: each run's mean over its last 25 % of steps, then the mean over
+    seeds. Says whether the runs are in the paper's regime (d_pi ~ 0.005-0.02, implementation-dominated)."""
+    m = res.metrics
+    cols = [c for c in _REGIME_COLS if c[0] in m and m[c[0]].notna().any()]
+    if m.empty or not cols:
+        return []
+    out = ["## Mismatch regime", "",
+           "Per method and configured lag, over the last 25 % of each run's steps, mean over seeds: the mismatch "
+           "d_pi = mean |log pi/mu| and its split into policy lag Δπ and implementation mismatch Δimpl "
+           "(docs/metrics.md, `mismatch/*`), the implementation share `mismatch/frac_impl`, the MoE routing "
+           "disagreement between engine and trainer, and the share of tokens any clip zeroed (`obj/clipfrac`).", "",
+           "| method | lag | " + " | ".join(c[1] for c in cols) + " |", "|---|---|" + "---|" * len(cols)]  # fmt: skip
+    for cell in res.cell_order():
+        for lag, g in m[m["cell"] == cell].groupby("lag"):
+            per_run = []
+            for _, r in g.groupby("seed"):
+                last = r[r["step"] > r["step"].max() * 0.75]
+                per_run.append({c[0]: last[c[0]].mean() for c in cols})
+            vals = [_f(float(np.nanmean([x[c[0]] for x in per_run])), c[2]) for c in cols]
+            out.append(f"| {_md_cell(res.label(cell))} | {lag} | " + " | ".join(vals) + " |")
+    return out + [""]
+
+
 def _coverage_note(res: GridResults, ci: float) -> str:
     if res.finished.empty:
         return ""
@@ -326,6 +357,7 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
     md += hypotheses_md(res, n_resamples, ci, seed)
     explore, tables = exploratory_md(res, n_resamples, ci, seed)
     md += explore
+    md += regime_md(res)
     md += _sat_activity_md(res)
     baseline = res.meta.get("baseline")
     figures = [plots.eval_curves(res, figdir / "eval_curves.png"), plots.d_pi_curves(res, figdir / "d_pi.png"),
