@@ -73,3 +73,29 @@ def test_pack_results_copies_finished_runs_without_checkpoints(tmp_path, make_ru
     packed = load_results(dest)
     assert packed.metrics["obj/d_pi"].tolist() == [0.01, 0.02, 0.03]  # read back from .gz
     assert packed.runs["best_avg_at_k"].tolist() == [0.3, 0.5]
+
+
+def test_pack_results_writes_no_machine_paths(tmp_path, make_run):
+    """Packed results are committed: the grid folder, checkouts' configs and the interpreter become portable."""
+    from satrl.experiments.store import portable
+
+    out = tmp_path / "runs" / "g"
+    d = make_run(out, "grpo", 8, 0, {"best_avg_at_k": 0.3})
+    (d / "config.yaml").write_text(f"out: {d}\nseed: 0\n")
+    status = {"command": ["/opt/wt/src/satrl/__main__.py", "grid", "/opt/wt/configs/grids/g.yaml"],
+              "runs": {"grpo/lag8/seed0": {"command": ["/home/u/.venv/bin/python3.11", "-m", "satrl", "train",
+                                                       "/opt/wt/configs/grids/../grpo.yaml", f"out={d}"]}}}  # fmt: skip
+    (out / "grid_status.json").write_text(json.dumps(status))
+    (out / "grid.yaml").write_text("cells:\n  grpo: {base: /opt/wt/configs/grids/../grpo.yaml}\n")
+    dest = tmp_path / "packed"
+    pack_results(out, dest)
+    for p in dest.rglob("*"):
+        if p.is_file() and p.suffix in (".json", ".yaml", ".jsonl"):
+            text = p.read_text()
+            assert str(tmp_path) not in text and "/opt/" not in text and "/home/" not in text, (p, text)
+    got = json.loads((dest / "grid_status.json").read_text())
+    assert got["command"] == ["satrl", "grid", "configs/grids/g.yaml"]
+    assert got["runs"]["grpo/lag8/seed0"]["command"] == [
+        "python", "-m", "satrl", "train", "configs/grids/../grpo.yaml", "out=runs/g/grpo/lag8/seed0"]  # fmt: skip
+    assert (dest / "grpo/lag8/seed0/config.yaml").read_text() == "out: runs/g/grpo/lag8/seed0\nseed: 0\n"
+    assert portable("python -m satrl train x.yaml", out) == "python -m satrl train x.yaml"  # nothing to change

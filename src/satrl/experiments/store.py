@@ -228,11 +228,33 @@ def load_results(out_dir: str | Path) -> GridResults:
     )
 
 
+_ABS_CONFIGS = re.compile(r"(?<![\w.])/[^\s\"',:]*?/(configs/)")  # /any/checkout/configs/x.yaml -> configs/x.yaml
+_ABS_PYTHON = re.compile(r"(?<![\w.])/[^\s\"',:]*/python[0-9.]*(?![\w/])")  # /venv/bin/python3.11 -> python
+_ABS_MAIN = re.compile(r"(?<![\w.])/[^\s\"',:]*/satrl/__main__\.py")  # sys.argv[0] of `python -m satrl`
+
+
+def portable(text: str, out_dir: Path) -> str:
+    """``text`` without this machine's paths: the grid folder becomes ``runs/<name>``, a checkout's config
+    files ``configs/...``, the interpreter ``python`` and the module entry point ``satrl``. Packed results
+    are committed, and the repo holds no machine paths."""
+    for p in sorted({str(out_dir.resolve()), str(out_dir.absolute())}, key=len, reverse=True):
+        text = text.replace(p, f"runs/{out_dir.resolve().name}")
+    text = _ABS_MAIN.sub("satrl", text)
+    text = _ABS_PYTHON.sub("python", text)
+    return _ABS_CONFIGS.sub(r"\1", text)
+
+
+def _copy_portable(src: Path, dst: Path, out_dir: Path) -> Path:
+    dst.write_text(portable(src.read_text(), out_dir))
+    return dst
+
+
 def pack_results(out_dir: str | Path, dest: str | Path) -> list[Path]:
     """Copy what is worth committing for every finished run into dest, mirroring the layout.
 
     Per run: summary.json, config.yaml, eval.jsonl and metrics.jsonl.gz (gzip, mtime 0 so the bytes
-    are stable). Plus grid.yaml and grid_status.json. Never checkpoints or logs. dest can be read by
+    are stable). Plus grid.yaml and grid_status.json. Never checkpoints or logs. Text files pass through
+    :func:`portable`, so no machine path is packed. dest can be read by
     load_results/report, and used as `--out` of the same grid to continue it elsewhere. Returns the
     files written.
     """
@@ -241,7 +263,7 @@ def pack_results(out_dir: str | Path, dest: str | Path) -> list[Path]:
     for name in ("grid.yaml", "grid_status.json"):
         if (out_dir / name).exists():
             dest.mkdir(parents=True, exist_ok=True)
-            written.append(Path(shutil.copyfile(out_dir / name, dest / name)))
+            written.append(_copy_portable(out_dir / name, dest / name, out_dir))
     for r in find_runs(out_dir):
         if _status(r, _read_json(r.path / "summary.json")) != "finished":
             continue
@@ -249,7 +271,7 @@ def pack_results(out_dir: str | Path, dest: str | Path) -> list[Path]:
         target.mkdir(parents=True, exist_ok=True)
         for name in PACKED_FILES:
             if (r.path / name).exists():
-                written.append(Path(shutil.copyfile(r.path / name, target / name)))
+                written.append(_copy_portable(r.path / name, target / name, out_dir))
         mp = _metrics_path(r.path)
         if mp is not None:
             gz = target / "metrics.jsonl.gz"
