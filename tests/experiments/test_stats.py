@@ -189,3 +189,20 @@ def test_percentile_coverage_is_below_nominal_for_few_seeds_and_approaches_it():
     assert 0.78 < few < 0.91  # the known undercoverage of the percentile bootstrap at n = 5
     assert many > few and abs(many - 0.95) < 0.04
     assert percentile_coverage(1) == 0.0
+
+
+def test_lag_table_pairs_each_cell_with_itself_at_its_smallest_lag():
+    from satrl.experiments.stats import lag_table
+
+    rows = []
+    for seed, (a1, a8, a32) in enumerate([(0.80, 0.78, 0.70), (0.75, 0.74, 0.69), (0.70, 0.67, 0.60)]):
+        rows += [dict(cell="grpo", lag=1, seed=seed, status="finished", x=a1),
+                 dict(cell="grpo", lag=8, seed=seed, status="finished", x=a8),
+                 dict(cell="grpo", lag=32, seed=seed, status="finished", x=a32),
+                 dict(cell="sat", lag=8, seed=seed, status="finished", x=0.5)]  # fmt: skip
+    t = lag_table(pd.DataFrame(rows), "x", n_resamples=200)
+    assert list(zip(t["cell"], t["lag"], t["base_lag"], t["base"])) == [("grpo", 8, 1, "grpo"), ("grpo", 32, 1, "grpo")]
+    assert t["mean"].tolist() == pytest.approx([np.mean([-0.02, -0.01, -0.03]), np.mean([-0.10, -0.06, -0.10])])
+    assert t["wins"].tolist() == [0, 0] and t["n"].tolist() == [3, 3]
+    assert t["p"].tolist() == pytest.approx([0.25, 0.25])  # 3 seeds, all the same sign: 2/2^3
+    assert lag_table(pd.DataFrame(rows[3::4]), "x").empty  # one lag per cell: nothing to compare

@@ -25,6 +25,7 @@ from satrl.experiments.stats import (
     compare,
     holm,
     interval_coverage,
+    lag_table,
     paired_table,
     pairs_table,
     verdict_words,
@@ -236,6 +237,16 @@ def exploratory_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> 
         out += [f"## Exploratory: named pairs (each method vs its base), {name}", "", intro, ""]
         out += _comparison_table(res, t) + ["", _family_sentence(t), ""]
         out += ["**d_pi (last 25 %), lower is better** (method - base):", ""] + _comparison_table(res, d, True) + [""]
+    t = lag_table(res.runs, key, n_resamples, ci, seed) if not res.finished.empty else pd.DataFrame()
+    if not t.empty:
+        out += [f"## Exploratory: staleness damage (each method at a larger lag vs its smallest lag), {name}", "",
+                intro + " Negative: the method scores lower when its rollouts are staler.", "",
+                "| method | lag vs lag | difference [95% CI] | wins | sign-flip p | Holm p | MDE | verdict |",
+                "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for row in _comparison_table(res, t.assign(lag=[f"{a} vs {b}" for a, b in zip(t["lag"], t["base_lag"])]))[2:]:
+            cells = row.split(" | ")
+            out.append(" | ".join([cells[0]] + cells[2:]))  # drop the base column: it is the method itself
+        out += ["", _family_sentence(t), ""]
     return out, tables
 
 

@@ -340,6 +340,27 @@ def pairs_table(runs: pd.DataFrame, pairs: Mapping[str, str], metric: str = "bes
     return compare(runs, todo, metric, n_resamples, ci, seed, **kw)
 
 
+def lag_table(runs: pd.DataFrame, metric: str = "late_test_avg_at_k", n_resamples: int = 10_000, ci: float = 0.95,
+              seed: int = 0, **kw) -> pd.DataFrame:  # fmt: skip
+    """The damage staleness does to each cell: the cell at each of its lags vs the same cell at its smallest
+    lag, paired by seed (one Holm family). Rows carry ``lag`` = the larger lag and ``base_lag``."""
+    fin = runs[runs["status"] == "finished"] if "status" in runs else runs
+    todo, base_lag = [], {}
+    for cell, g in fin.groupby("cell", sort=False):
+        lags = sorted(set(int(x) for x in g["lag"]))
+        base_lag[cell] = lags[0]
+        todo += [(cell, lag) for lag in lags[1:]]
+    if not todo:
+        return pd.DataFrame(columns=[*COMPARISON_COLUMNS, "base_lag"])
+    # compare() pairs within one lag: relabel each (cell, lag) as its own cell at a common lag 0
+    relabelled = fin.assign(cell=fin["cell"] + "\x00" + fin["lag"].astype(int).astype(str), lag=0)
+    t = compare(relabelled, [(f"{c}\x00{lag}", f"{c}\x00{base_lag[c]}", 0) for c, lag in todo], metric,
+                n_resamples, ci, seed, **kw)  # fmt: skip
+    split = t["cell"].str.split("\x00", expand=True)
+    return t.assign(cell=split[0], lag=split[1].astype(int),
+                    base=split[0], base_lag=t["base"].str.split("\x00").str[1].astype(int))  # fmt: skip
+
+
 def separated(
     top: tuple[float, float], runner_up: tuple[float, float], higher_is_better: bool = True
 ) -> bool:
