@@ -36,13 +36,19 @@ def test_bad_config_is_one_line_error(override, needle):
     assert needle in msg and "\n" not in msg
 
 
-def test_cli_bad_config_exits_2():
-    proc = subprocess.run(
-        [sys.executable, "-m", "satrl", "train", "lag.schedule=sometimes"], capture_output=True, text=True
-    )
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("lag.schedule=sometimes", "satrl train: invalid config: lag.schedule: unknown lag schedule 'sometimes'; "
+                                   "valid choices: ['async', 'broadcast', 'fixed', 'sync']"),
+        ("engine.name=nope", "satrl train: invalid config: engine.name: unknown engine 'nope'; "
+                             "valid choices: ['torch', 'vllm']"),
+    ],
+)  # fmt: skip
+def test_cli_bad_config_exits_2(override, line):
+    proc = subprocess.run([sys.executable, "-m", "satrl", "train", override], capture_output=True, text=True)
     assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "lag.schedule" in lines[0]
+    assert proc.stderr.strip().splitlines() == [line]
 
 
 def test_missing_config_file_exits_2(tmp_path):

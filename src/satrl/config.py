@@ -1,16 +1,19 @@
 """Run configuration: one pydantic model per component, YAML loading, ``key=value`` overrides.
 
 The config is validated up front (a bad key or value is a :class:`ConfigError` naming the field and what is
-allowed), turned into plain arguments at the edge of each component, and saved resolved with every run.
+allowed), turned into plain arguments at the edge of each component, and saved resolved with every run. A field
+that names a choice (an engine, a task, a schedule, ...) is checked against that choice's registry
+(:mod:`satrl.registry`), the one list of valid names: a newly registered engine or task is valid here at once.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from satrl.diagnostics.collapse import CollapseConfig
 
@@ -28,12 +31,25 @@ def _show(part: object) -> str:
     return text if text and text.isprintable() and " " not in text else repr(text)
 
 
-def _known_engine(name: str) -> str:
-    from satrl.engines.registry import ENGINES
+def _registered(where: str) -> AfterValidator:
+    """A validator: the value must be a name in the registry ``where`` (``"module:ATTR"``), imported when first
+    used (registries live next to their components, some of which import heavy libraries)."""
+    module, attr = where.split(":")
 
-    if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; valid choices: {sorted(ENGINES)}")
-    return name
+    def check(name: str) -> str:
+        return getattr(importlib.import_module(module), attr).check(name)
+
+    return AfterValidator(check)
+
+
+# Config fields that name a registered choice (the registry is the only list of valid names).
+EngineName = Annotated[str, _registered("satrl.engines.registry:ENGINES")]
+NumericsName = Annotated[str, _registered("satrl.engines.torch_engine:NUMERICS")]
+TaskName = Annotated[str, _registered("satrl.tasks:TASKS")]
+PresetName = Annotated[str, _registered("satrl.objectives.presets:PRESETS")]
+AggregationName = Annotated[str, _registered("satrl.objectives.aggregation:AGGREGATIONS")]
+ScheduleName = Annotated[str, _registered("satrl.pipeline.schedules:SCHEDULES")]
+BackendName = Annotated[str, _registered("satrl.pipeline.backends:BACKENDS")]
 
 
 class _Strict(BaseModel):
@@ -50,15 +66,16 @@ class ModelConfig(_Strict):
 
 
 class TaskConfig(_Strict):
-    name: str = Field("arithmetic", description="Task registry name (see satrl.tasks.make_task).")
+    name: TaskName = Field("arithmetic", description="Task: a name in satrl.tasks.TASKS, or gym:<reasoning_gym dataset>.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the task.")
 
 
 class EngineConfig(_Strict):
-    name: str = Field("torch", description="Engine registry name (torch; vllm with the extra).")
-    numerics: Literal["fp32", "bf16", "bf16-weights"] = Field(
-        "bf16-weights", description="Engine numerics; differs from the fp32 trainer so mismatch is real."
-    )
+    name: EngineName = Field("torch", description="Engine: a name in satrl.engines.ENGINES (torch; vllm with the extra).")
+    numerics: NumericsName = Field(
+        "bf16-weights", description="Engine numerics (satrl.engines.NUMERICS); differs from the fp32 trainer so "
+        "mismatch is real.",
+    )  # fmt: skip
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (paper App. F: 1.0).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus truncation; 1.0 keeps full support.")
     top_k: int = Field(0, ge=0, description="Top-k truncation; 0 keeps full support.")
@@ -69,18 +86,13 @@ class EngineConfig(_Strict):
         description="Extra engine arguments, e.g. vLLM's gpu_memory_utilization or tensor_parallel_size.",
     )
 
-    @field_validator("name")
-    @classmethod
-    def _known(cls, name: str) -> str:
-        return _known_engine(name)
-
 
 class ObjectiveConfig(BaseModel):
     """An objective preset plus overrides by name (e.g. ``objective.alpha=0.8``), checked by the registry."""
 
     model_config = ConfigDict(extra="allow")
-    name: str = Field("grpo", description="Objective preset (satrl.objectives.available_presets()).")
-    aggregation: str = Field("token-mean", description="Loss aggregation mode.")
+    name: PresetName = Field("grpo", description="Objective preset (satrl.objectives.available_presets()).")
+    aggregation: AggregationName = Field("token-mean", description="Loss aggregation mode (satrl.objectives.AGGREGATIONS).")
 
     @property
     def overrides(self) -> dict[str, Any]:
@@ -88,16 +100,15 @@ class ObjectiveConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ObjectiveConfig:
-        from satrl.objectives import AGGREGATIONS, resolve_objective
+        from satrl.objectives import resolve_objective
 
-        resolve_objective(self.name, **self.overrides)
-        AGGREGATIONS.get(self.aggregation)  # at load time, not at the first step: names the valid modes
+        resolve_objective(self.name, **self.overrides)  # components and overrides; name and aggregation: above
         return self
 
 
 class LagConfig(_Strict):
-    schedule: Literal["sync", "broadcast", "fixed", "async"] = Field(
-        "broadcast", description="Lag schedule (docs/design.md, 'Versions and lag')."
+    schedule: ScheduleName = Field(
+        "broadcast", description="Lag schedule (satrl.pipeline.schedules.SCHEDULES; docs/design.md, 'Versions and lag')."
     )
     n: int = Field(1, ge=0, description="broadcast: weight-broadcast interval; fixed: exact lag (opt. steps).")
     max_staleness: int = Field(8, ge=0, description="async: samples older than this are dropped and counted.")
@@ -143,12 +154,7 @@ class EvalConfig(_Strict):
         description="Configs before the val/test split: score the first n_problems eval problems, split by the "
         "same hash into val and test (their pooled avg_at_k equals the old metric). Excludes val/test_problems.",
     )  # fmt: skip
-    engine: str | None = Field(None, description="Engine for evaluation (default: the rollout engine).")
-
-    @field_validator("engine")
-    @classmethod
-    def _known(cls, name: str | None) -> str | None:
-        return None if name is None else _known_engine(name)
+    engine: EngineName | None = Field(None, description="Engine for evaluation (default: the rollout engine).")
 
     @model_validator(mode="after")
     def _one_way(self) -> EvalConfig:
@@ -171,7 +177,7 @@ class RunConfig(_Strict):
     seed: int = Field(0, ge=0, lt=2**63, description="Seed for data order, sampling and init (0 <= seed < 2^63).")
     steps: int = Field(400, ge=1, le=10**9, description="Optimizer steps to train (at most 10^9).")
     out: str | None = Field(None, description="Run directory (default runs/<objective>-<schedule>-n<n>-s<seed>).")
-    backend: Literal["local", "sequential", "ray"] = Field(
+    backend: BackendName = Field(
         "local",
         description="local: engine in its own process; sequential: one process, no overlap; ray: Ray actors (extra).",
     )
@@ -232,6 +238,8 @@ def _format_error(err: ValidationError) -> str:
     if first["type"] == "extra_forbidden":
         section = _section_for(first["loc"][:-1])
         msg = f"unknown key; valid keys here: {', '.join(sorted(section.model_fields))}"
+    elif first["type"] == "value_error" and "error" in first.get("ctx", {}):
+        msg = str(first["ctx"]["error"])  # our own message (e.g. a registry's), without pydantic's "Value error, "
     elif first["type"] == "literal_error":
         msg = f"got {first.get('input')!r}; {msg}"
     return f"invalid config: {field}: {msg}"

@@ -254,7 +254,7 @@ def test_bad_config_is_refused_with_the_valid_choices(loss_mode, keys, match):
 
 @needs_verl
 def test_unknown_mode_and_missing_config_are_refused():
-    with pytest.raises(ValueError, match="valid: .*'sat_gspo'"):
+    with pytest.raises(ValueError, match="unknown satrl loss_mode 'sat_gpso'; valid choices: .*'sat_gspo'"):
         sv.objective_from_config("sat_gpso", actor_config())
     x = batch(4)
     with pytest.raises(ValueError, match="needs verl's actor config"):

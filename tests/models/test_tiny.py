@@ -51,5 +51,5 @@ def test_moe_config_and_overrides():
 
 
 def test_unknown_kind_names_choices():
-    with pytest.raises(ValueError, match=r"valid kinds: \['dense', 'moe'\]"):
+    with pytest.raises(ValueError, match=r"unknown model kind .sparse.; valid choices: \['dense', 'moe'\]"):
         build_tiny_model("sparse", vocab_size=V)

@@ -130,8 +130,8 @@ def test_killed_engine_actor_is_restarted_and_loses_nothing(
 ):
     monkeypatch.setenv("SATRL_RAY_WORKERS", "2")
     factory = KillingRayBackend()
-    monkeypatch.setitem(backends.BACKENDS, "ray", factory)
-    metrics, evals = run(tmp_path / "killed", "ray")
+    with backends.BACKENDS.replaced("ray", factory):
+        metrics, evals = run(tmp_path / "killed", "ray")
     assert factory.killed_pid is not None, "the hook never killed an actor"
     assert factory.backend.reissued >= 1, "no shard was re-issued: the kill hit no in-flight work"
     assert factory.killed_pid not in factory.backend.final_pids  # Ray restarted the actor in a new process

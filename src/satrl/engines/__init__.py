@@ -1,7 +1,8 @@
 """Rollout engines: generate completions with a (possibly stale) policy and report exactly what they sampled.
 
 ``TorchEngine`` (any HF causal LM, CPU or GPU) implements :class:`satrl.types.Engine`; ``make_engine``
-is the registry (``"torch"``; ``"vllm"`` with the extra, :mod:`satrl.engines.vllm_engine`).
+builds an engine by its name in the :data:`ENGINES` registry (``"torch"``; ``"vllm"`` with the extra,
+:mod:`satrl.engines.vllm_engine`); :data:`NUMERICS` holds the engine numerics.
 """
 
 from satrl.engines.registry import ENGINES, make_engine

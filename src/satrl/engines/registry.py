@@ -5,6 +5,13 @@ already-loaded ``nn.Module``, optional), ``model_path`` (a built-in name or a lo
 ``tokenizer``, ``eos_token_id``, ``pad_token_id``, ``numerics``, ``capture_routing``, plus engine-specific
 extras (``engine.kwargs`` in the config). The torch engine runs a copy of ``model`` (loading ``model_path``
 if none is given); vLLM always loads ``model_path`` itself and is updated through ``load_weights``.
+
+A new engine is one decorated builder (any module imported before the run, e.g. by a plugin)::
+
+    @ENGINES.register("my-engine")
+    def _my_engine(*, model=None, model_path=None, **kwargs) -> Engine: ...
+
+after which ``engine.name=my-engine`` validates and ``make_engine("my-engine", ...)`` builds it.
 """
 
 from __future__ import annotations
@@ -15,9 +22,13 @@ from typing import Any
 from torch import nn
 
 from satrl.engines.torch_engine import TorchEngine
+from satrl.registry import Registry
 from satrl.types import Engine
 
+ENGINES: Registry[Callable[..., Engine]] = Registry("engine")
 
+
+@ENGINES.register("torch")
 def _torch(*, model: nn.Module | None = None, model_path: str | None = None, **kwargs: Any) -> Engine:
     if model is None:
         if model_path is None:
@@ -28,6 +39,7 @@ def _torch(*, model: nn.Module | None = None, model_path: str | None = None, **k
     return TorchEngine(model, **kwargs)
 
 
+@ENGINES.register("vllm")
 def _vllm(*, model: nn.Module | None = None, model_path: str | None = None, **kwargs: Any) -> Engine:
     # ``model`` is ignored: vLLM builds its own model from the checkpoint, then follows load_weights.
     if model_path is None:
@@ -36,12 +48,6 @@ def _vllm(*, model: nn.Module | None = None, model_path: str | None = None, **kw
     from satrl.models.loading import resolve_policy_path
 
     return VLLMEngine(resolve_policy_path(model_path), **kwargs)
-
-
-ENGINES: dict[str, Callable[..., Engine]] = {
-    "torch": _torch,
-    "vllm": _vllm,
-}
 
 
 def pad_id(tokenizer: Any) -> int:
@@ -62,6 +68,4 @@ def engine_for(name: str, tokenizer: Any, **kwargs: Any) -> Engine:
 
 def make_engine(name: str, **kwargs: Any) -> Engine:
     """Build the engine ``name`` (e.g. ``make_engine("torch", model=m, eos_token_id=1, pad_token_id=0)``)."""
-    if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; valid choices: {sorted(ENGINES)}")
-    return ENGINES[name](**kwargs)
+    return ENGINES.get(name)(**kwargs)

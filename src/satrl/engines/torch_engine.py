@@ -25,6 +25,7 @@ from transformers import DynamicCache
 from satrl.engines.sampling import request_uniforms, sample_step
 from satrl.models.routing import capture_routing as _capture_routing
 from satrl.models.routing import moe_num_layers, moe_top_k
+from satrl.registry import Registry
 from satrl.types import Completion, GenerationRequest, SamplingParams
 
 
@@ -36,11 +37,11 @@ class Numerics:
     weights: torch.dtype
 
 
-NUMERICS: dict[str, Numerics] = {
+NUMERICS: Registry[Numerics] = Registry("numerics", {
     "fp32": Numerics(torch.float32, torch.float32),
     "bf16": Numerics(torch.bfloat16, torch.bfloat16),
     "bf16-weights": Numerics(torch.float32, torch.bfloat16),
-}
+})
 
 
 def cache_argument(model: nn.Module) -> str:
@@ -50,9 +51,8 @@ def cache_argument(model: nn.Module) -> str:
 
 
 def resolve_numerics(name: str) -> Numerics:
-    if name not in NUMERICS:
-        raise ValueError(f"unknown numerics {name!r}; valid choices: {sorted(NUMERICS)}")
-    return NUMERICS[name]
+    """The :class:`Numerics` of ``name`` (``engine.numerics``); :class:`~satrl.registry.UnknownChoice` otherwise."""
+    return NUMERICS.get(name)
 
 
 class TorchEngine:

@@ -49,12 +49,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError(f"satrl.integrations.trl needs TRL ({exc}); install it with `pip install satrl[trl]`") from exc
 
 from satrl.integrations._gate import composition, gate_capacity, warn_gate_cannot_fire
-from satrl.objectives import resolve_objective
+from satrl.objectives import ObjectiveInputs, resolve_objective
 from satrl.objectives.sat import sat_clip_bounds
+from satrl.objectives.trust_regions import LAG_FREE_PROXIES, sat_score
 
 # TRL loss types that clip coef_1 to [1 - epsilon_low, 1 + epsilon_high]: the ones SAT can contract.
 SAT_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
-TRL_PROXIES = ("log_ratio", "prob_diff")  # TRL passes no per-token lags (no version_age)
+TRL_PROXIES = LAG_FREE_PROXIES  # TRL passes no per-token lags (no version_age)
 SAT_LOG_KEYS = ("q", "gate_rate", "eps_low_mean", "eps_high_mean", "c_min")  # logged as sat/<key>
 TRL_HINT = "raise per_device_train_batch_size (more completions per loss call) or lower sat_alpha"
 
@@ -141,9 +142,9 @@ class SATGRPOTrainer(GRPOTrainer):
         else:
             d = log_ratio
         active = mask.bool()
-        score = None
-        if a.sat_proxy == "prob_diff":  # token level (the config refuses it at sequence level)
-            score = torch.where(active, (logp.exp() - (logp if old is None else old).exp()).abs(), 0.0)
+        denom = logp if old is None else old  # prob_diff is token level (the config refuses it at sequence level)
+        score = sat_score(a.sat_proxy, ObjectiveInputs(logp=logp, denom_logp=denom, behavior_logp=denom,
+                                                       old_logp=denom, mask=active))  # fmt: skip
         eps_low, eps_high = self._sat_base
         lo, hi, m = sat_clip_bounds(d, active, eps_low=eps_low, eps_high=eps_high, alpha=a.sat_alpha,
                                     exponent=a.sat_exponent, invert=a.sat_invert, score=score)

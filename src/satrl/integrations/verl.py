@@ -55,7 +55,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from satrl.integrations._gate import composition, gate_capacity, warn_gate_cannot_fire
 from satrl.objectives import ObjectiveSpec, resolve_objective
-from satrl.objectives.trust_regions import PROXIES
+from satrl.objectives.trust_regions import LAG_FREE_PROXIES
+from satrl.registry import Registry
 
 # verl's own policy losses read these (see core_algos.compute_policy_loss_vanilla); same fallbacks here.
 DEFAULT_CLIP_RATIO_C = 3.0
@@ -67,7 +68,7 @@ PPO_KL_CLAMP = 20.0
 # satrl keys in ``actor.policy_loss`` and their defaults (the paper's, and satrl's ``sat`` trust region's).
 SAT_KEYS: dict[str, Any] = {"sat_alpha": 0.9, "sat_exponent": 2.0, "sat_proxy": None, "sat_invert": None}
 # ``version_age`` needs per-token lags, which verl does not pass to policy losses.
-VERL_PROXIES = tuple(p for p in PROXIES if p != "version_age")
+VERL_PROXIES = LAG_FREE_PROXIES
 
 
 @dataclass
@@ -105,7 +106,7 @@ class Variant:
         return self.preset == "sat_gspo"
 
 
-VARIANTS: dict[str, Variant] = {
+VARIANTS: Registry[Variant] = Registry("satrl loss_mode", {
     "sat": Variant("sat_grpo"),
     "sat_invert": Variant("sat_grpo", invert=True),
     "sat_prob_diff": Variant("sat_grpo", proxy="prob_diff"),
@@ -113,7 +114,7 @@ VARIANTS: dict[str, Variant] = {
     "sat_gspo": Variant("sat_gspo", default_agg="seq-mean-token-mean"),
     "sat_gspo_invert": Variant("sat_gspo", invert=True, default_agg="seq-mean-token-mean"),
     "sat_gspo_prob_diff": Variant("sat_gspo", proxy="prob_diff", default_agg="seq-mean-token-mean"),
-}
+})
 
 
 def _get(cfg: Any, key: str, default: Any) -> Any:
@@ -143,11 +144,9 @@ def objective_from_config(loss_mode: str, config: Any) -> ObjectiveSpec:
     dual clip ``clip_ratio_c`` for token-level modes only (verl's ``gspo`` has none).
     Raises ValueError naming the valid choices for unknown modes or bad values.
     """
-    if loss_mode not in VARIANTS:
-        raise ValueError(f"unknown satrl loss_mode {loss_mode!r}; valid: {sorted(VARIANTS)}")
+    v = VARIANTS.get(loss_mode)
     if config is None:
         raise ValueError(f"loss_mode={loss_mode} needs verl's actor config (config=ActorConfig(...))")
-    v = VARIANTS[loss_mode]
     clip_ratio = _get(config, "clip_ratio", 0.2)
     eps_low = _get(config, "clip_ratio_low", clip_ratio)
     eps_high = _get(config, "clip_ratio_high", clip_ratio)

@@ -17,11 +17,13 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from satrl.registry import Registry, UnknownChoice
+
 CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
-BUILTINS: dict[str, str] = {  # name -> folder under CHECKPOINTS
+BUILTINS: Registry[str] = Registry("built-in policy", {  # name -> folder under CHECKPOINTS
     "tiny-arith": "tiny-arith",
     "tiny-arith-moe": "tiny-arith-moe",
-}
+})
 EXPECTED = "a Hugging Face causal-LM directory with config.json, *.safetensors weights and tokenizer files"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
@@ -63,9 +65,10 @@ class PolicyLoadError(ValueError):
 
 def builtin_path(name: str) -> Path:
     """Directory of a built-in policy; ``ValueError`` listing the valid names if ``name`` is unknown."""
-    if name not in BUILTINS:
-        raise PolicyLoadError(f"unknown built-in policy {name!r}; valid names: {sorted(BUILTINS)}")
-    return CHECKPOINTS / BUILTINS[name]
+    try:
+        return CHECKPOINTS / BUILTINS.get(name)
+    except UnknownChoice as e:
+        raise PolicyLoadError(str(e)) from None
 
 
 def resolve_policy_path(path_or_name: str | Path) -> Path:

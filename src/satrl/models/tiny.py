@@ -22,6 +22,8 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from satrl.registry import Registry
+
 COMMON: dict[str, Any] = dict(
     hidden_size=128,
     num_hidden_layers=4,
@@ -48,27 +50,24 @@ MOE: dict[str, Any] = dict(
 )
 
 
+KINDS: Registry[Callable[[dict[str, Any]], tuple[PretrainedConfig, type[PreTrainedModel]]]] = Registry("model kind")
+
+
+@KINDS.register("dense")
 def _dense(cfg: dict[str, Any]) -> tuple[PretrainedConfig, type[PreTrainedModel]]:
     return Qwen3Config(**{**COMMON, **DENSE, **cfg}), Qwen3ForCausalLM
 
 
+@KINDS.register("moe")
 def _moe(cfg: dict[str, Any]) -> tuple[PretrainedConfig, type[PreTrainedModel]]:
     return Qwen3MoeConfig(**{**COMMON, **MOE, **cfg}), Qwen3MoeForCausalLM
-
-
-KINDS: dict[str, Callable[[dict[str, Any]], tuple[PretrainedConfig, type[PreTrainedModel]]]] = {
-    "dense": _dense,
-    "moe": _moe,
-}
 
 
 def build_tiny_model(kind: str = "dense", vocab_size: int = 52, seed: int = 0, **cfg: Any) -> PreTrainedModel:
     """A freshly initialised tiny Qwen3 (``kind="dense"``) or Qwen3-MoE (``kind="moe"``) causal LM, fp32,
     in eval mode. The same ``(kind, vocab_size, seed, cfg)`` always gives bit-identical weights; the
     global torch RNG is left as it was."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown model kind {kind!r}; valid kinds: {sorted(KINDS)}")
-    config, cls = KINDS[kind]({"vocab_size": vocab_size, **cfg})
+    config, cls = KINDS.get(kind)({"vocab_size": vocab_size, **cfg})
     config._attn_implementation = "sdpa"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -18,9 +18,9 @@ import torch
 from torch import Tensor
 
 from ._common import as_bool_mask, lengths, masked
-from .registry import Registry
+from .registry import component_registry
 
-AGGREGATIONS: Registry = Registry("aggregation mode")
+AGGREGATIONS = component_registry("aggregation mode")
 
 
 def _n_seq(mask: Tensor) -> Tensor:

@@ -22,10 +22,10 @@ import torch
 from torch import Tensor
 
 from ._common import LOG_RATIO_CLAMP, masked, masked_frac, masked_max, masked_mean, seq_mean
-from .registry import Registry, positive
+from .registry import component_registry, positive
 from .trust_regions import ObjectiveInputs
 
-CORRECTIONS: Registry = Registry("correction")
+CORRECTIONS = component_registry("correction")
 LEVELS = ("token", "sequence")
 
 

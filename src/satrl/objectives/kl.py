@@ -18,9 +18,9 @@ import torch
 from torch import Tensor
 
 from ._common import LOG_RATIO_CLAMP, masked
-from .registry import Registry, non_negative
+from .registry import component_registry, non_negative
 
-KL_ESTIMATORS: Registry = Registry("KL estimator")
+KL_ESTIMATORS = component_registry("KL estimator")
 _COEF = {"kl_coef": 1e-3}
 _COEF_CHECK = {"kl_coef": (non_negative, ">= 0")}
 

@@ -43,7 +43,7 @@ class Preset:
     source: str = ""
 
 
-PRESETS: dict[str, Preset] = {
+PRESETS: Registry[Preset] = Registry("objective preset", {
     "grpo": Preset("token", "ppo", source="Shao et al. 2024; SAT paper Table 9"),
     "gspo": Preset("sequence", "ppo", source="Zheng et al. 2025 (arXiv 2507.18071); SAT paper Table 9"),
     "sat_grpo": Preset("token", "sat", source="SAT paper Eqs. 13-19"),
@@ -66,12 +66,12 @@ PRESETS: dict[str, Preset] = {
     "opsm": Preset("token", "ppo", "opsm", source="DeepSeek-AI 2025, DeepSeek-V3.2 (arXiv 2512.02556)"),
     "sat_opsm": Preset("token", "sat", "opsm", source="SAT-GRPO with DeepSeek-V3.2's sequence mask"),
     "m2po": Preset("token", "m2po", source="Zheng et al. 2025, M2PO (arXiv 2510.01161), Alg. 1, Eq. 5"),
-}
+})
 
 
 def available_presets() -> list[str]:
     """Names accepted by :func:`policy_loss` and :func:`resolve_objective`."""
-    return sorted(PRESETS)
+    return PRESETS.names()
 
 
 @dataclass(frozen=True)
@@ -200,10 +200,8 @@ def resolve_objective(name: str, **overrides: Any) -> ObjectiveSpec:
     if isinstance(name, ObjectiveSpec):
         base, name = name, name.name
         preset = Preset(base.ratio, base.trust_region, base.correction, base.kl, dict(base.params))
-    elif name in PRESETS:
-        preset = PRESETS[name]
     else:
-        raise ValueError(f"unknown objective preset {name!r}; valid presets: {available_presets()}")
+        preset = PRESETS.get(name)
     choice = {slot: overrides.pop(slot, getattr(preset, slot)) for slot in SLOTS}
     comps = {slot: SLOTS[slot].get(choice[slot]) for slot in SLOTS}
     params: dict[str, Any] = {}

@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 
 from ._common import LOG_RATIO_CLAMP, masked, seq_mean
-from .registry import Registry
+from .registry import component_registry
 
-RATIO_LEVELS: Registry = Registry("ratio level")
+RATIO_LEVELS = component_registry("ratio level")
 
 
 @RATIO_LEVELS.register("token")

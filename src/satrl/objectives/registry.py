@@ -1,9 +1,10 @@
-"""Named registries: the one place where a string chooses behaviour.
+"""Objective components: what the objectives' registries hold.
 
 Each objective is composed of four components (ratio level, trust region, correction, KL), each looked up
-in its own :class:`Registry`. A component declares its hyperparameters with defaults, and the allowed
-values of its string-valued ones, so that a preset plus overrides can be validated before any tensor
-is touched. Every lookup error is a ``ValueError`` that names the valid choices.
+in its own :class:`satrl.registry.Registry` (the one registry class, made by :func:`component_registry`).
+A component declares its hyperparameters with defaults, and the allowed values of its string-valued ones,
+so that a preset plus overrides can be validated before any tensor is touched. Every lookup error is a
+``ValueError`` that names the valid choices.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-F = TypeVar("F", bound=Callable[..., Any])
+from satrl.registry import Registry, UnknownChoice
+
+__all__ = ["Component", "Registry", "UnknownChoice", "component_registry", "dual_clip_ok", "non_negative",
+           "positive", "unit_interval"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,29 @@ class Component:
     needs: frozenset[str] = frozenset()
     traits: Mapping[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        defaults: Mapping[str, Any] | None = None,
+        choices: Mapping[str, tuple[Any, ...]] | None = None,
+        checks: Mapping[str, tuple[Callable[[Any], bool], str]] | None = None,
+        needs: tuple[str, ...] = (),
+        traits: Mapping[str, Any] | None = None,
+    ) -> Component:
+        """The component ``name`` of ``fn`` with what it declares (read-only mappings)."""
+        return cls(
+            name,
+            fn,
+            MappingProxyType(dict(defaults or {})),
+            MappingProxyType(dict(choices or {})),
+            MappingProxyType(dict(checks or {})),
+            frozenset(needs),
+            MappingProxyType(dict(traits or {})),
+        )
+
     def validate(self, name: str, value: Any) -> None:
         """Raise ValueError if ``value`` is not allowed for hyperparameter ``name``."""
         if name in self.choices and value not in self.choices[name]:
@@ -42,51 +69,10 @@ class Component:
                 raise ValueError(f"{self.name}: {name}={value!r} is not valid; it must be {what}")
 
 
-class Registry(Generic[F]):
-    """A name -> :class:`Component` table for one kind of choice (e.g. ``trust region``)."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._items: dict[str, Component] = {}
-
-    def register(
-        self,
-        name: str,
-        defaults: Mapping[str, Any] | None = None,
-        choices: Mapping[str, tuple[Any, ...]] | None = None,
-        checks: Mapping[str, tuple[Callable[[Any], bool], str]] | None = None,
-        needs: tuple[str, ...] = (),
-        traits: Mapping[str, Any] | None = None,
-    ) -> Callable[[F], F]:
-        """Decorator registering ``fn`` under ``name``."""
-
-        def deco(fn: F) -> F:
-            if name in self._items:
-                raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._items[name] = Component(
-                name,
-                fn,
-                MappingProxyType(dict(defaults or {})),
-                MappingProxyType(dict(choices or {})),
-                MappingProxyType(dict(checks or {})),
-                frozenset(needs),
-                MappingProxyType(dict(traits or {})),
-            )
-            return fn
-
-        return deco
-
-    def get(self, name: str) -> Component:
-        try:
-            return self._items[name]
-        except (KeyError, TypeError):
-            raise ValueError(f"unknown {self.kind} {name!r}; valid choices: {self.names()}") from None
-
-    def names(self) -> list[str]:
-        return sorted(self._items)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._items
+def component_registry(kind: str) -> Registry[Component]:
+    """A :class:`satrl.registry.Registry` of objective components: ``register(name, defaults=, choices=,
+    checks=, needs=, traits=)`` decorates the component's function and stores its :class:`Component`."""
+    return Registry(kind, make=Component.of)
 
 
 def positive(x: Any) -> bool:

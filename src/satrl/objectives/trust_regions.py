@@ -19,10 +19,10 @@ import torch
 from torch import Tensor
 
 from ._common import masked, masked_frac
-from .registry import Registry, dual_clip_ok, non_negative, positive, unit_interval
+from .registry import component_registry, dual_clip_ok, non_negative, positive, unit_interval
 from .sat import gated_bounds, sat_gate, sat_metrics
 
-TRUST_REGIONS: Registry = Registry("trust region")
+TRUST_REGIONS = component_registry("trust region")
 
 
 @dataclass(frozen=True)
@@ -90,21 +90,43 @@ def ppo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip):
     return _clip(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, dual_clip)
 
 
-PROXIES = ("log_ratio", "prob_diff", "version_age")
-ZERO_MASKED = ("log_ratio", "prob_diff")  # scores that are abs() values, exactly 0 on masked positions
+# SAT's gate score ("proxy"): what the gate ranks instead of |d|. Each is ``fn(inp) -> [B, T] | None`` (None:
+# |d| itself), declares ``zero_masked`` (its values are abs() values, exactly 0 on masked positions) and what
+# it needs beyond the log-probs (``lag``: integrations that pass no per-token lags offer only the others).
+SAT_PROXIES = component_registry("SAT proxy")
 
 
-@torch.no_grad()
-def sat_score(proxy: str, inp: ObjectiveInputs) -> Tensor | None:
-    """The gate's score: None (= |d|, the paper), |pi - mu| of the sampled token, or the token's lag."""
-    if proxy == "log_ratio":
-        return inp.abs_d  # |d|, when the caller computed it already (else None: sat_gate takes |d|)
-    if proxy == "prob_diff":
-        return masked((inp.logp.detach().exp() - inp.denom_logp.exp()).abs(), inp.mask)
+@SAT_PROXIES.register("log_ratio", traits={"zero_masked": True})
+def _log_ratio_score(inp: ObjectiveInputs) -> Tensor | None:
+    """|d| (the paper), when the caller computed it already (else None: sat_gate takes |d|)."""
+    return inp.abs_d
+
+
+@SAT_PROXIES.register("prob_diff", traits={"zero_masked": True})
+def _prob_diff_score(inp: ObjectiveInputs) -> Tensor:
+    """|pi - mu| of the sampled token."""
+    return masked((inp.logp.detach().exp() - inp.denom_logp.exp()).abs(), inp.mask)
+
+
+@SAT_PROXIES.register("version_age", needs=("lag",), traits={"zero_masked": False})
+def _version_age_score(inp: ObjectiveInputs) -> Tensor:
+    """The token's lag (trainer version - sample version)."""
     if inp.lag is None:
         raise ValueError("SAT proxy='version_age' needs lag= (the per-token lag); pass it or use "
                          "proxy='log_ratio'")
     return masked(inp.lag.to(inp.logp.dtype), inp.mask)
+
+
+PROXIES = tuple(SAT_PROXIES.names())
+ZERO_MASKED = tuple(name for name, c in SAT_PROXIES.items() if c.traits["zero_masked"])
+LAG_FREE_PROXIES = tuple(name for name, c in SAT_PROXIES.items() if "lag" not in c.needs)  # no lag= needed
+
+
+@torch.no_grad()
+def sat_score(proxy: str, inp: ObjectiveInputs) -> Tensor | None:
+    """The gate's score under ``proxy`` (one of :data:`SAT_PROXIES`): None (= |d|, the paper), |pi - mu| of the
+    sampled token, or the token's lag."""
+    return SAT_PROXIES.get(proxy).fn(inp)
 
 
 @TRUST_REGIONS.register(

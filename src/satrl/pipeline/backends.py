@@ -20,6 +20,7 @@ from typing import Protocol
 
 from satrl.models.loading import PolicyLoadError
 from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
+from satrl.registry import Registry
 from satrl.tasks import TaskError
 from satrl.types import Sample
 
@@ -230,14 +231,13 @@ def _ray(spec: WorkerSpec) -> Backend:
     return RayBackend(spec)
 
 
-BACKENDS: dict[str, Callable[[WorkerSpec], Backend]] = {
-    "sequential": SequentialBackend,
-    "local": ProcessBackend,
-    "ray": _ray,
-}
+# name (the config's ``backend``) -> builder(spec) -> Backend; a new backend is one more register call.
+BACKENDS: Registry[Callable[[WorkerSpec], Backend]] = Registry("backend")
+BACKENDS.register("sequential", SequentialBackend)
+BACKENDS.register("local", ProcessBackend)
+BACKENDS.register("ray", _ray)
 
 
 def make_backend(name: str, spec: WorkerSpec) -> Backend:
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; valid choices: {sorted(BACKENDS)}")
-    return BACKENDS[name](spec)
+    """The backend ``name`` (the config's ``backend``) running workers of ``spec``."""
+    return BACKENDS.get(name)(spec)

@@ -1,15 +1,17 @@
 """Verifiable tasks: the built-in arithmetic task, local JSONL/parquet math sets, reasoning-gym tasks.
 
-:func:`make_task` is the one place where a task name chooses behaviour. The jsonl and reasoning-gym
-modules are imported lazily, so ``import satrl.tasks`` stays light.
+:func:`make_task` is the one place where a task name chooses behaviour; the names are the :data:`TASKS`
+registry (a new task is ``TASKS.register("name", factory)``, or the decorator on a factory), plus
+``gym:<dataset>`` for any reasoning-gym dataset. The jsonl and reasoning-gym modules are imported lazily, so
+``import satrl.tasks`` stays light.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
+from satrl.registry import Registry, UnknownChoice
 from satrl.tasks.arithmetic import ArithmeticTask
 from satrl.types import Problem, Task
 
@@ -18,39 +20,47 @@ class TaskError(ValueError):
     """A bad task name, task argument or dataset: one line naming the task, or the file and line."""
 
 
+GYM_PREFIX = "gym:"
+
+
+def _gym(name: str) -> Callable[..., Task] | None:
+    """``gym:<dataset>``: any reasoning-gym dataset (checked when the task is built)."""
+    if not (name.startswith(GYM_PREFIX) and len(name) > len(GYM_PREFIX)):
+        return None
+
+    def build(**kwargs: Any) -> Task:
+        from satrl.tasks.gym import ReasoningGymTask
+
+        return ReasoningGymTask(name[len(GYM_PREFIX) :], **kwargs)
+
+    return build
+
+
+TASKS: Registry[Callable[..., Task]] = Registry("task", fallback=_gym, hint=f" or '{GYM_PREFIX}<reasoning_gym dataset>'")
+TASKS.register("arithmetic", ArithmeticTask)
+
+
+@TASKS.register("jsonl_math")
 def _jsonl_math(**kwargs: Any) -> Task:
     from satrl.tasks.jsonl_math import JsonlMathTask
 
     return JsonlMathTask(**kwargs)
 
 
+@TASKS.register("countdown")
 def _countdown(**kwargs: Any) -> Task:
     from satrl.tasks.gym import ReasoningGymTask
 
     return ReasoningGymTask("countdown", **kwargs)
 
 
-TASKS: dict[str, Callable[..., Task]] = {
-    "arithmetic": ArithmeticTask,
-    "jsonl_math": _jsonl_math,
-    "countdown": _countdown,
-}
-GYM_PREFIX = "gym:"
-
-
 def make_task(name: str, **kwargs: Any) -> Task:
     """Build a task by name: ``arithmetic``, ``jsonl_math`` (``path=...``), ``countdown`` or
     ``gym:<reasoning_gym dataset name>``; ``kwargs`` go to the task's constructor."""
-    if name.startswith(GYM_PREFIX) and len(name) > len(GYM_PREFIX):
-        from satrl.tasks.gym import ReasoningGymTask
-
-        factory: Callable[..., Task] = functools.partial(ReasoningGymTask, name[len(GYM_PREFIX) :])
-    elif name in TASKS:
-        factory = TASKS[name]
-    else:
-        raise TaskError(
-            f"unknown task {name!r}; valid choices: {sorted(TASKS)} or '{GYM_PREFIX}<reasoning_gym dataset>'"
-        )
+    try:
+        factory = TASKS.get(name)
+    except UnknownChoice as e:
+        raise TaskError(str(e)) from None
     try:
         return factory(**kwargs)
     except TaskError:

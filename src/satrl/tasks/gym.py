@@ -26,6 +26,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from satrl.registry import Registry
 from satrl.types import Problem
 
 EVAL_SEED_BASE = 2**40
@@ -41,7 +42,7 @@ def _answer_tag(text: str) -> str | None:
     return extract_answer(text, tag_name="answer")
 
 
-EXTRACTORS: dict[str, Callable[[str], str | None]] = {"none": _whole, "answer_tag": _answer_tag}
+EXTRACTORS: Registry[Callable[[str], str | None]] = Registry("extract", {"none": _whole, "answer_tag": _answer_tag})
 
 
 class ReasoningGymTask:
@@ -77,9 +78,7 @@ class ReasoningGymTask:
                 f"unknown reasoning-gym dataset {dataset_name!r}; valid choices: {sorted(DATASETS)}"
             )
         if isinstance(extract, str):
-            if extract not in EXTRACTORS:
-                raise ValueError(f"unknown extract {extract!r}; valid choices: {sorted(EXTRACTORS)}")
-            extract = EXTRACTORS[extract]
+            extract = EXTRACTORS.get(extract)
         if size < 1 or n_eval < 1:
             raise ValueError(f"size and n_eval must be >= 1, got size={size}, n_eval={n_eval}")
         if "{question}" not in prompt_template:

@@ -28,12 +28,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from satrl.models.sampler import score
 from satrl.models.tiny import build_tiny_model, count_params
 from satrl.models.tokenizer import build_char_tokenizer
+from satrl.registry import Registry
 
 # What `--model NAME` means: the recipe of each built-in policy (CLI flags override the fields).
-RECIPES: dict[str, dict[str, Any]] = {
+RECIPES: Registry[dict[str, Any]] = Registry("pretrain recipe", {
     "tiny-arith": {"kind": "dense", "task": "arithmetic", "digits": 3, "ops": "+"},
     "tiny-arith-moe": {"kind": "moe", "task": "arithmetic", "digits": 3, "ops": "+"},
-}
+})
 
 
 def encode_batch(
@@ -248,7 +249,7 @@ def save_policy(
 # ------------------------------------------------------------------------------------------- CLI
 def add_pretrain_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``satrl pretrain``."""
-    parser.add_argument("--model", default="tiny-arith", choices=sorted(RECIPES), help="built-in recipe")
+    parser.add_argument("--model", default="tiny-arith", choices=RECIPES.names(), help="built-in recipe")
     parser.add_argument("--kind", choices=["dense", "moe"], help="override the recipe's model kind")
     parser.add_argument("--task", help="task name (default: the recipe's, arithmetic)")
     parser.add_argument("--digits", type=int, help="arithmetic operand digits (recipe: 3)")
@@ -282,7 +283,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 def run_pretrain(args: argparse.Namespace) -> int:
     """Handler of ``satrl pretrain``: train, write ``--out``, print the final scores. Returns 0."""
-    recipe = RECIPES[args.model]
+    recipe = RECIPES.get(args.model)
     record = pretrain(
         kind=args.kind or recipe["kind"],
         task=args.task or recipe["task"],
