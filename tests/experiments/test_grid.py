@@ -142,9 +142,10 @@ def test_builtin_grids_are_valid():
 
 def test_thread_env_splits_cores(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    assert thread_env(2)["SATRL_TORCH_THREADS"] == "4"
-    assert thread_env(3) == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "SATRL_TORCH_THREADS": "2"}
+    assert thread_env(2)["OMP_NUM_THREADS"] == "4"
+    assert thread_env(3) == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
     assert thread_env(16)["OMP_NUM_THREADS"] == "1"
+    assert thread_env(2, threads=3)["MKL_NUM_THREADS"] == "3"
 
 
 RUNNER_GRID = """

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +55,16 @@ def run_state(run_dir: Path) -> str:
     return "partial" if ck.is_dir() and any(ck.iterdir()) else "new"
 
 
+def run_threads(workers: int, threads: int | None = None) -> int:
+    """Threads per run so that workers x threads <= os.cpu_count() (``threads`` when given)."""
+    return threads or max(1, (os.cpu_count() or 1) // max(1, workers))
+
+
 def thread_env(workers: int, threads: int | None = None) -> dict[str, str]:
-    """Per-run thread settings so that workers x threads <= os.cpu_count()."""
-    n = threads or max(1, (os.cpu_count() or 1) // max(1, workers))
-    return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n), "SATRL_TORCH_THREADS": str(n)}
+    """Thread caps for the libraries under torch in each child; the trainer's own torch threads are capped by
+    the ``train.max_threads`` override the grid adds to every run, so that its config.yaml records them."""
+    n = run_threads(workers, threads)
+    return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
 
 
 def _tail(path: Path, n_lines: int = 30) -> str:
@@ -124,7 +130,7 @@ class _Runner:
         self.durations: list[float] = []
         self.meta = {"grid": spec.name, "out": str(out), "command": sys.argv, "git_commit": _git_commit(),
                      "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "workers": workers,
-                     "threads": env.get("SATRL_TORCH_THREADS")}  # fmt: skip
+                     "threads": env.get("OMP_NUM_THREADS")}  # fmt: skip
         for r in runs:
             rec = RunRecord()
             if run_state(r.run_dir) == "finished":
@@ -296,10 +302,10 @@ def run_grid_spec(
     n_seeds = seeds or spec.seeds
     (out / "grid.yaml").write_text(spec_to_yaml(spec, n_seeds))
     full_env = {**os.environ, **thread_env(workers, threads), **(env or {})}
+    cap = f"train.max_threads={run_threads(workers, threads)}"
+    runs = [replace(r, overrides=(*r.overrides, cap)) for r in select(expand(spec, out, n_seeds), only)]
     progress = sys.stderr.isatty() if progress is None else progress
-    runner = _Runner(
-        spec, out, select(expand(spec, out, n_seeds), only), workers, command_fn, full_env, console, None, poll_s
-    )
+    runner = _Runner(spec, out, runs, workers, command_fn, full_env, console, None, poll_s)
 
     def _on_term(signum, frame):
         raise KeyboardInterrupt

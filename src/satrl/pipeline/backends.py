@@ -224,20 +224,22 @@ class ProcessBackend:
         self._stop()
 
 
-def _ray(spec: WorkerSpec) -> Backend:
+def _ray(spec: WorkerSpec, **options) -> Backend:
     from satrl.pipeline.ray_backend import RayBackend  # optional extra: satrl[ray]
 
-    return RayBackend(spec)
+    return RayBackend(spec, **options)
 
 
-BACKENDS: dict[str, Callable[[WorkerSpec], Backend]] = {
+BACKENDS: dict[str, Callable[..., Backend]] = {
     "sequential": SequentialBackend,
     "local": ProcessBackend,
     "ray": _ray,
 }
 
 
-def make_backend(name: str, spec: WorkerSpec) -> Backend:
+def make_backend(name: str, spec: WorkerSpec, **options) -> Backend:
+    """The backend ``name`` running workers built from ``spec``; ``options`` are its own settings
+    (``pipeline.setup.backend_options``: the ``ray:`` config section for ``ray``, none for the others)."""
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; valid choices: {sorted(BACKENDS)}")
-    return BACKENDS[name](spec)
+    return BACKENDS[name](spec, **options)

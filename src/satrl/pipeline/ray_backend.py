@@ -34,10 +34,6 @@ try:
 except ImportError as e:  # the extra is optional; say how to get it
     raise ImportError("backend=ray needs Ray: pip install 'satrl[ray]' (or pip install ray)") from e
 
-ENV_WORKERS = "SATRL_RAY_WORKERS"  # number of engine actors when the constructor is not told
-ENV_ADDRESS = "SATRL_RAY_ADDRESS"  # cluster to join ("auto", "ray://head:10001", ...); RAY_ADDRESS also works
-ENV_GPUS = "SATRL_RAY_GPUS"  # GPUs reserved per engine actor (default 0)
-
 
 def split_groups(P: int, n: int) -> list[list[int]]:
     """Contiguous, near-equal shards of the group indices ``0..P-1`` for ``n`` workers (no empty shard)."""
@@ -109,11 +105,10 @@ class RayBackend:
 
     Args:
         spec: how each actor builds its rollout worker.
-        num_workers: engine actors; None reads ``SATRL_RAY_WORKERS`` (default 1).
-        address: Ray cluster to join; None reads ``SATRL_RAY_ADDRESS`` / ``RAY_ADDRESS``, and without either a
-            private local cluster is started (and shut down by :meth:`close`). If Ray is already initialized
-            in this process, that cluster is used and left running.
-        num_gpus: GPUs reserved per actor; None reads ``SATRL_RAY_GPUS`` (default 0).
+        num_workers: engine actors (config ``ray.workers``).
+        address: Ray cluster to join (``ray.address``); None starts a private local cluster (shut down by
+            :meth:`close`). If Ray is already initialized in this process, that cluster is used and left running.
+        num_gpus: GPUs reserved per actor (``ray.gpus``).
         max_restarts: how often Ray may restart each actor after it dies.
         restart_timeout_s: how long a shard waits for its dead actor to come back before the run fails.
         timeout_s: how long :meth:`result` waits for a batch before it gives up.
@@ -122,21 +117,19 @@ class RayBackend:
     def __init__(
         self,
         spec: WorkerSpec,
-        num_workers: int | None = None,
+        num_workers: int = 1,
         address: str | None = None,
         *,
-        num_gpus: float | None = None,
+        num_gpus: float = 0.0,
         max_restarts: int = 4,
         restart_timeout_s: float = 300.0,
         timeout_s: float = 3600.0,
     ) -> None:
-        n = int(os.environ.get(ENV_WORKERS, "1")) if num_workers is None else int(num_workers)
+        n, gpus = int(num_workers), float(num_gpus)
         if n < 1:
-            raise ValueError(f"num_workers must be >= 1, got {n} (set {ENV_WORKERS} or pass num_workers)")
-        gpus = float(os.environ.get(ENV_GPUS, "0")) if num_gpus is None else float(num_gpus)
+            raise ValueError(f"num_workers must be >= 1, got {n} (config ray.workers)")
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
-            address = address or os.environ.get(ENV_ADDRESS) or os.environ.get("RAY_ADDRESS")
             if address:
                 ray.init(address=address, logging_level="WARNING")
             else:  # "local": never join a cluster that merely happens to run on this machine
@@ -215,7 +208,7 @@ class RayBackend:
             msg = (
                 f"{len(self.actors)} engine actor(s) did not start in {timeout_s:.0f} s; each needs {needs} "
                 f"and the cluster has {ray.available_resources()} free. "
-                f"Use fewer workers ({ENV_WORKERS}), fewer engine.threads or {ENV_GPUS}, or add nodes."
+                "Use fewer ray.workers, fewer engine.threads or ray.gpus, or add nodes."
             )
             self.close()  # the loop never gets the backend, so nothing else would stop what we started
             raise RuntimeError(msg) from None

@@ -32,6 +32,13 @@ def worker_spec(cfg: RunConfig) -> WorkerSpec:
     )
 
 
+def backend_options(cfg: RunConfig) -> dict:
+    """Keyword arguments of the chosen backend beyond the worker spec (only ``ray`` takes any)."""
+    if cfg.backend != "ray":
+        return {}
+    return {"num_workers": cfg.ray.workers, "address": cfg.ray.address, "num_gpus": cfg.ray.gpus}
+
+
 def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
     """The policy (fp32) and its trainer; returns ``(trainer, tokenizer)``."""
     model, tokenizer = load_policy(cfg.model.source)
