@@ -297,10 +297,3 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         apply_override(data, key.strip(), _parse_scalar(value))
     return build_config(data)
 
-
-def save_config(cfg: RunConfig, path: Path) -> None:
-    """Save the resolved config (every default filled in) as YAML."""
-    data = cfg.model_dump(mode="json")
-    tmp = path.with_name(path.name + ".tmp")  # atomic: a killed run never leaves a torn config.yaml
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)

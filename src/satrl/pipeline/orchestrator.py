@@ -17,9 +17,9 @@ from satrl.config import RunConfig
 from satrl.engines.registry import pad_id
 from satrl.pipeline.backends import make_backend
 from satrl.pipeline.buffer import SnapshotStore, collate
-from satrl.pipeline.rundir import Evaluator, RunDir, batch_metrics
+from satrl.pipeline.rundir import batch_metrics
 from satrl.pipeline.schedules import Schedule, make_schedule
-from satrl.pipeline.setup import backend_options, build_trainer, worker_spec
+from satrl.pipeline.setup import backend_options, build_evaluator, build_run_dir, build_trainer, worker_spec
 from satrl.pipeline.worker import RolloutRequest, WorkerSpec
 from satrl.tasks import make_task
 
@@ -28,7 +28,7 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
     """Run (or resume) one training run; returns its summary (also written to ``summary.json``)."""
     torch.set_num_threads(cfg.trainer_threads)  # a grid caps it with train.max_threads (W x threads <= cores)
     torch.manual_seed(cfg.seed)
-    run = RunDir(cfg, resume=resume)
+    run = build_run_dir(cfg, resume=resume)
     task = make_task(cfg.task.name, **cfg.task.kwargs)  # here too, so bad data fails before any engine starts
     run.skipped_rows = len(getattr(task, "skipped", ()))
     trainer, tokenizer = build_trainer(cfg)
@@ -38,7 +38,7 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
     sched = make_schedule(cfg.lag.schedule, S, cfg.lag.n, cfg.lag.max_staleness, cfg.seed)
     store = SnapshotStore(lambda b: _versions(sched, b, P) if b < n_batches else set(), _horizon(sched))
     state = run.restore(trainer, store) if resume else run.fresh(trainer, store)
-    evaluator = Evaluator(cfg, tokenizer, task)
+    evaluator = build_evaluator(cfg, tokenizer, task)
     evaluator.prepare()
     if trainer.version == 0 and evaluator.due(0, cfg.steps):  # the base score: the eval collapse rule's reference
         run.log_eval(0, evaluator(trainer), trainer)

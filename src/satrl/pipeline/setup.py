@@ -5,6 +5,7 @@ from __future__ import annotations
 from satrl.config import RunConfig
 from satrl.models import load_policy
 from satrl.objectives import resolve_objective
+from satrl.pipeline.rundir import Evaluator, RunDir
 from satrl.pipeline.worker import WorkerSpec
 from satrl.training.trainer import Trainer
 from satrl.types import SamplingParams
@@ -29,6 +30,36 @@ def worker_spec(cfg: RunConfig) -> WorkerSpec:
         prompts_per_batch=cfg.train.prompts_per_batch,
         group_size=cfg.train.group_size,
         seed=cfg.seed,
+    )
+
+
+def build_run_dir(cfg: RunConfig, resume: bool = False) -> RunDir:
+    return RunDir(
+        cfg.run_dir(),
+        cfg.model_dump(mode="json"),
+        collapse=cfg.collapse,
+        warmup_steps=cfg.steps_per_batch,
+        resume=resume,
+    )
+
+
+def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
+    name = cfg.eval.engine or cfg.engine.name
+    return Evaluator(
+        tokenizer,
+        task,
+        engine=name,
+        engine_kwargs=dict(cfg.engine.kwargs) if name == cfg.engine.name else {},  # the rollout engine's own
+        model_path=cfg.model.source,
+        numerics=cfg.engine.numerics,
+        sampling=sampling_params(cfg),
+        k=cfg.eval.k,
+        seed=cfg.seed,
+        every=cfg.eval.every,
+        at_start=cfg.eval.at_start,
+        val_problems=cfg.eval.val_problems,
+        test_problems=cfg.eval.test_problems,
+        n_problems=cfg.eval.n_problems,
     )
 
 
