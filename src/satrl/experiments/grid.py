@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from satrl.experiments.spec import GridSpec, Run, expand, load_grid, render_value, select, spec_to_yaml
+from satrl.experiments.status import has_checkpoint, run_status
 
 __all__ = ["GridResult", "GridSpec", "Run", "add_grid_args", "default_command", "expand", "load_grid",
-           "render_value", "run_grid", "run_grid_spec", "run_state", "thread_env"]  # fmt: skip
+           "render_value", "run_grid", "run_grid_spec", "thread_env"]  # fmt: skip
 
 
 def default_command(run: Run, resume: bool) -> list[str]:
@@ -36,23 +37,6 @@ def default_command(run: Run, resume: bool) -> list[str]:
     cmd = [sys.executable, "-m", "satrl", "train", str(run.base), *run.overrides, f"seed={run.seed}",
            f"out={run.run_dir}", "--no-progress"]  # fmt: skip
     return [*cmd, "--resume", str(run.run_dir)] if resume else cmd
-
-
-def has_valid_summary(run_dir: Path) -> bool:
-    """summary.json exists, parses, and says status 'finished'."""
-    try:
-        s = json.loads((Path(run_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(s, dict) and s.get("status") == "finished"
-
-
-def run_state(run_dir: Path) -> str:
-    """'finished' | 'partial' (checkpoint, no valid summary) | 'new'."""
-    if has_valid_summary(run_dir):
-        return "finished"
-    ck = Path(run_dir) / "checkpoints"
-    return "partial" if ck.is_dir() and any(ck.iterdir()) else "new"
 
 
 def run_threads(workers: int, threads: int | None = None) -> int:
@@ -133,7 +117,7 @@ class _Runner:
                      "threads": env.get("OMP_NUM_THREADS")}  # fmt: skip
         for r in runs:
             rec = RunRecord()
-            if run_state(r.run_dir) == "finished":
+            if run_status(r.run_dir) == "finished":
                 rec.status = "skipped"
             else:
                 self.queue.append(r)
@@ -177,7 +161,7 @@ class _Runner:
 
     # --- processes ---------------------------------------------------------------------------
     def start(self, run: Run) -> None:
-        resume = run_state(run.run_dir) == "partial"
+        resume = run_status(run.run_dir) != "finished" and has_checkpoint(run.run_dir)
         if (run.run_dir / "summary.json").exists():  # present but not valid: torn, hand-edited, or failed
             self.console.print(f"[yellow]invalid summary.json[/] in {run.run_dir}: running it again")
         run.run_dir.mkdir(parents=True, exist_ok=True)
@@ -202,7 +186,7 @@ class _Runner:
         log.close()
         rec = self.result.records[name]
         rec.returncode, rec.wall_s = rc, round(time.monotonic() - t0, 3)
-        if rc == 0 and has_valid_summary(run.run_dir):
+        if rc == 0 and run_status(run.run_dir) == "finished":
             rec.status = "finished"
             self.durations.append(rec.wall_s)
             msg = f"[green]done[/] {name} ({rec.wall_s:.0f}s)"
@@ -382,8 +366,8 @@ def run_grid(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / spec.name)
     if args.dry_run:
         for run in select(expand(spec, out, args.seeds), args.only):
-            state = run_state(run.run_dir)
-            cmd = default_command(run, state == "partial")
+            state = run_status(run.run_dir)
+            cmd = default_command(run, state != "finished" and has_checkpoint(run.run_dir))
             missing = "" if run.base.exists() else "  # base config missing!"
             print(f"[{'skip' if state == 'finished' else state}] {run.name}: {' '.join(cmd)}{missing}")
         return 0

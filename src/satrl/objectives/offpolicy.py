@@ -41,7 +41,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import LOG_RATIO_CLAMP, count, masked, masked_frac, seq_mean
+from satrl.tensors import count, masked, masked_frac, seq_mean
+
+from ._common import LOG_RATIO_CLAMP
 from .corrections import CORRECTIONS
 from .registry import non_negative, positive, unit_interval
 from .sat import gated_bounds, sat_gate, sat_metrics

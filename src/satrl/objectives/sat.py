@@ -35,7 +35,7 @@ from fractions import Fraction
 import torch
 from torch import Tensor
 
-from ._common import as_bool_mask
+from satrl.tensors import as_bool_mask
 
 
 def quantile_rank(alpha: float, n: int) -> int:

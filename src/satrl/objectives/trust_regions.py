@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._common import masked, masked_frac
+from satrl.tensors import masked, masked_frac
+
 from .registry import Registry, dual_clip_ok, non_negative, positive, unit_interval
 from .sat import gated_bounds, sat_gate, sat_metrics
 

@@ -2,9 +2,9 @@
 
 The orchestration loop and the trainer stay in the driver process (``breakpoint()`` still works there); each
 engine worker is a Ray actor wrapping the same :class:`~satrl.pipeline.worker.RolloutWorker` the local
-backends use. A batch's P prompt groups are split into contiguous shards, one per actor, and the shards'
+backends use, with the same rollout body (``RolloutWorker.rollout`` given the actor's groups). A batch's P prompt groups are split into contiguous shards, one per actor, and the shards'
 samples are merged sorted by sample id. Samples equal the local backend's because sampling depends only on
-``request_seed(seed, b, g, i)`` and the weights, never on which process or batch generates a request (the
+``request_seed("rollout", seed, b, g, i)`` and the weights, never on which process or batch generates a request (the
 torch engine's rows do not depend on the other rows of the call; ``tests/pipeline/test_ray_backend.py``
 checks the whole run bit for bit).
 
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
-from satrl.types import Problem, Sample
+from satrl.types import Sample
 
 try:
     import ray
@@ -41,33 +41,9 @@ def split_groups(P: int, n: int) -> list[list[int]]:
     return [list(range(lo, hi)) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
 
 
-class ShardWorker(RolloutWorker):
-    """A rollout worker that can generate a subset of a batch's groups.
-
-    It still reads the whole batch's problems from the stream (the stream cursor is per batch index, and
-    group g's prompt is the g-th problem of batch b), then generates only ``groups``.
-    """
-
-    def rollout_groups(
-        self, b: int, versions: list[int], groups: list[int], states: dict[int, Any]
-    ) -> list[Sample]:
-        """Samples of groups ``groups`` of batch ``b``; group g uses ``versions[g]`` whose weights are
-        ``states[v]`` (a state dict or a Ray object ref, fetched only when the engine needs it)."""
-        problems: list[Problem] = self._problems(b)
-        out: list[Sample] = []
-        threads = torch.get_num_threads()
-        torch.set_num_threads(self.spec.threads)  # fixed thread count: bitwise-stable numerics
-        try:
-            for version in sorted({versions[g] for g in groups}):
-                if self.engine.version != version:
-                    state = states[version]
-                    self.engine.load_weights(
-                        ray.get(state) if isinstance(state, ray.ObjectRef) else state, version
-                    )
-                out += self._generate(b, [g for g in groups if versions[g] == version], problems)
-        finally:
-            torch.set_num_threads(threads)
-        return sorted(out, key=lambda s: s.id)
+def _fetch(state: Any) -> dict[str, torch.Tensor]:
+    """A state dict sent as a Ray object ref (or as itself)."""
+    return ray.get(state) if isinstance(state, ray.ObjectRef) else state
 
 
 class EngineActor:
@@ -75,7 +51,7 @@ class EngineActor:
 
     def __init__(self, spec: WorkerSpec) -> None:
         torch.set_num_threads(spec.threads)
-        self.worker = ShardWorker(spec)
+        self.worker = RolloutWorker(spec)
 
     def pid(self) -> int:
         return os.getpid()
@@ -84,7 +60,7 @@ class EngineActor:
         self, b: int, versions: list[int], groups: list[int], states: dict[int, Any]
     ) -> tuple[list[Sample], float]:
         t0 = time.perf_counter()
-        samples = self.worker.rollout_groups(b, versions, groups, states)
+        samples = self.worker.rollout(RolloutRequest(b, versions, states), groups, fetch=_fetch)
         return samples, time.perf_counter() - t0
 
 

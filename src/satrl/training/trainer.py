@@ -18,6 +18,7 @@ from satrl import diagnostics as diag
 from satrl.objectives import ObjectiveSpec, aggregate
 from satrl.objectives.aggregation import share_unit
 from satrl.objectives.reductions import reduce_metrics
+from satrl.tensors import scoring_positions
 from satrl.training.advantages import group_advantages
 from satrl.types import Batch
 
@@ -35,7 +36,7 @@ def response_logp(
     sampler), and, if ``capture``, the experts each MoE layer used at the scoring positions [B, T, layers, k]."""
     L = int(mb.attention_mask.sum(1).max())
     T = mb.mask.shape[1]
-    pos = (mb.prompt_len[:, None] - 1 + torch.arange(T, device=mb.mask.device)[None, :]).clamp(0, L - 1)  # [B, T]
+    pos = scoring_positions(mb.prompt_len, T, L)  # [B, T]
     with contextlib.ExitStack() as stack:
         if routing is not None:
             from satrl.models.routing import replay_routing
@@ -291,7 +292,7 @@ class Trainer:
     def _diagnostics(self, mb: Batch, lag: torch.Tensor, tok: dict, version_logp: torch.Tensor | None) -> dict:
         engine_routing = None
         if "routing" in tok:  # the engine's experts at the scoring positions, vs the ones this forward used
-            pos = (mb.prompt_len[:, None] - 1 + torch.arange(mb.mask.shape[1], device=mb.mask.device)[None, :]).clamp(min=0)
+            pos = scoring_positions(mb.prompt_len, mb.mask.shape[1], mb.routing.shape[1])  # [B, T]
             engine_routing = mb.routing.gather(1, pos[:, :, None, None].expand(-1, -1, *mb.routing.shape[2:]))
         out = diag.step_diagnostics(
             logp=tok["logp"],
