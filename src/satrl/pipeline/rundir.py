@@ -105,7 +105,7 @@ class RunDir:
             print(f"satrl: no complete checkpoint in {self.ckpt_dir}; starting from step 0", file=sys.stderr)
             return self.fresh(trainer, store)
         weights, state = ckpt.load_checkpoint(path, {"RunState": RunState, "Sample": Sample})
-        trainer.model.load_state_dict(weights)
+        trainer.load_weights(weights)
         trainer.load_state_dict(state["trainer"])
         store.states = state["snapshots"]
         torch.set_rng_state(state["rng"])
