@@ -93,15 +93,13 @@ class Sample:
 
     id: str
     group_id: str
-    problem_id: str
     prompt_ids: list[int]
     response_ids: list[int]
     behavior_logp: torch.Tensor  # [T]
     version: int
     reward: float
-    finish_reason: str = "stop"
     routing: torch.Tensor | None = None  # [T, layers, top_k]
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # e.g. {"reward_timeout": True}
 
 
 @dataclass

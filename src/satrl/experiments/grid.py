@@ -1,7 +1,7 @@
 """The grid runner: `satrl grid GRID.yaml [--seeds N] [--workers W] [--out DIR] [--dry-run]`.
 
 Every run `<cell>/lag<n>/seed<s>` of a grid (spec.py) is a black box: a fresh `satrl train` process
-writing a run directory (contracts: "Run directory"). The runner never imports the pipeline.
+writing a run directory (layout: docs/metrics.md; its state: `status.run_status`). The runner never imports the pipeline.
 
 Resumability: a run with a valid summary.json is skipped; a run with a non-empty checkpoints/
 folder but no valid summary is restarted with `--resume RUN_DIR`; anything else starts fresh.

@@ -126,13 +126,11 @@ class RolloutWorker:
             out.append(Sample(
                 id=c.request_id,
                 group_id=f"b{b:06d}-g{g:04d}",
-                problem_id=problem.id,
                 prompt_ids=c.prompt_ids,
                 response_ids=c.response_ids,
                 behavior_logp=c.behavior_logp,
                 version=c.version,
                 reward=reward,
-                finish_reason=c.finish_reason,
                 routing=c.routing,
                 meta={"reward_timeout": True} if getattr(self.task, "timeouts", 0) > timeouts else {},
             ))  # fmt: skip
