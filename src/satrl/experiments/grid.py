@@ -44,6 +44,12 @@ def run_threads(workers: int, threads: int | None = None) -> int:
     return threads or max(1, (os.cpu_count() or 1) // max(1, workers))
 
 
+def thread_capped(runs: list[Run], workers: int, threads: int | None = None) -> list[Run]:
+    """The runs with the ``train.max_threads`` override that caps each one's trainer threads (see thread_env)."""
+    cap = f"train.max_threads={run_threads(workers, threads)}"
+    return [replace(r, overrides=(*r.overrides, cap)) for r in runs]
+
+
 def thread_env(workers: int, threads: int | None = None) -> dict[str, str]:
     """Thread caps for the libraries under torch in each child; the trainer's own torch threads are capped by
     the ``train.max_threads`` override the grid adds to every run, so that its config.yaml records them."""
@@ -286,8 +292,7 @@ def run_grid_spec(
     n_seeds = seeds or spec.seeds
     (out / "grid.yaml").write_text(spec_to_yaml(spec, n_seeds))
     full_env = {**os.environ, **thread_env(workers, threads), **(env or {})}
-    cap = f"train.max_threads={run_threads(workers, threads)}"
-    runs = [replace(r, overrides=(*r.overrides, cap)) for r in select(expand(spec, out, n_seeds), only)]
+    runs = thread_capped(select(expand(spec, out, n_seeds), only), workers, threads)
     progress = sys.stderr.isatty() if progress is None else progress
     runner = _Runner(spec, out, runs, workers, command_fn, full_env, console, None, poll_s)
 
@@ -365,7 +370,7 @@ def run_grid(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out or Path("runs") / spec.name)
     if args.dry_run:
-        for run in select(expand(spec, out, args.seeds), args.only):
+        for run in thread_capped(select(expand(spec, out, args.seeds), args.only), args.workers, args.threads):
             state = run_status(run.run_dir)
             cmd = default_command(run, state != "finished" and has_checkpoint(run.run_dir))
             missing = "" if run.base.exists() else "  # base config missing!"
