@@ -2,11 +2,12 @@
 
 The orchestration loop and the trainer stay in the driver process (``breakpoint()`` still works there); each
 engine worker is a Ray actor wrapping the same :class:`~satrl.pipeline.worker.RolloutWorker` the local
-backends use, with the same rollout body (``RolloutWorker.rollout`` given the actor's groups). A batch's P prompt groups are split into contiguous shards, one per actor, and the shards'
-samples are merged sorted by sample id. Samples equal the local backend's because sampling depends only on
-``request_seed("rollout", seed, b, g, i)`` and the weights, never on which process or batch generates a request (the
-torch engine's rows do not depend on the other rows of the call; ``tests/pipeline/test_ray_backend.py``
-checks the whole run bit for bit).
+backends use, with the same rollout body (``RolloutWorker.rollout`` given the actor's groups). A batch's P
+prompt groups are split into contiguous shards, one per actor, and the shards' samples are merged sorted by
+sample id. Samples equal the local backend's because sampling depends only on
+``request_seed("rollout", seed, b, g, i)`` and the weights, never on which process or batch generates a
+request (the torch engine's rows do not depend on the other rows of the call;
+``tests/pipeline/test_ray_backend.py`` checks the whole run bit for bit). Settings: the ``ray:`` config section.
 
 Weights travel through the Ray object store: the driver ``ray.put``s each version's state dict once and
 passes object refs; an actor fetches a version only when its engine is not already on it.
