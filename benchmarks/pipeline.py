@@ -75,7 +75,7 @@ def sat_step_ratio(repeats: int) -> dict:
     model, tok = load_policy("tiny-arith")
     g = torch.Generator().manual_seed(0)
     samples = [
-        Sample(f"s{i}", f"g{i // 8}", "p", tok(f"{i:03d}+{i:03d}=")["input_ids"],
+        Sample(f"s{i}", f"g{i // 8}", tok(f"{i:03d}+{i:03d}=")["input_ids"],
                torch.randint(3, 13, (5,), generator=g).tolist(), -0.1 * torch.rand(5, generator=g), 0, float(i % 2))
         for i in range(128)
     ]

@@ -30,3 +30,17 @@ def stable(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
 
 
+
+
+def collated_routing(completions, pad_id: int = 0):
+    """The trainer-row routing [B, L, layers, k] of engine completions, placed exactly as the pipeline places
+    it (``pipeline.buffer.collate``: response token t at input position prompt_len - 1 + t, -1 elsewhere)."""
+    from satrl.pipeline.buffer import collate
+    from satrl.types import Sample
+
+    samples = [
+        Sample(id=c.request_id, group_id=c.request_id, prompt_ids=c.prompt_ids, response_ids=c.response_ids,
+               behavior_logp=c.behavior_logp, version=c.version, reward=0.0, routing=c.routing)
+        for c in completions
+    ]  # fmt: skip
+    return collate(samples, pad_id).routing

@@ -68,6 +68,32 @@ def test_overrides_without_a_config_file_and_with_resume(capsys):
     assert (args.seed, args.lag, args.overrides) == (1, 4, ["train.threads=1", "steps=3"])
 
 
+def test_settings_once_read_from_the_environment_are_config_keys(capsys, monkeypatch):
+    """SATRL_TORCH_THREADS and the SATRL_RAY_* variables become overrides, so config.yaml records them;
+    an explicit override wins; without them the config holds the defaults."""
+    for var in cli.LEGACY_ENV:
+        monkeypatch.delenv(var, raising=False)
+    cfg = _printed_config(capsys, "steps=5", "--print-config")
+    assert cfg["train"]["max_threads"] is None and cfg["ray"] == {"address": None, "workers": 1, "gpus": 0.0}
+    monkeypatch.setenv("SATRL_TORCH_THREADS", "1")
+    monkeypatch.setenv("SATRL_RAY_WORKERS", "3")
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    monkeypatch.setenv("SATRL_RAY_ADDRESS", "auto")
+    assert cli.main(["train", "ray.workers=2", "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    cfg = yaml.safe_load(out)
+    assert cfg["train"]["max_threads"] == 1 and cfg["ray"]["workers"] == 2 and cfg["ray"]["address"] == "auto"
+    assert "SATRL_TORCH_THREADS=1 taken as train.max_threads=1" in err
+
+
+def test_trainer_threads_are_capped_by_max_threads():
+    from satrl.config import load_config
+
+    assert load_config(None, ["train.threads=4", "train.max_threads=2"]).trainer_threads == 2
+    assert load_config(None, ["train.threads=1", "train.max_threads=2"]).trainer_threads == 1
+    assert load_config(None, ["train.threads=3"]).trainer_threads == 3
+
+
 def test_bad_override_after_a_flag_is_one_line_and_exit_2(capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     assert cli.main(["train", "configs/grpo.yaml", "--no-progress", "stepz=8"]) == 2

@@ -76,7 +76,8 @@ def test_there_is_one_registry_class():
     from satrl.models import BUILTINS
     from satrl.models.tiny import KINDS
     from satrl.objectives import AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, PRESETS, RATIO_LEVELS
-    from satrl.objectives.trust_regions import SAT_PROXIES, TRUST_REGIONS
+    from satrl.objectives.sat import SAT_PROXIES
+    from satrl.objectives.trust_regions import TRUST_REGIONS
     from satrl.pipeline.backends import BACKENDS
     from satrl.pipeline.schedules import SCHEDULES
     from satrl.tasks import TASKS
@@ -91,7 +92,7 @@ def test_there_is_one_registry_class():
 
 def test_sat_proxies_are_a_registry():
     from satrl.objectives import resolve_objective
-    from satrl.objectives.trust_regions import LAG_FREE_PROXIES, PROXIES, SAT_PROXIES, ZERO_MASKED
+    from satrl.objectives.sat import LAG_FREE_PROXIES, PROXIES, SAT_PROXIES, ZERO_MASKED
 
     assert PROXIES == tuple(SAT_PROXIES.names()) == ("log_ratio", "prob_diff", "version_age")
     assert ZERO_MASKED == LAG_FREE_PROXIES == ("log_ratio", "prob_diff")

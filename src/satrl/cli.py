@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import sys
 
 # subcommand -> (module, help). The module defines add_<cmd>_args(parser) and run_<cmd>(args) -> int.
@@ -31,12 +32,36 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print-config", action="store_true", help="print the resolved config (every key) and exit")
 
 
+# Environment variables earlier versions read deep inside the run, and the config keys that replace them.
+# They still work, turned into overrides here (explicit key=value overrides win), so config.yaml records them.
+LEGACY_ENV = {
+    "SATRL_TORCH_THREADS": "train.max_threads",
+    "SATRL_RAY_WORKERS": "ray.workers",
+    "SATRL_RAY_ADDRESS": "ray.address",
+    "RAY_ADDRESS": "ray.address",  # Ray's own (set by `ray job submit`); SATRL_RAY_ADDRESS wins
+    "SATRL_RAY_GPUS": "ray.gpus",
+}
+
+
+def legacy_env_overrides(environ=None) -> list[str]:
+    """``key=value`` overrides for the :data:`LEGACY_ENV` variables that are set, each noted on stderr."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    for var, key in LEGACY_ENV.items():
+        if environ.get(var) and key not in out:
+            out[key] = f"{key}={environ[var]}"
+            print(f"satrl train: {var}={environ[var]} taken as {key}={environ[var]} (set {key} instead)",
+                  file=sys.stderr)  # fmt: skip
+    return list(out.values())
+
+
 def run_train(args: argparse.Namespace) -> int:
     from satrl.config import ConfigError, load_config
 
     config, overrides = args.config, list(args.overrides)
     if config is not None and "=" in config:  # `satrl train key=value ...` without a file
         config, overrides = None, [config, *overrides]
+    overrides = [*legacy_env_overrides(), *overrides]
     try:
         if args.resume:
             from satrl.pipeline.rundir import RunDir

@@ -136,7 +136,20 @@ class TrainConfig(_Strict):
     )
     adv_std_norm: bool = Field(True, description="Divide group advantages by the group std.")
     threads: int = Field(2, ge=1, description="torch threads for the trainer.")
+    max_threads: int | None = Field(
+        None, ge=1, description="Cap on `threads` (`satrl grid` sets it so that workers x threads <= cores); null: none."
+    )
     device: str = Field("cpu", description="Trainer device: cpu, cuda or cuda:N (the torch engine's is engine.kwargs.device).")
+
+
+class RayConfig(_Strict):
+    """Where ``backend=ray`` runs its engine actors (docs/ray.md). These choose placement, never the samples."""
+
+    address: str | None = Field(
+        None, description="Ray cluster to join (auto, ray://head:10001, ...); null: a private local cluster."
+    )
+    workers: int = Field(1, ge=1, description="Engine actors; each batch's prompt groups are split across them.")
+    gpus: float = Field(0.0, ge=0, description="GPUs reserved per engine actor.")
 
 
 class EvalConfig(_Strict):
@@ -182,6 +195,7 @@ class RunConfig(_Strict):
         description="local: engine in its own process; sequential: one process, no overlap; ray: Ray actors (extra).",
     )
     r3: bool = Field(False, description="Routing replay: trainer uses the engine's MoE experts.")
+    ray: RayConfig = Field(default_factory=RayConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -192,6 +206,11 @@ class RunConfig(_Strict):
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     collapse: CollapseConfig = Field(default_factory=CollapseConfig)
+
+    @property
+    def trainer_threads(self) -> int:
+        """The trainer's torch thread count: ``train.threads``, capped by ``train.max_threads``."""
+        return min(self.train.threads, self.train.max_threads or self.train.threads)
 
     @property
     def steps_per_batch(self) -> int:
@@ -286,10 +305,3 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         apply_override(data, key.strip(), _parse_scalar(value))
     return build_config(data)
 
-
-def save_config(cfg: RunConfig, path: Path) -> None:
-    """Save the resolved config (every default filled in) as YAML."""
-    data = cfg.model_dump(mode="json")
-    tmp = path.with_name(path.name + ".tmp")  # atomic: a killed run never leaves a torn config.yaml
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)

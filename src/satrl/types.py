@@ -7,6 +7,8 @@ that produced it, its ``behavior_logp`` and (for MoE models) its ``routing``. Sh
 
 from __future__ import annotations
 
+import hashlib
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -21,6 +23,23 @@ class Problem:
     id: str
     prompt: str
     answer: str
+
+
+def request_seed(stream: str, seed: int, *index: int) -> int:
+    """The sampling seed of one generation request: a pure function of the run ``seed`` and the request's
+    place, so samples never depend on timing, batching or which process generates them.
+
+    Streams: ``"rollout"``, index ``(b, g, i)`` = batch, prompt group, sample (62 bits); ``"eval"``, index
+    ``(i, j)`` = problem, sample, ``j = -1`` the greedy request (63 bits). The two streams hash differently,
+    as they did before they shared this function, so every recorded run replays bit for bit.
+    """
+    if stream == "rollout":
+        b, g, i = index
+        return random.Random(f"rollout-{seed}-{b}-{g}-{i}").getrandbits(62)
+    if stream == "eval":
+        i, j = index
+        return int.from_bytes(hashlib.blake2b(f"{seed}/{i}/{j}".encode(), digest_size=8).digest(), "big") >> 1
+    raise ValueError(f"unknown request-seed stream {stream!r}; valid choices: ['eval', 'rollout']")
 
 
 @dataclass(frozen=True)
@@ -74,15 +93,13 @@ class Sample:
 
     id: str
     group_id: str
-    problem_id: str
     prompt_ids: list[int]
     response_ids: list[int]
     behavior_logp: torch.Tensor  # [T]
     version: int
     reward: float
-    finish_reason: str = "stop"
     routing: torch.Tensor | None = None  # [T, layers, top_k]
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # e.g. {"reward_timeout": True}
 
 
 @dataclass

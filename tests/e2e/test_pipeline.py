@@ -98,3 +98,16 @@ def test_engine_process_start_failure_is_reported_with_its_cause():
     finally:
         backend.close()
     assert not backend.proc.is_alive()
+
+
+def test_weights_are_copied_to_cpu_at_most_once_per_version(run_tiny, monkeypatch):
+    """Pushing weights, evaluating and checkpointing at every step all read one CPU copy per version."""
+    from satrl.training import trainer as trainer_mod
+
+    copies: list[int] = []
+    original = trainer_mod.cpu_copy
+    monkeypatch.setattr(trainer_mod, "cpu_copy", lambda model: copies.append(1) or original(model))
+    out = run_tiny("steps=6", "lag.schedule=broadcast", "lag.n=1", "eval.every=1", "checkpoint.every=1",
+                   "diagnostics.decompose=true")  # fmt: skip
+    assert len(read_jsonl(out / "eval.jsonl")) >= 6 and (out / "checkpoints").is_dir()
+    assert 0 < len(copies) <= 6 + 1  # versions 0..6; without the cache it is about 3 per step

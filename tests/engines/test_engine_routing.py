@@ -5,12 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_helpers import EOS, PAD, make_requests, sampled_ref_logp, tiny_model
-from transformers import DynamicCache
 
+from run_helpers import collated_routing
 from satrl.engines import TorchEngine
-from satrl.engines.torch_engine import cache_argument
 from satrl.models.routing import (
-    align_routing,
     capture_routing,
     moe_num_layers,
     moe_top_k,
@@ -100,34 +98,18 @@ def test_replay_shape_errors(moe):
         moe(ids)
 
 
-def test_incremental_replay_matches_full_sequence_replay(moe):
-    """Replay also works step by step through a KV cache (``replayer.set`` before each step)."""
-    ids = _ids(b=2, length=7)
-    with torch.no_grad(), capture_routing(moe) as rec:
-        moe(ids)
-    forced = (rec.take() + 1) % 8
-    with torch.no_grad():
-        with replay_routing(moe, forced):
-            full = moe(ids).logits
-        cache, steps = DynamicCache(config=moe.config), []
-        with replay_routing(moe, forced[:, :4]) as rep:
-            steps.append(moe(ids[:, :4], use_cache=True, **{cache_argument(moe): cache}).logits)
-            for t in range(4, 7):
-                rep.set(forced[:, t : t + 1])
-                steps.append(moe(ids[:, t : t + 1], use_cache=True, **{cache_argument(moe): cache}).logits)
-    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+def test_collate_places_response_routing_at_the_scoring_positions():
+    """Response token t of a row is scored (and its experts chosen) at input position prompt_len - 1 + t."""
+    from satrl.pipeline.buffer import collate
+    from satrl.types import Sample
 
-
-def test_align_routing_places_response_at_sampling_positions():
     r0 = torch.arange(3 * 2 * 2).view(3, 2, 2)
-    out = align_routing([r0, None], prompt_len=[2, 4], seq_len=6)
-    assert out.shape == (2, 6, 2, 2)
-    assert (
-        torch.equal(out[0, 1:4], r0) and bool((out[0, [0, 4, 5]] == -1).all()) and bool((out[1] == -1).all())
-    )
-    assert align_routing([None], [1], 3) is None
-    with pytest.raises(ValueError, match="do not fit"):
-        align_routing([r0], [5], 6)
+    rows = [Sample("a", "g", [5, 6], [7, 8, 9], torch.zeros(3), 0, 0.0, routing=r0),
+            Sample("b", "g", [5, 6, 7, 8], [9], torch.zeros(1), 0, 0.0, routing=r0[:1] + 100)]  # fmt: skip
+    out = collate(rows, pad_id=0).routing
+    assert out.shape == (2, 5, 2, 2)
+    assert torch.equal(out[0, 1:4], r0) and bool((out[0, [0, 4]] == -1).all())
+    assert torch.equal(out[1, 3:4], r0[:1] + 100) and bool((out[1, :3] == -1).all())
 
 
 def test_r3_replays_engine_routing_exactly(moe):
@@ -139,7 +121,8 @@ def test_r3_replays_engine_routing_exactly(moe):
     )
     P = [len(c.prompt_ids) for c in comps]
     L = max(p + len(c.response_ids) for p, c in zip(P, comps))
-    routing = align_routing([c.routing for c in comps], P, L)
+    routing = collated_routing(comps)
+    assert routing.shape[1] == L
     ref = sampled_ref_logp(moe, comps, 0.9, routing=routing)
     assert (torch.cat([c.behavior_logp for c in comps]).double() - ref).abs().max() < 1e-5
 
@@ -148,7 +131,8 @@ def test_r3_replays_engine_routing_exactly(moe):
     )
     ids = torch.tensor([c.prompt_ids + c.response_ids for c in comps])
     engine_routing = torch.stack([c.routing for c in comps])  # [B, 16, layers, k]
-    routing = align_routing([c.routing for c in comps], [5] * len(comps), ids.shape[1])
+    routing = collated_routing(comps)
+    assert routing.shape[1] == ids.shape[1]
     with torch.no_grad(), capture_routing(moe) as rec:
         moe(ids)
         own = rec.take()[:, 4:20]

@@ -64,7 +64,7 @@ def trainer_logp(model, comps, temperature):
     from satrl.training.trainer import response_logp
     from satrl.types import Sample
 
-    samples = [Sample(c.request_id, c.request_id, c.request_id, c.prompt_ids, c.response_ids, c.behavior_logp,
+    samples = [Sample(c.request_id, c.request_id, c.prompt_ids, c.response_ids, c.behavior_logp,
                       c.version, 0.0) for c in comps]  # fmt: skip
     batch = collate(samples, pad_id=0)
     with torch.no_grad():

@@ -61,7 +61,7 @@ FAKE_TRAINER = textwrap.dedent(
     if log:
         with open(log, "a") as f:
             f.write(json.dumps({"out": str(out), "start": t0, "end": time.time(), "resume": resume,
-                                "pid": os.getpid(), "threads": os.environ.get("SATRL_TORCH_THREADS"),
+                                "pid": os.getpid(), "threads": kv.get("train.max_threads"),
                                 "base": base}) + "\\n")
     '''
 )

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from satrl.experiments import grid as grid_mod
-from satrl.experiments.grid import expand, load_grid, render_value, run_grid_spec, run_state, thread_env
+from satrl.experiments.grid import expand, load_grid, render_value, run_grid_spec, thread_env
+from satrl.experiments.status import run_status
 
 
 def read_log(log: Path) -> list[dict]:
@@ -142,9 +143,10 @@ def test_builtin_grids_are_valid():
 
 def test_thread_env_splits_cores(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    assert thread_env(2)["SATRL_TORCH_THREADS"] == "4"
-    assert thread_env(3) == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "SATRL_TORCH_THREADS": "2"}
+    assert thread_env(2)["OMP_NUM_THREADS"] == "4"
+    assert thread_env(3) == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
     assert thread_env(16)["OMP_NUM_THREADS"] == "1"
+    assert thread_env(2, threads=3)["MKL_NUM_THREADS"] == "3"
 
 
 RUNNER_GRID = """
@@ -197,7 +199,7 @@ def test_runner_resumes_partial_runs(tmp_path, fake_trainer, capsys):
     stale = out / "b/lag2/seed0"
     stale.mkdir(parents=True)
     (stale / "metrics.jsonl").write_text('{"step": 99}\n')  # no checkpoint: a fresh start drops it
-    assert run_state(partial) == "partial" and run_state(stale) == "new"
+    assert run_status(partial) == "partial" and run_status(stale) == "new"
     res = run_grid_spec(spec, out, workers=1, command_fn=command, progress=True, env={"FAKE_LOG": str(log)})
     assert res.exit_code == 0
     err = capsys.readouterr().err  # the rich live line, rendered once more at the end

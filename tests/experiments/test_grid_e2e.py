@@ -6,12 +6,14 @@ from summary.json into the report unchanged.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from satrl.config import load_config
 from satrl.experiments.grid import load_grid, run_grid_spec
 from satrl.experiments.report import fmt_ci
 from satrl.experiments.stats import mean_ci
@@ -36,6 +38,8 @@ def test_ci_smoke_grid_then_report(tmp_path):
     assert sorted(result.names("finished")) == [
         f"{c}/lag2/seed{s}" for c in ("grpo", "sat_grpo") for s in (0, 1)
     ]
+    saved = load_config(out / "grpo" / "lag2" / "seed0" / "config.yaml")  # the grid's thread cap is in it
+    assert saved.train.max_threads == max(1, (os.cpu_count() or 1) // 2) and saved.trainer_threads == 1
 
     r = subprocess.run([sys.executable, "-m", "satrl", "report", str(out), "--resamples", "2000"],
                        capture_output=True, text=True, timeout=300)  # fmt: skip

@@ -23,10 +23,10 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
-from run_helpers import REPO, TINY, read_jsonl
+from run_helpers import REPO, TINY, collated_routing, read_jsonl
 from satrl.engines import TorchEngine
 from satrl.models import load_policy
-from satrl.models.routing import align_routing, capture_routing, moe_num_layers, moe_top_k, replay_routing
+from satrl.models.routing import capture_routing, moe_num_layers, moe_top_k, replay_routing
 from satrl.tasks import make_task
 from satrl.types import GenerationRequest, SamplingParams
 
@@ -127,7 +127,7 @@ def test_r3_on_a_saved_qwen3_moe_uses_the_same_replay_hook(moe_dir):
         with torch.no_grad(), capture_routing(model) as rec:
             model(row)
             own = rec.take()[0, P - 1 : P - 1 + T]
-            with replay_routing(model, align_routing([c.routing], [P], row.shape[1])):
+            with replay_routing(model, collated_routing([c])):
                 model(row)
             used = rec.take()[0, P - 1 : P - 1 + T]
         disagree |= bool((own.sort(-1).values != c.routing.sort(-1).values).any())
@@ -137,7 +137,7 @@ def test_r3_on_a_saved_qwen3_moe_uses_the_same_replay_hook(moe_dir):
     comps = TorchEngine(model, eos_token_id=eos, pad_token_id=pad, numerics="fp32").generate(reqs[:4], sampling)
     for c in comps:
         P, row = len(c.prompt_ids), torch.tensor([c.prompt_ids + c.response_ids])
-        routing = align_routing([c.routing], [P], row.shape[1])
+        routing = collated_routing([c])
         with torch.no_grad(), replay_routing(model, routing):
             logp = torch.log_softmax(model(row).logits[0].double(), -1)
         ref = logp[P - 1 : P - 1 + len(c.response_ids)].gather(-1, torch.tensor(c.response_ids).view(-1, 1))

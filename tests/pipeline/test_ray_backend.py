@@ -33,7 +33,7 @@ N_SAMPLES = 4 * 4 * 4  # batches x prompts x samples
 
 
 def run(out, backend):
-    train(load_config(None, [*RUN, f"backend={backend}", f"out={out}"]))
+    train(load_config(None, [*RUN, f"backend={backend}", "ray.workers=2", f"out={out}"]))
     return read_jsonl(out / "metrics.jsonl"), read_jsonl(out / "eval.jsonl")
 
 
@@ -72,7 +72,6 @@ def test_extras_required_in_ci():
 
 @needs_ray
 def test_ray_run_equals_sequential(cluster, sequential, tmp_path, monkeypatch, trained_ids):
-    monkeypatch.setenv("SATRL_RAY_WORKERS", "2")
     puts: list[int] = []
     original_put = cluster.put
     monkeypatch.setattr(
@@ -81,6 +80,7 @@ def test_ray_run_equals_sequential(cluster, sequential, tmp_path, monkeypatch, t
     metrics, evals = run(tmp_path / "ray", "ray")
     seq_metrics, seq_evals = sequential
     assert len(metrics) == 8 and stable(metrics) == stable(seq_metrics)
+    assert load_config(tmp_path / "ray" / "config.yaml").ray.workers == 2  # the saved config says where it ran
     assert evals == seq_evals and len(evals) > 0
     assert len(trained_ids) == len(set(trained_ids)) == N_SAMPLES
     assert len(puts) == 2  # versions 0 and 4, each put in the object store once
@@ -95,14 +95,14 @@ class KillingRayBackend:
         self.backend = None
         self.killed_pid = None
 
-    def __call__(self, spec):
+    def __call__(self, spec, **options):
         from satrl.pipeline.ray_backend import RayBackend
 
         hook = self
 
         class Killing(RayBackend):
             def __init__(self, spec):
-                super().__init__(spec)
+                super().__init__(spec, **options)
                 self.pids = self.actor_pids()
                 self.results = 0
 
@@ -128,11 +128,11 @@ class KillingRayBackend:
 def test_killed_engine_actor_is_restarted_and_loses_nothing(
     cluster, sequential, tmp_path, monkeypatch, trained_ids
 ):
-    monkeypatch.setenv("SATRL_RAY_WORKERS", "2")
     factory = KillingRayBackend()
     with backends.BACKENDS.replaced("ray", factory):
         metrics, evals = run(tmp_path / "killed", "ray")
     assert factory.killed_pid is not None, "the hook never killed an actor"
+    assert len(factory.backend.pids) == 2  # ray.workers reached the backend
     assert factory.backend.reissued >= 1, "no shard was re-issued: the kill hit no in-flight work"
     assert factory.killed_pid not in factory.backend.final_pids  # Ray restarted the actor in a new process
     assert len(trained_ids) == len(set(trained_ids)) == N_SAMPLES  # none lost, none duplicated

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from satrl.tasks import ArithmeticTask
-from satrl.tasks.evaluate import EvalResult, add_eval_args, evaluate, request_seed, run_eval
-from satrl.types import Completion, Engine, SamplingParams
+from satrl.tasks.evaluate import EvalResult, add_eval_args, evaluate, run_eval
+from satrl.types import Completion, Engine, SamplingParams, request_seed
 
 
 class CharTok:
@@ -104,7 +104,7 @@ def test_requests_prompts_seeds_and_sampling():
     # per-request seeds: distinct, derived from (seed, problem, sample), same for any batch size
     seeds = [r.seed for r in reqs]
     assert len(set(seeds)) == len(seeds)
-    expected = {request_seed(11, i, j) for i in range(3) for j in [*range(4), -1]}
+    expected = {request_seed("eval", 11, i, j) for i in range(3) for j in [*range(4), -1]}
     assert set(seeds) == expected
     engine2 = _scripted(probs)
     evaluate(engine2, CharTok(), task, k=4, sampling=sampling, seed=11, batch_size=256)
@@ -115,10 +115,14 @@ def test_requests_prompts_seeds_and_sampling():
 
 
 def test_request_seed_is_deterministic_and_distinct():
-    assert request_seed(0, 1, 2) == request_seed(0, 1, 2)
-    seeds = {request_seed(s, i, j) for s in range(3) for i in range(20) for j in range(-1, 8)}
+    assert request_seed("eval", 0, 1, 2) == request_seed("eval", 0, 1, 2)
+    seeds = {request_seed("eval", s, i, j) for s in range(3) for i in range(20) for j in range(-1, 8)}
     assert len(seeds) == 3 * 20 * 9
     assert all(0 <= s < 2**63 for s in seeds)
+    rollout = {request_seed("rollout", s, b, g, i) for s in range(2) for b in range(5) for g in range(4) for i in range(3)}
+    assert len(rollout) == 2 * 5 * 4 * 3 and all(0 <= s < 2**62 for s in rollout) and not rollout & seeds
+    with pytest.raises(ValueError, match="valid choices"):
+        request_seed("train", 0, 1, 2)
 
 
 def test_n_problems_and_bad_arguments():

@@ -24,7 +24,7 @@ def make_batch(tok, n=6, version=0, seed=0):
     for i in range(n):
         prompt = tok(f"{i}{i}+{i}=")["input_ids"]
         resp = torch.randint(3, len(tok), (2 + i % 3,), generator=g).tolist()
-        samples.append(Sample(f"s{i}", f"g{i // 3}", "p", prompt, resp, -torch.rand(len(resp), generator=g), version, float(i % 2)))
+        samples.append(Sample(f"s{i}", f"g{i // 3}", prompt, resp, -torch.rand(len(resp), generator=g), version, float(i % 2)))
     return collate(samples, tok.pad_token_id)
 
 

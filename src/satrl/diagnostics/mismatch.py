@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from satrl.diagnostics._tensor import (
+from satrl.tensors import (
     as_bool_mask,
     check_same_shape,
     clean,
-    masked_mean,
+    clean_mean,
     quantile_sorted,
     wide_dtype,
 )
@@ -47,16 +47,16 @@ def mismatch_stats(
     dt = wide_dtype(logp.device)
     d = clean(logp, m, dt) - clean(behavior_logp, m, dt)  # [B, T], 0 on inactive
     abs_d = d.abs()
-    d_mean = masked_mean(d, m)
+    d_mean = clean_mean(d, m)
     centered = torch.where(m, d - d_mean, torch.zeros((), dtype=dt, device=d.device))
     active_abs = torch.sort(abs_d[m]).values  # [N]
     zero = torch.zeros((), dtype=dt, device=d.device)
     return {
-        "d_pi": masked_mean(abs_d, m),
+        "d_pi": clean_mean(abs_d, m),
         "d_mean": d_mean,
         "d_p90_abs": quantile_sorted(active_abs, 0.9),
         "d_max_abs": active_abs[-1] if active_abs.numel() else zero,
-        "logratio_var": masked_mean(centered.square(), m),
+        "logratio_var": clean_mean(centered.square(), m),
     }
 
 
@@ -111,8 +111,8 @@ def decompose_mismatch(
         "tok/delta_pi": delta_pi,
         "tok/delta_impl": delta_impl,
         "tok/d": d,
-        "d_policy": masked_mean(delta_pi.abs(), m),
-        "d_impl": masked_mean(delta_impl.abs(), m),
+        "d_policy": clean_mean(delta_pi.abs(), m),
+        "d_impl": clean_mean(delta_impl.abs(), m),
         "frac_policy": frac_policy,
         "frac_impl": frac_impl,
     }
@@ -159,5 +159,5 @@ def gate_tv_share(
         "tv_share": tv_share,
         "gate_rate": gate_rate,
         "tv_lift": tv_lift,
-        "tv_mass_mean": masked_mean(tv, m),
+        "tv_mass_mean": clean_mean(tv, m),
     }

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from satrl.diagnostics._tensor import as_bool_mask, wide_dtype
+from satrl.tensors import as_bool_mask, wide_dtype
 
 __all__ = ["routing_disagreement"]
 

@@ -33,6 +33,7 @@ import torch
 from safetensors.torch import save as save_safetensors
 
 from satrl.engines.torch_engine import resolve_numerics
+from satrl.tensors import scoring_slice
 from satrl.types import Completion, GenerationRequest, SamplingParams
 
 INSTALL_HINT = (
@@ -178,7 +179,7 @@ class VLLMEngine:
                     "R3 cannot replay it: use engine=torch, or r3=false"
                 )
             P = len(req.prompt_ids)  # row p holds the experts of the forward at position p
-            routing = torch.as_tensor(c.routed_experts[P - 1 : P - 1 + len(ids)].astype("int64"))
+            routing = torch.as_tensor(c.routed_experts[scoring_slice(P, len(ids))].astype("int64"))
         text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
         finish = "stop" if c.finish_reason == "stop" else "length"
         return Completion(req.request_id, list(req.prompt_ids), ids, text, logp, finish, self._version, routing)

@@ -1,7 +1,7 @@
 """The grid runner: `satrl grid GRID.yaml [--seeds N] [--workers W] [--out DIR] [--dry-run]`.
 
 Every run `<cell>/lag<n>/seed<s>` of a grid (spec.py) is a black box: a fresh `satrl train` process
-writing a run directory (contracts: "Run directory"). The runner never imports the pipeline.
+writing a run directory (layout: docs/metrics.md; its state: `status.run_status`). The runner never imports the pipeline.
 
 Resumability: a run with a valid summary.json is skipped; a run with a non-empty checkpoints/
 folder but no valid summary is restarted with `--resume RUN_DIR`; anything else starts fresh.
@@ -18,14 +18,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from satrl.experiments.spec import GridSpec, Run, expand, load_grid, render_value, select, spec_to_yaml
+from satrl.experiments.status import has_checkpoint, run_status
 
 __all__ = ["GridResult", "GridSpec", "Run", "add_grid_args", "default_command", "expand", "load_grid",
-           "render_value", "run_grid", "run_grid_spec", "run_state", "thread_env"]  # fmt: skip
+           "render_value", "run_grid", "run_grid_spec", "thread_env"]  # fmt: skip
 
 
 def default_command(run: Run, resume: bool) -> list[str]:
@@ -38,27 +39,22 @@ def default_command(run: Run, resume: bool) -> list[str]:
     return [*cmd, "--resume", str(run.run_dir)] if resume else cmd
 
 
-def has_valid_summary(run_dir: Path) -> bool:
-    """summary.json exists, parses, and says status 'finished'."""
-    try:
-        s = json.loads((Path(run_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(s, dict) and s.get("status") == "finished"
+def run_threads(workers: int, threads: int | None = None) -> int:
+    """Threads per run so that workers x threads <= os.cpu_count() (``threads`` when given)."""
+    return threads or max(1, (os.cpu_count() or 1) // max(1, workers))
 
 
-def run_state(run_dir: Path) -> str:
-    """'finished' | 'partial' (checkpoint, no valid summary) | 'new'."""
-    if has_valid_summary(run_dir):
-        return "finished"
-    ck = Path(run_dir) / "checkpoints"
-    return "partial" if ck.is_dir() and any(ck.iterdir()) else "new"
+def thread_capped(runs: list[Run], workers: int, threads: int | None = None) -> list[Run]:
+    """The runs with the ``train.max_threads`` override that caps each one's trainer threads (see thread_env)."""
+    cap = f"train.max_threads={run_threads(workers, threads)}"
+    return [replace(r, overrides=(*r.overrides, cap)) for r in runs]
 
 
 def thread_env(workers: int, threads: int | None = None) -> dict[str, str]:
-    """Per-run thread settings so that workers x threads <= os.cpu_count()."""
-    n = threads or max(1, (os.cpu_count() or 1) // max(1, workers))
-    return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n), "SATRL_TORCH_THREADS": str(n)}
+    """Thread caps for the libraries under torch in each child; the trainer's own torch threads are capped by
+    the ``train.max_threads`` override the grid adds to every run, so that its config.yaml records them."""
+    n = run_threads(workers, threads)
+    return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
 
 
 def _tail(path: Path, n_lines: int = 30) -> str:
@@ -124,10 +120,10 @@ class _Runner:
         self.durations: list[float] = []
         self.meta = {"grid": spec.name, "out": str(out), "command": sys.argv, "git_commit": _git_commit(),
                      "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "workers": workers,
-                     "threads": env.get("SATRL_TORCH_THREADS")}  # fmt: skip
+                     "threads": env.get("OMP_NUM_THREADS")}  # fmt: skip
         for r in runs:
             rec = RunRecord()
-            if run_state(r.run_dir) == "finished":
+            if run_status(r.run_dir) == "finished":
                 rec.status = "skipped"
             else:
                 self.queue.append(r)
@@ -171,7 +167,7 @@ class _Runner:
 
     # --- processes ---------------------------------------------------------------------------
     def start(self, run: Run) -> None:
-        resume = run_state(run.run_dir) == "partial"
+        resume = run_status(run.run_dir) != "finished" and has_checkpoint(run.run_dir)
         if (run.run_dir / "summary.json").exists():  # present but not valid: torn, hand-edited, or failed
             self.console.print(f"[yellow]invalid summary.json[/] in {run.run_dir}: running it again")
         run.run_dir.mkdir(parents=True, exist_ok=True)
@@ -196,7 +192,7 @@ class _Runner:
         log.close()
         rec = self.result.records[name]
         rec.returncode, rec.wall_s = rc, round(time.monotonic() - t0, 3)
-        if rc == 0 and has_valid_summary(run.run_dir):
+        if rc == 0 and run_status(run.run_dir) == "finished":
             rec.status = "finished"
             self.durations.append(rec.wall_s)
             msg = f"[green]done[/] {name} ({rec.wall_s:.0f}s)"
@@ -296,10 +292,9 @@ def run_grid_spec(
     n_seeds = seeds or spec.seeds
     (out / "grid.yaml").write_text(spec_to_yaml(spec, n_seeds))
     full_env = {**os.environ, **thread_env(workers, threads), **(env or {})}
+    runs = thread_capped(select(expand(spec, out, n_seeds), only), workers, threads)
     progress = sys.stderr.isatty() if progress is None else progress
-    runner = _Runner(
-        spec, out, select(expand(spec, out, n_seeds), only), workers, command_fn, full_env, console, None, poll_s
-    )
+    runner = _Runner(spec, out, runs, workers, command_fn, full_env, console, None, poll_s)
 
     def _on_term(signum, frame):
         raise KeyboardInterrupt
@@ -375,9 +370,9 @@ def run_grid(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out or Path("runs") / spec.name)
     if args.dry_run:
-        for run in select(expand(spec, out, args.seeds), args.only):
-            state = run_state(run.run_dir)
-            cmd = default_command(run, state == "partial")
+        for run in thread_capped(select(expand(spec, out, args.seeds), args.only), args.workers, args.threads):
+            state = run_status(run.run_dir)
+            cmd = default_command(run, state != "finished" and has_checkpoint(run.run_dir))
             missing = "" if run.base.exists() else "  # base config missing!"
             print(f"[{'skip' if state == 'finished' else state}] {run.name}: {' '.join(cmd)}{missing}")
         return 0

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 # Keys the grid itself controls; a cell or `extra:` setting them would silently fight the grid.
 _RESERVED = {"seed": "--seeds / seeds:", "out": "--out", "lag.n": "lags:", "lag.schedule": "lag_schedule:",
-             "steps": "steps:"}  # fmt: skip
+             "steps": "steps:", "train.max_threads": "--threads"}  # fmt: skip
 _CELL_KEYS = {"base", "lags", "lag_schedule", "label"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 

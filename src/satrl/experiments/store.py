@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from satrl.experiments.status import run_status
 from satrl.jsonl import read_jsonl  # the one tolerant JSONL reader (torn lines skipped)
 
 SUMMARY_KEYS = ("best_avg_at_k", "best_step", "final_avg_at_k", "late_avg_at_k", "best_val_avg_at_k",
@@ -57,15 +58,6 @@ def find_runs(out_dir: str | Path) -> list[RunDir]:
         if p.is_dir() and lag_m and seed_m:
             found.append(RunDir(p.parent.parent.name, int(lag_m.group(1)), int(seed_m.group(1)), p))
     return sorted(found, key=lambda r: (r.cell, r.lag, r.seed))
-
-
-def _status(run: RunDir, summary: dict | None) -> str:
-    if summary is not None and summary.get("status") == "finished":
-        return "finished"
-    if (run.path / "error.txt").exists():
-        return "failed"
-    ck = run.path / "checkpoints"
-    return "partial" if ck.is_dir() and any(ck.iterdir()) else "new"
 
 
 def _steps_per_batch(run_path: Path) -> int | None:
@@ -118,7 +110,7 @@ def load_runs(out_dir: str | Path) -> pd.DataFrame:
         if summary is not None:
             row.update(_flat(_upgraded(r, summary)), steps_per_batch=_steps_per_batch(r.path))
         row.update(
-            cell=r.cell, lag=r.lag, seed=r.seed, run=r.name, path=str(r.path), status=_status(r, summary)
+            cell=r.cell, lag=r.lag, seed=r.seed, run=r.name, path=str(r.path), status=run_status(r.path, summary)
         )
         rows.append(row)
     cols = ["cell", "lag", "seed", "run", "status", "path"]
@@ -265,7 +257,7 @@ def pack_results(out_dir: str | Path, dest: str | Path) -> list[Path]:
             dest.mkdir(parents=True, exist_ok=True)
             written.append(_copy_portable(out_dir / name, dest / name, out_dir))
     for r in find_runs(out_dir):
-        if _status(r, _read_json(r.path / "summary.json")) != "finished":
+        if run_status(r.path) != "finished":
             continue
         target = dest / r.cell / f"lag{r.lag}" / f"seed{r.seed}"
         target.mkdir(parents=True, exist_ok=True)

@@ -50,8 +50,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from satrl.integrations._gate import composition, gate_capacity, warn_gate_cannot_fire
 from satrl.objectives import ObjectiveInputs, resolve_objective
-from satrl.objectives.sat import sat_clip_bounds
-from satrl.objectives.trust_regions import LAG_FREE_PROXIES, sat_score
+from satrl.objectives.sat import LAG_FREE_PROXIES, sat_clip_bounds, sat_score
 
 # TRL loss types that clip coef_1 to [1 - epsilon_low, 1 + epsilon_high]: the ones SAT can contract.
 SAT_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")

@@ -55,7 +55,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from satrl.integrations._gate import composition, gate_capacity, warn_gate_cannot_fire
 from satrl.objectives import ObjectiveSpec, resolve_objective
-from satrl.objectives.trust_regions import LAG_FREE_PROXIES
+from satrl.objectives.sat import LAG_FREE_PROXIES
 from satrl.registry import Registry
 
 # verl's own policy losses read these (see core_algos.compute_policy_loss_vanilla); same fallbacks here.

@@ -16,12 +16,12 @@ these router modules, registered for the duration of a context manager only:
 Alignment: routing tensors are ``[B, L, layers, top_k]`` int64, row ``[b, p]`` being the experts used
 while processing ``input_ids[b, p]``. The engine's ``Completion.routing`` [T, layers, top_k] holds, for
 response token t, the experts of the forward step that *sampled* it, i.e. input position
-``prompt_len - 1 + t``; :func:`align_routing` places it into a trainer row.
+``prompt_len - 1 + t`` (``satrl.tensors.scoring_slice``); ``pipeline.buffer.collate`` places it into a trainer row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
@@ -114,14 +114,9 @@ def capture_routing(model: nn.Module) -> Iterator[RoutingRecorder]:
 
 
 class RoutingReplayer:
-    """Holds the routing replayed by :func:`replay_routing`; ``set()`` swaps it (e.g. per decoding step)."""
+    """Holds the routing replayed by :func:`replay_routing` for one full-sequence forward."""
 
     def __init__(self, routing: torch.Tensor, num_layers: int, top_k: int) -> None:
-        self.set(routing, num_layers, top_k)
-
-    def set(self, routing: torch.Tensor, num_layers: int | None = None, top_k: int | None = None) -> None:
-        num_layers = self.num_layers if num_layers is None else num_layers
-        top_k = self.top_k if top_k is None else top_k
         if routing.dim() != 4 or routing.shape[2] != num_layers or routing.shape[3] != top_k:
             raise ValueError(
                 f"routing must be [B, L, layers={num_layers}, top_k={top_k}] aligned with input_ids, "
@@ -171,8 +166,7 @@ def replay_routing(model: nn.Module, routing: torch.Tensor) -> Iterator[RoutingR
     """Make every MoE layer use the experts in ``routing`` [B, L, layers, top_k] int64 (aligned with the
     forward's ``input_ids`` [B, L]; a token with any entry -1 uses the model's own top-k). Gate weights
     come from the model's router logits renormalized over the replayed experts (see :func:`replay_gate`),
-    so the router keeps its gradient. For incremental decoding call ``replayer.set(step_routing)``
-    before each step."""
+    so the router keeps its gradient."""
     routers = _require_moe(model)
     replayer = RoutingReplayer(routing, len(routers), int(routers[0].top_k))
     # prepend: replay runs before any capture hook, so a recorder always sees the experts actually used
@@ -185,24 +179,3 @@ def replay_routing(model: nn.Module, routing: torch.Tensor) -> Iterator[RoutingR
         for h in handles:
             h.remove()
 
-
-def align_routing(
-    completion_routing: Sequence[torch.Tensor | None], prompt_len: Sequence[int], seq_len: int
-) -> torch.Tensor | None:
-    """Place each completion's routing [T_b, layers, k] into a trainer batch row: returns
-    ``[B, seq_len, layers, k]`` int64, -1 where unknown, with row b's response token t at input position
-    ``prompt_len[b] - 1 + t`` (the position whose logits sampled it). None if no row has routing."""
-    known = [r for r in completion_routing if r is not None]
-    if not known:
-        return None
-    layers, k = known[0].shape[1:]
-    out = torch.full((len(completion_routing), seq_len, layers, k), -1, dtype=torch.int64)
-    for b, (r, p) in enumerate(zip(completion_routing, prompt_len, strict=True)):
-        if r is None:
-            continue
-        if p < 1 or p - 1 + r.shape[0] > seq_len:
-            raise ValueError(
-                f"row {b}: prompt_len {p} + {r.shape[0]} response tokens do not fit seq_len {seq_len}"
-            )
-        out[b, p - 1 : p - 1 + r.shape[0]] = r.to(torch.int64)
-    return out

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import as_bool_mask, lengths, masked
+from satrl.tensors import as_bool_mask, lengths, masked
+
 from .registry import component_registry
 
 AGGREGATIONS = component_registry("aggregation mode")

@@ -21,7 +21,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import LOG_RATIO_CLAMP, masked, masked_frac, masked_max, masked_mean, seq_mean
+from satrl.tensors import masked, masked_frac, masked_max, masked_mean, seq_mean
+
+from ._common import LOG_RATIO_CLAMP
 from .registry import component_registry, positive
 from .trust_regions import ObjectiveInputs
 

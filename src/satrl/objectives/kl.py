@@ -17,7 +17,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import LOG_RATIO_CLAMP, masked
+from satrl.tensors import masked
+
+from ._common import LOG_RATIO_CLAMP
 from .registry import component_registry, non_negative
 
 KL_ESTIMATORS = component_registry("KL estimator")

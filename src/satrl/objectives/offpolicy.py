@@ -41,11 +41,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import LOG_RATIO_CLAMP, count, masked, masked_frac, seq_mean
+from satrl.tensors import count, masked, masked_frac, seq_mean
+
+from ._common import LOG_RATIO_CLAMP
 from .corrections import CORRECTIONS
 from .registry import non_negative, positive, unit_interval
-from .sat import gated_bounds, sat_gate, sat_metrics
-from .trust_regions import _EPS_CHECKS, PROXIES, TRUST_REGIONS, ZERO_MASKED, ObjectiveInputs, sat_score
+from .sat import PROXIES, ZERO_MASKED, gated_bounds, sat_gate, sat_metrics, sat_score
+from .trust_regions import _EPS_CHECKS, TRUST_REGIONS, ObjectiveInputs
 
 _SAT = {"alpha": 0.9, "exponent": 2.0, "proxy": "log_ratio", "invert": False, "shuffle": False}
 _SAT_CHOICES = {"proxy": PROXIES, "invert": (False, True), "shuffle": (False, True)}

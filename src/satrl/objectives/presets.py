@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from satrl.tensors import as_bool_mask, clean_adv, count, masked, masked_frac, masked_mean, seq_mean
+
 from . import offpolicy  # noqa: F401  (registers the peers' trust regions and the opsm correction)
-from ._common import as_bool_mask, clean_adv, count, masked, masked_frac, masked_mean, seq_mean
 from .corrections import CORRECTIONS
 from .kl import KL_ESTIMATORS
 from .ratios import RATIO_LEVELS

@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import LOG_RATIO_CLAMP, masked, seq_mean
+from satrl.tensors import masked, seq_mean
+
+from ._common import LOG_RATIO_CLAMP
 from .registry import component_registry
 
 RATIO_LEVELS = component_registry("ratio level")

@@ -6,7 +6,8 @@ A trust-region function has the signature
 ``inp`` the :class:`ObjectiveInputs` (for log-probs and lags). ``clipped`` marks active tokens whose
 surrogate gradient the trust region zeroes. Losses are minimized: loss = -surrogate.
 
-Registered: ``ppo`` (PPO clip, optional dual clip), ``sat`` (paper Eqs. 13-19), ``dppo_tv``/``dppo_kl``
+Registered: ``ppo`` (PPO clip, optional dual clip), ``sat`` (paper Eqs. 13-19; in ``sat.py``, next to
+its gate and its dense reference), ``dppo_tv``/``dppo_kl``
 (Qi et al. 2026, arXiv 2602.04879, binary approximations) and ``ppo_dtv_mask`` (the SAT paper's DPPO
 baseline, Appendix E.4/F: GRPO clip times a hard mask on outward tokens with |pi - mu| > delta).
 """
@@ -18,9 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._common import masked, masked_frac
-from .registry import component_registry, dual_clip_ok, non_negative, positive, unit_interval
-from .sat import gated_bounds, sat_gate, sat_metrics
+from satrl.tensors import masked, masked_frac
+
+from .registry import component_registry, dual_clip_ok, non_negative, unit_interval
 
 TRUST_REGIONS = component_registry("trust region")
 
@@ -88,92 +89,6 @@ _EPS_CHECKS = {
 def ppo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip):
     """PPO clip with fixed radii: bounds [1 - eps_low, 1 + eps_high]."""
     return _clip(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, dual_clip)
-
-
-# SAT's gate score ("proxy"): what the gate ranks instead of |d|. Each is ``fn(inp) -> [B, T] | None`` (None:
-# |d| itself), declares ``zero_masked`` (its values are abs() values, exactly 0 on masked positions) and what
-# it needs beyond the log-probs (``lag``: integrations that pass no per-token lags offer only the others).
-SAT_PROXIES = component_registry("SAT proxy")
-
-
-@SAT_PROXIES.register("log_ratio", traits={"zero_masked": True})
-def _log_ratio_score(inp: ObjectiveInputs) -> Tensor | None:
-    """|d| (the paper), when the caller computed it already (else None: sat_gate takes |d|)."""
-    return inp.abs_d
-
-
-@SAT_PROXIES.register("prob_diff", traits={"zero_masked": True})
-def _prob_diff_score(inp: ObjectiveInputs) -> Tensor:
-    """|pi - mu| of the sampled token."""
-    return masked((inp.logp.detach().exp() - inp.denom_logp.exp()).abs(), inp.mask)
-
-
-@SAT_PROXIES.register("version_age", needs=("lag",), traits={"zero_masked": False})
-def _version_age_score(inp: ObjectiveInputs) -> Tensor:
-    """The token's lag (trainer version - sample version)."""
-    if inp.lag is None:
-        raise ValueError("SAT proxy='version_age' needs lag= (the per-token lag); pass it or use "
-                         "proxy='log_ratio'")
-    return masked(inp.lag.to(inp.logp.dtype), inp.mask)
-
-
-PROXIES = tuple(SAT_PROXIES.names())
-ZERO_MASKED = tuple(name for name, c in SAT_PROXIES.items() if c.traits["zero_masked"])
-LAG_FREE_PROXIES = tuple(name for name, c in SAT_PROXIES.items() if "lag" not in c.needs)  # no lag= needed
-
-
-@torch.no_grad()
-def sat_score(proxy: str, inp: ObjectiveInputs) -> Tensor | None:
-    """The gate's score under ``proxy`` (one of :data:`SAT_PROXIES`): None (= |d|, the paper), |pi - mu| of the
-    sampled token, or the token's lag."""
-    return SAT_PROXIES.get(proxy).fn(inp)
-
-
-@TRUST_REGIONS.register(
-    "sat",
-    defaults={**_EPS, "alpha": 0.9, "exponent": 2.0, "proxy": "log_ratio", "invert": False, "shuffle": False},
-    choices={"proxy": PROXIES, "invert": (False, True), "shuffle": (False, True)},
-    checks={**_EPS_CHECKS, "alpha": (unit_interval, "in [0, 1]"), "exponent": (positive, "> 0")},
-)
-def sat_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip, alpha, exponent, proxy, invert, shuffle):
-    """SAT: PPO clip with per-token bounds from :func:`sat_clip_bounds` (paper Eqs. 13-19).
-
-    ``d`` is the ratio level's own log-ratio: the token log-ratio for GRPO, the broadcast sequence
-    log-ratio for GSPO (paper Eq. 20), so the gate ranks sequences, length-weighted, under GSPO.
-
-    Computed as PPO plus a sparse fix-up (Proposition 4.1 (iii)): the loss equals PPO's except on gated
-    tokens pushed past their contracted endpoint (A > 0, r > 1 + eps_high*c+; A < 0, r < 1 - eps_low*c-),
-    where it is the constant -bound*A with zero gradient. This is value-for-value what
-    ``clipped_surrogate(ratio, adv, lo, hi)`` gives with the dense bounds (tested), at the cost of the
-    gated tokens only.
-    """
-    g = sat_gate(d, mask, alpha, exponent, invert, score=sat_score(proxy, inp), shuffle=shuffle,
-                 zero_masked=proxy in ZERO_MASKED)
-    loss, clipped, metrics = _clip(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, dual_clip)
-    metrics.update(sat_metrics(g, eps_low, eps_high))
-    with torch.no_grad():
-        lo, hi = gated_bounds(g, eps_low, eps_high)
-        cols = ratio.shape[-1]
-        r_g = ratio.detach().reshape(-1).index_select(0, g.idx)
-        # no [B, T] copy of a [B, 1] advantage: gather by row
-        a_g = adv.reshape(-1).index_select(0, g.idx // cols if adv.shape[-1] == 1 else g.idx)
-        up = (a_g > 0) & (r_g > hi)  # pushed past the contracted upper endpoint
-        down = (a_g < 0) & (r_g < lo)
-        hit = (up | down).nonzero().squeeze(1)
-        value = torch.where(a_g > 0, hi, lo).index_select(0, hit) * -a_g.index_select(0, hit)
-        pos = g.idx.index_select(0, hit)
-        n_t = torch.tensor(float(max(g.n, 1)), device=ratio.device)
-        # tokens newly clipped by SAT: past the contracted endpoint but inside PPO's interval
-        new_high = torch.count_nonzero(up & ~(r_g > 1.0 + eps_high)) / n_t
-        new_low = torch.count_nonzero(down & ~(r_g < 1.0 - eps_low)) / n_t
-        metrics["clipfrac_high"] += new_high
-        metrics["clipfrac_low"] += new_low
-        # The only tokens whose gradient SAT changes (Prop. 4.1 (iii)): if this is 0, SAT == PPO this step.
-        metrics["sat_clipfrac"] = new_high + new_low
-        clipped.view(-1).index_fill_(0, pos, True)
-    # Constant value, so zero gradient there. In place: the ops that made `loss` save no output.
-    loss.index_put_((pos // cols, pos % cols), value.to(loss.dtype))
-    return loss, clipped, metrics
 
 
 @torch.no_grad()

@@ -225,19 +225,20 @@ class ProcessBackend:
         self._stop()
 
 
-def _ray(spec: WorkerSpec) -> Backend:
+def _ray(spec: WorkerSpec, **options) -> Backend:
     from satrl.pipeline.ray_backend import RayBackend  # optional extra: satrl[ray]
 
-    return RayBackend(spec)
+    return RayBackend(spec, **options)
 
 
-# name (the config's ``backend``) -> builder(spec) -> Backend; a new backend is one more register call.
-BACKENDS: Registry[Callable[[WorkerSpec], Backend]] = Registry("backend")
+# name (the config's ``backend``) -> builder(spec, **options) -> Backend; a new backend is one more register call.
+BACKENDS: Registry[Callable[..., Backend]] = Registry("backend")
 BACKENDS.register("sequential", SequentialBackend)
 BACKENDS.register("local", ProcessBackend)
 BACKENDS.register("ray", _ray)
 
 
-def make_backend(name: str, spec: WorkerSpec) -> Backend:
-    """The backend ``name`` (the config's ``backend``) running workers of ``spec``."""
-    return BACKENDS.get(name)(spec)
+def make_backend(name: str, spec: WorkerSpec, **options) -> Backend:
+    """The backend ``name`` (the config's ``backend``) running workers built from ``spec``; ``options`` are its
+    own settings (``pipeline.setup.backend_options``: the ``ray:`` config section for ``ray``, none for the others)."""
+    return BACKENDS.get(name)(spec, **options)

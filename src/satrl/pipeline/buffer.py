@@ -6,12 +6,13 @@ from collections.abc import Callable
 
 import torch
 
+from satrl.tensors import scoring_slice
 from satrl.types import Batch, Sample
 
 
 def collate(samples: list[Sample], pad_id: int) -> Batch:
     """Right-pad prompt+response rows into a :class:`Batch`. Routing [T, layers, k] of response token t is
-    placed at input position ``prompt_len + t - 1``, the position whose logits score token t."""
+    placed at input position ``prompt_len - 1 + t`` (``satrl.tensors.scoring_slice``), whose logits score token t."""
     B = len(samples)
     if B == 0:
         raise ValueError("cannot collate an empty batch (every sample was dropped?)")
@@ -36,7 +37,7 @@ def collate(samples: list[Sample], pad_id: int) -> Batch:
         blp[i, :t] = s.behavior_logp.float()
         versions[i, :t] = s.version
         if routing is not None and s.routing is not None:
-            routing[i, p - 1 : p - 1 + t] = s.routing.long()
+            routing[i, scoring_slice(p, t)] = s.routing.long()
     first_seen: dict[str, int] = {}
     group_index = torch.tensor([first_seen.setdefault(s.group_id, len(first_seen)) for s in samples])
     return Batch(

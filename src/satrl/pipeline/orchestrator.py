@@ -8,7 +8,6 @@ engine works while the trainer trains, and a concurrent run equals a sequential 
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 
@@ -18,19 +17,18 @@ from satrl.config import RunConfig
 from satrl.engines.registry import pad_id
 from satrl.pipeline.backends import make_backend
 from satrl.pipeline.buffer import SnapshotStore, collate
-from satrl.pipeline.rundir import Evaluator, RunDir, batch_metrics
+from satrl.pipeline.rundir import batch_metrics
 from satrl.pipeline.schedules import Schedule, make_schedule
-from satrl.pipeline.setup import build_trainer, worker_spec
+from satrl.pipeline.setup import backend_options, build_evaluator, build_run_dir, build_trainer, worker_spec
 from satrl.pipeline.worker import RolloutRequest, WorkerSpec
 from satrl.tasks import make_task
 
 
 def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, dict | None], None] | None = None) -> dict:
     """Run (or resume) one training run; returns its summary (also written to ``summary.json``)."""
-    # A grid running W runs at once caps each run's threads (W x threads <= cores) through this variable.
-    torch.set_num_threads(min(cfg.train.threads, int(os.environ.get("SATRL_TORCH_THREADS", cfg.train.threads))))
+    torch.set_num_threads(cfg.trainer_threads)  # a grid caps it with train.max_threads (W x threads <= cores)
     torch.manual_seed(cfg.seed)
-    run = RunDir(cfg, resume=resume)
+    run = build_run_dir(cfg, resume=resume)
     task = make_task(cfg.task.name, **cfg.task.kwargs)  # here too, so bad data fails before any engine starts
     run.skipped_rows = len(getattr(task, "skipped", ()))
     trainer, tokenizer = build_trainer(cfg)
@@ -40,11 +38,11 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
     sched = make_schedule(cfg.lag.schedule, S, cfg.lag.n, cfg.lag.max_staleness, cfg.seed)
     store = SnapshotStore(lambda b: _versions(sched, b, P) if b < n_batches else set(), _horizon(sched))
     state = run.restore(trainer, store) if resume else run.fresh(trainer, store)
-    evaluator = Evaluator(cfg, tokenizer, task)
+    evaluator = build_evaluator(cfg, tokenizer, task)
     evaluator.prepare()
     if trainer.version == 0 and evaluator.due(0, cfg.steps):  # the base score: the eval collapse rule's reference
         run.log_eval(0, evaluator(trainer), trainer)
-    backend = make_backend(cfg.backend, spec)
+    backend = make_backend(cfg.backend, spec, **backend_options(cfg))
     try:
         for b in range(state.next_batch, n_batches):
             _submit_ready(backend, sched, store, state, trainer.version, b, n_batches, P)  # rollouts ahead

@@ -2,11 +2,12 @@
 
 The orchestration loop and the trainer stay in the driver process (``breakpoint()`` still works there); each
 engine worker is a Ray actor wrapping the same :class:`~satrl.pipeline.worker.RolloutWorker` the local
-backends use. A batch's P prompt groups are split into contiguous shards, one per actor, and the shards'
-samples are merged sorted by sample id. Samples equal the local backend's because sampling depends only on
-``request_seed(seed, b, g, i)`` and the weights, never on which process or batch generates a request (the
-torch engine's rows do not depend on the other rows of the call; ``tests/pipeline/test_ray_backend.py``
-checks the whole run bit for bit).
+backends use, with the same rollout body (``RolloutWorker.rollout`` given the actor's groups). A batch's P
+prompt groups are split into contiguous shards, one per actor, and the shards' samples are merged sorted by
+sample id. Samples equal the local backend's because sampling depends only on
+``request_seed("rollout", seed, b, g, i)`` and the weights, never on which process or batch generates a
+request (the torch engine's rows do not depend on the other rows of the call;
+``tests/pipeline/test_ray_backend.py`` checks the whole run bit for bit). Settings: the ``ray:`` config section.
 
 Weights travel through the Ray object store: the driver ``ray.put``s each version's state dict once and
 passes object refs; an actor fetches a version only when its engine is not already on it.
@@ -26,17 +27,13 @@ from typing import Any
 import torch
 
 from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
-from satrl.types import Problem, Sample
+from satrl.types import Sample
 
 try:
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 except ImportError as e:  # the extra is optional; say how to get it
     raise ImportError("backend=ray needs Ray: pip install 'satrl[ray]' (or pip install ray)") from e
-
-ENV_WORKERS = "SATRL_RAY_WORKERS"  # number of engine actors when the constructor is not told
-ENV_ADDRESS = "SATRL_RAY_ADDRESS"  # cluster to join ("auto", "ray://head:10001", ...); RAY_ADDRESS also works
-ENV_GPUS = "SATRL_RAY_GPUS"  # GPUs reserved per engine actor (default 0)
 
 
 def split_groups(P: int, n: int) -> list[list[int]]:
@@ -45,33 +42,9 @@ def split_groups(P: int, n: int) -> list[list[int]]:
     return [list(range(lo, hi)) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
 
 
-class ShardWorker(RolloutWorker):
-    """A rollout worker that can generate a subset of a batch's groups.
-
-    It still reads the whole batch's problems from the stream (the stream cursor is per batch index, and
-    group g's prompt is the g-th problem of batch b), then generates only ``groups``.
-    """
-
-    def rollout_groups(
-        self, b: int, versions: list[int], groups: list[int], states: dict[int, Any]
-    ) -> list[Sample]:
-        """Samples of groups ``groups`` of batch ``b``; group g uses ``versions[g]`` whose weights are
-        ``states[v]`` (a state dict or a Ray object ref, fetched only when the engine needs it)."""
-        problems: list[Problem] = self._problems(b)
-        out: list[Sample] = []
-        threads = torch.get_num_threads()
-        torch.set_num_threads(self.spec.threads)  # fixed thread count: bitwise-stable numerics
-        try:
-            for version in sorted({versions[g] for g in groups}):
-                if self.engine.version != version:
-                    state = states[version]
-                    self.engine.load_weights(
-                        ray.get(state) if isinstance(state, ray.ObjectRef) else state, version
-                    )
-                out += self._generate(b, [g for g in groups if versions[g] == version], problems)
-        finally:
-            torch.set_num_threads(threads)
-        return sorted(out, key=lambda s: s.id)
+def _fetch(state: Any) -> dict[str, torch.Tensor]:
+    """A state dict sent as a Ray object ref (or as itself)."""
+    return ray.get(state) if isinstance(state, ray.ObjectRef) else state
 
 
 class EngineActor:
@@ -79,7 +52,7 @@ class EngineActor:
 
     def __init__(self, spec: WorkerSpec) -> None:
         torch.set_num_threads(spec.threads)
-        self.worker = ShardWorker(spec)
+        self.worker = RolloutWorker(spec)
 
     def pid(self) -> int:
         return os.getpid()
@@ -88,7 +61,7 @@ class EngineActor:
         self, b: int, versions: list[int], groups: list[int], states: dict[int, Any]
     ) -> tuple[list[Sample], float]:
         t0 = time.perf_counter()
-        samples = self.worker.rollout_groups(b, versions, groups, states)
+        samples = self.worker.rollout(RolloutRequest(b, versions, states), groups, fetch=_fetch)
         return samples, time.perf_counter() - t0
 
 
@@ -109,11 +82,10 @@ class RayBackend:
 
     Args:
         spec: how each actor builds its rollout worker.
-        num_workers: engine actors; None reads ``SATRL_RAY_WORKERS`` (default 1).
-        address: Ray cluster to join; None reads ``SATRL_RAY_ADDRESS`` / ``RAY_ADDRESS``, and without either a
-            private local cluster is started (and shut down by :meth:`close`). If Ray is already initialized
-            in this process, that cluster is used and left running.
-        num_gpus: GPUs reserved per actor; None reads ``SATRL_RAY_GPUS`` (default 0).
+        num_workers: engine actors (config ``ray.workers``).
+        address: Ray cluster to join (``ray.address``); None starts a private local cluster (shut down by
+            :meth:`close`). If Ray is already initialized in this process, that cluster is used and left running.
+        num_gpus: GPUs reserved per actor (``ray.gpus``).
         max_restarts: how often Ray may restart each actor after it dies.
         restart_timeout_s: how long a shard waits for its dead actor to come back before the run fails.
         timeout_s: how long :meth:`result` waits for a batch before it gives up.
@@ -122,21 +94,19 @@ class RayBackend:
     def __init__(
         self,
         spec: WorkerSpec,
-        num_workers: int | None = None,
+        num_workers: int = 1,
         address: str | None = None,
         *,
-        num_gpus: float | None = None,
+        num_gpus: float = 0.0,
         max_restarts: int = 4,
         restart_timeout_s: float = 300.0,
         timeout_s: float = 3600.0,
     ) -> None:
-        n = int(os.environ.get(ENV_WORKERS, "1")) if num_workers is None else int(num_workers)
+        n, gpus = int(num_workers), float(num_gpus)
         if n < 1:
-            raise ValueError(f"num_workers must be >= 1, got {n} (set {ENV_WORKERS} or pass num_workers)")
-        gpus = float(os.environ.get(ENV_GPUS, "0")) if num_gpus is None else float(num_gpus)
+            raise ValueError(f"num_workers must be >= 1, got {n} (config ray.workers)")
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
-            address = address or os.environ.get(ENV_ADDRESS) or os.environ.get("RAY_ADDRESS")
             if address:
                 ray.init(address=address, logging_level="WARNING")
             else:  # "local": never join a cluster that merely happens to run on this machine
@@ -215,7 +185,7 @@ class RayBackend:
             msg = (
                 f"{len(self.actors)} engine actor(s) did not start in {timeout_s:.0f} s; each needs {needs} "
                 f"and the cluster has {ray.available_resources()} free. "
-                f"Use fewer workers ({ENV_WORKERS}), fewer engine.threads or {ENV_GPUS}, or add nodes."
+                "Use fewer ray.workers, fewer engine.threads or ray.gpus, or add nodes."
             )
             self.close()  # the loop never gets the backend, so nothing else would stop what we started
             raise RuntimeError(msg) from None

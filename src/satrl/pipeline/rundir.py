@@ -14,14 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
 
 from satrl import faults
-from satrl.config import ConfigError, RunConfig, load_config, save_config
+from satrl.config import ConfigError, RunConfig, load_config
 from satrl.diagnostics import summarize_run
+from satrl.diagnostics.collapse import CollapseConfig
 from satrl.jsonl import append_jsonl, dumps, read_jsonl, strict, write_jsonl
 from satrl.pipeline.buffer import SnapshotStore
 from satrl.training import checkpoint as ckpt
-from satrl.types import Batch, Sample
+from satrl.types import Batch, Sample, SamplingParams
 
 
 @dataclass
@@ -56,13 +58,27 @@ def _finite_or_none(x: float) -> float | None:
 
 
 class RunDir:
-    def __init__(self, cfg: RunConfig, resume: bool = False) -> None:
-        self.cfg, self.path = cfg, cfg.run_dir()
+    """One run's directory. Plain arguments (``pipeline.setup.run_dir`` builds them from the config):
+
+    Args:
+        path: the directory.
+        config: the resolved config as data (every default filled in), saved as ``config.yaml``.
+        collapse: the collapse rules of the end-of-run summary.
+        warmup_steps: optimizer steps the summary's collapse rule skips (one rollout batch).
+        resume: continue the run in ``path`` instead of refusing a directory that holds one.
+    """
+
+    def __init__(
+        self, path: Path, config: dict, *, collapse: CollapseConfig, warmup_steps: int, resume: bool = False
+    ) -> None:
+        self.path, self.collapse, self.warmup_steps = Path(path), collapse, warmup_steps
         self.ckpt_dir = self.path / "checkpoints"
         if not resume and (self.path / "metrics.jsonl").exists():
             raise FileExistsError(f"{self.path} already holds a run; resume it with --resume {self.path} or pick out=")
         self.path.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.path / "config.yaml")
+        tmp = self.path / "config.yaml.tmp"  # atomic: a killed run never leaves a torn config.yaml
+        tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+        tmp.replace(self.path / "config.yaml")
         self.t0 = time.perf_counter()
         self.wall_before = 0.0
         self.state = RunState()
@@ -89,7 +105,7 @@ class RunDir:
             print(f"satrl: no complete checkpoint in {self.ckpt_dir}; starting from step 0", file=sys.stderr)
             return self.fresh(trainer, store)
         weights, state = ckpt.load_checkpoint(path, {"RunState": RunState, "Sample": Sample})
-        trainer.model.load_state_dict(weights)
+        trainer.load_weights(weights)
         trainer.load_state_dict(state["trainer"])
         store.states = state["snapshots"]
         torch.set_rng_state(state["rng"])
@@ -150,8 +166,8 @@ class RunDir:
         summary = summarize_run(
             read_jsonl(self.path / "metrics.jsonl", null_as_nan=True),
             read_jsonl(self.path / "eval.jsonl", null_as_nan=True),
-            self.cfg.collapse,
-            warmup_steps=self.cfg.steps_per_batch,
+            self.collapse,
+            warmup_steps=self.warmup_steps,
         )
         summary.update(wall_time_s=self.wall(), status="finished")
         summary["data/skipped_rows"] = self.skipped_rows
@@ -164,61 +180,85 @@ class RunDir:
 
 class Evaluator:
     """avg@k and greedy accuracy of the trainer's current weights, with the engine's numerics, on the
-    val and test parts of the eval problems (one generation pass over both; scores per part and pooled)."""
+    val and test parts of the eval problems (one generation pass over both; scores per part and pooled).
+    Plain arguments (``pipeline.setup.evaluator`` builds them from the config):
 
-    def __init__(self, cfg: RunConfig, tokenizer, task=None) -> None:
-        self.cfg, self.tokenizer, self.engine, self.task = cfg, tokenizer, None, task
+    Args:
+        tokenizer, task: the run's tokenizer and task (its ``eval`` split is scored).
+        engine, engine_kwargs, model_path, numerics: how to build the evaluation engine (``engines.engine_for``).
+        sampling, k, seed: sampling settings, samples per problem, the run seed (request seeds derive from it).
+        every, at_start: evaluate every this many optimizer steps (0: only at the end), and at step 0.
+        val_problems, test_problems: problems of each part per evaluation; or ``n_problems``: the first
+            n eval problems, split by the same hash (configs from before the split).
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        task,
+        *,
+        engine: str,
+        engine_kwargs: dict,
+        model_path: str,
+        numerics: str,
+        sampling: SamplingParams,
+        k: int,
+        seed: int,
+        every: int,
+        at_start: bool,
+        val_problems: int,
+        test_problems: int,
+        n_problems: int | None = None,
+    ) -> None:
+        self.tokenizer, self.task, self.engine = tokenizer, task, None
+        self.engine_name, self.engine_kwargs, self.model_path, self.numerics = engine, engine_kwargs, model_path, numerics
+        self.sampling, self.k, self.seed = sampling, k, seed
+        self.every, self.at_start = every, at_start
+        self.val_problems, self.test_problems, self.n_problems = val_problems, test_problems, n_problems
 
     def due(self, step: int, last: int) -> bool:
-        every = self.cfg.eval.every
         if step == 0:
-            return self.cfg.eval.at_start
-        return step == last or (every > 0 and step % every == 0)
+            return self.at_start
+        return step == last or (self.every > 0 and step % self.every == 0)
 
     def prepare(self) -> None:
         """Choose the val and test problems (once). Called before training, so that an eval split too small
         for ``eval.*`` fails at once with a one-line TaskError, not at the first evaluation."""
-        from satrl.tasks import TaskError, make_task
+        from satrl.tasks import TaskError
         from satrl.tasks.evaluate import _take, part_of, split_val_test
 
         if hasattr(self, "pool"):
             return
-        ev = self.cfg.eval
-        if self.task is None:
-            self.task = make_task(self.cfg.task.name, **self.cfg.task.kwargs)
         try:
-            if ev.n_problems is not None:  # configs before the split: the same first-n problems as before
-                self.pool = _take(self.task, "eval", ev.n_problems)
+            if self.n_problems is not None:  # configs before the split: the same first-n problems as before
+                self.pool = _take(self.task, "eval", self.n_problems)
                 self.val_idx = [i for i, p in enumerate(self.pool) if part_of(p) == "val"]
                 self.test_idx = [i for i, p in enumerate(self.pool) if part_of(p) == "test"]
             else:
                 self.pool, self.val_idx, self.test_idx = split_val_test(
-                    self.task.problems("eval", 0), ev.val_problems, ev.test_problems
+                    self.task.problems("eval", 0), self.val_problems, self.test_problems
                 )
         except ValueError as err:
             raise TaskError(str(err)) from None
 
     def __call__(self, trainer) -> dict:
         from satrl.engines.registry import engine_for
-        from satrl.pipeline.setup import sampling_params
         from satrl.tasks.evaluate import evaluate, part_scores
 
-        cfg = self.cfg
         faults.point("eval.start")
         if self.engine is None:
-            name = cfg.eval.engine or cfg.engine.name  # engine.kwargs belong to the rollout engine
             self.engine = engine_for(
-                name,
+                self.engine_name,
                 self.tokenizer,
                 model=trainer.model,
-                model_path=cfg.model.source,
-                numerics=cfg.engine.numerics,
-                **(cfg.engine.kwargs if name == cfg.engine.name else {}),
+                model_path=self.model_path,
+                numerics=self.numerics,
+                **self.engine_kwargs,
             )
             self.prepare()
         self.engine.load_weights(trainer.weights(), trainer.version)
         res = evaluate(
-            self.engine, self.tokenizer, self.task, k=cfg.eval.k, sampling=sampling_params(cfg), seed=cfg.seed,
+            self.engine, self.tokenizer, self.task, k=self.k, sampling=self.sampling, seed=self.seed,
             problems=self.pool,
         )
         out = {"avg_at_k": res.avg_at_k, "greedy_acc": res.greedy_acc, "k": res.k}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from satrl.config import RunConfig
 from satrl.models import load_policy
 from satrl.objectives import resolve_objective
+from satrl.pipeline.rundir import Evaluator, RunDir
 from satrl.pipeline.worker import WorkerSpec
 from satrl.training.trainer import Trainer
 from satrl.types import SamplingParams
@@ -30,6 +31,43 @@ def worker_spec(cfg: RunConfig) -> WorkerSpec:
         group_size=cfg.train.group_size,
         seed=cfg.seed,
     )
+
+
+def build_run_dir(cfg: RunConfig, resume: bool = False) -> RunDir:
+    return RunDir(
+        cfg.run_dir(),
+        cfg.model_dump(mode="json"),
+        collapse=cfg.collapse,
+        warmup_steps=cfg.steps_per_batch,
+        resume=resume,
+    )
+
+
+def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
+    name = cfg.eval.engine or cfg.engine.name
+    return Evaluator(
+        tokenizer,
+        task,
+        engine=name,
+        engine_kwargs=dict(cfg.engine.kwargs) if name == cfg.engine.name else {},  # the rollout engine's own
+        model_path=cfg.model.source,
+        numerics=cfg.engine.numerics,
+        sampling=sampling_params(cfg),
+        k=cfg.eval.k,
+        seed=cfg.seed,
+        every=cfg.eval.every,
+        at_start=cfg.eval.at_start,
+        val_problems=cfg.eval.val_problems,
+        test_problems=cfg.eval.test_problems,
+        n_problems=cfg.eval.n_problems,
+    )
+
+
+def backend_options(cfg: RunConfig) -> dict:
+    """Keyword arguments of the chosen backend beyond the worker spec (only ``ray`` takes any)."""
+    if cfg.backend != "ray":
+        return {}
+    return {"num_workers": cfg.ray.workers, "address": cfg.ray.address, "num_gpus": cfg.ray.gpus}
 
 
 def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:

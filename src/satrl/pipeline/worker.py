@@ -8,14 +8,14 @@ backend), or as a Ray actor, without the orchestration loop changing.
 from __future__ import annotations
 
 import itertools
-import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from satrl import faults
-from satrl.types import GenerationRequest, Problem, Sample, SamplingParams
+from satrl.types import GenerationRequest, Problem, Sample, SamplingParams, request_seed
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,6 @@ class WorkerSpec:
     prompts_per_batch: int = 16
     group_size: int = 8
     seed: int = 0
-
-
-def request_seed(seed: int, b: int, p: int, i: int) -> int:
-    """Per-request sampling seed: a pure function of (run seed, batch, prompt, sample), so samples never
-    depend on timing, batching or which process generates them."""
-    return random.Random(f"rollout-{seed}-{b}-{p}-{i}").getrandbits(62)
 
 
 @dataclass
@@ -88,20 +82,29 @@ class RolloutWorker:
         self._cursor = b + 1
         return problems
 
-    def rollout(self, req: RolloutRequest) -> list[Sample]:
-        """Generate and score the G samples of each prompt of batch ``req.b``."""
+    def rollout(
+        self, req: RolloutRequest, groups: list[int] | None = None, fetch: Callable[[Any], dict] | None = None
+    ) -> list[Sample]:
+        """Generate and score the G samples of each prompt group of batch ``req.b``, sorted by sample id.
+
+        The one rollout body of every backend. ``groups``: only these prompt groups (a Ray actor's shard;
+        default all). The worker still reads the whole batch's problems from its stream, since group g's
+        prompt is the g-th problem of batch b. ``fetch`` turns an entry of ``req.states`` into a state dict
+        (Ray: ``ray.get`` of an object ref), called only when the engine is not on that version yet.
+        """
         faults.point("worker.rollout")
         problems = self._problems(req.b)
+        groups = list(range(len(req.versions))) if groups is None else groups
         out: list[Sample] = []
         threads = torch.get_num_threads()
         torch.set_num_threads(self.spec.threads)  # fixed thread count: bitwise-stable numerics
         try:
-            for version in sorted(set(req.versions)):
+            for version in sorted({req.versions[g] for g in groups}):
                 if self.engine.version != version:
                     faults.point("engine.load_weights")
-                    self.engine.load_weights(req.states[version], version)
-                groups = [g for g, v in enumerate(req.versions) if v == version]
-                out += self._generate(req.b, groups, problems)
+                    state = req.states[version]
+                    self.engine.load_weights(state if fetch is None else fetch(state), version)
+                out += self._generate(req.b, [g for g in groups if req.versions[g] == version], problems)
         finally:
             torch.set_num_threads(threads)
         return sorted(out, key=lambda s: s.id)
@@ -113,7 +116,7 @@ class RolloutWorker:
             prompt_ids = self.tokenizer(problems[g].prompt)["input_ids"]
             for i in range(G):
                 rid = f"b{b:06d}-g{g:04d}-i{i:03d}"
-                requests.append(GenerationRequest(rid, list(prompt_ids), request_seed(seed, b, g, i)))
+                requests.append(GenerationRequest(rid, list(prompt_ids), request_seed("rollout", seed, b, g, i)))
                 meta.append((g, problems[g]))
         completions = self.engine.generate(requests, self.spec.sampling)
         out = []
@@ -123,13 +126,11 @@ class RolloutWorker:
             out.append(Sample(
                 id=c.request_id,
                 group_id=f"b{b:06d}-g{g:04d}",
-                problem_id=problem.id,
                 prompt_ids=c.prompt_ids,
                 response_ids=c.response_ids,
                 behavior_logp=c.behavior_logp,
                 version=c.version,
                 reward=reward,
-                finish_reason=c.finish_reason,
                 routing=c.routing,
                 meta={"reward_timeout": True} if getattr(self.task, "timeouts", 0) > timeouts else {},
             ))  # fmt: skip

@@ -31,15 +31,9 @@ from typing import Any
 
 import yaml
 
-from satrl.types import Engine, GenerationRequest, Problem, SamplingParams, Task
+from satrl.types import Engine, GenerationRequest, Problem, SamplingParams, Task, request_seed
 
 GREEDY = -1  # sample index of the greedy request in the seed derivation
-
-
-def request_seed(seed: int, problem_index: int, sample_index: int) -> int:
-    """Deterministic 63-bit seed of one request (``sample_index = -1`` is the greedy request)."""
-    h = hashlib.blake2b(f"{seed}/{problem_index}/{sample_index}".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") >> 1
 
 
 @dataclass
@@ -173,7 +167,7 @@ def evaluate(
     ids = [list(tokenizer(p.prompt)["input_ids"]) for p in problems]
 
     sampled = [
-        (i, GenerationRequest(f"{split}/{i}/{j}", ids[i], request_seed(seed, i, j)))
+        (i, GenerationRequest(f"{split}/{i}/{j}", ids[i], request_seed("eval", seed, i, j)))
         for i in range(len(problems))
         for j in range(k)
     ]
@@ -183,7 +177,7 @@ def evaluate(
 
     greedy_sampling = dataclasses.replace(sampling, greedy=True)
     greedy_reqs = [
-        (i, GenerationRequest(f"{split}/{i}/greedy", ids[i], request_seed(seed, i, GREEDY)))
+        (i, GenerationRequest(f"{split}/{i}/greedy", ids[i], request_seed("eval", seed, i, GREEDY)))
         for i in range(len(problems))
     ]
     greedy = _rewards(engine, task, problems, greedy_reqs, greedy_sampling, batch_size)

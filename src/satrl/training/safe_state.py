@@ -84,7 +84,8 @@ def decode(tree: Any, tensors: dict[str, torch.Tensor], classes: dict[str, type]
             cls = classes.get(x["__dataclass__"])
             if cls is None:
                 raise UnsafeStateError(f"checkpoint holds a {x['__dataclass__']!r}, not an allowed type {sorted(classes)}")
-            return cls(**{k: dec(v) for k, v in x["fields"].items()})
+            known = {f.name for f in dataclasses.fields(cls)}  # fields a later version removed are dropped
+            return cls(**{k: dec(v) for k, v in x["fields"].items() if k in known})
         return {k: dec(v) for k, v in x.items()}
 
     return dec(tree)

@@ -18,6 +18,7 @@ from satrl import diagnostics as diag
 from satrl.objectives import ObjectiveSpec, aggregate
 from satrl.objectives.aggregation import share_unit
 from satrl.objectives.reductions import reduce_metrics
+from satrl.tensors import scoring_positions
 from satrl.training.advantages import group_advantages
 from satrl.types import Batch
 
@@ -35,7 +36,7 @@ def response_logp(
     sampler), and, if ``capture``, the experts each MoE layer used at the scoring positions [B, T, layers, k]."""
     L = int(mb.attention_mask.sum(1).max())
     T = mb.mask.shape[1]
-    pos = (mb.prompt_len[:, None] - 1 + torch.arange(T, device=mb.mask.device)[None, :]).clamp(0, L - 1)  # [B, T]
+    pos = scoring_positions(mb.prompt_len, T, L)  # [B, T]
     with contextlib.ExitStack() as stack:
         if routing is not None:
             from satrl.models.routing import replay_routing
@@ -54,6 +55,11 @@ def response_logp(
     logits = out.logits.gather(1, pos[..., None].expand(-1, -1, out.logits.shape[-1])).float()
     logp = torch.log_softmax(logits / temperature, dim=-1)
     return logp.gather(-1, mb.response_ids[..., None]).squeeze(-1), used
+
+
+def cpu_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of ``model``'s state dict (the one place the trainer copies weights off the model)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def split_rows(batch: Batch, rows: torch.Tensor) -> Batch:
@@ -139,14 +145,26 @@ class Trainer:
         self.version = 0
         self.skipped = 0
         self._scratch: torch.nn.Module | None = None
+        self._weights: tuple[int, dict[str, torch.Tensor]] | None = None  # (version, CPU copy): see weights()
         from satrl.models.routing import moe_num_layers
 
         self.is_moe = moe_num_layers(model) > 0
 
     # -- state -------------------------------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
-        """A detached CPU copy of the current weights, safe to hand to an engine or a checkpoint."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        """A detached CPU copy of the current weights, safe to hand to an engine or a checkpoint.
+
+        Copied at most once per version: the loop pushes them to the engine and the snapshot store, the
+        evaluator and the checkpoint read them at the same version, and all get the same dict (treat it as
+        read-only). The copy is dropped at the next optimizer step, or when the weights are loaded."""
+        if self._weights is None or self._weights[0] != self.version:
+            self._weights = (self.version, cpu_copy(self.model))
+        return self._weights[1]
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Set the policy's weights (resume from a checkpoint)."""
+        self.model.load_state_dict(weights)
+        self._weights = None
 
     def state_dict(self) -> dict:
         return {"opt": self.opt.state_dict(), "version": self.version, "skipped": self.skipped}
@@ -154,6 +172,7 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         self.opt.load_state_dict(state["opt"])
         self.version, self.skipped = state["version"], state["skipped"]
+        self._weights = None
 
     # -- log-probs ---------------------------------------------------------------------------------
     def _routing(self, mb: Batch) -> torch.Tensor | None:
@@ -230,6 +249,7 @@ class Trainer:
         old_logp = None if old_logp is None else old_logp.to(dev)
         version_logp = None if version_logp is None else version_logp.to(dev)
         self.opt.zero_grad(set_to_none=True)
+        self._weights = None  # the last version's CPU copy: whoever needs it holds it by now
         lag = (self.version - mb.versions).clamp(min=0)  # [B, T]
         n_tok = int(mb.mask.sum())
         n_seq = int(mb.mask.any(1).sum())
@@ -291,7 +311,7 @@ class Trainer:
     def _diagnostics(self, mb: Batch, lag: torch.Tensor, tok: dict, version_logp: torch.Tensor | None) -> dict:
         engine_routing = None
         if "routing" in tok:  # the engine's experts at the scoring positions, vs the ones this forward used
-            pos = (mb.prompt_len[:, None] - 1 + torch.arange(mb.mask.shape[1], device=mb.mask.device)[None, :]).clamp(min=0)
+            pos = scoring_positions(mb.prompt_len, mb.mask.shape[1], mb.routing.shape[1])  # [B, T]
             engine_routing = mb.routing.gather(1, pos[:, :, None, None].expand(-1, -1, *mb.routing.shape[2:]))
         out = diag.step_diagnostics(
             logp=tok["logp"],
