@@ -65,12 +65,13 @@ def _tail(path: Path, n_lines: int = 30) -> str:
 
 
 def _git_commit() -> str | None:
-    """The commit of the satrl code that runs the grid (not of the cwd), '+dirty' if tracked files changed;
-    None outside a git checkout (an installed wheel)."""
+    """The commit of the satrl code that runs the grid (not of the cwd), '+dirty' if the package's tracked
+    files differ from it (results and docs elsewhere in the checkout do not count); None outside a git
+    checkout (an installed wheel)."""
     here = Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=here, capture_output=True, text=True,
+        dirty = subprocess.run(["git", "status", "--porcelain", "-uno", "--", "."], cwd=here, capture_output=True, text=True,
                                timeout=10)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
