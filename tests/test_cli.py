@@ -118,3 +118,15 @@ def test_train_off_a_terminal_prints_plain_lines_and_no_third_party_bars(tmp_pat
     assert all(x.startswith(str(out)) and " reward " in x and " gate " in x for x in lines)
     assert "━" not in captured.out and "Loading weights" not in captured.err
     assert "%|" not in captured.err  # no tqdm bar of any kind
+
+
+def test_output_into_a_closed_pipe_is_not_a_traceback():
+    """`satrl grid ... --dry-run | head -1`: the reader leaves early; satrl stops without a traceback."""
+    import subprocess
+    import sys
+
+    cmd = f"'{sys.executable}' -m satrl grid configs/grids/sat_trial.yaml --dry-run --out /nonexistent | head -1"
+    proc = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.stdout.startswith("[new] grpo/lag1/seed0: ")
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr

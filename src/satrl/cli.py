@@ -138,7 +138,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else list(argv))
     module = importlib.import_module(COMMANDS[args.command][0])
-    return int(getattr(module, f"run_{args.command}")(args) or 0)
+    try:
+        return int(getattr(module, f"run_{args.command}")(args) or 0)
+    except BrokenPipeError:  # `satrl grid ... --dry-run | head`: the reader left; stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by the signal
 
 
 if __name__ == "__main__":
