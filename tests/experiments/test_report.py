@@ -157,6 +157,12 @@ def test_report_declared_hypotheses_are_one_holm_family(tmp_path, make_run):
     assert "| supported |" in sec
     assert "| H2 | SAT < grpo at lag 8 | `d_pi_last25` | 10 | +0.0000 [" in sec and "| 1 | 1 |" in sec
     assert "**H2**: SAT vs grpo at lag 8 (d_pi_last25): no detectable difference at this power" in sec
+    assert "Sensitivity" not in md
+    md = build_report(out, n_resamples=1000, sensitivity_min_seed=3).read_text()
+    sens = md.split("## Sensitivity: declared hypotheses on seeds >= 3")[1].split("## ")[0]
+    # seeds 3-9: 7 positive diffs for H1, p = 2/128
+    assert "| H1 | SAT > grpo at lag 8 | `late_test_avg_at_k` | 7 |" in sens and "| 0.0156 |" in sens
+    assert md.split("## Declared hypotheses")[1].split("## ")[0] == sec  # the primary analysis is unchanged
 
 
 def test_report_hypothesis_over_several_bases_is_an_intersection_union_test(tmp_path, make_run):

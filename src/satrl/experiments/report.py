@@ -9,6 +9,7 @@ tested as one Holm family; every other comparison is listed as exploratory.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -146,7 +147,8 @@ def _comparison_table(res: GridResults, t: pd.DataFrame, lower_better: bool = Fa
     return out
 
 
-def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> list[str]:
+def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int,
+                  title: str = "Declared hypotheses", note: str = "") -> list[str]:  # fmt: skip
     """The grid's declared hypotheses: one Holm family, each with its endpoint and direction."""
     hyps = res.meta.get("hypotheses") or {}
     if not hyps:
@@ -167,7 +169,7 @@ def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> l
         rows.append((name, h, binding.iloc[0].drop("_wrong").copy()))
     done = [r for _, _, r in rows if r is not None]
     adjusted = holm([r["p"] for r in done])
-    out = ["## Declared hypotheses", "",
+    out = [f"## {title}", "", *([note, ""] if note else []),
            "Each hypothesis is tested with the exact two-sided paired sign-flip test on its endpoint; the p-values "
            "are Holm-corrected over these hypotheses only (one family), and the verdict follows the Holm p at 0.05 "
            "in the declared direction. MDE: the smallest true difference detectable with 80 % power at this seed "
@@ -320,8 +322,10 @@ def _coverage_note(res: GridResults, ci: float) -> str:
 
 
 def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resamples: int = 10_000,
-                 ci: float = 0.95, seed: int = 0, command: str | None = None) -> Path:  # fmt: skip
-    """Write dest/report.md and dest/figures/*.png for the grid in out_dir. Returns report.md's path."""
+                 ci: float = 0.95, seed: int = 0, command: str | None = None,
+                 sensitivity_min_seed: int | None = None) -> Path:  # fmt: skip
+    """Write dest/report.md and dest/figures/*.png for the grid in out_dir. Returns report.md's path.
+    ``sensitivity_min_seed``: also test the declared hypotheses on the seeds from that one on."""
     res = load_results(out_dir)
     dest = Path(dest or out_dir)
     figdir = dest / "figures"
@@ -366,6 +370,12 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
     else:
         md += ["No finished runs yet: nothing to tabulate.", ""]
     md += hypotheses_md(res, n_resamples, ci, seed)
+    if sensitivity_min_seed is not None and res.meta.get("hypotheses"):
+        sub = dataclasses.replace(res, runs=res.runs[res.runs["seed"] >= sensitivity_min_seed])
+        md += hypotheses_md(sub, n_resamples, ci, seed, f"Sensitivity: declared hypotheses on seeds >= {sensitivity_min_seed}",
+                            f"The same tests on the seeds from {sensitivity_min_seed} on only (a sensitivity analysis "
+                            "outside the Holm family above, e.g. without seeds that earlier decisions saw; see the "
+                            "protocol).")  # fmt: skip
     explore, tables = exploratory_md(res, n_resamples, ci, seed)
     md += explore
     md += regime_md(res)
@@ -400,6 +410,10 @@ def add_report_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pack", default=None, help="also copy summaries/configs/evals/metrics.gz to this folder"
     )
+    parser.add_argument(
+        "--sensitivity-min-seed", type=int, default=None, metavar="N",
+        help="also test the declared hypotheses on seeds >= N only (a sensitivity analysis)",
+    )
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -410,7 +424,9 @@ def run_report(args: argparse.Namespace) -> int:
         from satrl.experiments.store import pack_results
 
         pack_results(args.run_dir, args.pack)
-    cmd = " ".join(["satrl", "report", str(args.run_dir)] + (["--out", str(args.out)] if args.out else []))
-    path = build_report(args.run_dir, args.out, n_resamples=args.resamples, ci=args.ci, command=cmd)
+    extra = ["--sensitivity-min-seed", str(args.sensitivity_min_seed)] if args.sensitivity_min_seed is not None else []
+    cmd = " ".join(["satrl", "report", str(args.run_dir)] + (["--out", str(args.out)] if args.out else []) + extra)
+    path = build_report(args.run_dir, args.out, n_resamples=args.resamples, ci=args.ci, command=cmd,
+                        sensitivity_min_seed=args.sensitivity_min_seed)  # fmt: skip
     print(f"wrote {path}")
     return 0
