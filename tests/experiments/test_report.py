@@ -227,3 +227,16 @@ def test_report_mismatch_regime_table_uses_last_quarter_of_each_run(tmp_path, ma
     section = md.split("## Mismatch regime")[1].split("\n## ")[0]
     assert "| method | lag | d_pi | implementation share | total clip fraction |" in section
     assert "| grpo | 1 | 0.0300 | 40% | 1.00% |" in section  # mean over seeds of each run's late mean
+
+
+def test_report_says_when_a_grid_is_incomplete(tmp_path, make_run):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "grid.yaml").write_text("seeds: 2\nlags: [1, 8]\ncells: {grpo: {}, sat: {lags: [8]}}\n")
+    for cell, lag in (("grpo", 1), ("grpo", 8), ("sat", 8)):
+        make_run(out, cell, lag, 0, {"best_avg_at_k": 0.3})
+    md = build_report(out, n_resamples=100).read_text()
+    assert "**Incomplete: 3 of 6 planned runs finished** (1 complete seed(s) in every cell and lag" in md
+    for cell, lag in (("grpo", 1), ("grpo", 8), ("sat", 8)):
+        make_run(out, cell, lag, 1, {"best_avg_at_k": 0.3})
+    assert "Incomplete" not in build_report(out, n_resamples=100).read_text()

@@ -198,7 +198,7 @@ def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int,
                    f"| {mde_txt} | {supported.get(r['verdict'], r['verdict'])} |")  # fmt: skip
         iut = f" (intersection-union test over {len(bases)} comparisons; binding: vs {res.label(r['base'])})" if len(bases) > 1 else ""
         words.append(f"- **{name}**{iut}: {_verdict_sentence(res, r, endpoint, endpoint.startswith('d_pi'))}"
-                     + (f" {h['description']}" if h.get("description") else ""))  # fmt: skip
+                     + (f" Claim tested: {h['description']}" if h.get("description") else ""))  # fmt: skip
     return out + [""] + words + [""]
 
 
@@ -308,6 +308,22 @@ def regime_md(res: GridResults) -> list[str]:
     return out + [""]
 
 
+def _progress_note(res: GridResults) -> str:
+    """' **Incomplete: ...**' when fewer runs finished than the grid file plans (seeds x each cell's lags)."""
+    cells, seeds = res.meta.get("cells") or {}, res.meta.get("seeds")
+    if not cells or not isinstance(seeds, int):
+        return ""
+    planned = seeds * sum(len((c or {}).get("lags") or res.meta.get("lags") or [None]) for c in cells.values())
+    done = len(res.finished)
+    if done >= planned:
+        return ""
+    per_cell = res.finished.groupby(["cell", "lag"]).size()
+    complete = int(per_cell.min()) if len(per_cell) == planned // seeds else 0
+    return (f" **Incomplete: {done} of {planned} planned runs finished** ({complete} complete seed(s) in every "
+            f"cell and lag; the grid plans {seeds}): tests below use the seeds present on both sides of each "
+            "comparison, and a verdict is final only at the planned seed count.")
+
+
 def _coverage_note(res: GridResults, ci: float) -> str:
     if res.finished.empty:
         return ""
@@ -342,7 +358,7 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
            f"- Runs produced by: `{' '.join(res.meta.get('command') or ['unknown'])}` at git commit "
            f"`{res.meta.get('git_commit') or 'unknown'}`.",
            f"- Runs: {', '.join(f'{v} {s}' for s, v in sorted(counts.items())) or 'none'}; "
-           f"avg@k with k = {', '.join(str(int(x)) for x in k) or 'unknown'}.",
+           f"avg@k with k = {', '.join(str(int(x)) for x in k) or 'unknown'}.{_progress_note(res)}",
            f"- Statistics: mean over seeds and {ci:.0%} studentized bootstrap CI of the mean ({n_resamples} "
            f"resamples, seed {seed}). {_coverage_note(res, ci)} Verdicts come from exact sign-flip tests with "
            "Holm's correction, never from an interval. Collapse: the eval rule on val "
