@@ -186,6 +186,11 @@ def test_runner_records_failures_and_skips_finished_on_rerun(tmp_path, fake_trai
     assert sorted(res2.names("skipped")) == sorted(res.names("finished"))
     assert sorted(res2.failed) == sorted(res.failed)  # retried, failed again
     assert len(read_log(log)) == 4  # nothing finished was rerun
+    status2 = json.loads((out / "grid_status.json").read_text())
+    assert status["history"] == []  # the first invocation has no earlier one
+    (first,) = status2["history"]  # the second keeps the first: its command, commit and the runs it finished
+    assert first["started"] == status["started"] and first["git_commit"] == status["git_commit"]
+    assert first["finished"] == sorted(res.names("finished"))
 
 
 def test_runner_resumes_partial_runs(tmp_path, fake_trainer, capsys):

@@ -79,6 +79,23 @@ def _git_commit() -> str | None:
     return (commit + ("+dirty" if dirty.stdout.strip() else "")) or None
 
 
+def _history(status_path: Path) -> list[dict[str, Any]]:
+    """Earlier invocations of a resumed grid, oldest first, each with the runs it finished: a grid resumed
+    across sessions and commits keeps, per run, the command and commit that produced it."""
+    try:
+        prev = json.loads(status_path.read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(prev, dict):
+        return []
+    history = [h for h in prev.get("history") or [] if isinstance(h, dict)]
+    if "started" in prev:
+        runs = prev.get("runs") or {}
+        history.append({k: prev.get(k) for k in ("command", "git_commit", "started", "updated", "workers", "threads")}
+                       | {"finished": sorted(n for n, r in runs.items() if (r or {}).get("status") == "finished")})  # fmt: skip
+    return history
+
+
 @dataclass
 class RunRecord:
     status: str = "pending"  # pending|running|finished|skipped|failed|interrupted
@@ -122,6 +139,7 @@ class _Runner:
         self.meta = {"grid": spec.name, "out": str(out), "command": sys.argv, "git_commit": _git_commit(),
                      "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "workers": workers,
                      "threads": env.get("OMP_NUM_THREADS")}  # fmt: skip
+        self.meta["history"] = _history(self.out / "grid_status.json")
         for r in runs:
             rec = RunRecord()
             if run_status(r.run_dir) == "finished":
