@@ -244,7 +244,10 @@ def test_signal_stops_children_and_marks_interrupted(tmp_path, fake_trainer, sig
     script = tmp_path / "driver.py"
     script.write_text(
         textwrap.dedent(f"""
-        import sys
+        import signal, sys
+        # a shell without job control starts background jobs with SIGINT ignored, and Python then keeps it
+        # ignored: restore the default so the test sees the runner's own handling wherever it runs
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from satrl.experiments.grid import default_command, load_grid, run_grid_spec
         def command(run, resume):
             return [sys.executable, {str(tmp_path / "fake_train.py")!r}, *default_command(run, resume)[4:]]
