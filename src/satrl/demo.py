@@ -45,11 +45,9 @@ def _read(path: Path) -> list[dict]:
     return read_jsonl(path, null_as_nan=True)
 
 
-def _num(x, fmt: str) -> str:
-    return "—" if x is None or not math.isfinite(float(x)) else fmt.format(float(x))
-
-
 def _row(name: str, path: Path, met: list[dict]) -> str:
+    from satrl.experiments.report import _f as _num  # "—" for a missing or non-finite number, as in reports
+
     s = json.loads((path / "summary.json").read_text())
     lag = s.get("lag_realized") or {}
     qs = sorted(r["obj/q"] for r in met if isinstance(r.get("obj/q"), float) and math.isfinite(r["obj/q"]))

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from satrl.diagnostics.summary import late_window_start
 from satrl.experiments import plots
 from satrl.experiments.grid import _git_commit
 from satrl.experiments.stats import (
@@ -301,7 +302,7 @@ def regime_md(res: GridResults) -> list[str]:
         for lag, g in m[m["cell"] == cell].groupby("lag"):
             per_run = []
             for _, r in g.groupby("seed"):
-                last = r[r["step"] > r["step"].max() * 0.75]
+                last = r[r["step"] >= late_window_start(int(r["step"].max()))]  # d_pi_last25's window
                 per_run.append({c[0]: last[c[0]].mean() for c in cols})
             vals = [_f(float(np.nanmean([x[c[0]] for x in per_run])), c[2]) for c in cols]
             out.append(f"| {_md_cell(res.label(cell))} | {lag} | " + " | ".join(vals) + " |")
