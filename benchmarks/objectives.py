@@ -242,7 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     note = (
         f"\n\nTime: median of the repeats, rows interleaved in one process, {torch.get_num_threads()} "
         "torch thread(s). Memory: peak extra RSS of one step in a fresh subprocess (see the script's "
-        "docstring). B = N/1024 responses of 1024 tokens, all active, adv [B], no ref_logp (no KL term)."
+        "docstring). B = N/1024 responses of 1024 tokens, all active, adv [B], no ref_logp (no KL term). "
+        "The table's x-grpo column compares rows that each ran between six other presets, which leaves a "
+        "different cache and allocator state than a training loop (one objective, call after call) does; "
+        "the paired ratios come closer to that loop and are the numbers to hold to a target."
     )
     body += note
     load = os.getloadavg()

@@ -98,10 +98,12 @@ def test_large_sat_loss_equals_the_dense_bounds(preset, ratio):
     torch.testing.assert_close(grad, ref_grad, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("case", ["sample_misses", "rank_below_margin", "nan_on_active"])
-def test_bracket_fallbacks_are_exact(case):
+@pytest.mark.parametrize("with_d", [False, True])
+@pytest.mark.parametrize("case", ["sample_misses", "rank_below_margin", "nan_on_active", "many_nan"])
+def test_bracket_fallbacks_are_exact(case, with_d):
     """_kth_and_above's sampled bracket can miss (strided sample sees only large values), be unusable
-    (q's rank within MARGIN of the bottom), or meet NaN (sorts last, never gated): same q and gate."""
+    (q's rank within MARGIN of the bottom), or meet NaN (sorts last, never gated; enough NaN to move q's
+    rank): same q and gate, and with ``d`` the same d at the gated positions."""
     from satrl.objectives.sat import SAMPLE, _kth_and_above
 
     n = 4 * SAMPLE
@@ -112,10 +114,17 @@ def test_bracket_fallbacks_are_exact(case):
         s[:: n // SAMPLE] = 1.0 + torch.rand(SAMPLE, generator=g)  # every sampled entry is large
     elif case == "rank_below_margin":
         k = 5
+    elif case == "many_nan":
+        s[torch.randperm(n, generator=g)[: n // 20]] = float("nan")  # 5 %: a NaN-blind count would move q
     else:
         s[7] = float("nan")
         s[11] = float("inf")
-    q, idx = _kth_and_above(s, k)
+    d = s * torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0) if with_d else None
+    q, idx, d_g = _kth_and_above(s, k, d)
     want = torch.sort(s).values[k - 1]  # NaN sorts last, as kthvalue
     assert torch.equal(q, want)
     assert torch.equal(idx, (s > want).nonzero().squeeze(1))
+    if with_d and case not in ("sample_misses", "rank_below_margin"):
+        assert torch.equal(d_g, d[idx])  # the bracket's path gathers d at the candidates
+    elif d_g is not None:
+        assert torch.equal(d_g, d[idx])

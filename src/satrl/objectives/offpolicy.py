@@ -59,7 +59,8 @@ _RADII = {k: _EPS_CHECKS[k] for k in ("eps_low", "eps_high")}
 
 def _sat(d: Tensor, mask: Tensor, inp: ObjectiveInputs, p: dict):
     return sat_gate(d, mask, p["alpha"], p["exponent"], p["invert"], score=sat_score(p["proxy"], inp),
-                    shuffle=p["shuffle"], zero_masked=p["proxy"] in ZERO_MASKED)  # fmt: skip
+                    shuffle=p["shuffle"], zero_masked=p["proxy"] in ZERO_MASKED,
+                    n=None if inp.n_active is None else int(inp.n_active), abs_d=inp.abs_d)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- CISPO

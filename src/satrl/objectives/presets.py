@@ -142,7 +142,7 @@ class ObjectiveSpec:
                 tok_d = d  # reuse: same log-ratio
         abs_tok = None if tok_d is None else tok_d.abs()  # for d_pi; also SAT's |d| when tok_d is d
         inp = ObjectiveInputs(logp, denom, behavior_logp, old, mask, lag, adv,
-                              abs_d=abs_tok if tok_d is d else None)  # fmt: skip
+                              abs_d=abs_tok if tok_d is d else None, n_active=torch.count_nonzero(mask))  # fmt: skip
         loss, tr_clipped, metrics = self.component("trust_region").fn(
             ratio, d, adv, mask, inp, **self.slot_params("trust_region")
         )
@@ -165,17 +165,18 @@ class ObjectiveSpec:
 
         loss = masked(loss, mask)
         metrics.update(_common_metrics(logp, denom, behavior_logp, mask, tr_clipped, old_logp is None, tok_d,
-                                       abs_tok))  # fmt: skip
+                                       abs_tok, inp.n))  # fmt: skip
         metrics.setdefault("tok/gate", torch.zeros_like(mask))
         metrics["tok/clipped"] = clipped
         return loss, metrics
 
 
 @torch.no_grad()
-def _common_metrics(logp, denom, behavior_logp, mask, tr_clipped, same_denom, tok_d, abs_tok=None) -> dict[str, Tensor]:
+def _common_metrics(logp, denom, behavior_logp, mask, tr_clipped, same_denom, tok_d, abs_tok=None,
+                    n=None) -> dict[str, Tensor]:
     """clipfrac, ppo_kl and logratio_var (of the optimized log-ratio), d_pi and tok/d (vs mu, Eq. 52).
-    ``tok_d`` / ``abs_tok``: the token log-ratio and its abs, when the caller has them."""
-    n = count(mask)
+    ``tok_d`` / ``abs_tok``: the token log-ratio and its abs, ``n`` the active count, when the caller has them."""
+    n = count(mask) if n is None else n
     if tok_d is None:
         tok_d = masked(logp.detach() - behavior_logp, mask)  # [B, T] token log-ratio log pi - log mu
         abs_tok = None

@@ -130,35 +130,42 @@ SAMPLE = 1 << 15  # _kth_and_above: size of the strided sample that brackets q
 MARGIN = 0.01  # ... and how far below q's rank (as a share of the entries) the bracket is put
 
 
-def _kth_and_above(s: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """(q, idx) for float32 scores ``s`` >= 0 (``abs`` outputs): q = the k-th smallest entry (as
-    :func:`kth_smallest`) and idx = the ascending flat positions with s > q, empty when q = 0.
+def _kth_and_above(s: Tensor, k: int, d: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(q, idx, d_g) for float32 scores ``s`` >= 0 (``abs`` outputs): q = the k-th smallest entry (as
+    :func:`kth_smallest`), idx = the ascending flat positions with s > q (empty when q = 0) and, when the
+    scores are ``|d|`` and ``d`` is given, d_g = d at idx (else None).
 
     One full pass instead of the radix select's two histograms plus the gate's compare: a strided
     sample of ``SAMPLE`` entries gives a value v whose rank is about ``MARGIN`` below q's; every entry
-    not below v is a candidate (one compare and one ``nonzero``, the ``nonzero`` the gate needs anyway;
-    NaN is a candidate, as it sorts last). If fewer than k entries lie below v, q is exactly the
-    (k - below)-th smallest candidate and the gate is the candidates above it; otherwise (a sample
-    that missed, e.g. adversarial data) the exact two-pass histogram path runs. Exact either way, and a
-    pure function of ``s``.
+    not below v is a candidate (one compare and one ``nonzero``, the ``nonzero`` the gate needs anyway).
+    The compare is on the bits as int32, which order non-negative floats as kthvalue does, NaN last (so
+    NaN is a candidate), and is faster than the float compare plus its negation. If fewer than k
+    entries lie below v, q is exactly the (k - below)-th smallest candidate and the gate is the
+    candidates above it; otherwise (a sample that missed, e.g. adversarial data) the exact two-pass
+    histogram path runs. Exact either way, and a pure function of ``s``.
     """
     flat = s.reshape(-1)
     n = flat.numel()
     j = int((k / n - MARGIN) * min(n, SAMPLE))
     if j >= 1:
         v = flat[:: max(1, n // SAMPLE)][: min(n, SAMPLE)].kthvalue(j).values
-        cand = (~(flat < v)).nonzero().squeeze(1)
+        cand = (flat.view(torch.int32) >= v.view(torch.int32)).nonzero().squeeze(1)
         below = n - cand.numel()
         if below < k:
-            cv = flat.index_select(0, cand)
+            # With d, gather it at the candidates once: |d| there is the scores, and d at idx a small gather.
+            d_c = None if d is None else d.reshape(-1).index_select(0, cand)
+            cv = flat.index_select(0, cand) if d_c is None else d_c.abs()
             q = kth_smallest(cv, k - below, nonneg=True)
             if not bool(q > 0):
-                return q, cand[:0]
-            return q, cand.masked_select(cv > q)  # float compare: NaN is never gated, as s > q
+                return q, cand[:0], None if d_c is None else d_c[:0]
+            # float compare: NaN is never gated, as s > q. nonzero + gather, not masked_select: the
+            # latter runs on one thread.
+            sel = (cv > q).nonzero().squeeze(1)
+            return q, cand.index_select(0, sel), None if d_c is None else d_c.index_select(0, sel)
     q = kth_smallest(flat, k, nonneg=True)
     if not bool(q > 0):
-        return q, torch.zeros(0, dtype=torch.int64, device=s.device)
-    return q, (flat > q).nonzero().squeeze(1)
+        return q, torch.zeros(0, dtype=torch.int64, device=s.device), None
+    return q, (flat > q).nonzero().squeeze(1), None
 
 
 @dataclass(frozen=True)
@@ -188,19 +195,25 @@ def sat_gate(
     score: Tensor | None = None,
     shuffle: bool = False,
     zero_masked: bool = False,
+    n: int | None = None,
+    abs_d: Tensor | None = None,
 ) -> SatGate:
     """Quantile, gate and kernel of SAT (Eqs. 14-16), the kernel evaluated on gated tokens only.
 
     ``zero_masked=True`` is the caller's promise that the score (``|d|`` or ``score``) is an ``abs``
     output (>= 0, no sign bit) and exactly 0 on masked positions (true of the ratio levels' ``d`` and
     of the ``prob_diff`` proxy); the quantile then needs no +inf
-    fill and the gate no mask. The result is the same either way (tested)."""
+    fill and the gate no mask. The result is the same either way (tested). ``n``: the number of active tokens,
+    if the caller has counted them; ``abs_d``: ``|d|``, if the caller has it (used when ``score`` is None)."""
     if invert and shuffle:
         raise ValueError("SAT: invert and shuffle are two different controls; set at most one")
     mask = as_bool_mask(mask)
     d = d.detach()
-    s = d.abs() if score is None else score.detach().to(d.dtype)
-    n = int(torch.count_nonzero(mask))
+    if score is None:
+        s = d.abs() if abs_d is None else abs_d.detach()
+    else:
+        s = score.detach().to(d.dtype)
+    n = int(torch.count_nonzero(mask)) if n is None else n
     k = quantile_rank(alpha, n)
     if zero_masked:
         # Scores are >= 0 and exactly 0 on the numel - n masked positions, which therefore sort first:
@@ -210,7 +223,7 @@ def sat_gate(
         # Masked positions become +inf, so the k-th smallest of the whole tensor is the k-th active one.
         ranked, offset = torch.where(mask, s, float("inf")), 0
     nonneg = zero_masked or score is None  # |d| (or a promised non-negative score)
-    idx = None
+    idx = d_g = None
     if invert:
         m = n - k  # gate budget, identical to the normal mode's
         q = kth_smallest(ranked, m + 1 + offset, nonneg=nonneg) if m > 0 else s.new_zeros(())
@@ -218,7 +231,8 @@ def sat_gate(
     elif k < 1:
         q, gate = s.new_zeros(()), torch.zeros_like(mask)
     elif zero_masked and s.dtype == torch.float32 and s.numel() >= RADIX_MIN:
-        q, idx = _kth_and_above(s, k + offset)  # one pass for q, one for the gated positions
+        # one pass for q, one for the gated positions (and d there, when s is |d|)
+        q, idx, d_g = _kth_and_above(s, k + offset, d if score is None else None)
         gate = torch.zeros(mask.shape, dtype=torch.bool, device=mask.device)
         gate.view(-1).index_fill_(0, idx, True)
     else:
@@ -230,13 +244,23 @@ def sat_gate(
     del ranked
     if idx is None:
         idx = gate.reshape(-1).nonzero().squeeze(1)  # at most a (1 - alpha) share of the tokens
-    s_g, d_g = s.reshape(-1).index_select(0, idx), d.reshape(-1).index_select(0, idx)
+    if d_g is None:
+        d_g = d.reshape(-1).index_select(0, idx)
+    s_g = d_g.abs() if score is None else s.reshape(-1).index_select(0, idx)  # |d| at idx: no second gather
     rel = (q / s_g) if invert else (s_g / q)  # > 1 on gated tokens
     psi = 1.0 / (1.0 + rel.pow(exponent))
     if shuffle:
         idx, gate = _random_slots(d, mask, idx.numel())
         d_g = d.reshape(-1).index_select(0, idx)
     return SatGate(q=q, gate=gate, idx=idx, d=d_g, psi=psi, n=n)
+
+
+def _adv_index(idx: Tensor, adv: Tensor, cols: int) -> Tensor:
+    """Flat positions of ``idx`` in ``adv``: the row for a [B, 1] advantage (no [B, T] copy of it), else
+    ``idx``. A shift when ``cols`` is a power of two: int64 division is not vectorized on CPU."""
+    if adv.shape[-1] != 1:
+        return idx
+    return idx >> (cols.bit_length() - 1) if cols & (cols - 1) == 0 else idx // cols
 
 
 def _random_slots(d: Tensor, mask: Tensor, count: int) -> tuple[Tensor, Tensor]:
@@ -262,9 +286,13 @@ def sat_metrics(g: SatGate, eps_low: float, eps_high: float) -> dict[str, Tensor
     """Paper Table 10 over active tokens: q, gate rate, mean effective radii, strongest contraction."""
     n_t = torch.tensor(float(max(g.n, 1)), device=g.q.device)
     psi = g.psi.to(torch.float32)
-    deficit_hi = torch.where(g.d > 0, 1.0 - psi, 0.0).sum()  # sum of (1 - c+) over active tokens
-    deficit_lo = torch.where(g.d < 0, 1.0 - psi, 0.0).sum()
-    c = torch.where(g.d != 0, psi, 1.0)
+    # sums over the d > 0 and d < 0 tokens as dot products with 0/1 floats (sign(d) clamped), not `where`
+    sign = torch.sign(g.d.to(torch.float32)).nan_to_num_(0.0)  # NaN d: no side
+    pos = sign.clamp(min=0.0)
+    deficit = 1.0 - psi
+    deficit_hi = torch.dot(deficit, pos)  # sum of (1 - c+) over active tokens
+    deficit_lo = torch.dot(deficit, pos - sign)  # pos - sign: 1 where d < 0, else 0
+    c = torch.maximum(psi, 1.0 - sign.abs())  # psi where d != 0, else 1 (no outward side)
     return {
         "q": g.q.to(torch.float32),
         "gate_rate": torch.tensor(float(g.idx.numel()), device=g.q.device) / n_t,
@@ -316,8 +344,8 @@ SAT_PROXIES = component_registry("SAT proxy")
 
 @SAT_PROXIES.register("log_ratio", traits={"zero_masked": True})
 def _log_ratio_score(inp: ObjectiveInputs) -> Tensor | None:
-    """|d| (the paper), when the caller computed it already (else None: sat_gate takes |d|)."""
-    return inp.abs_d
+    """|d| (the paper): None, so sat_gate ranks |d| (``inp.abs_d`` when the caller computed it)."""
+    return None
 
 
 @SAT_PROXIES.register("prob_diff", traits={"zero_masked": True})
@@ -365,30 +393,30 @@ def sat_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip, 
     ``clipped_surrogate(ratio, adv, lo, hi)`` gives with the dense bounds (tested), at the cost of the
     gated tokens only.
     """
+    n = None if inp.n_active is None else int(inp.n_active)
     g = sat_gate(d, mask, alpha, exponent, invert, score=sat_score(proxy, inp), shuffle=shuffle,
-                 zero_masked=proxy in ZERO_MASKED)
-    loss, clipped, metrics = _clip(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, dual_clip)
-    metrics.update(sat_metrics(g, eps_low, eps_high))
+                 zero_masked=proxy in ZERO_MASKED, n=n, abs_d=inp.abs_d)
     with torch.no_grad():
-        lo, hi = gated_bounds(g, eps_low, eps_high)
-        cols = ratio.shape[-1]
         r_g = ratio.detach().reshape(-1).index_select(0, g.idx)
-        # no [B, T] copy of a [B, 1] advantage: gather by row
-        a_g = adv.reshape(-1).index_select(0, g.idx // cols if adv.shape[-1] == 1 else g.idx)
-        up = (a_g > 0) & (r_g > hi)  # pushed past the contracted upper endpoint
-        down = (a_g < 0) & (r_g < lo)
-        hit = (up | down).nonzero().squeeze(1)
-        value = torch.where(a_g > 0, hi, lo).index_select(0, hit) * -a_g.index_select(0, hit)
+        a_g = adv.reshape(-1).index_select(0, _adv_index(g.idx, adv, ratio.shape[-1]))
+        # Only the contracted endpoint can be crossed: r = e^d, so r > 1 + eps_high*psi needs d > 0 (where
+        # c+ = psi) and r < 1 - eps_low*psi needs d < 0 (where c- = psi); the other endpoint is PPO's own.
+        # So the test needs no sign of d, and no `where` (which, unlike arithmetic, is not vectorized on CPU).
+        hi, lo = 1.0 + eps_high * g.psi, 1.0 - eps_low * g.psi
+        hit = (((a_g > 0) & (r_g > hi)) | ((a_g < 0) & (r_g < lo))).nonzero().squeeze(1)
+        a_h, r_h = a_g.index_select(0, hit), r_g.index_select(0, hit)
+        up = a_h > 0
+        value = torch.where(up, hi.index_select(0, hit), lo.index_select(0, hit)) * -a_h
         pos = g.idx.index_select(0, hit)
         n_t = torch.tensor(float(max(g.n, 1)), device=ratio.device)
         # tokens newly clipped by SAT: past the contracted endpoint but inside PPO's interval
-        new_high = torch.count_nonzero(up & ~(r_g > 1.0 + eps_high)) / n_t
-        new_low = torch.count_nonzero(down & ~(r_g < 1.0 - eps_low)) / n_t
-        metrics["clipfrac_high"] += new_high
-        metrics["clipfrac_low"] += new_low
-        # The only tokens whose gradient SAT changes (Prop. 4.1 (iii)): if this is 0, SAT == PPO this step.
-        metrics["sat_clipfrac"] = new_high + new_low
-        clipped.view(-1).index_fill_(0, pos, True)
-    # Constant value, so zero gradient there. In place: the ops that made `loss` save no output.
-    loss.index_put_((pos // cols, pos % cols), value.to(loss.dtype))
+        new_high = torch.count_nonzero(up & ~(r_h > 1.0 + eps_high)) / n_t
+        new_low = torch.count_nonzero(~up & ~(r_h < 1.0 - eps_low)) / n_t
+    # PPO with a sparse override: the loss is the constant -bound*A (zero gradient) on the hit tokens
+    loss, clipped, metrics = _clip(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, dual_clip, (pos, value), inp.n)
+    metrics.update(sat_metrics(g, eps_low, eps_high))
+    metrics["clipfrac_high"] += new_high
+    metrics["clipfrac_low"] += new_low
+    # The only tokens whose gradient SAT changes (Prop. 4.1 (iii)): if this is 0, SAT == PPO this step.
+    metrics["sat_clipfrac"] = new_high + new_low
     return loss, clipped, metrics

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from satrl.tensors import masked, masked_frac
+from satrl.tensors import count, masked, masked_frac
 
 from .registry import component_registry, dual_clip_ok, non_negative, unit_interval
 
@@ -38,6 +38,12 @@ class ObjectiveInputs:
     lag: Tensor | None = None  # per-token lag (trainer version - sample version)
     adv: Tensor | None = None  # cleaned advantage, [B, 1] or [B, T] (for corrections that need its sign)
     abs_d: Tensor | None = None  # |d| of the ratio level's log-ratio, if the caller has it (0 on masked)
+    n_active: Tensor | None = None  # count_nonzero(mask), if the caller has it (counted once per call)
+
+    @property
+    def n(self) -> Tensor:
+        """Active tokens as a 0-dim float32 tensor, at least 1 (:func:`satrl.tensors.count`)."""
+        return count(self.mask) if self.n_active is None else self.n_active.clamp(min=1).to(torch.float32)
 
 
 def clipped_surrogate(
@@ -59,22 +65,66 @@ def clipped_surrogate(
 
 @torch.no_grad()
 def clip_flags(
-    ratio: Tensor, adv: Tensor, mask: Tensor, lo: Tensor | float, hi: Tensor | float, dual_clip: float | None
+    ratio: Tensor, adv: Tensor, mask: Tensor, lo: Tensor | float, hi: Tensor | float, dual_clip: float | None,
+    n: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Which active tokens the clip zeroes: A > 0 above ``hi``, A < 0 below ``lo`` (or above the dual clip)."""
+    """Which active tokens the clip zeroes: A > 0 above ``hi``, A < 0 below ``lo`` (or above the dual clip).
+    ``n``: the active-token count (:func:`satrl.tensors.count`), if the caller has it."""
+    flat, metrics = _clip_flags_all(ratio, adv, mask, lo, hi, dual_clip, n)
+    return flat & mask, metrics
+
+
+def _clip_flags_all(ratio, adv, mask, lo, hi, dual_clip, n=None):
+    """:func:`clip_flags` on every position, masked or not (what the surrogate's gradient needs: a masked
+    position may hold any ratio), with the fractions over active tokens."""
     r = ratio.detach()
-    high = (adv > 0) & (r > hi) & mask
-    low = (adv < 0) & (r < lo) & mask
+    n = count(mask) if n is None else n
+    high = (adv > 0) & (r > hi)
+    low = (adv < 0) & (r < lo)
     clipped = high | low
     if dual_clip is not None:
-        clipped |= (adv < 0) & (r > dual_clip) & mask
-    return clipped, {"clipfrac_high": masked_frac(high, mask), "clipfrac_low": masked_frac(low, mask)}
+        clipped |= (adv < 0) & (r > dual_clip)
+    return clipped, {"clipfrac_high": masked_frac(high, mask, n), "clipfrac_low": masked_frac(low, mask, n)}
 
 
-def _clip(ratio, adv, mask, lo, hi, dual_clip):
-    loss = clipped_surrogate(ratio, adv, lo, hi, dual_clip)
-    clipped, metrics = clip_flags(ratio, adv, mask, lo, hi, dual_clip)
-    return loss, clipped, metrics
+class _Surrogate(torch.autograd.Function):
+    """:func:`clipped_surrogate` with its gradient written out: d loss / d ratio = -A on tokens the clip
+    keeps, 0 on ``clipped`` ones, equal bit for bit to autograd's through ``maximum``/``clamp`` (tested). At
+    an exact tie with a bound the two halves of ``maximum``'s split gradient add up to -A; at an exact tie
+    with the dual clip (r = c, A < 0) ``minimum`` passes half of it, and so does this. One multiply and one
+    fill in backward instead of autograd's graph of ``where``s, and no [B, T] copy for a sparse override
+    (SAT's fix-up: ``value`` written at flat positions ``pos``, already marked in ``clipped``)."""
+
+    @staticmethod
+    def forward(ctx, ratio, adv, clipped, lo, hi, dual_clip, pos, value):
+        loss = clipped_surrogate(ratio, adv, lo, hi, dual_clip)
+        if pos is not None:
+            loss.view(-1).index_copy_(0, pos, value.to(loss.dtype))
+        tie = None
+        if dual_clip is not None:
+            tie = (ratio == dual_clip) & (adv < 0)
+            tie = tie if bool(tie.any()) else None
+        ctx.save_for_backward(adv, clipped, tie)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        adv, clipped, tie = ctx.saved_tensors
+        grad = (grad * -adv).masked_fill_(clipped, 0.0)
+        if tie is not None:
+            grad = torch.where(tie, grad * 0.5, grad)
+        return grad, None, None, None, None, None, None, None
+
+
+def _clip(ratio, adv, mask, lo, hi, dual_clip, override=None, n=None):
+    """PPO's clipped loss, clipped flags and clip fractions. ``override``: (flat positions, values) whose loss
+    is the given constant with zero gradient (SAT's fix-up), counted as clipped but not in the fractions."""
+    clipped_all, metrics = _clip_flags_all(ratio, adv, mask, lo, hi, dual_clip, n)
+    pos, value = (None, None) if override is None else override
+    if pos is not None:
+        clipped_all.view(-1).index_fill_(0, pos, True)  # override positions are active tokens
+    loss = _Surrogate.apply(ratio, adv, clipped_all, lo, hi, dual_clip, pos, value)
+    return loss, clipped_all & mask, metrics
 
 
 _EPS = {"eps_low": 0.2, "eps_high": 0.2, "dual_clip": None}
@@ -88,7 +138,7 @@ _EPS_CHECKS = {
 @TRUST_REGIONS.register("ppo", defaults=_EPS, checks=_EPS_CHECKS)
 def ppo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip):
     """PPO clip with fixed radii: bounds [1 - eps_low, 1 + eps_high]."""
-    return _clip(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, dual_clip)
+    return _clip(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, dual_clip, n=inp.n)
 
 
 @torch.no_grad()
