@@ -123,26 +123,55 @@ def time_presets(n_tokens: int, repeats: int, presets: list[str] | None = None) 
 PAIRS = [("sat_grpo", "grpo"), ("sat_grpo", "verl:vanilla"), ("gspo", "verl:gspo"), ("sat_gspo", "gspo")]
 
 
-def paired_ratios(n_tokens: int, repeats: int, presets: list[str]) -> dict[tuple[str, str], float]:
-    """time(a) / time(b) for each pair in :data:`PAIRS`: the median over ``repeats`` adjacent (a, b)
-    runs, the order alternating (ab, ba, ab, ...), so that load that changes over seconds on a shared
-    machine cancels within each pair."""
+def paired_ratios(n_tokens: int, repeats: int, presets: list[str]) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """(time(a) / time(b), a's and b's minor page faults per step) for each pair in :data:`PAIRS`: the
+    ratio is the median over ``repeats`` adjacent (a, b) runs, the order alternating (ab, ba, ab, ...),
+    so that load that changes over seconds on a shared machine cancels within each pair. The faults
+    (pages the allocator had to map afresh) are medians too: they are part of each step's time."""
+    import resource
+
+    def faults() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
     x = make_inputs(n_tokens)
     out = {}
     for a, b in PAIRS:
         if a not in presets or b not in presets:
             continue
         step(a, x), step(b, x)  # warm-up
-        ratios = []
+        ratios, flt = [], {a: [], b: []}
         for i in range(repeats):
             times = {}
             for p in ((a, b) if i % 2 == 0 else (b, a)):
-                t0 = time.perf_counter()
+                f0, t0 = faults(), time.perf_counter()
                 step(p, x)
                 times[p] = time.perf_counter() - t0
+                flt[p].append(faults() - f0)
             ratios.append(times[a] / times[b])
-        out[(a, b)] = statistics.median(ratios)
+        out[(a, b)] = (statistics.median(ratios), statistics.median(flt[a]), statistics.median(flt[b]))
     return out
+
+
+def sparse_ops_line(n: int, repeats: int) -> str:
+    """torch's and numpy's nonzero on SAT's sizes (a flag on 11 % of ``n`` entries): why
+    ``satrl.tensors.flat_nonzero`` goes through numpy on CPU."""
+    import numpy as np
+
+    flag = torch.rand(n, generator=torch.Generator().manual_seed(0)) > 0.89
+    f_np = flag.numpy()
+
+    def med(fn) -> float:
+        fn()
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts) * 1e3
+
+    t_torch, t_np = med(lambda: flag.nonzero()), med(lambda: np.flatnonzero(f_np))
+    return (f"Flat nonzero of {fmt_size(n)} bools, {int(flag.sum())} set (median ms): torch "
+            f"{t_torch:.2f} on {torch.get_num_threads()} thread(s), numpy {t_np:.2f} on one.")
 
 
 def _status(key: str) -> int:
@@ -230,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         pairs = paired_ratios(n, reps, presets)
         if pairs:
             body += (f"\n\nPaired time ratios at {fmt_size(n)} (median over {reps} adjacent runs, order "
-                     "alternating): " + "; ".join(f"{a} / {b} = {r:.2f}" for (a, b), r in pairs.items()) + ".")  # fmt: skip
+                     "alternating; minor page faults per step in brackets): "
+                     + "; ".join(f"{a} / {b} = {r:.2f} ({fa:.0f} / {fb:.0f})" for (a, b), (r, fa, fb) in pairs.items())
+                     + ".")  # fmt: skip
     if not args.quick and not args.no_64m:
         big = 64 << 20
         r = peak_memory("sat_grpo", big, demo_quantile=True)
@@ -239,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['peak_bytes'] / 2**30:.2f} GiB (inputs {r['input_bytes'] / 2**30:.2f} GiB). "
             f"`torch.quantile` on the same {fmt_size(big)} |d| values: {r['quantile']}."
         )
+    body += "\n\n" + sparse_ops_line(4 << 20, args.repeats or (3 if args.quick else 15))
     note = (
         f"\n\nTime: median of the repeats, rows interleaved in one process, {torch.get_num_threads()} "
         "torch thread(s). Memory: peak extra RSS of one step in a fresh subprocess (see the script's "

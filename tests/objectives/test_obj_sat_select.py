@@ -128,3 +128,21 @@ def test_bracket_fallbacks_are_exact(case, with_d):
         assert torch.equal(d_g, d[idx])  # the bracket's path gathers d at the candidates
     elif d_g is not None:
         assert torch.equal(d_g, d[idx])
+
+
+@pytest.mark.parametrize("kind", ["sparse", "empty", "full", "strided_2d"])
+def test_flat_nonzero_equals_torch(kind):
+    """satrl.tensors.flat_nonzero (numpy's flatnonzero on CPU) gives torch's positions and dtype."""
+    from satrl.tensors import flat_nonzero
+
+    g = torch.Generator().manual_seed(0)
+    flag = torch.rand(300, 257, generator=g) > 0.9
+    if kind == "empty":
+        flag = torch.zeros_like(flag)
+    elif kind == "full":
+        flag = torch.ones_like(flag)
+    elif kind == "strided_2d":
+        flag = flag[:, ::3]  # not contiguous
+    got = flat_nonzero(flag)
+    want = flag.reshape(-1).nonzero().squeeze(1)
+    assert got.dtype == torch.int64 and torch.equal(got, want)

@@ -41,7 +41,7 @@ from fractions import Fraction
 import torch
 from torch import Tensor
 
-from satrl.tensors import as_bool_mask, masked
+from satrl.tensors import as_bool_mask, flat_nonzero, masked
 
 from .registry import component_registry, positive, unit_interval
 from .trust_regions import _EPS, _EPS_CHECKS, TRUST_REGIONS, ObjectiveInputs, _clip
@@ -149,7 +149,7 @@ def _kth_and_above(s: Tensor, k: int, d: Tensor | None = None) -> tuple[Tensor, 
     j = int((k / n - MARGIN) * min(n, SAMPLE))
     if j >= 1:
         v = flat[:: max(1, n // SAMPLE)][: min(n, SAMPLE)].kthvalue(j).values
-        cand = (flat.view(torch.int32) >= v.view(torch.int32)).nonzero().squeeze(1)
+        cand = flat_nonzero(flat.view(torch.int32) >= v.view(torch.int32))
         below = n - cand.numel()
         if below < k:
             # With d, gather it at the candidates once: |d| there is the scores, and d at idx a small gather.
@@ -158,14 +158,13 @@ def _kth_and_above(s: Tensor, k: int, d: Tensor | None = None) -> tuple[Tensor, 
             q = kth_smallest(cv, k - below, nonneg=True)
             if not bool(q > 0):
                 return q, cand[:0], None if d_c is None else d_c[:0]
-            # float compare: NaN is never gated, as s > q. nonzero + gather, not masked_select: the
-            # latter runs on one thread.
-            sel = (cv > q).nonzero().squeeze(1)
+            # float compare: NaN is never gated, as s > q. nonzero + gather: faster than masked_select.
+            sel = flat_nonzero(cv > q)
             return q, cand.index_select(0, sel), None if d_c is None else d_c.index_select(0, sel)
     q = kth_smallest(flat, k, nonneg=True)
     if not bool(q > 0):
         return q, torch.zeros(0, dtype=torch.int64, device=s.device), None
-    return q, (flat > q).nonzero().squeeze(1), None
+    return q, flat_nonzero(flat > q), None
 
 
 @dataclass(frozen=True)
@@ -243,12 +242,12 @@ def sat_gate(
             gate = (s > q) if zero_masked else (s > q) & mask
     del ranked
     if idx is None:
-        idx = gate.reshape(-1).nonzero().squeeze(1)  # at most a (1 - alpha) share of the tokens
+        idx = flat_nonzero(gate)  # at most a (1 - alpha) share of the tokens
     if d_g is None:
         d_g = d.reshape(-1).index_select(0, idx)
     s_g = d_g.abs() if score is None else s.reshape(-1).index_select(0, idx)  # |d| at idx: no second gather
     rel = (q / s_g) if invert else (s_g / q)  # > 1 on gated tokens
-    psi = 1.0 / (1.0 + rel.pow(exponent))
+    psi = rel.pow_(exponent).add_(1.0).reciprocal_()  # 1 / (1 + rel^p), in place: one buffer, not four
     if shuffle:
         idx, gate = _random_slots(d, mask, idx.numel())
         d_g = d.reshape(-1).index_select(0, idx)
@@ -266,7 +265,7 @@ def _adv_index(idx: Tensor, adv: Tensor, cols: int) -> Tensor:
 def _random_slots(d: Tensor, mask: Tensor, count: int) -> tuple[Tensor, Tensor]:
     """``count`` active positions chosen pseudo-randomly (sorted), and their [B, T] gate: the ranks of a
     sine hash of (position, d), so the choice is a pure function of the inputs and changes with them."""
-    active = mask.reshape(-1).nonzero().squeeze(1)
+    active = flat_nonzero(mask)
     pos = active.to(torch.float64)
     val = d.reshape(-1).index_select(0, active).to(torch.float64)
     key = torch.frac(torch.sin(pos * 12.9898 + val * 7823.3 + 0.5) * 43758.5453).abs()
@@ -403,7 +402,7 @@ def sat_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip, 
         # c+ = psi) and r < 1 - eps_low*psi needs d < 0 (where c- = psi); the other endpoint is PPO's own.
         # So the test needs no sign of d, and no `where` (which, unlike arithmetic, is not vectorized on CPU).
         hi, lo = 1.0 + eps_high * g.psi, 1.0 - eps_low * g.psi
-        hit = (((a_g > 0) & (r_g > hi)) | ((a_g < 0) & (r_g < lo))).nonzero().squeeze(1)
+        hit = flat_nonzero(((a_g > 0) & (r_g > hi)) | ((a_g < 0) & (r_g < lo)))
         a_h, r_h = a_g.index_select(0, hit), r_g.index_select(0, hit)
         up = a_h > 0
         value = torch.where(up, hi.index_select(0, hit), lo.index_select(0, hit)) * -a_h
