@@ -285,12 +285,13 @@ def sat_metrics(g: SatGate, eps_low: float, eps_high: float) -> dict[str, Tensor
     """Paper Table 10 over active tokens: q, gate rate, mean effective radii, strongest contraction."""
     n_t = torch.tensor(float(max(g.n, 1)), device=g.q.device)
     psi = g.psi.to(torch.float32)
-    # sums over the d > 0 and d < 0 tokens as dot products with 0/1 floats (sign(d) clamped), not `where`
+    # sums over the d > 0 and d < 0 tokens through products with 0/1 floats (sign(d) clamped), not `where`
+    # (unvectorized on CPU); the summed tensors, hence the sums, are the same bit for bit
     sign = torch.sign(g.d.to(torch.float32)).nan_to_num_(0.0)  # NaN d: no side
     pos = sign.clamp(min=0.0)
     deficit = 1.0 - psi
-    deficit_hi = torch.dot(deficit, pos)  # sum of (1 - c+) over active tokens
-    deficit_lo = torch.dot(deficit, pos - sign)  # pos - sign: 1 where d < 0, else 0
+    deficit_hi = (deficit * pos).sum()  # sum of (1 - c+) over active tokens
+    deficit_lo = (deficit * (pos - sign)).sum()  # pos - sign: 1 where d < 0, else 0
     c = torch.maximum(psi, 1.0 - sign.abs())  # psi where d != 0, else 1 (no outward side)
     return {
         "q": g.q.to(torch.float32),
