@@ -152,6 +152,31 @@ def paired_ratios(n_tokens: int, repeats: int, presets: list[str]) -> dict[tuple
     return out
 
 
+def _median_ms(fn, repeats: int) -> float:
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def gate_line(n: int, repeats: int) -> str:
+    """How much of SAT's extra time is its gate: ``sat_gate`` alone on the step's |d| (quantile, gated
+    positions, d there, kernel and the [B, T] gate map), next to sat_grpo and grpo run back to back."""
+    from satrl.objectives.sat import sat_gate
+
+    x = make_inputs(n)
+    d = x["logp"].detach() - x["behavior_logp"]
+    abs_d, mask = d.abs(), x["mask"]
+    gate = _median_ms(lambda: sat_gate(d, mask, zero_masked=True, abs_d=abs_d, n=int(torch.count_nonzero(mask))), repeats)
+    sat = _median_ms(lambda: step("sat_grpo", x), repeats)
+    base = _median_ms(lambda: step("grpo", x), repeats)
+    return (f"SAT's gate at {fmt_size(n)} (median ms, each run {repeats} times in a row): `sat_gate` alone "
+            f"{gate:.1f}; sat_grpo {sat:.1f}, grpo {base:.1f} (difference {sat - base:.1f}).")
+
+
 def sparse_ops_line(n: int, repeats: int) -> str:
     """torch's and numpy's nonzero on SAT's sizes (a flag on 11 % of ``n`` entries): why
     ``satrl.tensors.flat_nonzero`` goes through numpy on CPU."""
@@ -159,17 +184,8 @@ def sparse_ops_line(n: int, repeats: int) -> str:
 
     flag = torch.rand(n, generator=torch.Generator().manual_seed(0)) > 0.89
     f_np = flag.numpy()
-
-    def med(fn) -> float:
-        fn()
-        ts = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts) * 1e3
-
-    t_torch, t_np = med(lambda: flag.nonzero()), med(lambda: np.flatnonzero(f_np))
+    t_torch = _median_ms(lambda: flag.nonzero(), repeats)
+    t_np = _median_ms(lambda: np.flatnonzero(f_np), repeats)
     return (f"Flat nonzero of {fmt_size(n)} bools, {int(flag.sum())} set (median ms): torch "
             f"{t_torch:.2f} on {torch.get_num_threads()} thread(s), numpy {t_np:.2f} on one.")
 
@@ -270,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['peak_bytes'] / 2**30:.2f} GiB (inputs {r['input_bytes'] / 2**30:.2f} GiB). "
             f"`torch.quantile` on the same {fmt_size(big)} |d| values: {r['quantile']}."
         )
+    body += "\n\n" + gate_line(max(sizes), args.repeats or (3 if args.quick else 15))
     body += "\n\n" + sparse_ops_line(4 << 20, args.repeats or (3 if args.quick else 15))
     note = (
         f"\n\nTime: median of the repeats, rows interleaved in one process, {torch.get_num_threads()} "
