@@ -178,16 +178,24 @@ def gate_line(n: int, repeats: int) -> str:
 
 
 def sparse_ops_line(n: int, repeats: int) -> str:
-    """torch's and numpy's nonzero on SAT's sizes (a flag on 11 % of ``n`` entries): why
-    ``satrl.tensors.flat_nonzero`` goes through numpy on CPU."""
+    """torch's and numpy's nonzero on SAT's sizes (a flag on 11 % of ``n`` entries) and the radix select
+    against numpy's introselect: why ``flat_nonzero`` and ``kth_smallest`` go through numpy on CPU."""
     import numpy as np
 
     flag = torch.rand(n, generator=torch.Generator().manual_seed(0)) > 0.89
     f_np = flag.numpy()
     t_torch = _median_ms(lambda: flag.nonzero(), repeats)
     t_np = _median_ms(lambda: np.flatnonzero(f_np), repeats)
+    from satrl.objectives.sat import kth_smallest
+
+    x = torch.rand(n, generator=torch.Generator().manual_seed(1))
+    k = int(0.9 * n)
+    t_radix = _median_ms(lambda: kth_smallest(x, k, "radix", nonneg=True), repeats)
+    t_part = _median_ms(lambda: kth_smallest(x, k, "numpy"), repeats)
     return (f"Flat nonzero of {fmt_size(n)} bools, {int(flag.sum())} set (median ms): torch "
-            f"{t_torch:.2f} on {torch.get_num_threads()} thread(s), numpy {t_np:.2f} on one.")
+            f"{t_torch:.2f} on {torch.get_num_threads()} thread(s), numpy {t_np:.2f} on one. The 90 % order "
+            f"statistic of {fmt_size(n)} float32 (`kth_smallest`): radix select {t_radix:.2f}, numpy "
+            f"introselect {t_part:.2f}.")
 
 
 def _status(key: str) -> int:

@@ -65,13 +65,14 @@ def test_nonneg_radix_equals_kthvalue(n):
     for k in (1, n // 3, n - 1, n):
         want = torch.sort(x).values[k - 1]
         assert kth_smallest(x, k, "radix", nonneg=True) == kth_smallest(x, k, "kthvalue") == want
+        assert kth_smallest(x, k, "numpy") == want
 
 
 def test_negative_zero_takes_the_signed_path():
     x = torch.rand(RADIX_MIN)
     x[:10] = -0.0  # sign bit set: the non-negative fast path would misread these keys
     for k in (1, 10, 11, RADIX_MIN):
-        assert kth_smallest(x, k, "radix") == torch.sort(x).values[k - 1]
+        assert kth_smallest(x, k, "radix") == torch.sort(x).values[k - 1] == kth_smallest(x, k, "numpy")
 
 
 @pytest.mark.parametrize("preset,ratio", [("sat_grpo", "token"), ("sat_gspo", "sequence")])
@@ -146,3 +147,19 @@ def test_flat_nonzero_equals_torch(kind):
     got = flat_nonzero(flag)
     want = flag.reshape(-1).nonzero().squeeze(1)
     assert got.dtype == torch.int64 and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_numpy_selection_equals_kthvalue_in_every_dtype(dtype):
+    """kth_smallest's numpy path (the CPU default at RADIX_MIN entries and above): the same value and dtype as
+    torch.kthvalue, NaN sorting last, with ties and infinities."""
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(RADIX_MIN + 11, generator=g) * 3).round().to(dtype)  # many ties
+    x[5], x[9], x[13] = float("nan"), float("inf"), -float("inf")
+    n = x.numel()
+    for k in (1, 2, n // 2, n - 1, n):
+        got = kth_smallest(x, k, "numpy")
+        want = x.kthvalue(k).values
+        assert got.dtype == dtype and got.shape == ()
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert kth_smallest(x, n, "auto").isnan()  # auto takes the numpy path on CPU: NaN is the largest

@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -59,24 +60,39 @@ def kth_smallest(values: Tensor, k: int, method: str = "auto", nonneg: bool = Fa
     """The k-th smallest entry (1-based) of a flat tensor, as a 0-dim tensor; 0 when k < 1.
 
     An exact order statistic, never ``torch.quantile`` (which interpolates, so it is not Eq. 14's
-    inverse-CDF convention, and refuses inputs above 16M elements). ``method``: ``kthvalue``,
-    ``radix`` (float16/bfloat16/float32 only) or ``auto`` (radix for large float32-representable
-    inputs). Both return the same value; the radix select avoids ``kthvalue``'s full copy plus int64
-    index tensor and is several times faster on CPU. ``nonneg=True`` promises no negative entries
-    and no sign bit set, -0.0 included: true of ``abs`` outputs, NaN and +inf allowed), which saves the
-    radix select a pass and a host sync.
+    inverse-CDF convention, and refuses inputs above 16M elements). ``method``:
+    - ``numpy``: numpy's introselect (``np.partition``) on a CPU copy, NaN last as in kthvalue; float16 and
+      bfloat16 go through float32, which holds them exactly. Several times faster than the radix select on
+      CPU (``python -m benchmarks.objectives`` prints both), and one copy of the input in memory.
+    - ``radix``: float16/bfloat16/float32 only; two 16-bit histogram passes, no sort; the device-side choice.
+    - ``kthvalue``: torch's own.
+    - ``auto``: numpy for CPU inputs of at least ``RADIX_MIN`` entries, radix for larger float inputs on other
+      devices, kthvalue otherwise.
+    All return the same value (tested). ``nonneg=True`` promises no negative entries and no sign bit set,
+    -0.0 included: true of ``abs`` outputs, NaN and +inf allowed), which saves the radix select a pass and
+    a host sync.
     """
     n = values.numel()
     if k < 1 or n == 0:
         return values.new_zeros(())
     k = min(k, n)
     radix_ok = values.dtype in (torch.float32, torch.bfloat16, torch.float16)
-    if method == "radix" or (method == "auto" and radix_ok and n >= RADIX_MIN):
+    if method == "auto":
+        if values.device.type == "cpu" and n >= RADIX_MIN:
+            method = "numpy"
+        else:
+            method = "radix" if radix_ok and n >= RADIX_MIN else "kthvalue"
+    if method == "numpy":
+        flat = values.detach().reshape(-1)
+        wide = flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat
+        kth = np.partition(wide.cpu().numpy(), k - 1)[k - 1]
+        return torch.tensor(kth, device=values.device).to(values.dtype)
+    if method == "radix":
         if not radix_ok:
             raise ValueError(f"radix selection needs float16/bfloat16/float32 values, got {values.dtype}")
         return _radix_kth(values.reshape(-1).float(), k, nonneg).to(values.dtype)
-    if method not in ("auto", "kthvalue"):
-        raise ValueError(f"unknown selection method {method!r}; valid choices: ['auto', 'kthvalue', 'radix']")
+    if method != "kthvalue":
+        raise ValueError(f"unknown selection method {method!r}; valid choices: ['auto', 'kthvalue', 'numpy', 'radix']")
     return values.reshape(-1).kthvalue(k).values
 
 
@@ -135,14 +151,14 @@ def _kth_and_above(s: Tensor, k: int, d: Tensor | None = None) -> tuple[Tensor, 
     :func:`kth_smallest`), idx = the ascending flat positions with s > q (empty when q = 0) and, when the
     scores are ``|d|`` and ``d`` is given, d_g = d at idx (else None).
 
-    One full pass instead of the radix select's two histograms plus the gate's compare: a strided
+    One full pass instead of a selection over all scores plus the gate's compare: a strided
     sample of ``SAMPLE`` entries gives a value v whose rank is about ``MARGIN`` below q's; every entry
     not below v is a candidate (one compare and one ``nonzero``, the ``nonzero`` the gate needs anyway).
     The compare is on the bits as int32, which order non-negative floats as kthvalue does, NaN last (so
     NaN is a candidate), and is faster than the float compare plus its negation. If fewer than k
     entries lie below v, q is exactly the (k - below)-th smallest candidate and the gate is the
-    candidates above it; otherwise (a sample that missed, e.g. adversarial data) the exact two-pass
-    histogram path runs. Exact either way, and a pure function of ``s``.
+    candidates above it; otherwise (a sample that missed, e.g. adversarial data) the exact selection over
+    all scores runs. Exact either way, and a pure function of ``s``.
     """
     flat = s.reshape(-1)
     n = flat.numel()
