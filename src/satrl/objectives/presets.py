@@ -123,7 +123,11 @@ class ObjectiveSpec:
                        ("old_logp", old_logp), ("lag", lag)):
             if t is not None and t.shape != logp.shape:
                 raise ValueError(f"{key} must have logp's shape {tuple(logp.shape)}, got {tuple(t.shape)}")
-        behavior_logp = behavior_logp.detach()
+        # Row-major copies of any other layout (no-ops when contiguous): reductions then add in the same order
+        # and flat positions mean the same tokens, so results do not depend on how the inputs are stored.
+        logp, behavior_logp, mask = logp.contiguous(), behavior_logp.detach().contiguous(), mask.contiguous()
+        ref_logp, lag, old_logp = (None if t is None else t.contiguous() for t in (ref_logp, lag, old_logp))
+        adv = adv.contiguous()
         old = logp.detach() if old_logp is None else old_logp.detach()
         denom = behavior_logp if old_logp is None else old
         adv = clean_adv(adv.detach(), mask)  # [B, 1] or [B, T], 0 where inactive

@@ -344,8 +344,9 @@ def sat_clip_bounds(
     """
     g = sat_gate(d, mask, alpha, exponent, invert, score, shuffle)
     lo_g, hi_g = gated_bounds(g, eps_low, eps_high)
-    hi = torch.full_like(d, 1.0 + eps_high)
-    lo = torch.full_like(d, 1.0 - eps_low)
+    # torch.full, not full_like: row-major whatever d's layout, so flat positions are g.idx's
+    hi = torch.full(d.shape, 1.0 + eps_high, dtype=d.dtype, device=d.device)
+    lo = torch.full(d.shape, 1.0 - eps_low, dtype=d.dtype, device=d.device)
     hi.view(-1).index_copy_(0, g.idx, hi_g)
     lo.view(-1).index_copy_(0, g.idx, lo_g)
     return lo, hi, sat_metrics(g, eps_low, eps_high)

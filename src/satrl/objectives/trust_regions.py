@@ -98,7 +98,8 @@ class _Surrogate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ratio, adv, clipped, lo, hi, dual_clip, pos, value):
         loss = clipped_surrogate(ratio, adv, lo, hi, dual_clip)
-        if pos is not None:
+        if pos is not None:  # flat positions are row-major: a permuted layout is copied first
+            loss = loss.contiguous()
             loss.view(-1).index_copy_(0, pos, value.to(loss.dtype))
         tie = None
         if dual_clip is not None:
@@ -122,6 +123,7 @@ def _clip(ratio, adv, mask, lo, hi, dual_clip, override=None, n=None):
     clipped_all, metrics = _clip_flags_all(ratio, adv, mask, lo, hi, dual_clip, n)
     pos, value = (None, None) if override is None else override
     if pos is not None:
+        clipped_all = clipped_all.contiguous()  # row-major, as the flat positions
         clipped_all.view(-1).index_fill_(0, pos, True)  # override positions are active tokens
     loss = _Surrogate.apply(ratio, adv, clipped_all, lo, hi, dual_clip, pos, value)
     return loss, clipped_all & mask, metrics
