@@ -70,8 +70,8 @@ def clip_flags(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Which active tokens the clip zeroes: A > 0 above ``hi``, A < 0 below ``lo`` (or above the dual clip).
     ``n``: the active-token count (:func:`satrl.tensors.count`), if the caller has it."""
-    flat, metrics = _clip_flags_all(ratio, adv, mask, lo, hi, dual_clip, n)
-    return flat & mask, metrics
+    clipped, metrics = _clip_flags_all(ratio, adv, mask, lo, hi, dual_clip, n)
+    return clipped & mask, metrics
 
 
 def _clip_flags_all(ratio, adv, mask, lo, hi, dual_clip, n=None):
@@ -91,7 +91,9 @@ class _Surrogate(torch.autograd.Function):
     """:func:`clipped_surrogate` with its gradient written out: d loss / d ratio = -A on tokens the clip
     keeps, 0 on ``clipped`` ones, equal bit for bit to autograd's through ``maximum``/``clamp`` (tested). At
     an exact tie with a bound the two halves of ``maximum``'s split gradient add up to -A; at an exact tie
-    with the dual clip (r = c, A < 0) ``minimum`` passes half of it, and so does this. One multiply and one
+    with the dual clip (r = c, A < 0) ``minimum`` passes half of it, and so does this. Where r is past a bound
+    but the two branches' products round to the same value (bfloat16, or within an ulp in float32), autograd
+    splits the gradient; this keeps the branch that is larger in exact arithmetic. One multiply and one
     fill in backward instead of autograd's graph of ``where``s, and no [B, T] copy for a sparse override
     (SAT's fix-up: ``value`` written at flat positions ``pos``, already marked in ``clipped``)."""
 
