@@ -46,7 +46,7 @@ from satrl.tensors import count, masked, masked_frac, seq_mean
 from ._common import LOG_RATIO_CLAMP
 from .corrections import CORRECTIONS
 from .registry import non_negative, positive, unit_interval
-from .sat import PROXIES, ZERO_MASKED, gated_bounds, sat_gate, sat_metrics, sat_score
+from .sat import PROXIES, gate_from_inputs, gated_bounds, sat_metrics
 from .trust_regions import _EPS_CHECKS, TRUST_REGIONS, ObjectiveInputs
 
 _SAT = {"alpha": 0.9, "exponent": 2.0, "proxy": "log_ratio", "invert": False, "shuffle": False}
@@ -58,9 +58,7 @@ _RADII = {k: _EPS_CHECKS[k] for k in ("eps_low", "eps_high")}
 
 
 def _sat(d: Tensor, mask: Tensor, inp: ObjectiveInputs, p: dict):
-    return sat_gate(d, mask, p["alpha"], p["exponent"], p["invert"], score=sat_score(p["proxy"], inp),
-                    shuffle=p["shuffle"], zero_masked=p["proxy"] in ZERO_MASKED,
-                    n=None if inp.n_active is None else int(inp.n_active), abs_d=inp.abs_d)  # fmt: skip
+    return gate_from_inputs(d, mask, inp, p["alpha"], p["exponent"], p["invert"], p["proxy"], p["shuffle"])
 
 
 # ------------------------------------------------------------------------------------------- CISPO

@@ -392,6 +392,15 @@ def sat_score(proxy: str, inp: ObjectiveInputs) -> Tensor | None:
     return SAT_PROXIES.get(proxy).fn(inp)
 
 
+def gate_from_inputs(d: Tensor, mask: Tensor, inp: ObjectiveInputs, alpha: float, exponent: float, invert: bool, proxy: str,
+                     shuffle: bool) -> SatGate:
+    """:func:`sat_gate` as the trust regions call it: the proxy's score, and the active count and ``|d|`` the
+    objective has already computed (``inp.n_active``, ``inp.abs_d``)."""
+    n = None if inp.n_active is None else int(inp.n_active)
+    return sat_gate(d, mask, alpha, exponent, invert, score=sat_score(proxy, inp), shuffle=shuffle,
+                    zero_masked=proxy in ZERO_MASKED, n=n, abs_d=inp.abs_d)
+
+
 @TRUST_REGIONS.register(
     "sat",
     defaults={**_EPS, "alpha": 0.9, "exponent": 2.0, "proxy": "log_ratio", "invert": False, "shuffle": False},
@@ -410,9 +419,7 @@ def sat_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip, 
     ``clipped_surrogate(ratio, adv, lo, hi)`` gives with the dense bounds (tested), at the cost of the
     gated tokens only.
     """
-    n = None if inp.n_active is None else int(inp.n_active)
-    g = sat_gate(d, mask, alpha, exponent, invert, score=sat_score(proxy, inp), shuffle=shuffle,
-                 zero_masked=proxy in ZERO_MASKED, n=n, abs_d=inp.abs_d)
+    g = gate_from_inputs(d, mask, inp, alpha, exponent, invert, proxy, shuffle)
     with torch.no_grad():
         r_g = ratio.detach().reshape(-1).index_select(0, g.idx)
         a_g = adv.reshape(-1).index_select(0, _adv_index(g.idx, adv, ratio.shape[-1]))
