@@ -6,7 +6,9 @@
 
 Shapes: B = N/1024 responses of T = 1024 tokens, all active; adv is [B]; no ``ref_logp`` (the KL term is
 skipped, so the numbers are the policy terms alone). One step = ``policy_loss`` + ``aggregate``
-(token-mean) + ``backward``, metrics included.
+(token-mean) + ``backward``, metrics included. ``sat_grpo`` runs SAT's compiled CPU loops when they build
+(``satrl.objectives.native``; the output names the path); the row ``sat_grpo:torch`` is the same objective
+with them turned off (same results bit for bit).
 
 verl rows (when verl is importable): ``verl:vanilla`` and ``verl:gspo``, verl's own policy-loss functions
 called as its actor calls them (``ActorConfig`` with radii 0.2/0.2, a bool [B, T] response mask, a
@@ -18,6 +20,13 @@ order, the number to trust on a shared machine.
 
 Time: median over repeats, all rows interleaved in one process (A, B, A, B, ...), so a noisy neighbour
 slows every row alike; ratios are to ``grpo`` at that size.
+Allocator: glibc's malloc adapts its mmap and trim thresholds to the sizes it has seen, so whether a step's
+[B, T] buffers come from already-mapped heap pages or from fresh ones (a minor page fault, and the kernel
+zeroing the page, per 4 KiB) depends on what ran before it, not on the objective. At 4M tokens the swing this
+causes in one row is about as large as SAT's whole extra time (run with ``--glibc-default`` and compare the
+fault counts and times). The timing process therefore pins the two thresholds (``mallopt``: mmap threshold
+32 MiB, trim threshold 1 GiB), which makes every row fault-free after its warm-up; ``--glibc-default``
+leaves them to glibc. The paired lines print the faults per step either way.
 Peak memory: each (preset, size) runs in a fresh subprocess with ``MALLOC_MMAP_THRESHOLD_=65536`` (so
 every large tensor is its own mmap, returned to the OS when freed); after building the inputs it resets
 the kernel's peak-RSS counter (``echo 5 > /proc/self/clear_refs``) and reports VmHWM - VmRSS after one
@@ -28,6 +37,7 @@ allocations, which is why RSS is used.)
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -37,20 +47,22 @@ import time
 
 import torch
 
-from satrl.objectives import aggregate, policy_loss
+from satrl.objectives import aggregate, native, policy_loss
 
 PRESETS = ["grpo", "sat_grpo", "gspo", "sat_gspo", "dppo_tv"]
 VERL_ROWS = ["verl:vanilla", "verl:gspo"]
+TORCH_ROW = "sat_grpo:torch"  # sat_grpo with the compiled CPU loops turned off (satrl.objectives.native)
 T = 1024
 
 
 def rows_available() -> list[str]:
-    """Our presets, and verl's rows when verl can be imported."""
+    """Our presets, sat_grpo's torch path when the compiled loops run, and verl's rows when verl imports."""
+    rows = [*PRESETS, *([TORCH_ROW] if native.library() is not None else [])]
     try:
         import verl.trainer.ppo.core_algos  # noqa: F401
     except ImportError:
-        return list(PRESETS)
-    return [*PRESETS, *VERL_ROWS]
+        return rows
+    return [*rows, *VERL_ROWS]
 
 
 def parse_size(s: str) -> int:
@@ -102,8 +114,12 @@ def step(preset: str, x: dict[str, torch.Tensor]) -> None:
         _verl_call(preset.split(":", 1)[1], x).backward()
         return
     ours = {k: v for k, v in x.items() if k != "adv_bt"}
-    loss_tok, _ = policy_loss(preset, **ours)
-    aggregate(loss_tok, x["mask"], "token-mean").backward()
+    native.set_enabled(preset != TORCH_ROW)
+    try:
+        loss_tok, _ = policy_loss(preset.split(":")[0], **ours)
+        aggregate(loss_tok, x["mask"], "token-mean").backward()
+    finally:
+        native.set_enabled(True)
 
 
 def time_presets(n_tokens: int, repeats: int, presets: list[str] | None = None) -> dict[str, float]:
@@ -120,7 +136,8 @@ def time_presets(n_tokens: int, repeats: int, presets: list[str] | None = None) 
     return {p: statistics.median(v) for p, v in runs.items()}
 
 
-PAIRS = [("sat_grpo", "grpo"), ("sat_grpo", "verl:vanilla"), ("gspo", "verl:gspo"), ("sat_gspo", "gspo")]
+PAIRS = [("sat_grpo", "grpo"), (TORCH_ROW, "grpo"), ("sat_grpo", "verl:vanilla"), ("gspo", "verl:gspo"),
+         ("sat_gspo", "gspo")]
 
 
 def paired_ratios(n_tokens: int, repeats: int, presets: list[str]) -> dict[tuple[str, str], tuple[float, float, float]]:
@@ -163,8 +180,9 @@ def _median_ms(fn, repeats: int) -> float:
 
 
 def gate_line(n: int, repeats: int) -> str:
-    """How much of SAT's extra time is its gate: ``sat_gate`` alone on the step's |d| (quantile, gated
-    positions, d there, kernel and the [B, T] gate map), next to sat_grpo and grpo run back to back."""
+    """How much of the torch path's extra time is its gate: ``sat_gate`` alone on the step's |d| (quantile,
+    gated positions, d there, kernel and the [B, T] gate map), next to sat_grpo (both paths) and grpo run
+    back to back."""
     from satrl.objectives.sat import sat_gate
 
     x = make_inputs(n)
@@ -172,9 +190,11 @@ def gate_line(n: int, repeats: int) -> str:
     abs_d, mask = d.abs(), x["mask"]
     gate = _median_ms(lambda: sat_gate(d, mask, zero_masked=True, abs_d=abs_d, n=int(torch.count_nonzero(mask))), repeats)
     sat = _median_ms(lambda: step("sat_grpo", x), repeats)
+    sat_torch = _median_ms(lambda: step(TORCH_ROW, x), repeats)
     base = _median_ms(lambda: step("grpo", x), repeats)
-    return (f"SAT's gate at {fmt_size(n)} (median ms, each run {repeats} times in a row): `sat_gate` alone "
-            f"{gate:.1f}; sat_grpo {sat:.1f}, grpo {base:.1f} (difference {sat - base:.1f}).")
+    return (f"SAT's gate at {fmt_size(n)} (median ms, each run {repeats} times in a row): the torch path's "
+            f"`sat_gate` alone {gate:.1f}; sat_grpo {sat:.1f} ({native.status()}), its torch path "
+            f"{sat_torch:.1f}, grpo {base:.1f} (differences {sat - base:.1f} and {sat_torch - base:.1f}).")
 
 
 def sparse_ops_line(n: int, repeats: int) -> str:
@@ -196,6 +216,20 @@ def sparse_ops_line(n: int, repeats: int) -> str:
             f"{t_torch:.2f} on {torch.get_num_threads()} thread(s), numpy {t_np:.2f} on one. The 90 % order "
             f"statistic of {fmt_size(n)} float32 (`kth_smallest`): radix select {t_radix:.2f}, numpy "
             f"introselect {t_part:.2f}.")
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def steady_allocator() -> bool:
+    """Pin glibc's mmap threshold (32 MiB, its largest) and trim threshold (1 GiB) in this process, so freed
+    [B, T] buffers stay mapped and are reused (see the module docstring). False where the C library is not
+    glibc (then nothing changes)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
+    except (OSError, AttributeError):
+        return False
 
 
 def _status(key: str) -> int:
@@ -249,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-64m", action="store_true", help="skip the 64M sat_grpo run")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable on a shared box)")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per size (default: by size)")
+    ap.add_argument("--glibc-default", action="store_true",
+                    help="leave glibc's malloc thresholds as they are (default: pin them, see the docstring)")
     ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--_quantile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -257,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure_child(args._child[0], int(args._child[1]), args._quantile)))
         return 0
 
+    pinned = False if args.glibc_default else steady_allocator()
     sizes = [parse_size(s) for s in (args.sizes or (["64K", "256K"] if args.quick else ["1M", "4M", "16M"]))]
     rows = []
     presets = rows_available()
@@ -298,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     body += "\n\n" + sparse_ops_line(4 << 20, args.repeats or (3 if args.quick else 15))
     note = (
         f"\n\nTime: median of the repeats, rows interleaved in one process, {torch.get_num_threads()} "
-        "torch thread(s). Memory: peak extra RSS of one step in a fresh subprocess (see the script's "
+        f"torch thread(s), glibc's malloc thresholds {'pinned (see the script)' if pinned else 'left to glibc'}. "
+        "Memory: peak extra RSS of one step in a fresh subprocess (see the script's "
         "docstring). B = N/1024 responses of 1024 tokens, all active, adv [B], no ref_logp (no KL term). "
         "The table's x-grpo column compares rows that each ran between six other presets, which leaves a "
         "different cache and allocator state than a training loop (one objective, call after call) does; "
@@ -316,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = "python -m benchmarks.objectives" + (f" --sizes {' '.join(args.sizes)}" if args.sizes else "")
         cmd += (" --no-64m" if args.no_64m else "") + (f" --threads {args.threads}" if args.threads != 1 else "")
         cmd += f" --repeats {args.repeats}" if args.repeats else ""
+        cmd += " --glibc-default" if args.glibc_default else ""
         write_section("Objectives", cmd, body)
     return 0
 

@@ -10,11 +10,13 @@
 
 With s = |d| this is exactly the paper: u+ = [d]+ equals |d| when d > 0 and psi(0; q) = 1 otherwise.
 
-Where it lives: this file holds SAT's whole training path, top to bottom: the order statistic
-(:func:`kth_smallest`), the gate and kernel (:func:`sat_gate`), the bounds and Table 10 metrics, the dense
+Where it lives: this file holds SAT's training path, top to bottom: the gate and kernel (:func:`sat_gate`;
+its order statistic :func:`kth_smallest` is in ``selection.py``), the bounds and Table 10 metrics, the dense
 reference :func:`sat_clip_bounds` (bounds for every token, for ``clipped_surrogate``), and the registered
 trust region :func:`sat_trust_region` the trainer runs (PPO plus a sparse fix-up on gated tokens, equal
 value for value to the dense reference; tested). ``presets.ObjectiveSpec`` calls it like any trust region.
+On CPU float32 tensors the trust region runs the paper's gate and the fix-up as compiled loops
+(``native.py``) when it can, with the same results bit for bit.
 
 Options beyond the paper (all off by default):
 - ``score``: a proxy [B, T] replacing |d| (e.g. |pi - mu| or the lag). The gate ranks the score against
@@ -34,153 +36,17 @@ Options beyond the paper (all off by default):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from fractions import Fraction
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from satrl.tensors import as_bool_mask, flat_nonzero, masked
 
+from . import native
 from .registry import component_registry, positive, unit_interval
+from .selection import MARGIN, RADIX_MIN, SAMPLE, _kth_and_above, kth_smallest, quantile_rank  # noqa: F401
 from .trust_regions import _EPS, _EPS_CHECKS, TRUST_REGIONS, ObjectiveInputs, _clip
-
-
-def quantile_rank(alpha: float, n: int) -> int:
-    """k = ceil(alpha * n), computed exactly (0.7 * 10 is 7, not 7.000000000000001)."""
-    return math.ceil(Fraction(repr(float(alpha))) * n)
-
-
-RADIX_MIN = 1 << 16  # below this many values, kthvalue is as fast and simpler
-
-
-def kth_smallest(values: Tensor, k: int, method: str = "auto", nonneg: bool = False) -> Tensor:
-    """The k-th smallest entry (1-based) of a flat tensor, as a 0-dim tensor; 0 when k < 1.
-
-    An exact order statistic, never ``torch.quantile`` (which interpolates, so it is not Eq. 14's
-    inverse-CDF convention, and refuses inputs above 16M elements). ``method``:
-    - ``numpy``: numpy's introselect (``np.partition``) on a CPU copy, NaN last as in kthvalue; float16 and
-      bfloat16 go through float32, which holds them exactly. Several times faster than the radix select on
-      CPU (``python -m benchmarks.objectives`` prints both), and one copy of the input in memory.
-    - ``radix``: float16/bfloat16/float32 only; two 16-bit histogram passes, no sort; the device-side choice.
-    - ``kthvalue``: torch's own.
-    - ``auto``: numpy for CPU inputs of at least ``RADIX_MIN`` entries, radix for larger float inputs on other
-      devices, kthvalue otherwise.
-    All return the same value (tested). ``nonneg=True`` promises no negative entries and no sign bit set,
-    -0.0 included: true of ``abs`` outputs, NaN and +inf allowed), which saves the radix select a pass and
-    a host sync.
-    """
-    n = values.numel()
-    if k < 1 or n == 0:
-        return values.new_zeros(())
-    k = min(k, n)
-    radix_ok = values.dtype in (torch.float32, torch.bfloat16, torch.float16)
-    if method == "auto":
-        if values.device.type == "cpu" and n >= RADIX_MIN:
-            method = "numpy"
-        else:
-            method = "radix" if radix_ok and n >= RADIX_MIN else "kthvalue"
-    if method == "numpy":
-        flat = values.detach().reshape(-1)
-        wide = flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat
-        kth = np.partition(wide.cpu().numpy(), k - 1)[k - 1]
-        return torch.tensor(kth, device=values.device).to(values.dtype)
-    if method == "radix":
-        if not radix_ok:
-            raise ValueError(f"radix selection needs float16/bfloat16/float32 values, got {values.dtype}")
-        return _radix_kth(values.reshape(-1).float(), k, nonneg).to(values.dtype)
-    if method != "kthvalue":
-        raise ValueError(f"unknown selection method {method!r}; valid choices: ['auto', 'kthvalue', 'numpy', 'radix']")
-    return values.reshape(-1).kthvalue(k).values
-
-
-def _radix_kth(x: Tensor, k: int, nonneg: bool = False) -> Tensor:
-    """Exact k-th smallest of float32 ``x`` by two 16-bit histogram passes over order-preserving keys.
-
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF) maps float32 to int32 monotonically (negatives included;
-    NaN sorts last, as in kthvalue); for non-negative inputs (SAT's scores) the key is the bits
-    themselves. Pass 1 counts the high 16 bits and finds the bucket holding the k-th key; pass 2
-    counts the low 16 bits inside that bucket. Memory: about two int32 copies of ``x``.
-    """
-    key = x.view(torch.int32)
-    if nonneg or not bool((key < 0).any()):  # no sign bit set (-0.0 has one: it takes the general path)
-        return _radix_kth_nonneg(key, k)
-    key = key ^ ((key >> 31) & 0x7FFFFFFF)
-    high = (key >> 16) + (1 << 15)  # [0, 65536)
-    b, r = _bucket(torch.bincount(high, minlength=1 << 16), k)
-    low = torch.where(high == b, key & 0xFFFF, 1 << 16)  # outside the bucket: an extra, ignored bin
-    del high
-    j, _ = _bucket(torch.bincount(low, minlength=(1 << 16) + 1)[: 1 << 16], r)
-    out = torch.tensor(((b - (1 << 15)) << 16) | j, dtype=torch.int64, device=x.device).to(torch.int32)
-    out = out ^ ((out >> 31) & 0x7FFFFFFF)  # the key map is an involution
-    return out.view(torch.float32)
-
-
-def _radix_kth_nonneg(key: Tensor, k: int) -> Tensor:
-    """:func:`_radix_kth` for keys >= 0 (the bits of non-negative floats): high 16 bits in [0, 32768).
-
-    Pass 2 is key - bucket start clamped to [0, 65536]: keys below the bucket land in bin 0 with the
-    bucket's own low-bits-0 keys and are subtracted back out (their number is known from pass 1),
-    keys above it land in bin 65536; two elementwise passes instead of three.
-    """
-    b, r = _bucket(torch.bincount(key >> 16, minlength=1 << 15), k)
-    low = torch.sub(key, b << 16).clamp_(0, 1 << 16)
-    counts = torch.bincount(low, minlength=(1 << 16) + 1)[: 1 << 16]
-    del low
-    counts[0] -= k - r  # the keys below the bucket
-    j, _ = _bucket(counts, r)
-    return torch.tensor((b << 16) | j, dtype=torch.int32, device=key.device).view(torch.float32)
-
-
-def _bucket(counts: Tensor, k: int) -> tuple[int, int]:
-    """(index of the bin holding the k-th element, its rank inside that bin)."""
-    cum = counts.cumsum(0)
-    b = int(torch.searchsorted(cum, torch.tensor([k], device=cum.device, dtype=cum.dtype)).item())
-    before = int(cum[b - 1].item()) if b > 0 else 0
-    return b, k - before
-
-
-SAMPLE = 1 << 15  # _kth_and_above: size of the strided sample that brackets q
-MARGIN = 0.01  # ... and how far below q's rank (as a share of the entries) the bracket is put
-
-
-def _kth_and_above(s: Tensor, k: int, d: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
-    """(q, idx, d_g) for float32 scores ``s`` >= 0 (``abs`` outputs): q = the k-th smallest entry (as
-    :func:`kth_smallest`), idx = the ascending flat positions with s > q (empty when q = 0) and, when the
-    scores are ``|d|`` and ``d`` is given, d_g = d at idx (else None).
-
-    One full pass instead of a selection over all scores plus the gate's compare: a strided
-    sample of ``SAMPLE`` entries gives a value v whose rank is about ``MARGIN`` below q's; every entry
-    not below v is a candidate (one compare and one ``nonzero``, the ``nonzero`` the gate needs anyway).
-    The compare is on the bits as int32, which order non-negative floats as kthvalue does, NaN last (so
-    NaN is a candidate), and is faster than the float compare plus its negation. If fewer than k
-    entries lie below v, q is exactly the (k - below)-th smallest candidate and the gate is the
-    candidates above it; otherwise (a sample that missed, e.g. adversarial data) the exact selection over
-    all scores runs. Exact either way, and a pure function of ``s``.
-    """
-    flat = s.reshape(-1)
-    n = flat.numel()
-    j = int((k / n - MARGIN) * min(n, SAMPLE))
-    if j >= 1:
-        v = flat[:: max(1, n // SAMPLE)][: min(n, SAMPLE)].kthvalue(j).values
-        cand = flat_nonzero(flat.view(torch.int32) >= v.view(torch.int32))
-        below = n - cand.numel()
-        if below < k:
-            # With d, gather it at the candidates once: |d| there is the scores, and d at idx a small gather.
-            d_c = None if d is None else d.reshape(-1).index_select(0, cand)
-            cv = flat.index_select(0, cand) if d_c is None else d_c.abs()
-            q = kth_smallest(cv, k - below, nonneg=True)
-            if not bool(q > 0):
-                return q, cand[:0], None if d_c is None else d_c[:0]
-            # float compare: NaN is never gated, as s > q. nonzero + gather: faster than masked_select.
-            sel = flat_nonzero(cv > q)
-            return q, cand.index_select(0, sel), None if d_c is None else d_c.index_select(0, sel)
-    q = kth_smallest(flat, k, nonneg=True)
-    if not bool(q > 0):
-        return q, torch.zeros(0, dtype=torch.int64, device=s.device), None
-    return q, flat_nonzero(flat > q), None
 
 
 @dataclass(frozen=True)
@@ -299,22 +165,28 @@ def gated_bounds(g: SatGate, eps_low: float, eps_high: float) -> tuple[Tensor, T
 
 def sat_metrics(g: SatGate, eps_low: float, eps_high: float) -> dict[str, Tensor]:
     """Paper Table 10 over active tokens: q, gate rate, mean effective radii, strongest contraction."""
-    n_t = torch.tensor(float(max(g.n, 1)), device=g.q.device)
     psi = g.psi.to(torch.float32)
     # sums over the d > 0 and d < 0 tokens through products with 0/1 floats (sign(d) clamped), not `where`
     # (unvectorized on CPU); the summed tensors, hence the sums, are the same bit for bit
     sign = torch.sign(g.d.to(torch.float32)).nan_to_num_(0.0)  # NaN d: no side
     pos = sign.clamp(min=0.0)
     deficit = 1.0 - psi
-    deficit_hi = (deficit * pos).sum()  # sum of (1 - c+) over active tokens
-    deficit_lo = (deficit * (pos - sign)).sum()  # pos - sign: 1 where d < 0, else 0
     c = torch.maximum(psi, 1.0 - sign.abs())  # psi where d != 0, else 1 (no outward side)
+    c_min = c.min().clamp(max=1.0) if c.numel() else torch.ones((), device=g.q.device)
+    # pos - sign: 1 where d < 0, else 0
+    return _table10(g, deficit * pos, deficit * (pos - sign), c_min, eps_low, eps_high)
+
+
+def _table10(g: SatGate, deficit_pos: Tensor, deficit_neg: Tensor, c_min: Tensor, eps_low: float,
+             eps_high: float) -> dict[str, Tensor]:
+    """:func:`sat_metrics` from the gated tokens' 1 - c+ and 1 - c- terms ([G] each) and the smallest c."""
+    n_t = torch.tensor(float(max(g.n, 1)), device=g.q.device)
     return {
         "q": g.q.to(torch.float32),
         "gate_rate": torch.tensor(float(g.idx.numel()), device=g.q.device) / n_t,
-        "eps_low_mean": eps_low - eps_low * deficit_lo / n_t,
-        "eps_high_mean": eps_high - eps_high * deficit_hi / n_t,
-        "c_min": c.min().clamp(max=1.0) if c.numel() else torch.ones((), device=g.q.device),
+        "eps_low_mean": eps_low - eps_low * deficit_neg.sum() / n_t,
+        "eps_high_mean": eps_high - eps_high * deficit_pos.sum() / n_t,
+        "c_min": c_min,
         "tok/gate": g.gate,
     }
 
@@ -354,24 +226,25 @@ def sat_clip_bounds(
 
 # ---------------------------------------------------------------------------------------- the training path
 # SAT's gate score ("proxy"): what the gate ranks instead of |d|. Each is ``fn(inp) -> [B, T] | None`` (None:
-# |d| itself), declares ``zero_masked`` (its values are abs() values, exactly 0 on masked positions) and what
+# |d| itself), declares ``zero_masked`` (its values are abs() values, exactly 0 on masked positions), ``abs_d``
+# (it is |d| itself, the paper's score, which the compiled loops implement) and what
 # it needs beyond the log-probs (``lag``: integrations that pass no per-token lags offer only the others).
 SAT_PROXIES = component_registry("SAT proxy")
 
 
-@SAT_PROXIES.register("log_ratio", traits={"zero_masked": True})
+@SAT_PROXIES.register("log_ratio", traits={"zero_masked": True, "abs_d": True})
 def _log_ratio_score(inp: ObjectiveInputs) -> Tensor | None:
     """|d| (the paper): None, so sat_gate ranks |d| (``inp.abs_d`` when the caller computed it)."""
     return None
 
 
-@SAT_PROXIES.register("prob_diff", traits={"zero_masked": True})
+@SAT_PROXIES.register("prob_diff", traits={"zero_masked": True, "abs_d": False})
 def _prob_diff_score(inp: ObjectiveInputs) -> Tensor:
     """|pi - mu| of the sampled token."""
     return masked((inp.logp.detach().exp() - inp.denom_logp.exp()).abs(), inp.mask)
 
 
-@SAT_PROXIES.register("version_age", needs=("lag",), traits={"zero_masked": False})
+@SAT_PROXIES.register("version_age", needs=("lag",), traits={"zero_masked": False, "abs_d": False})
 def _version_age_score(inp: ObjectiveInputs) -> Tensor:
     """The token's lag (trainer version - sample version)."""
     if inp.lag is None:
@@ -419,28 +292,82 @@ def sat_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip, 
     ``clipped_surrogate(ratio, adv, lo, hi)`` gives with the dense bounds (tested), at the cost of the
     gated tokens only.
     """
-    g = gate_from_inputs(d, mask, inp, alpha, exponent, invert, proxy, shuffle)
-    with torch.no_grad():
-        r_g = ratio.detach().reshape(-1).index_select(0, g.idx)
-        a_g = adv.reshape(-1).index_select(0, _adv_index(g.idx, adv, ratio.shape[-1]))
-        # Only the contracted endpoint can be crossed: r = e^d, so r > 1 + eps_high*psi needs d > 0 (where
-        # c+ = psi) and r < 1 - eps_low*psi needs d < 0 (where c- = psi); the other endpoint is PPO's own.
-        # So the test needs no sign of d, and no `where` (which, unlike arithmetic, is not vectorized on CPU).
-        hi, lo = 1.0 + eps_high * g.psi, 1.0 - eps_low * g.psi
-        hit = flat_nonzero(((a_g > 0) & (r_g > hi)) | ((a_g < 0) & (r_g < lo)))
-        a_h, r_h = a_g.index_select(0, hit), r_g.index_select(0, hit)
-        up = a_h > 0
-        value = torch.where(up, hi.index_select(0, hit), lo.index_select(0, hit)) * -a_h
-        pos = g.idx.index_select(0, hit)
-        n_t = torch.tensor(float(max(g.n, 1)), device=ratio.device)
-        # tokens newly clipped by SAT: past the contracted endpoint but inside PPO's interval
-        new_high = torch.count_nonzero(up & ~(r_h > 1.0 + eps_high)) / n_t
-        new_low = torch.count_nonzero(~up & ~(r_h < 1.0 - eps_low)) / n_t
+    paper_gate = SAT_PROXIES.get(proxy).traits["abs_d"] and not invert and not shuffle and exponent == 2.0
+    fast = _native_fixup(ratio, d, adv, inp, alpha, eps_low, eps_high) if paper_gate else None
+    if fast is not None:
+        g, pos, value, new_high, new_low, sat_m = fast
+    else:
+        g = gate_from_inputs(d, mask, inp, alpha, exponent, invert, proxy, shuffle)
+        pos, value, new_high, new_low = _fixup(g, ratio, adv, eps_low, eps_high)
+        sat_m = sat_metrics(g, eps_low, eps_high)
     # PPO with a sparse override: the loss is the constant -bound*A (zero gradient) on the hit tokens
     loss, clipped, metrics = _clip(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, dual_clip, (pos, value), inp.n)
-    metrics.update(sat_metrics(g, eps_low, eps_high))
+    metrics.update(sat_m)
     metrics["clipfrac_high"] += new_high
     metrics["clipfrac_low"] += new_low
     # The only tokens whose gradient SAT changes (Prop. 4.1 (iii)): if this is 0, SAT == PPO this step.
     metrics["sat_clipfrac"] = new_high + new_low
     return loss, clipped, metrics
+
+
+@torch.no_grad()
+def _fixup(g: SatGate, ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float):
+    """The gated tokens pushed past their contracted endpoint: (flat positions, the constant loss -bound*A
+    there, and the shares of active tokens that are such hits inside PPO's own interval, upper and lower)."""
+    r_g = ratio.detach().reshape(-1).index_select(0, g.idx)
+    a_g = adv.reshape(-1).index_select(0, _adv_index(g.idx, adv, ratio.shape[-1]))
+    # Only the contracted endpoint can be crossed: r = e^d, so r > 1 + eps_high*psi needs d > 0 (where
+    # c+ = psi) and r < 1 - eps_low*psi needs d < 0 (where c- = psi); the other endpoint is PPO's own.
+    # So the test needs no sign of d, and no `where` (which, unlike arithmetic, is not vectorized on CPU).
+    hi, lo = 1.0 + eps_high * g.psi, 1.0 - eps_low * g.psi
+    hit = flat_nonzero(((a_g > 0) & (r_g > hi)) | ((a_g < 0) & (r_g < lo)))
+    a_h, r_h = a_g.index_select(0, hit), r_g.index_select(0, hit)
+    up = a_h > 0
+    value = torch.where(up, hi.index_select(0, hit), lo.index_select(0, hit)) * -a_h
+    n_t = torch.tensor(float(max(g.n, 1)), device=ratio.device)
+    # tokens newly clipped by SAT: past the contracted endpoint but inside PPO's interval
+    new_high = torch.count_nonzero(up & ~(r_h > 1.0 + eps_high)) / n_t
+    new_low = torch.count_nonzero(~up & ~(r_h < 1.0 - eps_low)) / n_t
+    return g.idx.index_select(0, hit), value, new_high, new_low
+
+
+@torch.no_grad()
+def _native_fixup(ratio: Tensor, d: Tensor, adv: Tensor, inp: ObjectiveInputs, alpha: float, eps_low: float,
+                  eps_high: float):
+    """The paper's gate and :func:`_fixup` through the compiled loops (``native.py``): the same gate, hits,
+    values and metrics, bit for bit; None where they do not apply (then the torch path runs).
+
+    The same steps as the torch path: a strided sample brackets q (``selection._kth_and_above``); the first
+    loop keeps the candidates at or above the bracket with d, r and A there; q is their exact order
+    statistic (the full selection if the bracket missed); the second loop does gate, kernel, fix-up and
+    the Table 10 terms."""
+    N = d.numel()
+    if N < RADIX_MIN or not native.usable(d, ratio, adv):
+        return None
+    n = int(torch.count_nonzero(inp.mask)) if inp.n_active is None else int(inp.n_active)
+    k = quantile_rank(alpha, n)
+    if k < 1:
+        return None
+    k += N - n  # masked |d| is exactly 0 (zero_masked) and sorts first
+    r = ratio.detach()
+    j = int((k / N - MARGIN) * min(N, SAMPLE))
+    cand = None
+    if j >= 1:
+        abs_d = d.abs() if inp.abs_d is None else inp.abs_d
+        v = abs_d.reshape(-1)[:: max(1, N // SAMPLE)][: min(N, SAMPLE)].kthvalue(j).values
+        cand = native.candidates(d, r, adv, int(v.view(torch.int32)), N - (j * N) // min(N, SAMPLE) + N // 50)
+        below = N - cand[0].numel()
+        q = kth_smallest(cand[1].abs(), k - below, nonneg=True) if below < k else None
+    if cand is None or q is None:  # no bracket, or it missed: exact selection over all, then s >= q
+        q = kth_smallest(d.abs().reshape(-1) if inp.abs_d is None else inp.abs_d.reshape(-1), k, nonneg=True)
+        cand = native.candidates(d, r, adv, int(q.view(torch.int32)), N - k + 16)
+    if not bool(q > 0):
+        cand = tuple(t[:0] for t in cand)  # no gate
+    out = native.gate_fixup(*cand, q, eps_low, eps_high, d.shape)
+    g = SatGate(q=q, gate=out["gate"], idx=out["idx"], d=out["d"], psi=out["psi"], n=n)
+    n_t = torch.tensor(float(max(n, 1)))
+    c_min = out["c_min"].clamp(max=1.0) if out["idx"].numel() else torch.ones(())
+    sat_m = _table10(g, out["def_pos"], out["def_neg"], c_min, eps_low, eps_high)
+    new_high = torch.tensor(out["new_high"]) / n_t
+    new_low = torch.tensor(out["new_low"]) / n_t
+    return g, out["hit"], out["value"], new_high, new_low, sat_m
