@@ -169,6 +169,11 @@ def paired_ratios(n_tokens: int, repeats: int, presets: list[str]) -> dict[tuple
     return out
 
 
+def _pairs_text(pairs: dict) -> str:
+    return ("minor page faults per step in brackets): "
+            + "; ".join(f"{a} / {b} = {r:.2f} ({fa:.0f} / {fb:.0f})" for (a, b), (r, fa, fb) in pairs.items()) + ".")
+
+
 def _median_ms(fn, repeats: int) -> float:
     fn()
     ts = []
@@ -286,11 +291,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--glibc-default", action="store_true",
                     help="leave glibc's malloc thresholds as they are (default: pin them, see the docstring)")
     ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--_paired_child", nargs=2, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--_quantile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args._child:
         print(json.dumps(measure_child(args._child[0], int(args._child[1]), args._quantile)))
+        return 0
+    if args._paired_child:  # thresholds left to glibc
+        n, reps = args._paired_child
+        print(json.dumps({f"{a} / {b}": v for (a, b), v in paired_ratios(n, reps, rows_available()).items()}))
         return 0
 
     pinned = False if args.glibc_default else steady_allocator()
@@ -315,14 +325,17 @@ def main(argv: list[str] | None = None) -> int:
             f"| {m / mem_of[(n, 'grpo')]:.2f} | {r} |"
         )
     body = "\n".join(lines)
+    reps = args.repeats or (3 if args.quick else 15)
     for n in sizes:
-        reps = args.repeats or (3 if args.quick else 15)
         pairs = paired_ratios(n, reps, presets)
         if pairs:
-            body += (f"\n\nPaired time ratios at {fmt_size(n)} (median over {reps} adjacent runs, order "
-                     "alternating; minor page faults per step in brackets): "
-                     + "; ".join(f"{a} / {b} = {r:.2f} ({fa:.0f} / {fb:.0f})" for (a, b), (r, fa, fb) in pairs.items())
-                     + ".")  # fmt: skip
+            body += f"\n\nPaired time ratios at {fmt_size(n)} (median over {reps} adjacent runs, order alternating; " + _pairs_text(pairs)
+    if pinned:  # the same at the largest size in a fresh process whose malloc thresholds glibc adapts
+        res = subprocess.run([sys.executable, "-m", "benchmarks.objectives", "--_paired_child", str(max(sizes)), str(reps),
+                              "--threads", str(torch.get_num_threads())], capture_output=True, text=True, check=True)  # fmt: skip
+        pairs = {tuple(k.split(" / ")): tuple(v) for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
+        body += (f"\n\nThe same at {fmt_size(max(sizes))} in a fresh process with glibc's malloc thresholds left to "
+                 f"glibc (`--glibc-default`; median over {reps}; " + _pairs_text(pairs))  # fmt: skip
     if not args.quick and not args.no_64m:
         big = 64 << 20
         r = peak_memory("sat_grpo", big, demo_quantile=True)
