@@ -57,7 +57,7 @@ T = 1024
 
 def rows_available() -> list[str]:
     """Our presets, sat_grpo's torch path when the compiled loops run, and verl's rows when verl imports."""
-    rows = [*PRESETS, *([TORCH_ROW] if native.library() is not None else [])]
+    rows = [*PRESETS, *([TORCH_ROW] if native.active() else [])]
     try:
         import verl.trainer.ppo.core_algos  # noqa: F401
     except ImportError:
@@ -197,9 +197,16 @@ def gate_line(n: int, repeats: int) -> str:
     sat = _median_ms(lambda: step("sat_grpo", x), repeats)
     sat_torch = _median_ms(lambda: step(TORCH_ROW, x), repeats)
     base = _median_ms(lambda: step("grpo", x), repeats)
+    scalar = ""
+    if native.active():  # the scalar loops a CPU without AVX2 would get (it runs the torch path instead)
+        native.library().sat_force_scalar(1)
+        try:
+            scalar = f"; with the scalar loops instead of AVX2 {_median_ms(lambda: step('sat_grpo', x), repeats):.1f}"
+        finally:
+            native.library().sat_force_scalar(0)
     return (f"SAT's gate at {fmt_size(n)} (median ms, each run {repeats} times in a row): the torch path's "
             f"`sat_gate` alone {gate:.1f}; sat_grpo {sat:.1f} ({native.status()}), its torch path "
-            f"{sat_torch:.1f}, grpo {base:.1f} (differences {sat - base:.1f} and {sat_torch - base:.1f}).")
+            f"{sat_torch:.1f}, grpo {base:.1f} (differences {sat - base:.1f} and {sat_torch - base:.1f}){scalar}.")
 
 
 def sparse_ops_line(n: int, repeats: int) -> str:

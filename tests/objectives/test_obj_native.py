@@ -21,8 +21,9 @@ HAVE_CC = native._compiler() is not None
 
 
 @pytest.fixture(autouse=True)
-def _native_on():
+def _native_on(monkeypatch):
     native.set_enabled(True)
+    monkeypatch.setitem(native._state, "scalar_ok", True)  # the scalar loops run where a test forces them
     yield
     native.set_enabled(True)
     if native.library() is not None:
@@ -190,12 +191,25 @@ def test_no_compiler_falls_back(monkeypatch, tmp_path):
     want = run(x)
     monkeypatch.setattr(native, "_compiler", lambda: None)
     monkeypatch.setattr(native, "cache_dir", lambda: tmp_path)
-    monkeypatch.setattr(native, "_state", {"enabled": True, "lib": None, "tried": False, "reason": ""})
+    monkeypatch.setattr(native, "_state", {**native._state, "lib": None, "tried": False, "reason": ""})
     assert native.library() is None
     assert "no C compiler" in native.status()
     got = run(x)
     assert same(got[0], want[0]) and same(got[2], want[2])
     assert all(same(got[1][k], want[1][k]) for k in want[1])
+
+
+def test_without_avx2_the_torch_path_runs(monkeypatch):
+    """The scalar loops are slower than the torch path, so a CPU without AVX2 runs the torch path."""
+    lib_or_fail()
+    monkeypatch.setitem(native._state, "avx2", False)
+    monkeypatch.setitem(native._state, "scalar_ok", False)
+    assert not native.active() and "no AVX2" in native.status()
+    calls = []
+    original = native.gate_fixup
+    monkeypatch.setattr(native, "gate_fixup", lambda *a, **k: calls.append(1) or original(*a, **k))
+    run(inputs(6, 80, 1024))
+    assert not calls
 
 
 def test_build_is_cached_and_atomic(monkeypatch, tmp_path):

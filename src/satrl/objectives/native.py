@@ -11,7 +11,8 @@ gradient and every metric; ``tests/objectives/test_obj_native.py``), so which on
 The C file is compiled on first use with the system C compiler (``cc``, else ``gcc`` or ``clang``; about a
 second) into ``$XDG_CACHE_HOME/satrl`` (default ``~/.cache/satrl``), keyed by the source's hash, and loaded
 with ctypes. One build serves every x86-64 CPU: the AVX2 loops are chosen at run time, with scalar loops
-elsewhere. Without a compiler, or if the build fails, the torch path runs; :func:`status` says which and why.
+elsewhere, which are slower than the torch path and therefore run only in tests: without AVX2, without a
+compiler, or if the build fails, the torch path runs; :func:`status` says which and why.
 ``set_enabled(False)`` turns the compiled path off (for comparisons; results do not change).
 """
 
@@ -32,7 +33,10 @@ from torch import Tensor
 SOURCE = Path(__file__).with_name("_sat_kernels.c")
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-shared", "-fPIC"]
 
-_state: dict = {"enabled": True, "lib": None, "tried": False, "reason": "not loaded yet"}
+# avx2: what the CPU offers, read once at load. Without AVX2 the scalar loops are slower than the torch path
+# (the benchmark's gate line times both), so they run only where a test asks for them (scalar_ok).
+_state: dict = {"enabled": True, "lib": None, "tried": False, "reason": "not loaded yet", "avx2": False,
+                "scalar_ok": False}
 
 
 def set_enabled(on: bool) -> None:
@@ -92,7 +96,7 @@ def library() -> ctypes.CDLL | None:
         _state["tried"] = True
         try:
             _state["lib"] = _build()
-            _state["reason"] = "AVX2 loops" if _state["lib"].sat_kernel_isa() else "scalar loops (no AVX2)"
+            _state["avx2"] = bool(_state["lib"].sat_kernel_isa())
         except OSError as e:
             _state["reason"] = f"torch path: {e}"
     return _state["lib"]
@@ -103,18 +107,25 @@ def status() -> str:
     if not _state["enabled"]:
         return "torch path (compiled loops turned off)"
     lib = library()
-    return f"compiled SAT loops, {_state['reason']}" if lib is not None else _state["reason"]
+    if lib is None:
+        return _state["reason"]
+    return "compiled SAT loops (AVX2)" if _state["avx2"] else "torch path (no AVX2: the scalar loops are slower)"
+
+
+def active() -> bool:
+    """Whether the loops run here at all: enabled, built, and AVX2 (or a test asked for the scalar loops)."""
+    return library() is not None and (_state["avx2"] or _state["scalar_ok"])
 
 
 def usable(d: Tensor, ratio: Tensor, adv: Tensor) -> bool:
     """Whether the compiled loops can run these tensors: float32, CPU, row-major (``policy_loss`` makes its
-    inputs so), an advantage of [B, 1] or [B, T], and a library to run them."""
+    inputs so), an advantage of [B, 1] or [B, T], and a library with AVX2 loops to run them."""
     return (
         d.dtype == ratio.dtype == adv.dtype == torch.float32
         and d.device.type == ratio.device.type == adv.device.type == "cpu"
         and d.is_contiguous() and ratio.is_contiguous() and adv.is_contiguous()
         and adv.dim() == 2 and adv.shape[-1] in (1, d.shape[-1]) and ratio.shape == d.shape
-        and library() is not None
+        and active()
     )
 
 

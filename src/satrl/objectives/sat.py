@@ -45,7 +45,7 @@ from satrl.tensors import as_bool_mask, flat_nonzero, masked
 
 from . import native
 from .registry import component_registry, positive, unit_interval
-from .selection import MARGIN, RADIX_MIN, SAMPLE, _kth_and_above, kth_smallest, quantile_rank  # noqa: F401
+from .selection import MARGIN, RADIX_MIN, SAMPLE, _kth_and_above, bracket_value, kth_smallest, quantile_rank  # noqa: F401
 from .trust_regions import _EPS, _EPS_CHECKS, TRUST_REGIONS, ObjectiveInputs, _clip
 
 
@@ -354,7 +354,7 @@ def _native_fixup(ratio: Tensor, d: Tensor, adv: Tensor, inp: ObjectiveInputs, a
     cand = None
     if j >= 1:
         abs_d = d.abs() if inp.abs_d is None else inp.abs_d
-        v = abs_d.reshape(-1)[:: max(1, N // SAMPLE)][: min(N, SAMPLE)].kthvalue(j).values
+        v = bracket_value(abs_d.reshape(-1), j)
         cand = native.candidates(d, r, adv, int(v.view(torch.int32)), N - (j * N) // min(N, SAMPLE) + N // 50)
         below = N - cand[0].numel()
         q = kth_smallest(cand[1].abs(), k - below, nonneg=True) if below < k else None
