@@ -235,3 +235,15 @@ def test_sat_metrics_split_is_unchanged():
     c_plus = torch.where(d > 0, torch.ones_like(d), torch.ones_like(d)).reshape(-1).clone()
     c_plus[g.idx[g.d > 0]] = g.psi[g.d > 0]
     assert torch.allclose(m["eps_high_mean"], (0.3 * c_plus).mean(), atol=1e-6)
+
+
+def test_the_c_source_ships_with_the_package():
+    """pyproject's package-data names the C file, so a wheel (not only an editable install) can build it."""
+    import fnmatch
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    root = Path(__file__).resolve().parents[2]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["satrl"]
+    rel = native.SOURCE.resolve().relative_to(root / "src" / "satrl").as_posix()
+    assert any(fnmatch.fnmatch(rel, p) for p in patterns), (rel, patterns)
