@@ -247,3 +247,12 @@ def test_the_c_source_ships_with_the_package():
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["satrl"]
     rel = native.SOURCE.resolve().relative_to(root / "src" / "satrl").as_posix()
     assert any(fnmatch.fnmatch(rel, p) for p in patterns), (rel, patterns)
+
+
+@pytest.mark.parametrize("scalar", [False, True])
+@pytest.mark.parametrize("preset", ["sat_gspo", "sat_grpo_tis", "sat_opsm"])
+def test_compiled_equals_torch_for_other_sat_presets(scalar, preset):
+    """GSPO's per-sequence d (no |d| from the caller: the bracket ranks the sample's abs) and SAT under a
+    correction take the loops too, with the same results."""
+    lib_or_fail().sat_force_scalar(int(scalar))
+    assert_same_both_paths(inputs(7, 80, 1024), preset)

@@ -353,8 +353,8 @@ def _native_fixup(ratio: Tensor, d: Tensor, adv: Tensor, inp: ObjectiveInputs, a
     j = int((k / N - MARGIN) * min(N, SAMPLE))
     cand = None
     if j >= 1:
-        abs_d = d.abs() if inp.abs_d is None else inp.abs_d
-        v = bracket_value(abs_d.reshape(-1), j)
+        # |d| of the sample only, when the caller has not computed |d| (GSPO): the same values
+        v = bracket_value(d.reshape(-1), j, absolute=True) if inp.abs_d is None else bracket_value(inp.abs_d.reshape(-1), j)
         cand = native.candidates(d, r, adv, int(v.view(torch.int32)), N - (j * N) // min(N, SAMPLE) + N // 50)
         below = N - cand[0].numel()
         q = kth_smallest(cand[1].abs(), k - below, nonneg=True) if below < k else None

@@ -116,12 +116,13 @@ SAMPLE = 1 << 15  # _kth_and_above: size of the strided sample that brackets q
 MARGIN = 0.01  # ... and how far below q's rank (as a share of the entries) the bracket is put
 
 
-def bracket_value(flat: Tensor, j: int) -> Tensor:
-    """The j-th smallest of the strided sample of ``SAMPLE`` entries of ``flat`` that brackets q: numpy's
-    introselect on CPU (several times faster than ``kthvalue`` at this size), ``kthvalue`` elsewhere; the same
-    value either way (an order statistic)."""
+def bracket_value(flat: Tensor, j: int, absolute: bool = False) -> Tensor:
+    """The j-th smallest of the strided sample of ``SAMPLE`` entries of ``flat`` (of their ``abs`` with
+    ``absolute``) that brackets q: numpy's introselect on CPU (several times faster than ``kthvalue`` at this
+    size), ``kthvalue`` elsewhere; the same value either way (an order statistic)."""
     n = flat.numel()
     sample = flat[:: max(1, n // SAMPLE)][: min(n, SAMPLE)]
+    sample = sample.abs() if absolute else sample
     return kth_smallest(sample, j, method="numpy" if flat.device.type == "cpu" else "kthvalue")
 
 
