@@ -227,14 +227,17 @@ def test_build_is_cached_and_atomic(monkeypatch, tmp_path):
 
 
 def test_sat_metrics_split_is_unchanged():
-    """sat_metrics through _table10 gives the same Table 10 values as the dense reference's formula."""
+    """sat_metrics through _table10: the mean effective radii equal the dense bounds' means, and c_min their
+    strongest contraction (a wrong side or a dropped deficit term fails)."""
     d = torch.randn(50, 300, generator=torch.Generator().manual_seed(5)) * 0.05
-    mask = torch.ones_like(d, dtype=torch.bool)
-    g = sat_mod.sat_gate(d, mask)
-    m = sat_mod.sat_metrics(g, 0.2, 0.3)
-    c_plus = torch.where(d > 0, torch.ones_like(d), torch.ones_like(d)).reshape(-1).clone()
-    c_plus[g.idx[g.d > 0]] = g.psi[g.d > 0]
-    assert torch.allclose(m["eps_high_mean"], (0.3 * c_plus).mean(), atol=1e-6)
+    mask = torch.rand(50, 300, generator=torch.Generator().manual_seed(6)) > 0.2
+    d = torch.where(mask, d, 0.0)
+    lo, hi, m = sat_mod.sat_clip_bounds(d, mask, eps_low=0.2, eps_high=0.3)
+    assert torch.allclose(m["eps_high_mean"], (hi - 1.0)[mask].mean(), atol=1e-6)
+    assert torch.allclose(m["eps_low_mean"], (1.0 - lo)[mask].mean(), atol=1e-6)
+    c = torch.minimum((hi - 1.0) / 0.3, (1.0 - lo) / 0.2)[mask]
+    assert float(m["eps_high_mean"]) < 0.3 and float(m["eps_low_mean"]) < 0.2
+    assert torch.allclose(m["c_min"], c.min(), atol=1e-6)
 
 
 def test_the_c_source_ships_with_the_package():
