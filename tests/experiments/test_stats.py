@@ -10,6 +10,7 @@ from satrl.experiments.stats import (
     bootstrap_ci,
     bootstrap_curve,
     cell_stats,
+    within_support,
     mean_ci,
     paired_diff,
     paired_table,
@@ -155,6 +156,28 @@ def test_cell_stats_hand_computed():
     assert s["collapses"] == 0 and math.isnan(s["collapse_step_median"])
     assert g["d_pi_mean"] == pytest.approx(0.011)
     assert math.isnan(g["gate_rate_mean"]) and s["gate_rate_mean"] == pytest.approx(0.11)
+
+
+def test_within_support_cuts_only_what_cannot_hold_the_mean():
+    assert within_support(0.77, 0.735, 1.068, (0.0, 1.0)) == (0.77, 0.735, 1.0)
+    assert within_support(0.03, -0.38, 0.034, (0.0, math.inf)) == (0.03, 0.0, 0.034)
+    assert within_support(0.5, 0.4, 0.6, (0.0, 1.0)) == (0.5, 0.4, 0.6)  # inside: untouched
+    m, lo, hi = within_support(float("nan"), float("nan"), float("nan"), (0.0, 1.0))
+    assert math.isnan(m) and math.isnan(lo) and math.isnan(hi)
+
+
+def test_cell_stats_intervals_stay_in_the_support():
+    # one outlying seed of four: the studentized interval overshoots at the far end(s)
+    rows = [dict(cell="c", lag=1, seed=i, status="finished", late_test_avg_at_k=v, d_pi_last25=d)
+            for i, (v, d) in enumerate([(0.75, 0.001), (0.74, 0.001), (0.76, 0.0012), (0.95, 0.09)])]
+    raw = mean_ci([r["late_test_avg_at_k"] for r in rows], n_resamples=2000)
+    raw_d = mean_ci([r["d_pi_last25"] for r in rows], n_resamples=2000)
+    assert 0.0 < raw[1] < raw[0] < 1.0 < raw[2] and raw_d[1] < 0.0 < raw_d[0]  # the case being guarded
+    c = cell_stats(pd.DataFrame(rows), n_resamples=2000).iloc[0]
+    assert c["late_test_mean"] == pytest.approx(raw[0]) and c["late_test_lo"] == pytest.approx(raw[1])
+    assert c["late_test_hi"] == 1.0
+    assert c["d_pi_mean"] == pytest.approx(raw_d[0]) and c["d_pi_lo"] == 0.0
+    assert c["d_pi_hi"] == pytest.approx(raw_d[2])  # no upper bound to cut
 
 
 def test_paired_table_and_missing_baseline():

@@ -361,7 +361,8 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
            f"- Runs: {', '.join(f'{v} {s}' for s, v in sorted(counts.items())) or 'none'}; "
            f"avg@k with k = {', '.join(str(int(x)) for x in k) or 'unknown'}.{_progress_note(res)}",
            f"- Statistics: mean over seeds and {ci:.0%} studentized bootstrap CI of the mean ({n_resamples} "
-           f"resamples, seed {seed}). {_coverage_note(res, ci)} Verdicts come from exact sign-flip tests with "
+           f"resamples, seed {seed}), cut to where the mean can lie (avg@k in 0-100 %, d_pi >= 0; "
+           f"`stats.within_support`). {_coverage_note(res, ci)} Verdicts come from exact sign-flip tests with "
            "Holm's correction, never from an interval. Collapse: the eval rule on val "
            "(`satrl.diagnostics.collapse.eval_collapse`, docs/metrics.md).", ""]  # fmt: skip
     if not st.empty:

@@ -233,10 +233,25 @@ def _median(values) -> float:
     return float(np.median(x)) if x.size else float("nan")
 
 
-# Per-run columns that cell_stats summarizes with a mean and CI: (summary key, column prefix).
-CELL_METRICS = [("late_test_avg_at_k", "late_test"), ("best_test_avg_at_k", "best_test"),
-                ("final_test_avg_at_k", "final_test"), ("late_avg_at_k", "late"), ("best_avg_at_k", "best"),
-                ("final_avg_at_k", "final"), ("d_pi_last25", "d_pi")]  # fmt: skip
+# Per-run columns that cell_stats summarizes with a mean and CI: (summary key, column prefix, support).
+# The support is where the mean can lie (avg@k is a share, d_pi a mean of |log ratio|s).
+_SHARE, _NONNEG = (0.0, 1.0), (0.0, float("inf"))
+CELL_METRICS = [("late_test_avg_at_k", "late_test", _SHARE), ("best_test_avg_at_k", "best_test", _SHARE),
+                ("final_test_avg_at_k", "final_test", _SHARE), ("late_avg_at_k", "late", _SHARE),
+                ("best_avg_at_k", "best", _SHARE), ("final_avg_at_k", "final", _SHARE),
+                ("d_pi_last25", "d_pi", _NONNEG)]  # fmt: skip
+
+
+def within_support(mean: float, lo: float, hi: float, support: tuple[float, float]) -> tuple[float, float, float]:
+    """(mean, lo, hi) with the interval intersected with ``support``, the range the true mean lies in.
+
+    A studentized interval is not range-respecting: with 3-5 seeds and one outlying seed its far end can pass
+    100 % or 0 (e.g. [73.5, 106.8] for an avg@8). Cutting off the part that cannot hold the mean leaves every
+    interval that covered it still covering it, so coverage does not drop; the mean itself is never moved."""
+    a, b = support
+    if not (np.isfinite(lo) and np.isfinite(hi)):  # no interval (empty input): nothing to cut
+        return mean, lo, hi
+    return mean, float(np.clip(lo, a, b)), float(np.clip(hi, a, b))
 
 
 def cell_stats(
@@ -245,13 +260,14 @@ def cell_stats(
 ) -> pd.DataFrame:  # fmt: skip
     """Per (cell, lag) summary over finished runs, one row each, in order of first appearance.
 
-    Columns: n; for each (key, prefix) of :data:`CELL_METRICS`, ``<prefix>_mean/_lo/_hi`` (NaN where the
+    Columns: n; for each (key, prefix, support) of :data:`CELL_METRICS`, ``<prefix>_mean/_lo/_hi`` (the
+    interval cut to the support, :func:`within_support`; NaN where the
     runs lack the key, e.g. test scores of runs made before the val/test split); best_step_median;
     collapses (eval rule: runs with a ``collapse_step``), collapse_step_median, unconfirmed (runs with only
     an unconfirmed drop), reward_collapses (training-reward rule); lag_mean (mean over seeds of the run's
     realized mean lag), lag_min, lag_max (over seeds); gate_rate_mean (NaN for non-SAT cells).
     """
-    cols = [k for k, _ in CELL_METRICS] + ["best_step", "collapse_step", "collapse_unconfirmed_step",
+    cols = [k for k, _, _ in CELL_METRICS] + ["best_step", "collapse_step", "collapse_unconfirmed_step",
             "reward_collapse_step", "gate_rate_mean", "lag_realized_mean", "lag_realized_min", "lag_realized_max"]  # fmt: skip
     runs = runs.copy()
     for c in cols:
@@ -263,9 +279,9 @@ def cell_stats(
     rows = []
     for (cell, lag), g in runs.groupby(["cell", "lag"], sort=False):
         row: dict = dict(cell=cell, lag=int(lag), n=len(g))
-        for key, prefix in CELL_METRICS:
-            row[f"{prefix}_mean"], row[f"{prefix}_lo"], row[f"{prefix}_hi"] = mean_ci(
-                g[key], interval, n_resamples, ci, seed
+        for key, prefix, support in CELL_METRICS:
+            row[f"{prefix}_mean"], row[f"{prefix}_lo"], row[f"{prefix}_hi"] = within_support(
+                *mean_ci(g[key], interval, n_resamples, ci, seed), support
             )
         gate = _clean(g["gate_rate_mean"])
         row.update(
