@@ -10,13 +10,13 @@ from satrl.experiments.stats import (
     bootstrap_ci,
     bootstrap_curve,
     cell_stats,
-    within_support,
     mean_ci,
     paired_diff,
     paired_table,
     pairs_table,
     percentile_coverage,
     separated,
+    within_support,
 )
 
 
