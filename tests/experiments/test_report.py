@@ -5,11 +5,13 @@ import textwrap
 import pytest
 
 from satrl.experiments.grid import load_grid, run_grid_spec
+from satrl.experiments.plots import paired_eval_diffs
 from satrl.experiments.report import add_report_args, build_report, fmt_ci, run_report
 from satrl.experiments.stats import mean_ci
 from satrl.experiments.store import pack_results
 
-FIGS = ["eval_curves.png", "d_pi.png", "sat_diagnostics.png", "gate_check.png", "bylag.png", "paired.png"]
+FIGS = ["eval_curves.png", "d_pi.png", "sat_diagnostics.png", "gate_check.png", "bylag.png", "paired.png",
+        "paired_curves.png"]
 
 
 @pytest.fixture
@@ -240,3 +242,20 @@ def test_report_says_when_a_grid_is_incomplete(tmp_path, make_run):
     for cell, lag in (("grpo", 1), ("grpo", 8), ("sat", 8)):
         make_run(out, cell, lag, 1, {"best_avg_at_k": 0.3})
     assert "Incomplete" not in build_report(out, n_resamples=100).read_text()
+
+
+def test_paired_eval_diffs_by_hand():
+    import numpy as np
+    import pandas as pd
+
+    rows = []
+    for seed, (a, b) in enumerate([((0.5, 0.6, 0.7), (0.5, 0.7, 0.6)), ((0.4, 0.5, 0.6), (0.4, 0.55, 0.65))]):
+        for step, x, y in zip((0, 100, 200), a, b):
+            rows += [dict(cell="grpo", lag=8, seed=seed, step=step, test_avg_at_k=x),
+                     dict(cell="sat", lag=8, seed=seed, step=step, test_avg_at_k=y)]  # fmt: skip
+    rows.append(dict(cell="sat", lag=8, seed=2, step=0, test_avg_at_k=0.9))  # no baseline partner: left out
+    d = paired_eval_diffs(pd.DataFrame(rows), "test_avg_at_k", "grpo")
+    assert list(d) == [("sat", 8)]
+    steps, vals = d["sat", 8]
+    assert steps.tolist() == [0, 100, 200]
+    np.testing.assert_allclose(vals, [[0.0, 0.1, -0.1], [0.0, 0.05, 0.05]], atol=1e-12)

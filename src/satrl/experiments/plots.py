@@ -296,6 +296,74 @@ def dose_response(res: GridResults, path: Path) -> FigureOut:
     return FigureOut(title, caption, path)
 
 
+def paired_eval_diffs(evals: pd.DataFrame, key: str, baseline: str) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
+    """(cell, lag) -> (steps [S], method - baseline per seed [n, S]) over the seeds and eval steps that both
+    have; a seed missing an eval step on either side is left out of that (cell, lag), so every row is paired."""
+    wide = evals.pivot_table(index=["lag", "seed", "step"], columns="cell", values=key, aggfunc="mean")
+    out = {}
+    for cell in wide.columns:
+        if cell == baseline or baseline not in wide:
+            continue
+        for lag, d in (wide[cell] - wide[baseline]).groupby(level="lag"):
+            d = d.droplevel("lag").unstack("step").sort_index(axis=1).dropna()
+            if not d.empty:
+                out[cell, int(lag)] = d.columns.to_numpy(dtype=float), d.to_numpy(dtype=float)
+    return out
+
+
+def paired_curves(res: GridResults, baseline: str | None, path: Path) -> FigureOut:
+    """Small multiples, one panel per method: its per-seed difference to ``baseline`` at every eval step."""
+    from satrl.diagnostics.summary import late_window_start
+
+    base = res.label(baseline) if baseline else None
+    title = f"Paired difference vs {base} over training"
+    caption = (f"One panel per method: test avg@k of the method minus {base}'s, paired by seed at every eval step "
+               "(avg@k points). Thick line: mean over the shared seeds; band: 95% percentile bootstrap over them; "
+               "colour: configured lag. Shaded: the late window whose mean is the primary endpoint. Pairing by seed "
+               "removes the prompt-order noise the runs share, so differences of a point or two that the "
+               "all-methods curves hide show here; above 0 is better than the baseline.")  # fmt: skip
+    ev = res.evals
+    key = "test_avg_at_k" if "test_avg_at_k" in ev and ev["test_avg_at_k"].notna().any() else "avg_at_k"
+    cells = [c for c in res.cell_order() if c != baseline]
+    if baseline is None or key not in ev or ev.empty or baseline not in set(ev["cell"]) or not cells:
+        return FigureOut(title, caption, None, "no baseline cell, or no eval data")
+    diffs = paired_eval_diffs(ev, key, baseline)
+    cells = [c for c in cells if any(c == cell for cell, _ in diffs)]  # no panel for a cell without shared seeds
+    if not cells:
+        return FigureOut(title, caption, None, "no method shares seeds and eval steps with the baseline")
+    lags = sorted({lag for _, lag in diffs})
+    lag_colors = {lag: plt.get_cmap("viridis")(i / max(1, len(lags) - 1) * 0.85) for i, lag in enumerate(lags)}
+    ncol = min(3, len(cells))
+    nrow = -(-len(cells) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 2.9 * nrow), sharex=True, sharey=True, squeeze=False)
+    last = int(ev["step"].max())
+    for ax, cell in zip(axes.flat, cells):
+        ax.axhline(0, color="k", lw=0.8)
+        ax.axvspan(late_window_start(last), last, color="0.9", lw=0)
+        for lag in lags:
+            if (cell, lag) not in diffs:
+                continue
+            steps, vals = diffs[cell, lag]
+            vals = vals * 100.0
+            mean, lo, hi = bootstrap_curve(vals, n_resamples=CURVE_RESAMPLES)
+            ax.plot(steps, mean, color=lag_colors[lag], lw=1.8, label=f"lag {lag} (n={len(vals)})")
+            ax.fill_between(steps, lo, hi, color=lag_colors[lag], alpha=0.2, lw=0)
+        ax.set_title(res.label(cell), fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower left")
+    for ax in axes.flat[len(cells):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("optimizer step")
+    for ax in axes[:, 0]:
+        ax.set_ylabel(f"method - {base} (points)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return FigureOut(title, caption, path)
+
+
 def paired(res: GridResults, tables: dict[str, pd.DataFrame], baseline: str | None, path: Path) -> FigureOut:
     base = res.label(baseline) if baseline else None
     title = f"Paired difference vs {base}"

@@ -402,6 +402,7 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
     figures = [plots.eval_curves(res, figdir / "eval_curves.png"), plots.d_pi_curves(res, figdir / "d_pi.png"),
                plots.sat_diagnostics(res, figdir / "sat_diagnostics.png"), plots.gate_check(res, figdir / "gate_check.png"),
                plots.bylag(res, figdir / "bylag.png"), plots.paired(res, tables, baseline, figdir / "paired.png"),
+               plots.paired_curves(res, baseline, figdir / "paired_curves.png"),
                plots.dose_response(res, figdir / "dose_response.png")]  # fmt: skip
     md += ["## Figures", ""]
     for fig in figures:
