@@ -304,9 +304,16 @@ def regime_md(res: GridResults) -> list[str]:
             for _, r in g.groupby("seed"):
                 last = r[r["step"] >= late_window_start(int(r["step"].max()))]  # d_pi_last25's window
                 per_run.append({c[0]: last[c[0]].mean() for c in cols})
-            vals = [_f(float(np.nanmean([x[c[0]] for x in per_run])), c[2]) for c in cols]
+            vals = [_f(_mean_present([x[c[0]] for x in per_run]), c[2]) for c in cols]
             out.append(f"| {_md_cell(res.label(cell))} | {lag} | " + " | ".join(vals) + " |")
     return out + [""]
+
+
+def _mean_present(values) -> float:
+    """Mean of the finite values; NaN (shown as a dash) when a metric is absent from every run."""
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    return float(x.mean()) if x.size else float("nan")
 
 
 def _progress_note(res: GridResults) -> str:
