@@ -158,7 +158,11 @@ def test_report_declared_hypotheses_are_one_holm_family(tmp_path, make_run):
     assert "| H1 | SAT > grpo at lag 8 | `late_test_avg_at_k` | 10 | +1.5 [" in sec and "| 0.00195 | 0.00391 |" in sec
     assert "| supported |" in sec
     assert "| H2 | SAT < grpo at lag 8 | `d_pi_last25` | 10 | +0.0000 [" in sec and "| 1 | 1 |" in sec
-    assert "**H2**: SAT vs grpo at lag 8 (d_pi_last25): no detectable difference at this power" in sec
+    # H2's MDE at Holm's strictest level 0.05 / 2: (t_0.9875,9 + t_0.8,9) * sd / sqrt(10), sd = 0.01054 (ddof 1),
+    # = (2.685 + 0.883) * 0.01054 / 3.162 = 0.0119 (t table); at the plain 0.05 it would be 0.0105
+    assert "| 1 | 1 | 0.0119 | not supported |" in sec
+    assert "**H2**: SAT vs grpo at lag 8 (d_pi_last25): no detectable difference, +0.0000 [" in sec
+    assert "MDE 0.0119. A true difference of the MDE or more would have been detected with 80 % power" in sec
     assert "Sensitivity" not in md
     md = build_report(out, n_resamples=1000, sensitivity_min_seed=3).read_text()
     sens = md.split("## Sensitivity: declared hypotheses on seeds >= 3")[1].split("## ")[0]

@@ -229,3 +229,13 @@ def test_lag_table_pairs_each_cell_with_itself_at_its_smallest_lag():
     assert t["wins"].tolist() == [0, 0] and t["n"].tolist() == [3, 3]
     assert t["p"].tolist() == pytest.approx([0.25, 0.25])  # 3 seeds, all the same sign: 2/2^3
     assert lag_table(pd.DataFrame(rows[3::4]), "x").empty  # one lag per cell: nothing to compare
+
+
+def test_family_mde_is_the_mde_at_holms_strictest_level():
+    from satrl.experiments.significance import mde
+    from satrl.experiments.stats import family_mde
+
+    assert family_mde(1.0, 10, 1) == mde(1.0, 10) == pytest.approx(0.995, abs=1e-3)  # mde's docstring, by hand
+    assert family_mde(1.0, 10, 5) == mde(1.0, 10, alpha=0.01) > mde(1.0, 10)
+    # 8 seeds reach 0.05 (2/256 = 0.0078) but not 0.05/18 = 0.0028: nothing is detectable in an 18-row table
+    assert math.isfinite(family_mde(1.0, 8, 1)) and family_mde(1.0, 8, 18) == math.inf

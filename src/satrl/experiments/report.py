@@ -23,8 +23,10 @@ from satrl.experiments import plots
 from satrl.experiments.grid import _git_commit
 from satrl.experiments.stats import (
     DEFAULT_INTERVAL,
+    NO_DIFFERENCE,
     cell_stats,
     compare,
+    family_mde,
     holm,
     interval_coverage,
     lag_table,
@@ -132,8 +134,11 @@ def _verdict_sentence(res: GridResults, r: pd.Series, what: str, lower_better: b
         return f"{head}: **{m} is worse**, {diff}; {stats}."
     if r["verdict"] == "no data":
         return f"{head}: no shared seeds."
-    low = " (the MDE is infinite: with this many seeds the test cannot reach its level)" if not math.isfinite(r["mde"]) else ""
-    return f"{head}: no detectable difference at this power{low}, {diff}; {stats}."
+    if not math.isfinite(r["mde"]):
+        return (f"{head}: no detectable difference at this power (the MDE is infinite: with this many seeds the "
+                f"test cannot reach its level), {diff}; {stats}.")
+    return (f"{head}: no detectable difference, {diff}; {stats}. A true difference of the MDE or more would have "
+            "been detected with 80 % power, so the data speak against one that large, not against a smaller one.")
 
 
 def _comparison_table(res: GridResults, t: pd.DataFrame, lower_better: bool = False) -> list[str]:
@@ -173,8 +178,9 @@ def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int,
     out = [f"## {title}", "", *([note, ""] if note else []),
            "Each hypothesis is tested with the exact two-sided paired sign-flip test on its endpoint; the p-values "
            "are Holm-corrected over these hypotheses only (one family), and the verdict follows the Holm p at 0.05 "
-           "in the declared direction. MDE: the smallest true difference detectable with 80 % power at this seed "
-           "count (paired SD as observed). Everything after this section is exploratory.", "",
+           "in the declared direction. MDE: the smallest true difference detected with 80 % power at this seed "
+           "count (paired SD as observed) at Holm's strictest level, 0.05 / the number of hypotheses. Everything "
+           "after this section is exploratory.", "",
            "| hypothesis | comparison | endpoint | n | difference [95% CI] | sign-flip p | Holm p | MDE | verdict |",
            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     words = []
@@ -191,9 +197,11 @@ def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int,
             continue
         r["p_holm"] = next(it)
         r["verdict"] = verdict_words(r["n"], r["mean"], r["p_holm"], higher_is_better=not lower)
+        r["mde"] = family_mde(r["sd"], r["n"], len(done))  # the hypotheses' family, not the one compare() saw
         scale, fmt = (1.0, "{:+.4f}") if endpoint.startswith("d_pi") else (PCT, "{:+.1f}")
         mde_txt = "inf" if not math.isfinite(r["mde"]) else fmt.format(r["mde"] * scale).lstrip("+")
-        supported = {"better": "supported", "worse": "contradicted (significant in the other direction)"}
+        supported = {"better": "supported", "worse": "contradicted (significant in the other direction)",
+                     NO_DIFFERENCE: "not supported" + ("" if math.isfinite(r["mde"]) else " (no power at this n)")}
         out.append(f"| {name} | {_md_cell(comp)} | `{endpoint}` | {r['n']} | {fmt.format(r['mean'] * scale)} "
                    f"[{fmt.format(r['lo'] * scale)}, {fmt.format(r['hi'] * scale)}] | {r['p']:.3g} | {r['p_holm']:.3g} "
                    f"| {mde_txt} | {supported.get(r['verdict'], r['verdict'])} |")  # fmt: skip
@@ -225,7 +233,8 @@ def exploratory_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> 
     baseline = res.meta.get("baseline")
     intro = ("Exploratory (not declared before the runs): paired by seed, studentized bootstrap CI of the mean "
              "difference, exact sign-flip p, Holm-corrected over the rows of each table; verdicts follow the Holm "
-             "p, never the CI. MDE at 80 % power for the observed paired SD.")  # fmt: skip
+             "p, never the CI. MDE at 80 % power for the observed paired SD, at 0.05 / the table's number of rows "
+             "(Holm's strictest level).")  # fmt: skip
     if baseline and baseline in set(res.finished["cell"]):
         t = paired_table(res.runs, baseline, key, n_resamples, ci, seed)
         tables[key] = t

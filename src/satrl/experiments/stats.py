@@ -297,6 +297,14 @@ def cell_stats(
     return pd.DataFrame(rows)
 
 
+def family_mde(paired_sd: float, n: int, family_size: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The MDE of one test in a Holm family of ``family_size``: :func:`~satrl.experiments.significance.mde` at
+    level alpha / family_size, Holm's strictest step. A p below that level is rejected by Holm whatever its
+    rank, so a true difference this large is declared with at least ``power``; at the plain alpha the MDE
+    would promise power that the correction takes away."""
+    return mde(paired_sd, n, alpha / max(1, family_size), power)
+
+
 COMPARISON_COLUMNS = ["cell", "base", "lag", "metric", "mean", "lo", "hi", "wins", "ties", "n", "sd", "p",
                       "p_holm", "mde", "verdict"]  # fmt: skip
 
@@ -314,7 +322,7 @@ def compare(
 ) -> pd.DataFrame:
     """Each (method cell, base cell, lag) paired by seed on ``metric``: mean difference, CI, wins, paired
     SD, exact sign-flip p, Holm-adjusted p over exactly these comparisons (one family), MDE at each row's
-    seed count, and the verdict from the Holm p. Comparisons without finished runs on both sides are left
+    seed count and the family's strictest Holm level (:func:`family_mde`), and the verdict from the Holm p. Comparisons without finished runs on both sides are left
     out. Columns: :data:`COMPARISON_COLUMNS`."""
     if "status" in runs:
         runs = runs[runs["status"] == "finished"]
@@ -331,7 +339,8 @@ def compare(
                          wins=d.wins, ties=d.ties, n=d.n, sd=d.sd, p=d.p, mde=d.mde))  # fmt: skip
     adjusted = holm([d.p if d.n else float("nan") for d in diffs])
     for row, d, p_adj in zip(rows, diffs, adjusted):
-        row.update(p_holm=p_adj, verdict=d.verdict(p_adj, alpha, higher_is_better))
+        row.update(p_holm=p_adj, verdict=d.verdict(p_adj, alpha, higher_is_better),
+                   mde=family_mde(d.sd, d.n, len(diffs), alpha))  # fmt: skip
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
 
 
