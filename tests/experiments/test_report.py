@@ -157,6 +157,8 @@ def test_report_declared_hypotheses_are_one_holm_family(tmp_path, make_run):
     # H1: 10 positive diffs, p = 2/1024; H2: diffs +-0.01, five each: sum 0, p = 1. Holm: [2 * 0.00195, 1]
     assert "| H1 | SAT > grpo at lag 8 | `late_test_avg_at_k` | 10 | +1.5 [" in sec and "| 0.00195 | 0.00391 |" in sec
     assert "| supported |" in sec
+    assert "  Per seed (SAT - grpo): s0 +1.0, s1 +2.0, s2 +1.0, " in sec and "s9 +2.0." in sec  # the test's data
+    assert "  Per seed (SAT - grpo): s0 -0.0100, s1 +0.0100, " in sec
     assert "| H2 | SAT < grpo at lag 8 | `d_pi_last25` | 10 | +0.0000 [" in sec and "| 1 | 1 |" in sec
     # H2's MDE at Holm's strictest level 0.05 / 2: (t_0.9875,9 + t_0.8,9) * sd / sqrt(10), sd = 0.01054 (ddof 1),
     # = (2.685 + 0.883) * 0.01054 / 3.162 = 0.0119 (t table); at the plain 0.05 it would be 0.0105

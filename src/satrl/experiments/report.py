@@ -141,6 +141,14 @@ def _verdict_sentence(res: GridResults, r: pd.Series, what: str, lower_better: b
             "been detected with 80 % power, so the data speak against one that large, not against a smaller one.")
 
 
+def _per_seed(res: GridResults, method: str, base: str, lag: int, metric: str, scale: float, fmt: str) -> str:
+    """'s0 +1.2, s1 -0.4, ...': the paired differences a test was computed from, so a reader can redo it."""
+    fin = res.finished
+    side = {c: fin[(fin["cell"] == c) & (fin["lag"] == lag)].set_index("seed")[metric] for c in (method, base)}
+    d = (pd.to_numeric(side[method], errors="coerce") - pd.to_numeric(side[base], errors="coerce")).dropna()
+    return ", ".join(f"s{int(s)} {fmt.format(v * scale)}" for s, v in d.sort_index().items()) or "none"
+
+
 def _comparison_table(res: GridResults, t: pd.DataFrame, lower_better: bool = False) -> list[str]:
     scale, fmt = (1.0, "{:+.4f}") if lower_better else (PCT, "{:+.1f}")
     out = ["| method | base | lag | difference [95% CI] | wins | sign-flip p | Holm p | MDE | verdict |",
@@ -208,6 +216,8 @@ def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int,
         iut = f" (intersection-union test over {len(bases)} comparisons; binding: vs {res.label(r['base'])})" if len(bases) > 1 else ""
         words.append(f"- **{name}**{iut}: {_verdict_sentence(res, r, endpoint, endpoint.startswith('d_pi'))}"
                      + (f" Claim tested: {h['description']}" if h.get("description") else ""))  # fmt: skip
+        words.append(f"  Per seed ({res.label(r['cell'])} - {res.label(r['base'])}): "
+                     + _per_seed(res, r["cell"], r["base"], int(r["lag"]), endpoint, scale, fmt) + ".")
     return out + [""] + words + [""]
 
 
