@@ -209,7 +209,7 @@ def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int,
         scale, fmt = (1.0, "{:+.4f}") if endpoint.startswith("d_pi") else (PCT, "{:+.1f}")
         mde_txt = "inf" if not math.isfinite(r["mde"]) else fmt.format(r["mde"] * scale).lstrip("+")
         supported = {"better": "supported", "worse": "contradicted (significant in the other direction)",
-                     NO_DIFFERENCE: "not supported" + ("" if math.isfinite(r["mde"]) else " (no power at this n)")}
+                     NO_DIFFERENCE: "not supported" if math.isfinite(r["mde"]) else NO_DIFFERENCE}
         out.append(f"| {name} | {_md_cell(comp)} | `{endpoint}` | {r['n']} | {fmt.format(r['mean'] * scale)} "
                    f"[{fmt.format(r['lo'] * scale)}, {fmt.format(r['hi'] * scale)}] | {r['p']:.3g} | {r['p_holm']:.3g} "
                    f"| {mde_txt} | {supported.get(r['verdict'], r['verdict'])} |")  # fmt: skip
