@@ -24,6 +24,7 @@ from satrl.experiments.grid import _git_commit
 from satrl.experiments.stats import (
     DEFAULT_INTERVAL,
     NO_DIFFERENCE,
+    _clean,
     cell_stats,
     compare,
     family_mde,
@@ -141,12 +142,9 @@ def _verdict_sentence(res: GridResults, r: pd.Series, what: str, lower_better: b
             "been detected with 80 % power, so the data speak against one that large, not against a smaller one.")
 
 
-def _per_seed(res: GridResults, method: str, base: str, lag: int, metric: str, scale: float, fmt: str) -> str:
+def _per_seed(per_seed: dict[int, float], scale: float, fmt: str) -> str:
     """'s0 +1.2, s1 -0.4, ...': the paired differences a test was computed from, so a reader can redo it."""
-    fin = res.finished
-    side = {c: fin[(fin["cell"] == c) & (fin["lag"] == lag)].set_index("seed")[metric] for c in (method, base)}
-    d = (pd.to_numeric(side[method], errors="coerce") - pd.to_numeric(side[base], errors="coerce")).dropna()
-    return ", ".join(f"s{int(s)} {fmt.format(v * scale)}" for s, v in d.sort_index().items()) or "none"
+    return ", ".join(f"s{s} {fmt.format(v * scale)}" for s, v in sorted(per_seed.items())) or "none"
 
 
 def _comparison_table(res: GridResults, t: pd.DataFrame, lower_better: bool = False) -> list[str]:
@@ -217,7 +215,7 @@ def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int,
         words.append(f"- **{name}**{iut}: {_verdict_sentence(res, r, endpoint, endpoint.startswith('d_pi'))}"
                      + (f" Claim tested: {h['description']}" if h.get("description") else ""))  # fmt: skip
         words.append(f"  Per seed ({res.label(r['cell'])} - {res.label(r['base'])}): "
-                     + _per_seed(res, r["cell"], r["base"], int(r["lag"]), endpoint, scale, fmt) + ".")
+                     + _per_seed(r["per_seed"], scale, fmt) + ".")
     return out + [""] + words + [""]
 
 
@@ -330,8 +328,7 @@ def regime_md(res: GridResults) -> list[str]:
 
 def _mean_present(values) -> float:
     """Mean of the finite values; NaN (shown as a dash) when a metric is absent from every run."""
-    x = np.asarray(values, dtype=float)
-    x = x[np.isfinite(x)]
+    x = _clean(values)
     return float(x.mean()) if x.size else float("nan")
 
 

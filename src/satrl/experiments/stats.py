@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -177,6 +177,7 @@ class PairedDiff:
     sd: float = float("nan")
     p: float = 1.0
     mde: float = float("inf")
+    per_seed: dict[int, float] = field(default_factory=dict)  # seed -> method - baseline, the test's data
 
     def verdict(self, p_adj: float | None = None, alpha: float = 0.05, higher_is_better: bool = True) -> str:
         """:func:`verdict_words` on ``p_adj`` (the corrected p of this comparison's family; default the raw p)."""
@@ -202,7 +203,7 @@ def paired_diff(
     mean, lo, hi = mean_ci(d, interval, n_resamples=n_resamples, ci=ci, seed=seed)
     sd = float(d.std(ddof=1)) if d.size > 1 else float("nan")
     return PairedDiff(mean, lo, hi, wins=int((d > 0).sum()), ties=int((d == 0).sum()), n=len(seeds), sd=sd,
-                      p=sign_flip_p(d), mde=mde(sd, d.size))  # fmt: skip
+                      p=sign_flip_p(d), mde=mde(sd, d.size), per_seed=dict(zip(seeds, d.tolist())))  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)
@@ -306,7 +307,7 @@ def family_mde(paired_sd: float, n: int, family_size: int, alpha: float = 0.05, 
 
 
 COMPARISON_COLUMNS = ["cell", "base", "lag", "metric", "mean", "lo", "hi", "wins", "ties", "n", "sd", "p",
-                      "p_holm", "mde", "verdict"]  # fmt: skip
+                      "p_holm", "mde", "verdict", "per_seed"]  # fmt: skip
 
 
 def compare(
@@ -336,7 +337,7 @@ def compare(
                         dict(zip(b["seed"], pd.to_numeric(b[metric], errors="coerce"))), n_resamples, ci, seed, interval)  # fmt: skip
         diffs.append(d)
         rows.append(dict(cell=method, base=base, lag=int(lag), metric=metric, mean=d.mean, lo=d.lo, hi=d.hi,
-                         wins=d.wins, ties=d.ties, n=d.n, sd=d.sd, p=d.p, mde=d.mde))  # fmt: skip
+                         wins=d.wins, ties=d.ties, n=d.n, sd=d.sd, p=d.p, mde=d.mde, per_seed=d.per_seed))  # fmt: skip
     adjusted = holm([d.p if d.n else float("nan") for d in diffs])
     for row, d, p_adj in zip(rows, diffs, adjusted):
         row.update(p_holm=p_adj, verdict=d.verdict(p_adj, alpha, higher_is_better),
