@@ -1,6 +1,7 @@
 """Shared settings for tiny end-to-end runs: a few steps of the real pipeline on the shipped base policies."""
 
 import json
+import math
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,6 +29,32 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def stable(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+# Metrics fixed by the samples alone (which tokens, their rewards, their lags), not by any log-prob.
+SAMPLE_KEYS = ("step", "skipped", "train/", "lag/", "async/", "reward/")
+
+
+def same_samples_diff(a: list[dict], b: list[dict], rtol: float = 1e-3, atol: float = 1e-6) -> list[str]:
+    """Where two metric logs depart from "the same samples, log-probs equal up to rounding": sample-determined
+    keys must be equal, every other float within rtol / atol, the key sets the same.
+
+    Runs that generate the same requests in differently shaped batches (Ray's shards vs one batch) get the same
+    samples, but on CPUs whose matmul kernels block by batch shape (seen: an Intel Xeon with AVX-512; not an AMD
+    EPYC) their log-probs differ in the last bits, and so does every metric computed from them."""
+    if len(a) != len(b):
+        return [f"{len(a)} rows vs {len(b)}"]
+    out = []
+    for x, y in zip(stable(a), stable(b)):
+        if set(x) != set(y):
+            out.append(f"step {x.get('step')}: keys differ: {sorted(set(x) ^ set(y))}")
+            continue
+        for k, v in x.items():
+            w = y[k]
+            exact = k.startswith(SAMPLE_KEYS) or not (isinstance(v, float) and isinstance(w, float))
+            if (v != w) if exact else not math.isclose(v, w, rel_tol=rtol, abs_tol=atol):
+                out.append(f"step {x.get('step')} {k}: {v} vs {w}")
+    return out
 
 
 

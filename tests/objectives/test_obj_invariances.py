@@ -90,7 +90,9 @@ def test_permuting_sequences_changes_nothing(preset):
     for agg in ("token-mean", "seq-mean-token-mean"):
         a = run(preset, logp, blp, mask, adv, ref, agg=agg)
         b = run(preset, logp[perm], blp[perm], mask[perm], adv[perm], ref[perm], agg=agg)
-        torch.testing.assert_close(a[0][perm], b[0], rtol=0, atol=0)
+        # Not bit for bit: on some CPUs (seen: an AVX-512 Xeon, `sapo`'s sigmoid) an elementwise kernel rounds a
+        # value differently in the vector body than in the scalar tail, so moving a row moves its last bit.
+        torch.testing.assert_close(a[0][perm], b[0], rtol=1e-6, atol=1e-9)
         torch.testing.assert_close(a[1][perm], b[1], rtol=1e-6, atol=1e-9)
         for key in ("clipfrac", "q", "gate_rate", "d_pi", "kl"):
             if key in a[2]:
