@@ -49,12 +49,20 @@ def same_samples_diff(a: list[dict], b: list[dict], rtol: float = 1e-3, atol: fl
         if set(x) != set(y):
             out.append(f"step {x.get('step')}: keys differ: {sorted(set(x) ^ set(y))}")
             continue
-        for k, v in x.items():
-            w = y[k]
-            exact = k.startswith(SAMPLE_KEYS) or not (isinstance(v, float) and isinstance(w, float))
-            if (v != w) if exact else not math.isclose(v, w, rel_tol=rtol, abs_tol=atol):
-                out.append(f"step {x.get('step')} {k}: {v} vs {w}")
+        out += [f"step {x.get('step')} {k}: {v} vs {w}" for k, (v, w) in row_diff(x, y, rtol, atol, SAMPLE_KEYS).items()]
     return out
+
+
+def row_diff(x: dict, y: dict, rtol: float, atol: float, exact: tuple[str, ...] = ()) -> dict:
+    """``{key: (x[key], y[key])}`` for each key of ``x`` that ``y`` lacks ("gone") or holds differently: floats
+    beyond rtol / atol, everything else (and keys starting with ``exact``) unequal."""
+    far = {}
+    for k, v in x.items():
+        w = y.get(k, "gone")
+        close = isinstance(v, float) and isinstance(w, float) and not k.startswith(exact)
+        if (not math.isclose(v, w, rel_tol=rtol, abs_tol=atol)) if close else v != w:
+            far[k] = (v, w)
+    return far
 
 
 

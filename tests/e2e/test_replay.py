@@ -5,11 +5,12 @@ record was made are allowed (new diagnostics), keys removed are not. The record 
 on a kind it does not cover, only the first optimizer step is checked, to a tolerance that the recorded kinds'
 own differences are tested to fit (a warning names the machine)."""
 
-import math
 import warnings
 
 import pytest
 from replay import CONFIGS, covers, load_record, machine, replay
+
+from run_helpers import row_diff
 
 # At step 1 the recorded kinds differ in the 5th-7th significant digit (fp32 kernels), up to 5e-4 relative in a
 # minimum over tokens (`obj/c_min`) and 1e-6 absolute in quantities that are rounding noise there (`mismatch/d_policy`
@@ -36,16 +37,7 @@ def first_step_diff(got: dict, expected: dict) -> str | None:
     """Where the first optimizer step's metrics of ``got`` depart from ``expected`` beyond RTOL / ATOL."""
     if len(got["metrics"]) != len(expected["metrics"]) or not expected["metrics"]:
         return f"{len(got['metrics'])} metric rows, recorded {len(expected['metrics'])}"
-    g, e = got["metrics"][0], expected["metrics"][0]
-    far = {}
-    for k, v in e.items():
-        if k not in g:
-            far[k] = (v, "gone")
-        elif isinstance(v, float) and isinstance(g[k], float):
-            if not math.isclose(g[k], v, rel_tol=RTOL, abs_tol=ATOL):
-                far[k] = (v, g[k])
-        elif g[k] != v:
-            far[k] = (v, g[k])
+    far = row_diff(expected["metrics"][0], got["metrics"][0], RTOL, ATOL)
     return f"metrics row 1: (recorded, now) = {far}" if far else None
 
 
