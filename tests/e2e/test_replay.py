@@ -90,6 +90,10 @@ def test_machine_kind_covering():
     assert covers(amd_any, {"vendor": "AuthenticAMD", "model": "AMD EPYC 7B13"})
     assert not covers(amd_any, xeon)
     assert covers(xeon, dict(xeon)) and not covers(xeon, {**xeon, "model": "Intel(R) Xeon(R) Platinum 8481C"})
+    # the advertised clock is not part of the kind (both names seen, same bits), the rest of the name is
+    assert covers(xeon, {**xeon, "model": "Intel(R) Xeon(R) Processor"})
+    assert covers({**xeon, "model": "Intel(R) Xeon(R) Processor"}, {**xeon, "model": "Intel(R) Xeon(R) Processor @ 3.1 GHz"})
+    assert not covers(xeon, {**xeon, "model": "Intel(R) Xeon(R) Processor v2 @ 2.00GHz"})
 
 
 def test_unrecorded_kind_falls_back_to_step_one(tmp_path, monkeypatch):

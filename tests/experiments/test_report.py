@@ -171,6 +171,25 @@ def test_report_declared_hypotheses_are_one_holm_family(tmp_path, make_run):
     # seeds 3-9: 7 positive diffs for H1, p = 2/128
     assert "| H1 | SAT > grpo at lag 8 | `late_test_avg_at_k` | 7 |" in sens and "| 0.0156 |" in sens
     assert md.split("## Declared hypotheses")[1].split("## ")[0] == sec  # the primary analysis is unchanged
+    md = build_report(out, n_resamples=1000, sensitivity_seeds=((0, 5), (2, 2))).read_text()
+    sens = md.split("## Sensitivity: declared hypotheses on seeds 0-5")[1].split("## ")[0]
+    # seeds 0-5: 6 positive diffs for H1, p = 2/64; H2's diffs -,+,-,+,-,+ sum to 0, p = 1
+    assert "| H1 | SAT > grpo at lag 8 | `late_test_avg_at_k` | 6 |" in sens and "| 0.0312 |" in sens
+    assert "| H2 | SAT < grpo at lag 8 | `d_pi_last25` | 6 | +0.0000 [" in sens
+    one = md.split("## Sensitivity: declared hypotheses on seeds 2-2")[1].split("## ")[0]
+    assert "| H1 | SAT > grpo at lag 8 | `late_test_avg_at_k` | 1 |" in one
+    assert md.split("## Declared hypotheses")[1].split("## ")[0] == sec
+
+
+def test_report_cli_seed_ranges(capsys):
+    parser = argparse.ArgumentParser()
+    add_report_args(parser)
+    args = parser.parse_args(["runs/x", "--sensitivity-seeds", "0-5", "--sensitivity-seeds", "3-9"])
+    assert args.sensitivity_seeds == [(0, 5), (3, 9)]
+    for bad in ("5-0", "3", "a-b", "-2"):
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(["runs/x", "--sensitivity-seeds", bad])
+        assert exc.value.code == 2 and "expected a seed range A-B" in capsys.readouterr().err
 
 
 def test_report_hypothesis_over_several_bases_is_an_intersection_union_test(tmp_path, make_run):

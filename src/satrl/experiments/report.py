@@ -363,9 +363,11 @@ def _coverage_note(res: GridResults, ci: float) -> str:
 
 def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resamples: int = 10_000,
                  ci: float = 0.95, seed: int = 0, command: str | None = None,
-                 sensitivity_min_seed: int | None = None) -> Path:  # fmt: skip
+                 sensitivity_min_seed: int | None = None,
+                 sensitivity_seeds: tuple[tuple[int, int], ...] = ()) -> Path:  # fmt: skip
     """Write dest/report.md and dest/figures/*.png for the grid in out_dir. Returns report.md's path.
-    ``sensitivity_min_seed``: also test the declared hypotheses on the seeds from that one on."""
+    ``sensitivity_min_seed``: also test the declared hypotheses on the seeds from that one on;
+    ``sensitivity_seeds``: also test them on each inclusive seed range ``(lo, hi)``, one section each."""
     res = load_results(out_dir)
     dest = Path(dest or out_dir)
     figdir = dest / "figures"
@@ -417,6 +419,11 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
                             f"The same tests on the seeds from {sensitivity_min_seed} on only (a sensitivity analysis "
                             "outside the Holm family above, e.g. without seeds that earlier decisions saw; see the "
                             "protocol).")  # fmt: skip
+    for lo, hi in sensitivity_seeds if res.meta.get("hypotheses") else ():
+        sub = dataclasses.replace(res, runs=res.runs[res.runs["seed"].between(lo, hi)])
+        md += hypotheses_md(sub, n_resamples, ci, seed, f"Sensitivity: declared hypotheses on seeds {lo}-{hi}",
+                            f"The same tests on seeds {lo}-{hi} only (a sensitivity analysis outside the Holm family "
+                            "above, e.g. the runs of one machine kind; see the protocol).")  # fmt: skip
     explore, tables = exploratory_md(res, n_resamples, ci, seed)
     md += explore
     md += regime_md(res)
@@ -456,6 +463,18 @@ def add_report_args(parser: argparse.ArgumentParser) -> None:
         "--sensitivity-min-seed", type=int, default=None, metavar="N",
         help="also test the declared hypotheses on seeds >= N only (a sensitivity analysis)",
     )
+    parser.add_argument(
+        "--sensitivity-seeds", type=seed_range, action="append", default=[], metavar="A-B",
+        help="also test the declared hypotheses on seeds A to B (inclusive) only; repeat for several ranges",
+    )
+
+
+def seed_range(text: str) -> tuple[int, int]:
+    """``"0-5"`` -> ``(0, 5)``: an inclusive seed range for ``--sensitivity-seeds``."""
+    lo, sep, hi = text.partition("-")
+    if not (sep and lo.isdigit() and hi.isdigit() and int(lo) <= int(hi)):
+        raise argparse.ArgumentTypeError(f"expected a seed range A-B with A <= B, e.g. 0-5, got {text!r}")
+    return int(lo), int(hi)
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -467,8 +486,10 @@ def run_report(args: argparse.Namespace) -> int:
 
         pack_results(args.run_dir, args.pack)
     extra = ["--sensitivity-min-seed", str(args.sensitivity_min_seed)] if args.sensitivity_min_seed is not None else []
+    extra += [a for lo, hi in args.sensitivity_seeds for a in ("--sensitivity-seeds", f"{lo}-{hi}")]
     cmd = " ".join(["satrl", "report", str(args.run_dir)] + (["--out", str(args.out)] if args.out else []) + extra)
     path = build_report(args.run_dir, args.out, n_resamples=args.resamples, ci=args.ci, command=cmd,
-                        sensitivity_min_seed=args.sensitivity_min_seed)  # fmt: skip
+                        sensitivity_min_seed=args.sensitivity_min_seed,
+                        sensitivity_seeds=tuple(args.sensitivity_seeds))  # fmt: skip
     print(f"wrote {path}")
     return 0
