@@ -28,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run_helpers, when run as a script
 
 from run_helpers import REPO, TINY, read_jsonl, stable  # noqa: E402
+from satrl.provenance import cpu_kind  # noqa: E402
 
 RECORD = REPO / "tests" / "data" / "replay.json"
 GPU_ONLY = {"qwen3_gpu.yaml"}
@@ -37,18 +38,8 @@ OVERRIDES = ["steps=5", "lag.schedule=broadcast", "lag.n=2", "seed=3", "eval.eve
 
 
 def machine() -> dict:
-    """This machine's kind: CPU vendor and model name from /proc/cpuinfo (``None`` where it has none)."""
-    info: dict = {"vendor": None, "model": None}
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return info
-    for line in lines:
-        key, _, value = line.partition(":")
-        field = {"vendor_id": "vendor", "model name": "model"}.get(key.strip())
-        if field and info[field] is None:
-            info[field] = value.strip()
-    return info
+    """This machine's kind: CPU vendor and model name (``None`` where /proc/cpuinfo has none)."""
+    return cpu_kind()
 
 
 def _family(model: str | None) -> str | None:

@@ -8,6 +8,7 @@ import sys
 import time
 
 from run_helpers import REPO, TINY, read_jsonl, stable
+from satrl.provenance import read_sessions
 
 
 def test_resume_after_sigkill_equals_uninterrupted(run_tiny, tmp_path):
@@ -39,3 +40,8 @@ def test_resume_after_sigkill_equals_uninterrupted(run_tiny, tmp_path):
     assert [r["step"] for r in b] == list(range(1, 13)), f"kill_after={kill_after}"
     assert stable(a) == stable(b), f"kill_after={kill_after}"
     assert read_jsonl(reference / "eval.jsonl") == read_jsonl(out / "eval.jsonl")
+    # environment.json: one entry per session, the resumed one from its checkpoint's step (or a fresh start)
+    sessions = read_sessions(out)
+    assert sessions[0]["from_step"] == 0 and all(s["cpu"]["capability"] for s in sessions)
+    assert len(sessions) == 1 + (sessions[-1]["from_step"] > 0) and sessions[-1]["from_step"] <= kill_after
+    assert [s["from_step"] for s in read_sessions(reference)] == [0]

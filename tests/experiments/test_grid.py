@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from satrl import provenance
 from satrl.experiments import grid as grid_mod
 from satrl.experiments.grid import expand, load_grid, render_value, run_grid_spec, thread_env
 from satrl.experiments.status import run_status
@@ -190,6 +191,7 @@ def test_runner_records_failures_and_skips_finished_on_rerun(tmp_path, fake_trai
     assert status["history"] == []  # the first invocation has no earlier one
     (first,) = status2["history"]  # the second keeps the first: its command, commit and the runs it finished
     assert first["started"] == status["started"] and first["git_commit"] == status["git_commit"]
+    assert first["cpu"] == status["cpu"] == provenance.cpu_kind()  # where each session ran (bits depend on it)
     assert first["finished"] == sorted(res.names("finished"))
 
 
@@ -338,10 +340,14 @@ def test_seed_order_and_only_filter(tmp_path, capsys):
 def test_git_commit_is_the_code_checkout_not_the_cwd(tmp_path, monkeypatch):
     """grid_status.json names the commit of the satrl code that ran the grid, whatever the cwd."""
     monkeypatch.chdir(tmp_path)  # not a git repository
-    commit = grid_mod._git_commit()
-    src = Path(grid_mod.__file__).resolve().parent
+    commit = provenance.git_commit()
+    src = Path(provenance.__file__).resolve().parent
     inside = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True)
     if inside.returncode != 0:
         assert commit is None
     else:
         assert commit is not None and commit.removesuffix("+dirty") == inside.stdout.strip()
+        # '+dirty' looks at the whole package, not one subpackage: it matches git's view of src/satrl
+        changed = subprocess.run(["git", "status", "--porcelain", "-uno", "--", "."], cwd=src, capture_output=True,
+                                 text=True).stdout.strip()  # fmt: skip
+        assert commit.endswith("+dirty") == bool(changed)

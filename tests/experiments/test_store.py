@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from satrl.experiments.report import build_report
 from satrl.experiments.store import find_runs, load_evals, load_metrics, load_results, load_runs, pack_results
 
 
@@ -99,3 +100,20 @@ def test_pack_results_writes_no_machine_paths(tmp_path, make_run):
         "python", "-m", "satrl", "train", "configs/grids/../grpo.yaml", "out=runs/g/grpo/lag8/seed0"]  # fmt: skip
     assert (dest / "grpo/lag8/seed0/config.yaml").read_text() == "out: runs/g/grpo/lag8/seed0\nseed: 0\n"
     assert portable("python -m satrl train x.yaml", out) == "python -m satrl train x.yaml"  # nothing to change
+
+
+def test_environment_json_is_packed_and_read_as_the_machine_column(tmp_path, make_run):
+    out = _grid(tmp_path, make_run)
+    (out / "grpo/lag8/seed0/environment.json").write_text(json.dumps({"sessions": [
+        {"from_step": 0, "cpu": {"vendor": "AuthenticAMD", "model": "AMD EPYC 7B13"}},
+        {"from_step": 40, "cpu": {"vendor": "GenuineIntel", "model": "Intel(R) Xeon(R) Processor"}}]}))
+    dest = tmp_path / "packed"
+    assert dest / "grpo/lag8/seed0/environment.json" in pack_results(out, dest)
+    runs = load_results(dest).runs.sort_values("seed")
+    assert runs["machine"].iloc[0] == "AuthenticAMD AMD EPYC 7B13 then GenuineIntel Intel(R) Xeon(R) Processor"
+    assert runs["machine"].isna().tolist() == [False, True]  # a run from before environment.json
+    md = build_report(dest, n_resamples=200).read_text()
+    assert ("- Machines (CPU kind per run, `environment.json`; runs are bit-identical only on one kind): 1 on "
+            "AuthenticAMD AMD EPYC 7B13 then GenuineIntel Intel(R) Xeon(R) Processor; 1 not recorded.") in md
+    (dest / "grpo/lag8/seed0/environment.json").unlink()
+    assert "- Machines" not in build_report(dest, n_resamples=200).read_text()  # nothing recorded: no line

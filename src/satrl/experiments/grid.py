@@ -24,6 +24,7 @@ from typing import Any
 
 from satrl.experiments.spec import GridSpec, Run, expand, load_grid, render_value, select, spec_to_yaml
 from satrl.experiments.status import has_checkpoint, run_status
+from satrl.provenance import cpu_kind, git_commit
 
 __all__ = ["GridResult", "GridSpec", "Run", "add_grid_args", "default_command", "expand", "load_grid",
            "render_value", "run_grid", "run_grid_spec", "thread_env"]  # fmt: skip
@@ -64,21 +65,6 @@ def _tail(path: Path, n_lines: int = 30) -> str:
         return ""
 
 
-def _git_commit() -> str | None:
-    """The commit of the satrl code that runs the grid (not of the cwd), '+dirty' if the package's tracked
-    files differ from it (results and docs elsewhere in the checkout do not count); None outside a git
-    checkout (an installed wheel)."""
-    here = Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "-uno", "--", "."], cwd=here, capture_output=True, text=True,
-                               timeout=10)  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    commit = head.stdout.strip() if head.returncode == 0 else ""
-    return (commit + ("+dirty" if dirty.stdout.strip() else "")) or None
-
-
 def _history(status_path: Path) -> list[dict[str, Any]]:
     """Earlier invocations of a resumed grid, oldest first, each with the runs it finished: a grid resumed
     across sessions and commits keeps, per run, the command and commit that produced it."""
@@ -91,7 +77,7 @@ def _history(status_path: Path) -> list[dict[str, Any]]:
     history = [h for h in prev.get("history") or [] if isinstance(h, dict)]
     if "started" in prev:
         runs = prev.get("runs") or {}
-        history.append({k: prev.get(k) for k in ("command", "git_commit", "started", "updated", "workers", "threads")}
+        history.append({k: prev.get(k) for k in ("command", "git_commit", "cpu", "started", "updated", "workers", "threads")}
                        | {"finished": sorted(n for n, r in runs.items() if (r or {}).get("status") == "finished")})  # fmt: skip
     return history
 
@@ -136,8 +122,8 @@ class _Runner:
         self.queue: list[Run] = []
         self.active: dict[str, tuple[Run, subprocess.Popen, float, Any]] = {}
         self.durations: list[float] = []
-        self.meta = {"grid": spec.name, "out": str(out), "command": sys.argv, "git_commit": _git_commit(),
-                     "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "workers": workers,
+        self.meta = {"grid": spec.name, "out": str(out), "command": sys.argv, "git_commit": git_commit(),
+                     "cpu": cpu_kind(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "workers": workers,
                      "threads": env.get("OMP_NUM_THREADS")}  # fmt: skip
         self.meta["history"] = _history(self.out / "grid_status.json")
         for r in runs:

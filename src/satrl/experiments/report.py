@@ -20,7 +20,6 @@ import pandas as pd
 
 from satrl.diagnostics.summary import late_window_start
 from satrl.experiments import plots
-from satrl.experiments.grid import _git_commit
 from satrl.experiments.stats import (
     DEFAULT_INTERVAL,
     NO_DIFFERENCE,
@@ -36,6 +35,7 @@ from satrl.experiments.stats import (
     verdict_words,
 )
 from satrl.experiments.store import GridResults, load_results
+from satrl.provenance import git_commit
 
 PCT = 100.0  # avg_at_k is a fraction in [0, 1]; the report shows percentage points, as the paper does
 
@@ -332,6 +332,16 @@ def _mean_present(values) -> float:
     return float(x.mean()) if x.size else float("nan")
 
 
+def _machines_note(res: GridResults) -> list[str]:
+    """One bullet: the CPU kinds the runs ran on (environment.json), since bits depend on them; none if no run
+    recorded one."""
+    if "machine" not in res.runs or res.runs["machine"].isna().all():
+        return []
+    counts = res.runs["machine"].fillna("not recorded").value_counts()
+    kinds = "; ".join(f"{n} on {kind}" if kind != "not recorded" else f"{n} not recorded" for kind, n in counts.items())
+    return [f"- Machines (CPU kind per run, `environment.json`; runs are bit-identical only on one kind): {kinds}."]
+
+
 def _progress_note(res: GridResults) -> str:
     """' **Incomplete: ...**' when fewer runs finished than the grid file plans (seeds x each cell's lags)."""
     cells, seeds = res.meta.get("cells") or {}, res.meta.get("seeds")
@@ -379,12 +389,13 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
     md = [f"# Grid report: {name}", ""]
     if res.meta.get("description"):
         md += [str(res.meta["description"]).strip(), ""]
-    md += [f"- Report: `{command or f'satrl report {out_dir}'}` at git commit `{_git_commit() or 'unknown'}`, "
+    md += [f"- Report: `{command or f'satrl report {out_dir}'}` at git commit `{git_commit() or 'unknown'}`, "
            f"{time.strftime('%Y-%m-%d')}.",
            f"- Runs produced by: `{' '.join(res.meta.get('command') or ['unknown'])}` at git commit "
            f"`{res.meta.get('git_commit') or 'unknown'}`.",
            f"- Runs: {', '.join(f'{v} {s}' for s, v in sorted(counts.items())) or 'none'}; "
            f"avg@k with k = {', '.join(str(int(x)) for x in k) or 'unknown'}.{_progress_note(res)}",
+           *_machines_note(res),
            f"- Statistics: mean over seeds and {ci:.0%} studentized bootstrap CI of the mean ({n_resamples} "
            f"resamples, seed {seed}), cut to where the mean can lie (avg@k in 0-100 %, d_pi >= 0; "
            f"`stats.within_support`). {_coverage_note(res, ci)} Verdicts come from exact sign-flip tests with "

@@ -20,6 +20,7 @@ import yaml
 
 from satrl.experiments.status import run_status
 from satrl.jsonl import read_jsonl  # the one tolerant JSONL reader (torn lines skipped)
+from satrl.provenance import ENVIRONMENT, machine_label, read_sessions
 
 SUMMARY_KEYS = ("best_avg_at_k", "best_step", "final_avg_at_k", "late_avg_at_k", "best_val_avg_at_k",
                 "best_test_avg_at_k", "late_test_avg_at_k", "final_test_avg_at_k", "collapse_step",
@@ -27,7 +28,7 @@ SUMMARY_KEYS = ("best_avg_at_k", "best_step", "final_avg_at_k", "late_avg_at_k",
                 "lag_realized_min", "lag_realized_max", "d_pi_last25", "gate_rate_mean", "wall_time_s", "steps",
                 "steps_per_batch", "summary_version", "status")  # fmt: skip
 _RUN_RE = re.compile(r"^lag(-?\d+)$"), re.compile(r"^seed(\d+)$")
-PACKED_FILES = ("summary.json", "config.yaml", "eval.jsonl")
+PACKED_FILES = ("summary.json", "config.yaml", "eval.jsonl", ENVIRONMENT)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -101,7 +102,7 @@ def _flat(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_runs(out_dir: str | Path) -> pd.DataFrame:
-    """One row per run dir: cell, lag, seed, run, status, path and every summary.json field (summaries
+    """One row per run dir: cell, lag, seed, run, status, path, machine and every summary.json field (summaries
     older than the val/test split are recomputed from the run's files, see :func:`_upgraded`)."""
     rows = []
     for r in find_runs(out_dir):
@@ -110,10 +111,11 @@ def load_runs(out_dir: str | Path) -> pd.DataFrame:
         if summary is not None:
             row.update(_flat(_upgraded(r, summary)), steps_per_batch=_steps_per_batch(r.path))
         row.update(
-            cell=r.cell, lag=r.lag, seed=r.seed, run=r.name, path=str(r.path), status=run_status(r.path, summary)
+            cell=r.cell, lag=r.lag, seed=r.seed, run=r.name, path=str(r.path), status=run_status(r.path, summary),
+            machine=machine_label(read_sessions(r.path)),  # the CPU kind(s) it ran on: bits depend on it
         )
         rows.append(row)
-    cols = ["cell", "lag", "seed", "run", "status", "path"]
+    cols = ["cell", "lag", "seed", "run", "status", "path", "machine"]
     df = pd.DataFrame(rows, columns=None if rows else cols + list(SUMMARY_KEYS))
     for k in SUMMARY_KEYS:
         if k not in ("status", "summary_version"):
@@ -244,7 +246,7 @@ def _copy_portable(src: Path, dst: Path, out_dir: Path) -> Path:
 def pack_results(out_dir: str | Path, dest: str | Path) -> list[Path]:
     """Copy what is worth committing for every finished run into dest, mirroring the layout.
 
-    Per run: summary.json, config.yaml, eval.jsonl and metrics.jsonl.gz (gzip, mtime 0 so the bytes
+    Per run: summary.json, config.yaml, eval.jsonl, environment.json and metrics.jsonl.gz (gzip, mtime 0 so the bytes
     are stable). Plus grid.yaml and grid_status.json. Never checkpoints or logs. Text files pass through
     :func:`portable`, so no machine path is packed. dest can be read by
     load_results/report, and used as `--out` of the same grid to continue it elsewhere. Returns the

@@ -21,6 +21,7 @@ from satrl.pipeline.rundir import batch_metrics
 from satrl.pipeline.schedules import Schedule, make_schedule
 from satrl.pipeline.setup import backend_options, build_evaluator, build_run_dir, build_trainer, worker_spec
 from satrl.pipeline.worker import RolloutRequest, WorkerSpec
+from satrl.provenance import record_session
 from satrl.tasks import make_task
 
 
@@ -38,6 +39,7 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
     sched = make_schedule(cfg.lag.schedule, S, cfg.lag.n, cfg.lag.max_staleness, cfg.seed)
     store = SnapshotStore(lambda b: _versions(sched, b, P) if b < n_batches else set(), _horizon(sched))
     state = run.restore(trainer, store) if resume else run.fresh(trainer, store)
+    record_session(run.path, trainer.version, cfg.trainer_threads)  # environment.json: code and machine kind
     evaluator = build_evaluator(cfg, tokenizer, task)
     evaluator.prepare()
     if trainer.version == 0 and evaluator.due(0, cfg.steps):  # the base score: the eval collapse rule's reference

@@ -1,0 +1,104 @@
+"""Where and with what a run ran: the code's commit and the machine kind, saved beside every run.
+
+Bits depend on the machine as well as the code: torch picks its fp32 kernels by CPU (vendor and instruction set),
+so the same command on the same commit gives last-digit differences on an AMD EPYC and on an Intel Xeon from the
+first step on, and, through sampling, different trajectories later (docs/results/sat_trial, protocol Deviations).
+A run therefore records, in ``environment.json``, one entry per session that trained it (a resumed run can
+continue on another machine): the step it started from, the commit, the CPU kind and the library versions.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import satrl
+
+ENVIRONMENT = "environment.json"
+
+
+def git_commit() -> str | None:
+    """The commit of the satrl code that runs (not of the cwd), '+dirty' if the package's tracked files differ
+    from it (results and docs elsewhere in the checkout do not count); None outside a git checkout (a wheel)."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "-uno", "--", "."], cwd=here, capture_output=True,
+                               text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = head.stdout.strip() if head.returncode == 0 else ""
+    return (commit + ("+dirty" if dirty.stdout.strip() else "")) or None
+
+
+def cpu_kind(cpuinfo: str | None = None) -> dict:
+    """The CPU's vendor and model name from /proc/cpuinfo (``None`` for what it lacks, e.g. off Linux)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    info: dict = {"vendor": None, "model": None}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        field = {"vendor_id": "vendor", "model name": "model"}.get(key.strip())
+        if field and info[field] is None:
+            info[field] = value.strip()
+    return info
+
+
+def environment(threads: int) -> dict:
+    """This process's code and machine: what a run's bits depend on."""
+    return {
+        "git_commit": git_commit(),
+        "satrl": satrl.__version__,
+        "cpu": {**cpu_kind(), "capability": torch.backends.cpu.get_cpu_capability()},  # the kernels torch picks
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": sys.platform,
+        "threads": threads,
+    }
+
+
+def record_session(run_path: Path, from_step: int, threads: int) -> dict:
+    """Append this session (the step it starts from, the time, :func:`environment`) to the run's
+    ``environment.json``; a fresh run (``from_step`` 0) starts the list over. Returns the entry."""
+    path = Path(run_path) / ENVIRONMENT
+    sessions = []
+    if from_step > 0 and path.is_file():
+        try:
+            sessions = json.loads(path.read_text()).get("sessions", [])
+        except (OSError, ValueError):  # a torn file from a killed run: keep what can be known from now on
+            sessions = []
+    entry = {"from_step": from_step, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), **environment(threads)}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"sessions": [*sessions, entry]}, indent=1) + "\n")
+    tmp.replace(path)
+    return entry
+
+
+def read_sessions(run_path: Path) -> list[dict]:
+    """The sessions a run's ``environment.json`` records ([] for a run from before it existed)."""
+    path = Path(run_path) / ENVIRONMENT
+    try:
+        return json.loads(path.read_text()).get("sessions", []) if path.is_file() else []
+    except (OSError, ValueError):
+        return []
+
+
+def machine_label(sessions: list[dict]) -> str | None:
+    """The CPU kinds a run's sessions ran on, in order, e.g. ``"GenuineIntel Intel(R) Xeon(R) Processor"``
+    (several joined by ``" then "``); None for a run without ``environment.json``."""
+    kinds: list[str] = []
+    for s in sessions:
+        cpu = s.get("cpu") or {}
+        kind = " ".join(str(x) for x in (cpu.get("vendor"), cpu.get("model")) if x) or "unknown CPU"
+        if not kinds or kinds[-1] != kind:
+            kinds.append(kind)
+    return " then ".join(kinds) or None
