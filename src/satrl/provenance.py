@@ -70,12 +70,7 @@ def record_session(run_path: Path, from_step: int, threads: int) -> dict:
     """Append this session (the step it starts from, the time, :func:`environment`) to the run's
     ``environment.json``; a fresh run (``from_step`` 0) starts the list over. Returns the entry."""
     path = Path(run_path) / ENVIRONMENT
-    sessions = []
-    if from_step > 0 and path.is_file():
-        try:
-            sessions = json.loads(path.read_text()).get("sessions", [])
-        except (OSError, ValueError):  # a torn file from a killed run: keep what can be known from now on
-            sessions = []
+    sessions = read_sessions(run_path) if from_step > 0 else []  # a torn file reads as []: keep what is known now
     entry = {"from_step": from_step, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), **environment(threads)}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"sessions": [*sessions, entry]}, indent=1) + "\n")

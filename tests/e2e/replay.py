@@ -28,18 +28,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run_helpers, when run as a script
 
 from run_helpers import REPO, TINY, read_jsonl, stable  # noqa: E402
-from satrl.provenance import cpu_kind  # noqa: E402
+from satrl.provenance import cpu_kind as machine  # noqa: E402  (this machine's kind: CPU vendor, model name)
 
 RECORD = REPO / "tests" / "data" / "replay.json"
 GPU_ONLY = {"qwen3_gpu.yaml"}
 CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml") if p.name not in GPU_ONLY)
 # 5 steps at broadcast lag 2 with 2 optimizer steps per batch: staleness, clipping and the SAT gate all happen.
 OVERRIDES = ["steps=5", "lag.schedule=broadcast", "lag.n=2", "seed=3", "eval.every=2", "diagnostics.decompose=true"]
-
-
-def machine() -> dict:
-    """This machine's kind: CPU vendor and model name (``None`` where /proc/cpuinfo has none)."""
-    return cpu_kind()
 
 
 def _family(model: str | None) -> str | None:

@@ -424,17 +424,17 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
     else:
         md += ["No finished runs yet: nothing to tabulate.", ""]
     md += hypotheses_md(res, n_resamples, ci, seed)
-    if sensitivity_min_seed is not None and res.meta.get("hypotheses"):
-        sub = dataclasses.replace(res, runs=res.runs[res.runs["seed"] >= sensitivity_min_seed])
-        md += hypotheses_md(sub, n_resamples, ci, seed, f"Sensitivity: declared hypotheses on seeds >= {sensitivity_min_seed}",
-                            f"The same tests on the seeds from {sensitivity_min_seed} on only (a sensitivity analysis "
-                            "outside the Holm family above, e.g. without seeds that earlier decisions saw; see the "
-                            "protocol).")  # fmt: skip
-    for lo, hi in sensitivity_seeds if res.meta.get("hypotheses") else ():
-        sub = dataclasses.replace(res, runs=res.runs[res.runs["seed"].between(lo, hi)])
-        md += hypotheses_md(sub, n_resamples, ci, seed, f"Sensitivity: declared hypotheses on seeds {lo}-{hi}",
-                            f"The same tests on seeds {lo}-{hi} only (a sensitivity analysis outside the Holm family "
-                            "above, e.g. the runs of one machine kind; see the protocol).")  # fmt: skip
+    seeds = res.runs["seed"]
+    subsets = ([(f"seeds >= {sensitivity_min_seed}", seeds >= sensitivity_min_seed,
+                 f"the seeds from {sensitivity_min_seed} on", "without seeds that earlier decisions saw")]
+               if sensitivity_min_seed is not None else [])  # fmt: skip
+    subsets += [(f"seeds {lo}-{hi}", seeds.between(lo, hi), f"seeds {lo}-{hi}", "the runs of one machine kind")
+                for lo, hi in sensitivity_seeds]  # fmt: skip
+    for label, keep, which, example in subsets if res.meta.get("hypotheses") else ():
+        md += hypotheses_md(dataclasses.replace(res, runs=res.runs[keep]), n_resamples, ci, seed,
+                            f"Sensitivity: declared hypotheses on {label}",
+                            f"The same tests on {which} only (a sensitivity analysis outside the Holm family above, "
+                            f"e.g. {example}; see the protocol).")  # fmt: skip
     explore, tables = exploratory_md(res, n_resamples, ci, seed)
     md += explore
     md += regime_md(res)
