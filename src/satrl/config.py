@@ -16,6 +16,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from satrl.diagnostics.collapse import CollapseConfig
+from satrl.objectives.presets import PRESETS, SLOTS, ObjectiveSpec
 
 
 class ConfigError(ValueError):
@@ -46,7 +47,6 @@ def _registered(where: str) -> AfterValidator:
 EngineName = Annotated[str, _registered("satrl.engines.registry:ENGINES")]
 NumericsName = Annotated[str, _registered("satrl.engines.torch_engine:NUMERICS")]
 TaskName = Annotated[str, _registered("satrl.tasks:TASKS")]
-PresetName = Annotated[str, _registered("satrl.objectives.presets:PRESETS")]
 AggregationName = Annotated[str, _registered("satrl.objectives.aggregation:AGGREGATIONS")]
 ScheduleName = Annotated[str, _registered("satrl.pipeline.schedules:SCHEDULES")]
 BackendName = Annotated[str, _registered("satrl.pipeline.backends:BACKENDS")]
@@ -87,23 +87,12 @@ class EngineConfig(_Strict):
     )
 
 
-class ObjectiveConfig(BaseModel):
-    """An objective preset plus overrides by name (e.g. ``objective.alpha=0.8``), checked by the registry."""
+class ObjectiveConfig(ObjectiveSpec):
+    """The objective: a preset, its four typed components with every hyperparameter (saved resolved), and the
+    loss aggregation. Flat keys (``objective.alpha=0.8``, ``objective.kl_coef=0``) go to the component that
+    declares them; nested ones (``objective.trust_region.alpha=0.8``) name it."""
 
-    model_config = ConfigDict(extra="allow")
-    name: PresetName = Field("grpo", description="Objective preset (satrl.objectives.available_presets()).")
     aggregation: AggregationName = Field("token-mean", description="Loss aggregation mode (satrl.objectives.AGGREGATIONS).")
-
-    @property
-    def overrides(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
-
-    @model_validator(mode="after")
-    def _check(self) -> ObjectiveConfig:
-        from satrl.objectives import resolve_objective
-
-        resolve_objective(self.name, **self.overrides)  # components and overrides; name and aggregation: above
-        return self
 
 
 class LagConfig(_Strict):
@@ -241,9 +230,24 @@ def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
     leaf = parts[-1]
     section = RunConfig.model_fields.get(leaf) if len(parts) == 1 else None
     if section is not None and isinstance(section.default_factory, type) and not isinstance(value, dict):
-        node.setdefault(leaf, {})["name"] = value
-    else:
-        node[leaf] = value
+        node, leaf = node.setdefault(leaf, {}), "name"
+    if node is data.get("objective") and leaf == "name" and isinstance(node, dict):
+        _switch_preset(node, value)
+    node[leaf] = value
+
+
+def _switch_preset(section: dict[str, Any], new: Any) -> None:
+    """A saved objective section names every component. Switching its preset switches the components the old
+    preset chose to the new preset's, keeping the hyperparameters the new components declare."""
+    old, new = PRESETS.get(section.get("name", "grpo"), None), PRESETS.get(new, None) if isinstance(new, str) else None
+    if old is None or new is None:
+        return  # validation names the bad preset
+    for slot, registry in SLOTS.items():
+        given = section.get(slot)
+        chosen = given.get("name") if isinstance(given, dict) else given
+        if chosen == getattr(old, slot):
+            keep = registry.get(getattr(new, slot)).defaults
+            section[slot] = {k: v for k, v in given.items() if k in keep} if isinstance(given, dict) else {}
 
 
 def _one_line(err: BaseException) -> str:

@@ -4,10 +4,10 @@ M2PO, OPSM, KL).
 ```python
 from satrl.objectives import sat_clip_bounds, clipped_surrogate, policy_loss, aggregate, available_presets
 
-lo, hi, metrics = sat_clip_bounds(d, mask, eps_low=0.2, eps_high=0.2, alpha=0.9, exponent=2.0)
+lo, hi, metrics, gate = sat_clip_bounds(d, mask, eps_low=0.2, eps_high=0.2, alpha=0.9, exponent=2.0)
 loss_tok = clipped_surrogate(ratio, adv, lo, hi, dual_clip=None)
-loss_tok, metrics = policy_loss("sat_grpo", logp=logp, behavior_logp=blp, adv=adv, mask=mask)
-loss = aggregate(loss_tok, mask, "token-mean")
+out = policy_loss("sat_grpo", logp=logp, behavior_logp=blp, adv=adv, mask=mask)   # .loss, .metrics, .tokens
+loss = aggregate(out.loss, mask, "token-mean")
 ```
 See docs/objectives.md for every preset's formula, defaults and sources.
 """
@@ -16,8 +16,10 @@ from ._common import LOG_RATIO_CLAMP
 from .aggregation import AGGREGATIONS, aggregate
 from .corrections import CORRECTIONS
 from .kl import KL_ESTIMATORS
-from .presets import PRESETS, ObjectiveSpec, available_presets, policy_loss, resolve_objective
+from .presets import (PRESETS, ObjectiveOutput, ObjectiveSpec, TokenOutputs, available_presets, policy_loss,
+                      resolve_objective)  # fmt: skip
 from .ratios import RATIO_LEVELS
+from .registry import Params
 from .sat import kth_smallest, quantile_rank, sat_clip_bounds
 from .trust_regions import TRUST_REGIONS, ObjectiveInputs, clipped_surrogate
 
@@ -30,7 +32,10 @@ __all__ = [
     "RATIO_LEVELS",
     "TRUST_REGIONS",
     "ObjectiveInputs",
+    "ObjectiveOutput",
     "ObjectiveSpec",
+    "Params",
+    "TokenOutputs",
     "aggregate",
     "available_presets",
     "clipped_surrogate",

@@ -18,17 +18,47 @@ metrics)``: ``weight`` is detached and 1 on masked positions, ``dropped`` marks 
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from satrl.tensors import masked, masked_frac, masked_max, masked_mean, seq_mean
 
 from ._common import LOG_RATIO_CLAMP
-from .registry import component_registry, positive
+from .registry import Params, component_registry
 from .trust_regions import ObjectiveInputs
 
 CORRECTIONS = component_registry("correction")
-LEVELS = ("token", "sequence")
+
+
+class Level(Params):
+    """Where the weight k = pi_old / mu is taken."""
+
+    correction_level: Literal["token", "sequence"] = Field(
+        "token", description="token: k per token; sequence: the response's geometric mean of k on every token."
+    )
+
+
+class TIS(Level):
+    """Truncated importance sampling (Yao et al. 2025)."""
+
+    tis_cap: float = Field(2.0, gt=0, description="C: the weight is min(k, C).")
+
+
+class IcePop(Level):
+    """IcePop (Ling team 2025)."""
+
+    icepop_low: float = Field(0.5, gt=0, description="a: tokens with k < a are dropped.")
+    icepop_high: float = Field(2.0, gt=0, description="b: tokens with k > b are dropped.")
+    icepop_weighted: bool = Field(False, description="Weigh kept tokens by k (the paper's Eq. 42) instead of 1.")
+
+
+class MIS(Level):
+    """Masked importance sampling."""
+
+    mis_threshold: float = Field(2.0, gt=0, description="C: the weight is k where k <= C, else 0.")
 
 
 @torch.no_grad()
@@ -45,13 +75,7 @@ def no_correction(inp: ObjectiveInputs):
     return None, None, {}
 
 
-@CORRECTIONS.register(
-    "tis",
-    needs=("old_logp",),  # weights pi_old / mu
-    defaults={"tis_cap": 2.0, "correction_level": "token"},
-    choices={"correction_level": LEVELS},
-    checks={"tis_cap": (positive, "> 0")},
-)
+@CORRECTIONS.register("tis", params=TIS, needs=("old_logp",))  # weights pi_old / mu
 @torch.no_grad()
 def tis_correction(inp: ObjectiveInputs, *, tis_cap, correction_level):
     """Truncated importance sampling: w = min(k, C)."""
@@ -65,13 +89,7 @@ def tis_correction(inp: ObjectiveInputs, *, tis_cap, correction_level):
     return masked(w, inp.mask, 1.0), None, metrics
 
 
-@CORRECTIONS.register(
-    "icepop",
-    needs=("old_logp",),  # weights pi_old / mu
-    defaults={"icepop_low": 0.5, "icepop_high": 2.0, "icepop_weighted": False, "correction_level": "token"},
-    choices={"correction_level": LEVELS, "icepop_weighted": (False, True)},
-    checks={"icepop_low": (positive, "> 0"), "icepop_high": (positive, "> 0")},
-)
+@CORRECTIONS.register("icepop", params=IcePop, needs=("old_logp",))
 @torch.no_grad()
 def icepop_correction(inp: ObjectiveInputs, *, icepop_low, icepop_high, icepop_weighted, correction_level):
     """IcePop: drop tokens whose k lies outside [a, b] (binary, or k-weighted in range)."""
@@ -87,13 +105,7 @@ def icepop_correction(inp: ObjectiveInputs, *, icepop_low, icepop_high, icepop_w
     return masked(w, inp.mask, 1.0), dropped, metrics
 
 
-@CORRECTIONS.register(
-    "mis",
-    needs=("old_logp",),  # weights pi_old / mu
-    defaults={"mis_threshold": 2.0, "correction_level": "token"},
-    choices={"correction_level": LEVELS},
-    checks={"mis_threshold": (positive, "> 0")},
-)
+@CORRECTIONS.register("mis", params=MIS, needs=("old_logp",))
 @torch.no_grad()
 def mis_correction(inp: ObjectiveInputs, *, mis_threshold, correction_level):
     """Masked importance sampling: w = k where k <= C, else 0."""

@@ -15,16 +15,22 @@ skipped silently, whatever ``kl_coef`` is.
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from satrl.tensors import masked
 
 from ._common import LOG_RATIO_CLAMP
-from .registry import component_registry, non_negative
+from .registry import Params, component_registry
 
 KL_ESTIMATORS = component_registry("KL estimator")
-_COEF = {"kl_coef": 1e-3}
-_COEF_CHECK = {"kl_coef": (non_negative, ">= 0")}
+
+
+class KLCoef(Params):
+    """The KL term's weight in the loss."""
+
+    coef: float = Field(1e-3, ge=0, description="Coefficient of the per-token KL term (paper App. F: 1e-3); "
+                        "0 drops the term and the reference model.")  # fmt: skip
 
 
 def _log_ratio(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
@@ -36,17 +42,17 @@ def no_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> None:
     return None
 
 
-@KL_ESTIMATORS.register("k1", defaults=_COEF, checks=_COEF_CHECK, needs=("ref_logp",))
+@KL_ESTIMATORS.register("k1", params=KLCoef, needs=("ref_logp",))
 def kl_k1(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     return -_log_ratio(logp, ref_logp, mask)
 
 
-@KL_ESTIMATORS.register("k2", defaults=_COEF, checks=_COEF_CHECK, needs=("ref_logp",))
+@KL_ESTIMATORS.register("k2", params=KLCoef, needs=("ref_logp",))
 def kl_k2(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     return 0.5 * _log_ratio(logp, ref_logp, mask).square()
 
 
-@KL_ESTIMATORS.register("k3", defaults=_COEF, checks=_COEF_CHECK, needs=("ref_logp",))
+@KL_ESTIMATORS.register("k3", params=KLCoef, needs=("ref_logp",))
 def kl_k3(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     x = _log_ratio(logp, ref_logp, mask)
     return torch.exp(x) - x - 1.0

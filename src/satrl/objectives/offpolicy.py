@@ -39,26 +39,38 @@ SAPO (no interval) and M2PO (a mask, no interval) have nothing for SAT to contra
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from satrl.tensors import count, masked, masked_frac, seq_mean
 
 from ._common import LOG_RATIO_CLAMP
 from .corrections import CORRECTIONS
-from .registry import non_negative, positive, unit_interval
-from .sat import PROXIES, gate_from_inputs, gated_bounds, sat_metrics
-from .trust_regions import _EPS_CHECKS, TRUST_REGIONS, ObjectiveInputs
-
-_SAT = {"alpha": 0.9, "exponent": 2.0, "proxy": "log_ratio", "invert": False, "shuffle": False}
-_SAT_CHOICES = {"proxy": PROXIES, "invert": (False, True), "shuffle": (False, True)}
-_SAT_CHECKS = {"alpha": (unit_interval, "in [0, 1]"), "exponent": (positive, "> 0")}
-_CISPO = {"eps_low": 1.0, "eps_high": 4.0}  # MiniMax-M1: no lower bound; ScaleRL/TRL: weight capped at 5
-_GMPO = {"eps_low": 0.4, "eps_high": 0.4}  # log space: ratios clipped to (e^-0.4, e^0.4), GMPO Sec. 4
-_RADII = {k: _EPS_CHECKS[k] for k in ("eps_low", "eps_high")}
+from .registry import Params
+from .sat import GateParams, gate_of
+from .trust_regions import TRUST_REGIONS, ObjectiveInputs, Region
 
 
-def _sat(d: Tensor, mask: Tensor, inp: ObjectiveInputs, p: dict):
-    return gate_from_inputs(d, mask, inp, p["alpha"], p["exponent"], p["invert"], p["proxy"], p["shuffle"])
+class CISPORadii(Params):
+    """CISPO's weight cap [1 - eps_low, 1 + eps_high] (MiniMax-M1: no lower bound; ScaleRL/TRL: capped at 5)."""
+
+    eps_low: float = Field(1.0, ge=0, le=1, description="The weight's lower bound is 1 - eps_low (1: none).")
+    eps_high: float = Field(4.0, ge=0, description="The weight's upper bound is 1 + eps_high.")
+
+
+class GMPORadii(Params):
+    """GMPO's log-space interval (-eps_low, eps_high) (GMPO Sec. 4: ratios clipped to (e^-0.4, e^0.4))."""
+
+    eps_low: float = Field(0.4, ge=0, le=1, description="Log-ratio lower bound -eps_low.")
+    eps_high: float = Field(0.4, ge=0, description="Log-ratio upper bound eps_high.")
+
+
+class SATCISPO(GateParams, CISPORadii):
+    """CISPO's interval contracted per token by SAT's gate."""
+
+
+class SATGMPO(GateParams, GMPORadii):
+    """GMPO's log-space interval contracted per token by SAT's gate."""
 
 
 # ------------------------------------------------------------------------------------------- CISPO
@@ -75,39 +87,40 @@ def _weight_clipfrac(r: Tensor, mask: Tensor, lo, hi) -> dict[str, Tensor]:
     return {"is_clipfrac_high": masked_frac(r > hi, mask, n), "is_clipfrac_low": masked_frac(r < lo, mask, n)}
 
 
-@TRUST_REGIONS.register("cispo", defaults=_CISPO, checks=_RADII)
-def cispo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high):
+@TRUST_REGIONS.register("cispo", params=CISPORadii)
+def cispo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high) -> Region:
     """CISPO: loss = -sg[clip(r, 1 - eps_low, 1 + eps_high)] A log pi (MiniMax-M1 Eq. 4)."""
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
     r = ratio.detach()
     loss, clipped = _cispo(ratio, adv, mask, inp, torch.clamp(r, lo, hi))
-    return loss, clipped, _weight_clipfrac(r, mask, lo, hi)
+    return Region(loss, clipped, _weight_clipfrac(r, mask, lo, hi))
 
 
-@TRUST_REGIONS.register("sat_cispo", defaults={**_CISPO, **_SAT}, choices=_SAT_CHOICES,
-                        checks={**_RADII, **_SAT_CHECKS})  # fmt: skip
-def sat_cispo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, **sat):
+@TRUST_REGIONS.register("sat_cispo", params=SATCISPO)
+def sat_cispo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, **gate) -> Region:
     """CISPO with SAT's per-token interval: w = clip(r, 1 - eps_low c-, 1 + eps_high c+)."""
-    g = _sat(d, mask, inp, sat)
+    g = gate_of(d, mask, inp, gate)
     r = ratio.detach()
-    lo, hi = 1.0 - eps_low, 1.0 + eps_high
-    w = torch.clamp(r, lo, hi)
     with torch.no_grad():
-        lo_g, hi_g = gated_bounds(g, eps_low, eps_high)
-        w_base = w.reshape(-1).index_select(0, g.idx)
-        w_g = torch.clamp(r.reshape(-1).index_select(0, g.idx), lo_g, hi_g)
-        w = w.reshape(-1).index_copy(0, g.idx, w_g).reshape(w.shape)
+        lo, hi = g.bounds(1.0, eps_low, eps_high)
+        w = torch.clamp(r, lo, hi)
+        changed = w != torch.clamp(r, 1.0 - eps_low, 1.0 + eps_high)  # weights SAT changed
     loss, clipped = _cispo(ratio, adv, mask, inp, w)
-    metrics = {**_weight_clipfrac(r, mask, lo, hi), **sat_metrics(g, eps_low, eps_high)}
-    n_t = torch.tensor(float(max(g.n, 1)), device=r.device)
-    metrics["sat_clipfrac"] = torch.count_nonzero(w_g != w_base) / n_t  # weights SAT changed
-    return loss, clipped, metrics
+    metrics = {**_weight_clipfrac(r, mask, 1.0 - eps_low, 1.0 + eps_high), **g.metrics(eps_low, eps_high)}
+    metrics["sat_clipfrac"] = masked_frac(changed, mask, g.n)
+    return Region(loss, clipped, metrics, g.gate)
 
 
 # -------------------------------------------------------------------------------------------- SAPO
-@TRUST_REGIONS.register("sapo", defaults={"tau_pos": 1.0, "tau_neg": 1.05},
-                        checks={"tau_pos": (positive, "> 0"), "tau_neg": (positive, "> 0")})  # fmt: skip
-def sapo_trust_region(ratio, d, adv, mask, inp, *, tau_pos, tau_neg):
+class SAPOTemperatures(Params):
+    """SAPO's gate temperatures (Gao et al. 2025)."""
+
+    tau_pos: float = Field(1.0, gt=0, description="Temperature for tokens with A > 0.")
+    tau_neg: float = Field(1.05, gt=0, description="Temperature for tokens with A < 0.")
+
+
+@TRUST_REGIONS.register("sapo", params=SAPOTemperatures)
+def sapo_trust_region(ratio, d, adv, mask, inp, *, tau_pos, tau_neg) -> Region:
     """SAPO: loss = -(4 / tau) sigmoid(tau (r - 1)) A, tau = tau_pos if A > 0 else tau_neg."""
     tau = torch.where(adv > 0, ratio.new_tensor(tau_pos), ratio.new_tensor(tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
@@ -116,7 +129,7 @@ def sapo_trust_region(ratio, d, adv, mask, inp, *, tau_pos, tau_neg):
         s = torch.sigmoid(tau * (ratio.detach() - 1.0))
         scale = masked((4.0 * s * (1.0 - s)).expand_as(mask), mask)  # f'(r): 1 at r = 1
         metrics = {"sapo_grad_scale": scale.sum(dtype=torch.float32) / count(mask)}
-    return loss, torch.zeros_like(mask), metrics
+    return Region(loss, torch.zeros_like(mask), metrics)
 
 
 # -------------------------------------------------------------------------------------------- GMPO
@@ -143,31 +156,27 @@ def _flags(high: Tensor, low: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, T
     return high | low, {"clipfrac_high": masked_frac(high, mask, n), "clipfrac_low": masked_frac(low, mask, n)}
 
 
-@TRUST_REGIONS.register("gmpo", defaults=_GMPO, checks=_RADII)
-def gmpo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high):
+@TRUST_REGIONS.register("gmpo", params=GMPORadii)
+def gmpo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high) -> Region:
     """GMPO: per-sequence -A exp(mean_t clip_outward(log r_t, -eps_low, eps_high)). Computes its own
     token log-ratios from ``inp`` (the ratio level's ``ratio`` is not used; use ``ratio="token"``)."""
     loss, x, adv_t = _gmpo(adv, mask, inp, -eps_low, eps_high)
     clipped, metrics = _flags(*_gmpo_flags(x, adv_t, mask, -eps_low, eps_high), mask)
-    return loss, clipped, metrics
+    return Region(loss, clipped, metrics)
 
 
-@TRUST_REGIONS.register("sat_gmpo", defaults={**_GMPO, **_SAT}, choices=_SAT_CHOICES,
-                        checks={**_RADII, **_SAT_CHECKS})  # fmt: skip
-def sat_gmpo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, **sat):
+@TRUST_REGIONS.register("sat_gmpo", params=SATGMPO)
+def sat_gmpo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, **gate) -> Region:
     """GMPO with SAT's per-token log-space interval [-eps_low c-, eps_high c+]."""
-    g = _sat(d, mask, inp, sat)
+    g = gate_of(d, mask, inp, gate)
     with torch.no_grad():
-        hi_g = torch.where(g.d > 0, eps_high * g.psi, eps_high).to(d.dtype)
-        lo_g = torch.where(g.d < 0, -eps_low * g.psi, -eps_low).to(d.dtype)
-        lo = torch.full_like(d, -eps_low).reshape(-1).index_copy(0, g.idx, lo_g).reshape(d.shape)
-        hi = torch.full_like(d, eps_high).reshape(-1).index_copy(0, g.idx, hi_g).reshape(d.shape)
+        lo, hi = g.bounds(0.0, eps_low, eps_high)
     loss, x, adv_t = _gmpo(adv, mask, inp, lo, hi)
     clipped, metrics = _flags(*_gmpo_flags(x, adv_t, mask, lo, hi), mask)
     base_high, base_low = _gmpo_flags(x, adv_t, mask, -eps_low, eps_high)
-    metrics.update(sat_metrics(g, eps_low, eps_high))
+    metrics.update(g.metrics(eps_low, eps_high))
     metrics["sat_clipfrac"] = masked_frac(clipped & ~(base_high | base_low), mask)  # newly clipped by SAT
-    return loss, clipped, metrics
+    return Region(loss, clipped, metrics, g.gate)
 
 
 # -------------------------------------------------------------------------------------------- M2PO
@@ -200,8 +209,14 @@ def m2po_mask(d: Tensor, adv: Tensor, mask: Tensor, threshold: float) -> tuple[T
     return drop, metrics
 
 
-@TRUST_REGIONS.register("m2po", defaults={"m2_threshold": 0.04}, checks={"m2_threshold": (non_negative, ">= 0")})
-def m2po_trust_region(ratio, d, adv, mask, inp, *, m2_threshold):
+class M2POThreshold(Params):
+    """M2PO's second-moment bound (Zheng et al. 2025, Algorithm 1)."""
+
+    m2_threshold: float = Field(0.04, ge=0, description="tau_M2: the kept tokens' mean d^2 is at most this.")
+
+
+@TRUST_REGIONS.register("m2po", params=M2POThreshold)
+def m2po_trust_region(ratio, d, adv, mask, inp, *, m2_threshold) -> Region:
     """M2PO: loss = -r A, 0 (no gradient) on the tokens :func:`m2po_mask` drops. Normalize by all
     active tokens (``token-mean``), as the paper does (its footnote 2)."""
     drop, metrics = m2po_mask(d, adv, mask, m2_threshold)
@@ -209,12 +224,17 @@ def m2po_trust_region(ratio, d, adv, mask, inp, *, m2_threshold):
     n = count(mask)
     metrics["clipfrac_high"] = masked_frac(drop & (adv > 0), mask, n)
     metrics["clipfrac_low"] = masked_frac(drop & (adv < 0), mask, n)
-    return loss, drop, metrics
+    return Region(loss, drop, metrics)
 
 
 # -------------------------------------------------------------------------------------------- OPSM
-@CORRECTIONS.register("opsm", defaults={"opsm_delta": 0.5}, checks={"opsm_delta": (non_negative, ">= 0")},
-                      needs=("old_logp",))
+class OPSMThreshold(Params):
+    """OPSM's threshold (DeepSeek-V3.2 gives no value; TRL suggests 0.5)."""
+
+    opsm_delta: float = Field(0.5, ge=0, description="Drop A < 0 responses whose mean log(mu / pi) exceeds this.")
+
+
+@CORRECTIONS.register("opsm", params=OPSMThreshold, needs=("old_logp",))
 @torch.no_grad()
 def opsm_correction(inp: ObjectiveInputs, *, opsm_delta):
     """OPSM: weight 0 on responses with A < 0 and mean_t (log mu - log pi) > delta, else 1.

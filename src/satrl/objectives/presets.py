@@ -1,38 +1,36 @@
 """Objectives as named combinations of four components, and the ``policy_loss`` entry point.
 
-An :class:`ObjectiveSpec` is a frozen choice of ratio level, trust region, correction and KL estimator plus
-their hyperparameters. :func:`resolve_objective` builds one from a preset name and overrides (validated by
-name: unknown keys raise ``ValueError`` listing the valid ones), so a trainer can check its config before
-the first step. Presets are shorthands only; every component can also be chosen by override
-(``ratio=``, ``trust_region=``, ``correction=``, ``kl=``).
+An :class:`ObjectiveSpec` is a frozen, typed choice of ratio level, trust region, correction and KL estimator,
+each with its hyperparameters (the component's own pydantic model, :class:`~.registry.Params`)::
+
+    ObjectiveSpec(name="sat_grpo")                            # the preset, every value resolved
+    ObjectiveSpec(name="sat_grpo", trust_region={"alpha": 0.8})
+    resolve_objective("sat_grpo", alpha=0.8, kl_coef=0)       # flat keys: each goes to the one component
+                                                              # that declares it (kl_coef: kl.coef)
+
+A preset fills in the components that are not given. Unknown keys and bad values raise ``ValueError`` naming
+the key, so a trainer checks its config before the first step; the run's config.yaml saves every value.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any, NamedTuple
 
 import torch
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator
+from pydantic import model_validator
 from torch import Tensor
 
-from satrl.tensors import as_bool_mask, clean_adv, count, masked, masked_frac, masked_mean, seq_mean
+from satrl.tensors import as_bool_mask, clean_adv, masked, masked_frac, masked_mean, seq_mean
 
 from . import offpolicy  # noqa: F401  (registers the peers' trust regions and the opsm correction)
 from .corrections import CORRECTIONS
 from .kl import KL_ESTIMATORS
 from .ratios import RATIO_LEVELS
-from .registry import Component, Registry
+from .registry import Component, Params, Registry, one_line
 from .trust_regions import TRUST_REGIONS, ObjectiveInputs
-
-SLOTS: dict[str, Registry] = {
-    "ratio": RATIO_LEVELS,
-    "trust_region": TRUST_REGIONS,
-    "correction": CORRECTIONS,
-    "kl": KL_ESTIMATORS,
-}
-
 
 @dataclass(frozen=True)
 class Preset:
@@ -40,7 +38,7 @@ class Preset:
     trust_region: str
     correction: str = "none"
     kl: str = "k3"  # the paper's low-variance KL, coefficient 1e-3, for every method (Appendix F)
-    params: Mapping[str, Any] = field(default_factory=dict)
+    params: Mapping[str, Any] = field(default_factory=dict)  # flat keys, as resolve_objective takes them
     source: str = ""
 
 
@@ -75,32 +73,85 @@ def available_presets() -> list[str]:
     return PRESETS.names()
 
 
-@dataclass(frozen=True)
-class ObjectiveSpec:
-    """A resolved objective: four component names and all their hyperparameters. Call it on tensors."""
+# Flat keys whose name inside their component differs (old configs and resolve_objective's keywords).
+RENAMED = {"kl_coef": ("kl", "coef")}
 
-    name: str
-    ratio: str
-    trust_region: str
-    correction: str
-    kl: str
-    params: Mapping[str, Any]
+
+@dataclass(frozen=True)
+class TokenOutputs:
+    """The objective's per-token outputs, all [B, T] and detached."""
+
+    d: Tensor  # token log-ratio log pi - log mu (0 on masked positions), whatever the ratio's denominator
+    gate: Tensor  # bool: tokens SAT's gate contracted (all False for objectives without a gate)
+    clipped: Tensor  # bool: active tokens whose policy-gradient term is zeroed (clip, mask or correction)
+
+
+class ObjectiveOutput(NamedTuple):
+    """What an objective returns: the per-token loss [B, T] (0 on masked positions, differentiable in
+    ``logp``), 0-dim detached metrics, and the per-token outputs."""
+
+    loss: Tensor
+    metrics: dict[str, Tensor]
+    tokens: TokenOutputs
+
+
+class ObjectiveSpec(BaseModel):
+    """A resolved objective: four components, each with its typed hyperparameters. Call it on tensors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: Annotated[str, AfterValidator(PRESETS.check)] = Field(
+        "grpo", description="Objective preset (satrl.objectives.available_presets()): fills the components not given."
+    )
+    ratio: SerializeAsAny[Params] = Field(description="Ratio level (token: GRPO/PPO; sequence: GSPO).")
+    trust_region: SerializeAsAny[Params] = Field(
+        description="Trust region and its radii (ppo, sat with alpha/exponent/proxy, dppo_*, cispo, ...)."
+    )
+    correction: SerializeAsAny[Params] = Field(description="Mismatch correction weighing by pi_old/mu (none, tis, ...).")
+    kl: SerializeAsAny[Params] = Field(description="KL estimator against the reference policy, with its coefficient.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve(cls, data: Any) -> Any:
+        """The preset's components where none is given (a string is a component's name), then flat keys
+        (``alpha``, ``kl_coef``: older configs and CLI overrides) moved into the component that declares them."""
+        if not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        preset = PRESETS.get(data.get("name", "grpo"))
+        flat = {k: data.pop(k) for k in list(data) if k not in cls.model_fields}
+        for slot in SLOTS:
+            given = data.get(slot)
+            given = given.model_dump() if isinstance(given, Params) else given
+            given = {"name": given} if isinstance(given, str) else dict(given or {})
+            given.setdefault("name", getattr(preset, slot))
+            data[slot] = given
+        for key, value in preset.params.items():
+            slot, field_name = _owner(key, data)
+            data[slot].setdefault(field_name, value)
+        for key, value in flat.items():
+            slot, field_name = _owner(key, data)
+            data[slot][field_name] = value
+        return data
+
+    @field_validator("ratio", "trust_region", "correction", "kl", mode="before")
+    @classmethod
+    def _typed(cls, value: Any, info: Any) -> Params:
+        """A component's mapping as the typed model its name chooses (the registry is the one list)."""
+        value = dict(value)
+        return SLOTS[info.field_name].get(value.pop("name")).validate(value)
 
     def component(self, slot: str) -> Component:
-        return SLOTS[slot].get(getattr(self, slot))
+        return SLOTS[slot].get(getattr(self, slot).name)
 
     @property
     def needs(self) -> frozenset[str]:
         """The optional inputs this objective reads, as its components declare them (``ref_logp`` for a KL
-        term, ``old_logp`` for a correction weighing by pi_old / mu). A KL term with ``kl_coef = 0`` needs no
+        term, ``old_logp`` for a correction weighing by pi_old / mu). A KL term with coefficient 0 needs no
         reference."""
         needs = frozenset().union(*(self.component(slot).needs for slot in SLOTS))
-        if not self.params.get("kl_coef", 0) > 0:
+        if not getattr(self.kl, "coef", 0.0) > 0:
             needs -= {"ref_logp"}
         return needs
-
-    def slot_params(self, slot: str) -> dict[str, Any]:
-        return {k: self.params[k] for k in self.component(slot).defaults}
 
     def __call__(
         self,
@@ -112,12 +163,8 @@ class ObjectiveSpec:
         ref_logp: Tensor | None = None,
         lag: Tensor | None = None,
         old_logp: Tensor | None = None,
-        **renamed: Any,
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        """Per-token loss [B, T] (0 on masked positions) and detached metrics; see :func:`policy_loss`."""
-        _no_renamed(renamed)
-        if renamed:
-            raise TypeError(f"unexpected keyword arguments {sorted(renamed)}")
+    ) -> ObjectiveOutput:
+        """The per-token loss, metrics and per-token outputs; see :func:`policy_loss`."""
         mask = as_bool_mask(mask)
         for key, t in (("behavior_logp", behavior_logp), ("mask", mask), ("ref_logp", ref_logp),
                        ("old_logp", old_logp), ("lag", lag)):
@@ -127,114 +174,78 @@ class ObjectiveSpec:
         # and flat positions mean the same tokens, so results do not depend on how the inputs are stored.
         logp, behavior_logp, mask = logp.contiguous(), behavior_logp.detach().contiguous(), mask.contiguous()
         ref_logp, lag, old_logp = (None if t is None else t.contiguous() for t in (ref_logp, lag, old_logp))
-        adv = adv.contiguous()
         old = logp.detach() if old_logp is None else old_logp.detach()
         denom = behavior_logp if old_logp is None else old
-        adv = clean_adv(adv.detach(), mask)  # [B, 1] or [B, T], 0 where inactive
+        adv = clean_adv(adv.contiguous().detach(), mask)  # [B, 1] or [B, T], 0 where inactive
 
-        ratio_fn = self.component("ratio").fn
-        per_sequence = getattr(ratio_fn, "per_sequence", False)
-        # tok_d: the token log-ratio log pi - log mu (0 on masked), for the metrics; computed once and
-        # shared with the ratio level (sequence) or taken from it (token) when the denominators agree.
-        tok_d = None
-        if per_sequence and old_logp is None and getattr(ratio_fn, "takes_tok_d", False):
-            tok_d = masked(logp.detach() - behavior_logp, mask)
-            ratio, d = ratio_fn(logp, denom, mask, tok_d=tok_d)
-        else:
-            ratio, d = ratio_fn(logp, denom, mask)
-            if old_logp is None and not per_sequence:
-                tok_d = d  # reuse: same log-ratio
-        abs_tok = None if tok_d is None else tok_d.abs()  # for d_pi; also SAT's |d| when tok_d is d
-        inp = ObjectiveInputs(logp, denom, behavior_logp, old, mask, lag, adv,
-                              abs_d=abs_tok if tok_d is d else None, n_active=torch.count_nonzero(mask))  # fmt: skip
-        loss, tr_clipped, metrics = self.component("trust_region").fn(
-            ratio, d, adv, mask, inp, **self.slot_params("trust_region")
-        )
-        weight, dropped, corr_metrics = self.component("correction").fn(inp, **self.slot_params("correction"))
+        ratio, d = self.component("ratio").fn(logp, denom, mask)
+        inp = ObjectiveInputs(logp, denom, behavior_logp, old, mask, lag, adv, n_active=torch.count_nonzero(mask))
+        region = self.component("trust_region").fn(ratio, d, adv, mask, inp, **self.trust_region.kwargs())
+        loss, metrics = region.loss, dict(region.metrics)
+        weight, dropped, corr_metrics = self.component("correction").fn(inp, **self.correction.kwargs())
         metrics.update(corr_metrics)
-        clipped = tr_clipped
-        if weight is not None:
-            loss = loss * weight
-        if dropped is not None:
-            clipped = clipped | dropped
+        loss = loss if weight is None else loss * weight
+        clipped = region.clipped if dropped is None else region.clipped | dropped
 
-        kl_fn = self.component("kl").fn
-        coef = self.params.get("kl_coef", 0.0)
+        coef = getattr(self.kl, "coef", 0.0)
         if ref_logp is not None and coef > 0:
-            kl_tok = kl_fn(logp, ref_logp, mask)
-            if per_sequence:
+            kl_tok = self.component("kl").fn(logp, ref_logp, mask)
+            if self.component("ratio").traits.get("per_sequence"):
                 kl_tok = seq_mean(kl_tok, mask)[:, None].expand_as(kl_tok)  # GSPO: sequence-mean KL
             loss = loss + coef * kl_tok
             metrics["kl"] = masked_mean(kl_tok.detach(), mask)
 
-        loss = masked(loss, mask)
-        metrics.update(_common_metrics(logp, denom, behavior_logp, mask, tr_clipped, old_logp is None, tok_d,
-                                       abs_tok, inp.n))  # fmt: skip
-        metrics.setdefault("tok/gate", torch.zeros_like(mask))
-        metrics["tok/clipped"] = clipped
-        return loss, metrics
+        tok_d = masked(logp.detach() - behavior_logp, mask)  # [B, T] token log-ratio log pi - log mu
+        metrics.update(_ratio_metrics(tok_d if old_logp is None else masked(logp.detach() - denom, mask),
+                                      region.clipped, mask, inp.n))  # fmt: skip
+        gate = torch.zeros_like(mask) if region.gate is None else region.gate
+        return ObjectiveOutput(masked(loss, mask), metrics, TokenOutputs(tok_d, gate, clipped))
+
+
+SLOTS: dict[str, Registry[Component]] = {
+    "ratio": RATIO_LEVELS,
+    "trust_region": TRUST_REGIONS,
+    "correction": CORRECTIONS,
+    "kl": KL_ESTIMATORS,
+}
+
+
+def _owner(key: str, data: dict[str, dict]) -> tuple[str, str]:
+    """(slot, field) of a flat key: the one component among ``data``'s chosen ones that declares it."""
+    if key in RENAMED:
+        return RENAMED[key]
+    chosen = {slot: SLOTS[slot].get(data[slot]["name"]) for slot in SLOTS}
+    for slot, comp in chosen.items():
+        if key in comp.defaults:
+            return slot, key
+    valid = sorted({k for c in chosen.values() for k in c.defaults} | set(RENAMED))
+    what = ", ".join(f"{s}={c.name}" for s, c in chosen.items())
+    raise ValueError(f"unknown objective key {key!r} for {what}; valid keys: {valid}")
 
 
 @torch.no_grad()
-def _common_metrics(logp, denom, behavior_logp, mask, tr_clipped, same_denom, tok_d, abs_tok=None,
-                    n=None) -> dict[str, Tensor]:
-    """clipfrac, ppo_kl and logratio_var (of the optimized log-ratio), d_pi and tok/d (vs mu, Eq. 52).
-    ``tok_d`` / ``abs_tok``: the token log-ratio and its abs, ``n`` the active count, when the caller has them."""
-    n = count(mask) if n is None else n
-    if tok_d is None:
-        tok_d = masked(logp.detach() - behavior_logp, mask)  # [B, T] token log-ratio log pi - log mu
-        abs_tok = None
-    if abs_tok is None:
-        abs_tok = tok_d.abs()
-    x = tok_d if same_denom else masked(logp.detach() - denom, mask)
-    # tok_d and x are exactly 0 on masked positions, so plain sums are masked sums.
+def _ratio_metrics(x: Tensor, clipped: Tensor, mask: Tensor, n: Tensor) -> dict[str, Tensor]:
+    """clipfrac (of the trust region), ppo_kl and logratio_var of the optimized token log-ratio ``x``
+    (0 on masked positions, so plain sums are masked sums)."""
     mean_x = x.sum(dtype=torch.float32) / n
     return {
-        "clipfrac": masked_frac(tr_clipped, mask, n),
+        "clipfrac": masked_frac(clipped, mask, n),
         "ppo_kl": -mean_x,
-        "d_pi": abs_tok.sum(dtype=torch.float32) / n,
         "logratio_var": (x.square().sum(dtype=torch.float32) / n - mean_x.square()).clamp(min=0.0),
-        "tok/d": tok_d,
     }
 
 
-def resolve_objective(name: str, **overrides: Any) -> ObjectiveSpec:
-    """Validate ``name`` + ``overrides`` and return the frozen :class:`ObjectiveSpec`.
-
-    Raises ValueError naming the valid presets, components or override keys.
-    """
-    if isinstance(name, ObjectiveSpec):
-        base, name = name, name.name
-        preset = Preset(base.ratio, base.trust_region, base.correction, base.kl, dict(base.params))
-    else:
-        preset = PRESETS.get(name)
-    choice = {slot: overrides.pop(slot, getattr(preset, slot)) for slot in SLOTS}
-    comps = {slot: SLOTS[slot].get(choice[slot]) for slot in SLOTS}
-    params: dict[str, Any] = {}
-    for comp in comps.values():
-        params.update(comp.defaults)
-    valid = sorted(set(params) | set(SLOTS))
-    for key, value in {**preset.params, **overrides}.items():
-        if key not in params:
-            raise ValueError(
-                f"unknown override {key!r} for objective {name!r} "
-                f"({', '.join(f'{s}={c}' for s, c in choice.items())}); valid overrides: {valid}"
-            )
-        for comp in comps.values():
-            if key in comp.defaults:
-                comp.validate(key, value)
-        params[key] = value
-    return ObjectiveSpec(name, params=MappingProxyType(params), **choice)
-
-
-
-
-def _no_renamed(kwargs: dict[str, Any]) -> None:
-    """``versions=`` was renamed ``lag=``: a caller passing ``batch.versions`` there silently got a wrong
-    version-age proxy, so the old name is an error that names the new one."""
-    if "versions" in kwargs:
-        raise TypeError("policy_loss: the keyword versions= is now lag= (per-token trainer version - sample "
-                        "version, not Batch.versions)")
+def resolve_objective(name: str | ObjectiveSpec, **overrides: Any) -> ObjectiveSpec:
+    """The :class:`ObjectiveSpec` of preset ``name`` (or of a spec) with flat ``overrides`` (``alpha=0.8``,
+    ``kl_coef=0``, ``trust_region="sat"``). Raises ValueError, one line, naming the key or the valid choices."""
+    base = name.model_dump() if isinstance(name, ObjectiveSpec) else {"name": name}
+    for slot in SLOTS:  # a component chosen by name replaces the base's (and its hyperparameters)
+        if slot in overrides:
+            base[slot] = overrides.pop(slot)
+    try:
+        return ObjectiveSpec.model_validate({**base, **overrides})
+    except ValidationError as err:
+        raise ValueError(one_line(err, "objective: ")) from None
 
 
 def policy_loss(
@@ -248,8 +259,8 @@ def policy_loss(
     lag: Tensor | None = None,
     old_logp: Tensor | None = None,
     **overrides: Any,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-token policy loss of a preset (or spec) with overrides.
+) -> ObjectiveOutput:
+    """Per-token policy loss of a preset (or spec) with flat overrides.
 
     Args (all [B, T] except ``adv``, which may be [B]):
         logp: trainer log-prob of the sampled tokens; the only input that receives gradient.
@@ -257,13 +268,11 @@ def policy_loss(
             is given, then exp(logp - old_logp); correction weights use exp(old_logp - behavior_logp).
         mask: active response tokens. Masked positions of every input may hold NaN/inf.
         ref_logp: reference log-prob; the KL term is added only when it is given.
-        lag: per-token lag, trainer version - sample version (for SAT's ``proxy="version_age"``). Not
-            ``Batch.versions``, which holds the sample versions themselves.
+        lag: per-token lag, trainer version - sample version (for SAT's ``proxy="version_age"``).
     Returns:
-        loss_tok [B, T] (0 on masked positions) and metrics: 0-dim detached scalars and [B, T]
-        ``tok/gate``, ``tok/clipped``, ``tok/d``.
+        :class:`ObjectiveOutput`: ``loss`` [B, T] (0 on masked positions), ``metrics`` (0-dim detached
+        scalars) and ``tokens`` (:class:`TokenOutputs`: ``d``, ``gate``, ``clipped``, [B, T]).
     """
-    _no_renamed(overrides)
     spec = resolve_objective(name, **overrides) if overrides or not isinstance(name, ObjectiveSpec) else name
     return spec(logp=logp, behavior_logp=behavior_logp, adv=adv, mask=mask, ref_logp=ref_logp,
                 lag=lag, old_logp=old_logp)

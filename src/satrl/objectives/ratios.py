@@ -21,7 +21,7 @@ from .registry import component_registry
 RATIO_LEVELS = component_registry("ratio level")
 
 
-@RATIO_LEVELS.register("token")
+@RATIO_LEVELS.register("token", traits={"per_sequence": False})
 def token_ratio(logp: Tensor, denom_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """GRPO/PPO token ratio r_t = exp(clamp(logp_t - denom_t, +-20)).  # [B, T] -> [B, T], [B, T]"""
     d = masked(logp - denom_logp, mask)  # garbage-safe before exp: masked positions are exactly 0
@@ -29,29 +29,20 @@ def token_ratio(logp: Tensor, denom_logp: Tensor, mask: Tensor) -> tuple[Tensor,
     return ratio, d.detach()
 
 
-@RATIO_LEVELS.register("sequence")
-def sequence_ratio(
-    logp: Tensor, denom_logp: Tensor, mask: Tensor, tok_d: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
+@RATIO_LEVELS.register("sequence", traits={"per_sequence": True})  # the objective then broadcasts the KL as a sequence mean
+def sequence_ratio(logp: Tensor, denom_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """GSPO length-normalized sequence ratio, broadcast to the response's tokens (paper Eq. 20).
 
     s_b = exp(mean_t d_bt) over active tokens. Gradient form is GSPO-token (Zheng et al. 2025, Eq. 13):
     s_bt = sg[s_b] * pi_t / sg[pi_t], i.e. log s_bt = sg[log s_b] + logp_t - sg[logp_t]; its value is s_b
     on every token and d s_bt / d logp_t = s_b. With ``seq-mean-token-mean`` aggregation the gradient is
     exactly GSPO's sequence-level gradient.  # [B, T] -> [B, T], [B, T]
-
-    ``tok_d``: the detached token log-ratio ``masked(logp - denom_logp)`` if the caller has computed it
-    (the objective does, for its metrics); the result is the same.
     """
     lp = masked(logp, mask)
-    if tok_d is None:
-        tok_d = lp.detach() - masked(denom_logp, mask)  # 0 on masked positions
+    tok_d = lp.detach() - masked(denom_logp, mask)  # 0 on masked positions
     log_s = seq_mean(tok_d, mask, premasked=True)  # [B]
     log_s = log_s.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     d = masked(log_s[:, None].expand_as(lp), mask)  # [B, T], detached
     ratio = torch.exp(d + (lp - lp.detach()))
     return ratio, d
 
-
-sequence_ratio.per_sequence = True  # tells the objective to broadcast the KL as a sequence mean
-sequence_ratio.takes_tok_d = True  # accepts the objective's token log-ratio

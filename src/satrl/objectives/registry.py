@@ -1,10 +1,11 @@
-"""Objective components: what the objectives' registries hold.
+"""Objective components: what the objectives' registries hold, and their typed hyperparameters.
 
 Each objective is composed of four components (ratio level, trust region, correction, KL), each looked up
 in its own :class:`satrl.registry.Registry` (the one registry class, made by :func:`component_registry`).
-A component declares its hyperparameters with defaults, and the allowed values of its string-valued ones,
-so that a preset plus overrides can be validated before any tensor is touched. Every lookup error is a
-``ValueError`` that names the valid choices.
+A component declares its hyperparameters as a pydantic model (a subclass of :class:`Params`: typed,
+documented, range-checked), which the registry names after the component: the model's ``name`` field is
+the literal component name, so a component's config ``{name: sat, alpha: 0.8}`` is validated by the model
+the name chooses. This is the one validation system, for configs and for :func:`~.presets.resolve_objective`.
 """
 
 from __future__ import annotations
@@ -12,25 +13,36 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from satrl.registry import Registry, UnknownChoice
 
-__all__ = ["Component", "Registry", "UnknownChoice", "component_registry", "dual_clip_ok", "non_negative",
-           "positive", "unit_interval"]  # fmt: skip
+__all__ = ["Component", "Params", "Registry", "UnknownChoice", "component_registry", "one_line"]
+
+
+class Params(BaseModel):
+    """A component's hyperparameters. Subclasses declare fields with defaults and descriptions; the registry
+    adds ``name`` (the component's name, a literal). Frozen, no extra keys, no inf/NaN."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    name: str = Field(description="The component's registered name.")
+
+    def kwargs(self) -> dict[str, Any]:
+        """The hyperparameters as keyword arguments for the component's function (``name`` left out)."""
+        return {k: getattr(self, k) for k in type(self).model_fields if k != "name"}
 
 
 @dataclass(frozen=True)
 class Component:
-    """One registered choice: its function, its hyperparameters (name -> default) and their checks."""
+    """One registered choice: its function, its hyperparameter model and what it declares about itself."""
 
     name: str
     fn: Callable[..., Any]
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-    choices: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
-    checks: Mapping[str, tuple[Callable[[Any], bool], str]] = field(default_factory=dict)
-    # What the component declares about itself, so that nothing downstream compares its name: the optional
-    # inputs it reads (``ref_logp``, ``old_logp``) and free-form traits (e.g. an aggregation's ``share``).
+    params: type[Params]
+    # What the component declares, so that nothing downstream compares its name: the optional inputs it
+    # reads (``ref_logp``, ``old_logp``, ``lag``) and free-form traits (e.g. an aggregation's ``share``).
     needs: frozenset[str] = frozenset()
     traits: Mapping[str, Any] = field(default_factory=dict)
 
@@ -40,52 +52,49 @@ class Component:
         name: str,
         fn: Callable[..., Any],
         *,
-        defaults: Mapping[str, Any] | None = None,
-        choices: Mapping[str, tuple[Any, ...]] | None = None,
-        checks: Mapping[str, tuple[Callable[[Any], bool], str]] | None = None,
+        params: type[Params] = Params,
         needs: tuple[str, ...] = (),
         traits: Mapping[str, Any] | None = None,
     ) -> Component:
-        """The component ``name`` of ``fn`` with what it declares (read-only mappings)."""
-        return cls(
-            name,
-            fn,
-            MappingProxyType(dict(defaults or {})),
-            MappingProxyType(dict(choices or {})),
-            MappingProxyType(dict(checks or {})),
-            frozenset(needs),
-            MappingProxyType(dict(traits or {})),
+        """The component ``name`` of ``fn``; ``params`` gets a ``name: Literal[name]`` field."""
+        named = create_model(
+            f"{params.__name__}<{name}>",
+            __base__=params,
+            __doc__=params.__doc__,
+            name=(Literal[name], Field(name, description="The component's registered name.")),
         )
+        return cls(name, fn, named, frozenset(needs), MappingProxyType(dict(traits or {})))
 
-    def validate(self, name: str, value: Any) -> None:
-        """Raise ValueError if ``value`` is not allowed for hyperparameter ``name``."""
-        if name in self.choices and value not in self.choices[name]:
-            raise ValueError(
-                f"{self.name}: {name}={value!r} is not valid; choose one of {list(self.choices[name])}"
-            )
-        if name in self.checks:
-            ok, what = self.checks[name]
-            if not ok(value):
-                raise ValueError(f"{self.name}: {name}={value!r} is not valid; it must be {what}")
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """Every hyperparameter's default (``name`` left out)."""
+        return self.params().kwargs()
+
+    def validate(self, values: Mapping[str, Any]) -> Params:
+        """``values`` (without ``name``) as this component's typed hyperparameters; ValueError, one line,
+        naming the key, if one is unknown or out of range."""
+        try:
+            return self.params.model_validate({**values, "name": self.name})
+        except ValidationError as err:
+            raise ValueError(one_line(err, f"{self.name}: ", list(self.defaults))) from None
+
+
+def one_line(err: ValidationError, prefix: str = "", fields: list[str] | None = None) -> str:
+    """The first error of a pydantic ValidationError as one line, ``<prefix><field>: <message>``; ``fields``:
+    the valid keys, listed for an unknown key."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden" and fields is not None:
+        msg = f"unknown key; valid keys: {sorted(fields)}"
+    elif first["type"] == "literal_error":
+        msg = f"got {first.get('input')!r}; {msg}"
+    elif first["type"] == "value_error" and "error" in first.get("ctx", {}):
+        msg = str(first["ctx"]["error"])
+    return f"{prefix}{loc}: {msg}" if loc else f"{prefix}{msg}"
 
 
 def component_registry(kind: str) -> Registry[Component]:
-    """A :class:`satrl.registry.Registry` of objective components: ``register(name, defaults=, choices=,
-    checks=, needs=, traits=)`` decorates the component's function and stores its :class:`Component`."""
+    """A :class:`satrl.registry.Registry` of objective components: ``register(name, params=, needs=,
+    traits=)`` decorates the component's function and stores its :class:`Component`."""
     return Registry(kind, make=Component.of)
-
-
-def positive(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
-
-
-def non_negative(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
-
-
-def unit_interval(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1
-
-
-def dual_clip_ok(x: Any) -> bool:
-    return x is None or (positive(x) and x > 1)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from satrl.config import RunConfig
 from satrl.models import load_policy
-from satrl.objectives import resolve_objective
 from satrl.pipeline.rundir import Evaluator, RunDir
 from satrl.pipeline.worker import WorkerSpec
 from satrl.training.trainer import Trainer
@@ -80,7 +79,7 @@ def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
             raise ValueError(f"r3=true needs an MoE policy; {cfg.model.source!r} is dense (try model.name=tiny-arith-moe)")
     trainer = Trainer(
         model,
-        resolve_objective(cfg.objective.name, **cfg.objective.overrides),
+        cfg.objective,
         aggregation=cfg.objective.aggregation,
         lr=cfg.train.lr,
         betas=tuple(cfg.train.betas),

@@ -268,7 +268,7 @@ class Trainer:
                     ref_logp = response_logp(self.ref_model, m, self.temperature, self._routing(m))[0]
             if used is not None:
                 tok["routing"].append(used)
-            loss_tok, metrics = self.objective(
+            out = self.objective(
                 logp=logp,
                 behavior_logp=m.behavior_logp,
                 adv=adv[sl],
@@ -278,14 +278,13 @@ class Trainer:
                 old_logp=None if old_logp is None else old_logp[sl],
             )
             share = (m.mask.any(1).sum() / max(n_seq, 1)) if seq_mode else (m.mask.sum() / max(n_tok, 1))
-            loss = aggregate(loss_tok, m.mask, self.aggregation) * share
+            loss = aggregate(out.loss, m.mask, self.aggregation) * share
             loss.backward()
             total = total + loss.detach().to(torch.float64)
             weights.append(float(m.mask.sum()) / max(n_tok, 1))  # host-side: the mask came from the CPU batch
-            per_mb.append({k: v for k, v in metrics.items() if not k.startswith("tok/")})
-            for k, v in metrics.items():
-                if k.startswith("tok/"):
-                    tok[k[4:]].append(v)
+            per_mb.append(out.metrics)
+            for k in ("gate", "clipped", "d"):
+                tok[k].append(getattr(out.tokens, k))
             tok["logp"].append(logp.detach())
         # One device sync for the guard, the loss and every metric: the metrics combine as each declares
         # (token mean, min or max; satrl.objectives.reductions), as tensors, then come to the host together.
