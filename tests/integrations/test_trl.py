@@ -147,7 +147,7 @@ def test_gate_on_equals_satrl_objectives(pair, level, preset, proxy):
     logp, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(
         ours, ours.model, torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
         torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1), inputs["completion_ids"].size(1))
-    loss_tok, m = policy_loss(preset, logp=logp, behavior_logp=inputs["old_per_token_logps"],
+    loss_tok, m, _ = policy_loss(preset, logp=logp, behavior_logp=inputs["old_per_token_logps"],
                               adv=inputs["advantages"], mask=mask, eps_low=EPS_LOW, eps_high=EPS_HIGH,
                               alpha=0.75, proxy=proxy)
     ref_loss = aggregate(loss_tok, mask, "seq-mean-token-mean")

@@ -173,7 +173,7 @@ def satrl_reference(name: str, x, alpha: float, exponent: float = 2.0):
     """The same objective straight from satrl.objectives (loss_tok, logp leaf)."""
     v = sv.VARIANTS[name]
     logp = x["logp"].clone().requires_grad_()
-    loss_tok, metrics = policy_loss(
+    loss_tok, metrics, _ = policy_loss(
         v.preset, logp=logp, behavior_logp=x["old"], adv=x["adv"], mask=x["mask"], eps_low=0.2, eps_high=0.28,
         dual_clip=None if v.per_sequence else 3.0, alpha=alpha, exponent=exponent, proxy=v.proxy,
         invert=v.invert,
@@ -233,10 +233,10 @@ def test_config_follows_verls_radii_and_satrl_keys():
     spec = sv.objective_from_config("sat", cfg)  # plain PolicyLossConfig: satrl defaults
     expected = {"eps_low": 0.3, "eps_high": 0.4, "dual_clip": 5.0, "alpha": 0.9, "exponent": 2.0,
                 "proxy": "log_ratio", "invert": False}
-    assert {k: spec.params[k] for k in expected} == expected
-    assert sv.objective_from_config("sat_gspo", cfg).params["dual_clip"] is None  # as verl's gspo
-    assert sv.objective_from_config("sat_gspo_invert", cfg).params["invert"] is True
-    assert sv.objective_from_config("sat", actor_config(sat_proxy="prob_diff")).params["proxy"] == "prob_diff"
+    assert {k: getattr(spec.trust_region, k) for k in expected} == expected
+    assert sv.objective_from_config("sat_gspo", cfg).trust_region.dual_clip is None  # as verl's gspo
+    assert sv.objective_from_config("sat_gspo_invert", cfg).trust_region.invert is True
+    assert sv.objective_from_config("sat", actor_config(sat_proxy="prob_diff")).trust_region.proxy == "prob_diff"
 
 
 @needs_verl
@@ -276,8 +276,8 @@ def test_hydra_style_config_reaches_the_loss():
     assert isinstance(cfg, ActorConfig) and isinstance(cfg.policy_loss, sv.SatPolicyLossConfig)
     fn = core_algos.get_policy_loss_fn(cfg.policy_loss.loss_mode)
     assert fn is sv.LOSS_FNS["sat_gspo"]
-    p = sv.objective_from_config("sat_gspo", cfg).params
-    assert (p["alpha"], p["exponent"], p["eps_low"], p["eps_high"]) == (0.95, 4.0, 0.1, 0.3)
+    p = sv.objective_from_config("sat_gspo", cfg).trust_region
+    assert (p.alpha, p.exponent, p.eps_low, p.eps_high) == (0.95, 4.0, 0.1, 0.3)
     with pytest.raises(Exception, match="sat_alpha"):
         omega_conf_to_dataclass(actor("verl.workers.config.PolicyLossConfig"))
 

@@ -120,7 +120,7 @@ def satrl_gradient(name: str, data: dict, logp: torch.Tensor, rows: list[list[in
     total = int(mask.sum())
     for r in rows:
         idx = torch.tensor(r)
-        loss_tok, _ = policy_loss(
+        loss_tok, _, _ = policy_loss(
             v.preset, logp=leaf[idx], behavior_logp=data["old_log_probs"][idx], adv=data["advantages"][idx],
             mask=mask[idx], eps_low=0.2, eps_high=0.28, dual_clip=None if v.per_sequence else 3.0, alpha=alpha,
         )

@@ -145,7 +145,7 @@ class SATGRPOTrainer(GRPOTrainer):
         score = sat_score(a.sat_proxy, ObjectiveInputs(logp=logp, denom_logp=denom, behavior_logp=denom,
                                                        old_logp=denom, mask=active))  # fmt: skip
         eps_low, eps_high = self._sat_base
-        lo, hi, m = sat_clip_bounds(d, active, eps_low=eps_low, eps_high=eps_high, alpha=a.sat_alpha,
+        lo, hi, m, _ = sat_clip_bounds(d, active, eps_low=eps_low, eps_high=eps_high, alpha=a.sat_alpha,
                                     exponent=a.sat_exponent, invert=a.sat_invert, score=score)
         per_sequence = sequence
         if per_sequence:  # one bound per sequence, TRL's [B, 1] shape (so its gradient path is unchanged)

@@ -16,7 +16,7 @@ Importing this module registers six losses into verl's policy-loss registry
 Each has verl's policy-loss signature ``(old_log_prob, log_prob, advantages, response_mask,
 loss_agg_mode, config, rollout_is_weights) -> (loss, metrics)``, where every tensor is [B, T]:
 
-    loss_tok, m = satrl.objectives.policy_loss(preset, logp=log_prob, behavior_logp=old_log_prob,
+    loss_tok, m, tokens = satrl.objectives.policy_loss(preset, logp=log_prob, behavior_logp=old_log_prob,
                                                adv=advantages, mask=response_mask, ...)   # [B, T]
     loss = verl agg_loss(loss_tok * rollout_is_weights, response_mask, loss_agg_mode, **global_batch_info)
 
@@ -54,7 +54,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from satrl.integrations._gate import composition, gate_capacity, warn_gate_cannot_fire
-from satrl.objectives import ObjectiveSpec, resolve_objective
+from satrl.objectives import ObjectiveOutput, ObjectiveSpec, resolve_objective
 from satrl.objectives.sat import LAG_FREE_PROXIES
 from satrl.registry import Registry
 
@@ -176,36 +176,38 @@ SAT_METRICS = {
     "actor/sat_eps_low_mean": "eps_low_mean",
     "actor/sat_eps_high_mean": "eps_high_mean",
     "actor/sat_c_min": "c_min",
-    "actor/sat_abs_d_mean": "d_pi",
 }
 
 
 @torch.no_grad()
 def verl_metrics(
-    m: dict[str, Tensor], adv: Tensor, mask: Tensor, per_sequence: bool, extra: dict[str, Tensor] | None = None
+    out: ObjectiveOutput, adv: Tensor, mask: Tensor, per_sequence: bool, extra: dict[str, Tensor] | None = None
 ) -> dict[str, float]:
     """verl's three policy-loss metrics (same keys and meaning as ``vanilla``/``gspo``) plus SAT's.
 
     ``actor/pg_clipfrac``: tokens clipped at an endpoint of the (SAT-contracted) interval;
     ``actor/pg_clipfrac_lower``: tokens cut by the dual clip (A < 0, r > clip_ratio_c; 0 for GSPO, as verl);
     ``actor/ppo_kl``: mean of -clamp(log pi - log old, -20, 20) over active tokens, as verl's ``vanilla``.
+    ``actor/sat_abs_d_mean``: mean |log pi - log mu| over active tokens (d̄_π).
     ``extra`` 0-dim tensors ride along in the same single host sync.
     """
+    m, d = out.metrics, out.tokens.d
     mask = mask.bool()
     n = torch.count_nonzero(mask).clamp(min=1).to(torch.float32)
     if per_sequence:
         lower = torch.zeros((), device=mask.device)
     else:
         # Low clipping needs r < 1 (d < 0), so clipped A < 0 tokens with d > 0 are the dual-clipped ones.
-        dual = m["tok/clipped"] & (adv < 0) & (m["tok/d"] > 0) & mask
+        dual = out.tokens.clipped & (adv < 0) & (d > 0) & mask
         lower = torch.count_nonzero(dual).to(torch.float32) / n
-    # tok/d is 0 on masked positions, so the plain sum is the masked sum.
-    ppo_kl = -m["tok/d"].clamp(-PPO_KL_CLAMP, PPO_KL_CLAMP).sum(dtype=torch.float32) / n
+    # d is 0 on masked positions, so plain sums are masked sums.
+    ppo_kl = -d.clamp(-PPO_KL_CLAMP, PPO_KL_CLAMP).sum(dtype=torch.float32) / n
     values = {
         "actor/pg_clipfrac": m["clipfrac_high"] + m["clipfrac_low"],
         "actor/ppo_kl": ppo_kl,
         "actor/pg_clipfrac_lower": lower,
         **{key: m[name] for key, name in SAT_METRICS.items()},
+        "actor/sat_abs_d_mean": d.abs().sum(dtype=torch.float32) / n,
         **(extra or {}),
     }
     floats = torch.stack([v.to(torch.float32) for v in values.values()]).tolist()  # one host sync
@@ -224,7 +226,8 @@ def sat_policy_loss(
 ) -> tuple[Tensor, dict[str, float]]:
     """One verl policy-loss call of ``loss_mode`` (see the module docstring). All tensors [B, T]."""
     spec = objective_from_config(loss_mode, config)
-    loss_tok, m = spec(logp=log_prob, behavior_logp=old_log_prob, adv=advantages, mask=response_mask)
+    out = spec(logp=log_prob, behavior_logp=old_log_prob, adv=advantages, mask=response_mask)
+    loss_tok = out.loss
     if rollout_is_weights is not None:
         loss_tok = loss_tok * rollout_is_weights  # as verl's vanilla: weights multiply the per-token loss
     batch_info = _get(config, "global_batch_info", None) or {}
@@ -232,11 +235,11 @@ def sat_policy_loss(
         loss_mat=loss_tok, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info
     )
     # The gate moves whole sequences only when it ranks sequence scores (prob_diff is token-level).
-    per_sequence = VARIANTS[loss_mode].per_sequence and spec.params["proxy"] == "log_ratio"
-    metrics = verl_metrics(m, advantages, response_mask, VARIANTS[loss_mode].per_sequence,
+    per_sequence = VARIANTS[loss_mode].per_sequence and spec.trust_region.proxy == "log_ratio"
+    metrics = verl_metrics(out, advantages, response_mask, VARIANTS[loss_mode].per_sequence,
                            extra=composition(response_mask))
     n, shortest = int(metrics.pop("n")), int(metrics.pop("shortest"))
-    alpha = float(spec.params["alpha"])
+    alpha = spec.trust_region.alpha
     m_budget = gate_capacity(n, shortest, alpha, per_sequence)
     if m_budget is not None:
         warn_gate_cannot_fire(f"loss_mode={loss_mode}", n, shortest, m_budget, alpha, per_sequence, VERL_HINT)
