@@ -1,14 +1,14 @@
 """Objective benchmark: forward+backward time and peak memory of the policy losses.
 
-    .venv/bin/python -m benchmarks.objectives            # 1M, 4M, 16M tokens + sat_grpo at 64M
+    .venv/bin/python -m benchmarks.objectives            # 4K (a shipped microbatch), 1M, 4M + sat_grpo at 64M
     .venv/bin/python -m benchmarks.objectives --quick    # tiny smoke run (not written to the docs)
-    .venv/bin/python -m benchmarks.objectives --sizes 1M 4M --no-64m --threads 2 --repeats 15
+    .venv/bin/python -m benchmarks.objectives --sizes 4K 1M 4M --no-64m --threads 2 --repeats 15
 
 Shapes: B = N/1024 responses of T = 1024 tokens, all active; adv is [B]; no ``ref_logp`` (the KL term is
 skipped, so the numbers are the policy terms alone). One step = ``policy_loss`` + ``aggregate``
-(token-mean) + ``backward``, metrics included. ``sat_grpo`` runs SAT's compiled CPU loops when they build
-(``satrl.objectives.native``; the output names the path); the row ``sat_grpo:torch`` is the same objective
-with them turned off (same results bit for bit).
+(token-mean) + ``backward``, metrics included. SAT has one implementation (``satrl.objectives.sat``), the
+same on every device. The last line is SAT's share of a training step: one trainer step of the tiny policy
+on a fixed batch, ``grpo`` and ``sat_grpo`` interleaved (``benchmarks.pipeline.sat_step_ratio``).
 
 verl rows (when verl is importable): ``verl:vanilla`` and ``verl:gspo``, verl's own policy-loss functions
 called as its actor calls them (``ActorConfig`` with radii 0.2/0.2, a bool [B, T] response mask, a
@@ -47,22 +47,20 @@ import time
 
 import torch
 
-from satrl.objectives import aggregate, native, policy_loss
+from satrl.objectives import aggregate, policy_loss
 
 PRESETS = ["grpo", "sat_grpo", "gspo", "sat_gspo", "dppo_tv"]
 VERL_ROWS = ["verl:vanilla", "verl:gspo"]
-TORCH_ROW = "sat_grpo:torch"  # sat_grpo with the compiled CPU loops turned off (satrl.objectives.native)
 T = 1024
 
 
 def rows_available() -> list[str]:
-    """Our presets, sat_grpo's torch path when the compiled loops run, and verl's rows when verl imports."""
-    rows = [*PRESETS, *([TORCH_ROW] if native.active() else [])]
+    """Our presets, and verl's rows when verl imports."""
     try:
         import verl.trainer.ppo.core_algos  # noqa: F401
     except ImportError:
-        return rows
-    return [*rows, *VERL_ROWS]
+        return list(PRESETS)
+    return [*PRESETS, *VERL_ROWS]
 
 
 def parse_size(s: str) -> int:
@@ -114,12 +112,7 @@ def step(preset: str, x: dict[str, torch.Tensor]) -> None:
         _verl_call(preset.split(":", 1)[1], x).backward()
         return
     ours = {k: v for k, v in x.items() if k != "adv_bt"}
-    native.set_enabled(preset != TORCH_ROW)
-    try:
-        loss_tok, _ = policy_loss(preset.split(":")[0], **ours)
-        aggregate(loss_tok, x["mask"], "token-mean").backward()
-    finally:
-        native.set_enabled(True)
+    aggregate(policy_loss(preset, **ours).loss, x["mask"], "token-mean").backward()
 
 
 def time_presets(n_tokens: int, repeats: int, presets: list[str] | None = None) -> dict[str, float]:
@@ -136,8 +129,7 @@ def time_presets(n_tokens: int, repeats: int, presets: list[str] | None = None) 
     return {p: statistics.median(v) for p, v in runs.items()}
 
 
-PAIRS = [("sat_grpo", "grpo"), (TORCH_ROW, "grpo"), ("sat_grpo", "verl:vanilla"), ("gspo", "verl:gspo"),
-         ("sat_gspo", "gspo")]
+PAIRS = [("sat_grpo", "grpo"), ("sat_grpo", "verl:vanilla"), ("gspo", "verl:gspo"), ("sat_gspo", "gspo")]
 
 
 def paired_ratios(n_tokens: int, repeats: int, presets: list[str]) -> dict[tuple[str, str], tuple[float, float, float]]:
@@ -184,50 +176,15 @@ def _median_ms(fn, repeats: int) -> float:
     return statistics.median(ts) * 1e3
 
 
-def gate_line(n: int, repeats: int) -> str:
-    """How much of the torch path's extra time is its gate: ``sat_gate`` alone on the step's |d| (quantile,
-    gated positions, d there, kernel and the [B, T] gate map), next to sat_grpo (both paths) and grpo run
-    back to back."""
-    from satrl.objectives.sat import sat_gate
+def step_share_line(repeats: int) -> str:
+    """SAT's share of a trainer step (tiny policy, fixed batch, 1 thread): (sat_grpo - grpo) / sat_grpo."""
+    from benchmarks.pipeline import sat_step_ratio
 
-    x = make_inputs(n)
-    d = x["logp"].detach() - x["behavior_logp"]
-    abs_d, mask = d.abs(), x["mask"]
-    gate = _median_ms(lambda: sat_gate(d, mask, zero_masked=True, abs_d=abs_d, n=int(torch.count_nonzero(mask))), repeats)
-    sat = _median_ms(lambda: step("sat_grpo", x), repeats)
-    sat_torch = _median_ms(lambda: step(TORCH_ROW, x), repeats)
-    base = _median_ms(lambda: step("grpo", x), repeats)
-    scalar = ""
-    if native.active():  # the scalar loops a CPU without AVX2 would get (it runs the torch path instead)
-        native.library().sat_force_scalar(1)
-        try:
-            scalar = f"; with the scalar loops instead of AVX2 {_median_ms(lambda: step('sat_grpo', x), repeats):.1f}"
-        finally:
-            native.library().sat_force_scalar(0)
-    return (f"SAT's gate at {fmt_size(n)} (median ms, each run {repeats} times in a row): the torch path's "
-            f"`sat_gate` alone {gate:.1f}; sat_grpo {sat:.1f} ({native.status()}), its torch path "
-            f"{sat_torch:.1f}, grpo {base:.1f} (differences {sat - base:.1f} and {sat_torch - base:.1f}){scalar}.")
-
-
-def sparse_ops_line(n: int, repeats: int) -> str:
-    """torch's and numpy's nonzero on SAT's sizes (a flag on 11 % of ``n`` entries) and the radix select
-    against numpy's introselect: why ``flat_nonzero`` and ``kth_smallest`` go through numpy on CPU."""
-    import numpy as np
-
-    flag = torch.rand(n, generator=torch.Generator().manual_seed(0)) > 0.89
-    f_np = flag.numpy()
-    t_torch = _median_ms(lambda: flag.nonzero(), repeats)
-    t_np = _median_ms(lambda: np.flatnonzero(f_np), repeats)
-    from satrl.objectives.sat import kth_smallest
-
-    x = torch.rand(n, generator=torch.Generator().manual_seed(1))
-    k = int(0.9 * n)
-    t_radix = _median_ms(lambda: kth_smallest(x, k, "radix", nonneg=True), repeats)
-    t_part = _median_ms(lambda: kth_smallest(x, k, "numpy"), repeats)
-    return (f"Flat nonzero of {fmt_size(n)} bools, {int(flag.sum())} set (median ms): torch "
-            f"{t_torch:.2f} on {torch.get_num_threads()} thread(s), numpy {t_np:.2f} on one. The 90 % order "
-            f"statistic of {fmt_size(n)} float32 (`kth_smallest`): radix select {t_radix:.2f}, numpy "
-            f"introselect {t_part:.2f}.")
+    r = sat_step_ratio(repeats)
+    share = (r["sat_grpo_s"] - r["grpo_s"]) / r["sat_grpo_s"]
+    return (f"SAT's share of a training step (`benchmarks.pipeline.sat_step_ratio`, {repeats} interleaved repeats): "
+            f"grpo {r['grpo_s'] * 1e3:.1f} ms, sat_grpo {r['sat_grpo_s'] * 1e3:.1f} ms, ratio {r['ratio']:.3f}, "
+            f"share {share:.1%}.")
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
@@ -311,11 +268,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     pinned = False if args.glibc_default else steady_allocator()
-    sizes = [parse_size(s) for s in (args.sizes or (["64K", "256K"] if args.quick else ["1M", "4M", "16M"]))]
+    sizes = [parse_size(s) for s in (args.sizes or (["4K", "64K"] if args.quick else ["4K", "1M", "4M"]))]
     rows = []
     presets = rows_available()
     for n in sizes:
-        repeats = args.repeats or (3 if args.quick else max(3, min(9, (8 << 20) // n)))
+        repeats = args.repeats or (3 if args.quick else max(3, min(15, (8 << 20) // n)))
         times = time_presets(n, repeats, presets)
         for p in presets:
             mem = peak_memory(p, n)
@@ -351,8 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['peak_bytes'] / 2**30:.2f} GiB (inputs {r['input_bytes'] / 2**30:.2f} GiB). "
             f"`torch.quantile` on the same {fmt_size(big)} |d| values: {r['quantile']}."
         )
-    body += "\n\n" + gate_line(max(sizes), args.repeats or (3 if args.quick else 15))
-    body += "\n\n" + sparse_ops_line(4 << 20, args.repeats or (3 if args.quick else 15))
+    body += "\n\n" + step_share_line(4 if args.quick else 40)
     note = (
         f"\n\nTime: median of the repeats, rows interleaved in one process, {torch.get_num_threads()} "
         f"torch thread(s), glibc's malloc thresholds {'pinned (see the script)' if pinned else 'left to glibc'}. "

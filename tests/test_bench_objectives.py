@@ -1,4 +1,4 @@
-"""benchmarks/objectives.py's pieces on tiny inputs: the allocator pinning, the torch-path row and the pairs."""
+"""benchmarks/objectives.py's pieces on tiny inputs: the allocator pinning, a step and the pairs."""
 
 import subprocess
 import sys
@@ -6,8 +6,6 @@ from pathlib import Path
 
 import pytest
 from benchmarks import objectives as bench
-
-from satrl.objectives import native
 
 
 def test_steady_allocator_pins_glibc():
@@ -20,24 +18,15 @@ def test_steady_allocator_pins_glibc():
     assert out.stdout.strip() == "True"
 
 
-def test_torch_row_turns_the_loops_off_for_its_step_only(monkeypatch):
-    seen = []
-    real = bench.policy_loss
-
-    def spy(name, **kw):
-        seen.append((name, native._state["enabled"]))
-        return real(name, **kw)
-
-    monkeypatch.setattr(bench, "policy_loss", spy)
+def test_step_backpropagates_each_preset():
     x = bench.make_inputs(4096)
-    bench.step(bench.TORCH_ROW, x)
-    bench.step("sat_grpo", x)
-    assert seen == [("sat_grpo", False), ("sat_grpo", True)] and native._state["enabled"]
+    for preset in bench.PRESETS:
+        bench.step(preset, x)
+        assert x["logp"].grad is not None and x["logp"].grad.abs().sum() > 0, preset
 
 
-def test_paired_ratios_name_the_torch_path_when_the_loops_run():
+def test_paired_ratios_cover_the_available_pairs():
     rows = bench.rows_available()
-    assert (bench.TORCH_ROW in rows) == native.active()
     pairs = bench.paired_ratios(4096, 1, rows)
     assert ("sat_grpo", "grpo") in pairs and all(r > 0 for r, _, _ in pairs.values())
-    assert ((bench.TORCH_ROW, "grpo") in pairs) == native.active()
+    assert all(a in rows and b in rows for a, b in pairs)

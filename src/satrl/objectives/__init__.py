@@ -16,8 +16,15 @@ from ._common import LOG_RATIO_CLAMP
 from .aggregation import AGGREGATIONS, aggregate
 from .corrections import CORRECTIONS
 from .kl import KL_ESTIMATORS
-from .presets import (PRESETS, ObjectiveOutput, ObjectiveSpec, TokenOutputs, available_presets, policy_loss,
-                      resolve_objective)  # fmt: skip
+from .presets import (
+    PRESETS,
+    ObjectiveOutput,
+    ObjectiveSpec,
+    TokenOutputs,
+    available_presets,
+    policy_loss,
+    resolve_objective,
+)
 from .ratios import RATIO_LEVELS
 from .registry import Params
 from .sat import kth_smallest, quantile_rank, sat_clip_bounds

@@ -19,8 +19,16 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, NamedTuple
 
 import torch
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator
-from pydantic import model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from torch import Tensor
 
 from satrl.tensors import as_bool_mask, clean_adv, masked, masked_frac, masked_mean, seq_mean
@@ -31,6 +39,7 @@ from .kl import KL_ESTIMATORS
 from .ratios import RATIO_LEVELS
 from .registry import Component, Params, Registry, one_line
 from .trust_regions import TRUST_REGIONS, ObjectiveInputs
+
 
 @dataclass(frozen=True)
 class Preset:
