@@ -14,3 +14,26 @@ def test_readme_sat_example_runs():
     out = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "gate_rate" in out.stdout and "q" in out.stdout
+
+
+def test_objectives_doc_snippets_run():
+    """Every python block of docs/objectives.md runs as printed."""
+    doc = README.parent / "docs" / "objectives.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)
+    assert blocks
+    for block in blocks:
+        out = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+
+
+def test_objectives_doc_config_is_the_resolved_sat_grpo():
+    """The YAML block of docs/objectives.md is what a sat_grpo run's config.yaml records."""
+    import yaml
+
+    from satrl.config import build_config, load_config
+
+    doc = README.parent / "docs" / "objectives.md"
+    (block,) = re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.S)
+    shown = build_config(yaml.safe_load(block)).objective.model_dump()
+    assert shown == load_config(README.parent / "configs" / "sat_grpo.yaml").objective.model_dump()
+    assert yaml.safe_load(block)["objective"].keys() == shown.keys()
