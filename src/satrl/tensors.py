@@ -15,7 +15,6 @@ the engines record MoE routing at the same positions (docs/design.md, "R3").
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -48,13 +47,8 @@ def check_same_shape(mask: Tensor, **tensors: Tensor) -> None:
 
 
 def flat_nonzero(flag: Tensor) -> Tensor:
-    """Ascending flat positions where the bool ``flag`` holds: ``flag.reshape(-1).nonzero().squeeze(1)``,
-    int64 [N]. On CPU through numpy's ``flatnonzero`` (zero-copy both ways), whose single thread beats
-    torch's two on the sparse masks SAT extracts (``python -m benchmarks.objectives`` prints both)."""
-    flat = flag.reshape(-1)
-    if flat.device.type != "cpu":
-        return flat.nonzero().squeeze(1)
-    return torch.from_numpy(np.flatnonzero(flat.numpy())).to(torch.int64)
+    """Ascending flat positions where the bool ``flag`` holds, int64 [N] (a host sync on accelerators)."""
+    return flag.reshape(-1).nonzero().squeeze(1)
 
 
 def masked(x: Tensor, mask: Tensor, fill: float = 0.0) -> Tensor:

@@ -68,9 +68,9 @@ def kth_smallest(values: Tensor, k: int | Tensor) -> Tensor:
     flat = values.detach().reshape(-1)
     if flat.numel() == 0:
         return flat.new_zeros(())
-    k = torch.as_tensor(k, device=flat.device)
-    kth = flat.sort().values[(k - 1).clamp(0, flat.numel() - 1)]
-    return torch.where(k >= 1, kth, torch.zeros_like(kth))
+    k = torch.as_tensor(k, device=flat.device).reshape(1)
+    kth = flat.sort().values.index_select(0, (k - 1).clamp(0, flat.numel() - 1))[0]  # a gather: no sync
+    return torch.where(k[0] >= 1, kth, torch.zeros_like(kth))
 
 
 # -------------------------------------------------------------------------------------------------- the gate
