@@ -158,10 +158,23 @@ def _forward(stream, sink) -> None:
         print(line, end="", file=sink, flush=True)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def side_by_side(cmds: dict[str, list[str]], env: dict[str, str]) -> dict[str, int]:
     """Run the commands at once, their output (plain progress lines: not a terminal) forwarded line by line to
-    stdout; return each one's exit code. A failure or Ctrl-C here stops the others."""
-    procs = {name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    stdout; return each one's exit code. Each runs in its own session, as under ``satrl grid``: Ctrl-C or
+    SIGTERM here (KeyboardInterrupt) stops each one's whole process group, its engine process included, and a
+    demo killed outright takes them with it."""
+    import signal
+
+    from satrl.experiments.grid import _die_with_parent, _signal_group
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+    procs = {name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                    start_new_session=True, preexec_fn=_die_with_parent)
              for name, cmd in cmds.items()}  # fmt: skip
     pumps = [threading.Thread(target=_forward, args=(p.stdout, sys.stdout), daemon=True) for p in procs.values()]
     for t in pumps:
@@ -171,7 +184,12 @@ def side_by_side(cmds: dict[str, list[str]], env: dict[str, str]) -> dict[str, i
     finally:
         for p in procs.values():
             if p.poll() is None:
-                p.terminate()
+                _signal_group(p, signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                _signal_group(p, signal.SIGKILL)
                 p.wait()
     for t in pumps:
         t.join()
@@ -199,11 +217,16 @@ def run_demo(args: argparse.Namespace) -> int:
     # One thread per process: two runs x (trainer + engine) share the cores, and the trial's numbers are 1-thread.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     t0 = time.monotonic()
-    codes = side_by_side(cmds, env)
+    try:
+        codes = side_by_side(cmds, env)
+    except KeyboardInterrupt:  # Ctrl-C (or SIGTERM, below): the runs stopped; their checkpoints stay
+        print(f"satrl demo: interrupted; run the same command again to resume ({out})", file=sys.stderr)
+        return 130
     failed = {m: rc for m, rc in codes.items() if rc != 0}
     if failed:
         print(f"satrl demo: {', '.join(f'{m} exited {rc}' for m, rc in failed.items())}", file=sys.stderr)
         return 2 if 2 in failed.values() else 1
     report = write_report(out, {m: out / m for m in METHODS}, args.lag)
-    print(f"demo: {len(cmds)} run(s) side by side in {time.monotonic() - t0:.0f} s; report: {report}")
+    trained = " and ".join(cmds) + " side by side" if len(cmds) > 1 else " ".join(cmds) or "nothing (both finished)"
+    print(f"demo: trained {trained} in {time.monotonic() - t0:.0f} s; report: {report}")
     return 0
