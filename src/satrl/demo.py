@@ -219,7 +219,7 @@ def run_demo(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
         codes = side_by_side(cmds, env)
-    except KeyboardInterrupt:  # Ctrl-C (or SIGTERM, below): the runs stopped; their checkpoints stay
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (see side_by_side): the runs stopped; checkpoints stay
         print(f"satrl demo: interrupted; run the same command again to resume ({out})", file=sys.stderr)
         return 130
     failed = {m: rc for m, rc in codes.items() if rc != 0}
