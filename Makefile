@@ -67,6 +67,7 @@ $(VERL_STAMP): pyproject.toml
 test-verl: $(VERL_STAMP)
 	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(VERL_VENV)/bin/python -m pytest tests/integrations tests/objectives tests/engines tests/models tests/training -m "not vllm" $(PYTEST_ARGS)
 
+# GRPO and SAT-GRPO side by side (satrl demo: 150 steps of the SAT trial's regime each); README gives its time.
 demo: $(STAMP)
 	$(BIN)/satrl demo --out runs/demo
 

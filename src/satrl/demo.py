@@ -1,10 +1,12 @@
-"""``satrl demo``: a two-run preview of the SAT trial's regime (GRPO and SAT-GRPO at broadcast lag 8), then a
-short report.
+"""``satrl demo``: GRPO and SAT-GRPO side by side at broadcast lag 8 on the ``local`` (asynchronous) backend,
+then a short report (runs/demo/report.md with one PNG).
 
-What ``make demo`` runs on a fresh machine: the settings of ``configs/grids/sat_trial.yaml`` (one optimizer step
-per rollout batch on the tiny MoE with a bf16 engine, lr 5e-5, 600 steps; a test keeps the two equal), seed 0,
-about 5-8 minutes a run on 2 CPU cores. One seed is a preview, not evidence: the trial's verdict, with 10 seeds
-per cell and pre-registered tests, is docs/results/sat_trial/report.md.
+What ``make demo`` runs: the SAT trial's regime (``configs/grids/sat_trial.yaml``: one optimizer step per
+rollout batch on the tiny MoE with a bf16 engine, lr 5e-5) for 150 steps instead of 600, seed 0, the two runs
+at once (each a trainer process and its engine process, one thread each), 1-2 minutes on 2 CPU cores. Long
+enough for what one seed can show: SAT's gate acting and d̄_π lower under SAT-GRPO than under GRPO. One seed is
+a preview, not evidence: the trial's verdict, with 10 seeds per cell and pre-registered tests, is
+docs/results/sat_trial/report.md.
 """
 
 from __future__ import annotations
@@ -12,28 +14,42 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 METHODS = ("grpo", "sat_grpo")
-# The trial's regime (configs/grids/sat_trial.yaml: `extra`, `steps`, `lag_schedule`); tests/e2e/test_demo.py
-# checks that the two agree.
-REGIME = {
-    "backend": "sequential", "model.name": "tiny-arith-moe", "engine.numerics": "bf16", "train.lr": 5.0e-5,
-    "train.minibatches": 1, "train.ppo_epochs": 1, "eval.every": 100, "eval.at_start": True,
-    "eval.val_problems": 80, "eval.test_problems": 100, "steps": 600, "lag.schedule": "broadcast",
+# The trial's regime (configs/grids/sat_trial.yaml: `extra`, `lag_schedule`) ...
+TRIAL = {
+    "model.name": "tiny-arith-moe", "engine.numerics": "bf16", "train.lr": 5.0e-5, "train.minibatches": 1,
+    "train.ppo_epochs": 1, "train.threads": 1, "eval.at_start": True, "eval.val_problems": 80,
+    "eval.test_problems": 100, "lag.schedule": "broadcast",
 }  # fmt: skip
-# What the reader should look for, from the trial's result (update with the report, docs/results/sat_trial/).
+# ... and where the demo departs from it: the asynchronous backend (the trial ran `sequential`, which gives the
+# same samples: tests/e2e/test_pipeline.py), a quarter of the steps (at 150 steps SAT-GRPO's d̄_π is below
+# GRPO's on every seed of the trial's runs) and an eval every 25 steps so the score curve has points.
+# tests/e2e/test_demo.py checks both: TRIAL equals the grid's settings, and what LOOK_FOR says holds at 150 steps.
+CHANGES = {"backend": "local", "steps": 150, "eval.every": 25}
+REGIME = {**TRIAL, **CHANGES}
+# What the reader should look for, and what one seed cannot show (update with docs/results/sat_trial/findings.md).
 LOOK_FOR = (
-    "What to look for: at lag 8 d̄_π is about three times its lag-1 value (policy lag on top of the bf16 engine's "
-    "implementation floor), and SAT-GRPO's d̄_π stays below GRPO's (the trial: 24 % lower on all 10 seeds). The "
-    "score difference of one seed is noise: over 10 seeds the trial found SAT-GRPO −1.3 points [−2.3, +1.6] vs "
-    "GRPO at lag 8, no significant difference (MDE 2.7); see docs/results/sat_trial/findings.md."
+    "What one seed can show: the pipeline at work (the engine generates while the trainer trains; realized "
+    "lag up to the broadcast interval), SAT's gate acting (it contracts the trust region on the tokens whose "
+    "mismatch |d| is in the top tail; 'gradients SAT changed' > 0 is where SAT differs from PPO), and "
+    "SAT-GRPO's d̄_π below GRPO's. What it cannot show: that the gap is systematic (in the trial's runs, at "
+    "this demo's 150 steps SAT-GRPO's d̄_π is below GRPO's on all 10 seeds, and at 600 steps it is 24 % lower, "
+    "p 0.002), or anything about the score: one seed's score difference is noise. Over 10 seeds of 600 steps "
+    "the trial found SAT-GRPO −1.3 points [−2.3, +1.6] vs GRPO at lag 8, no significant difference (MDE 2.7); "
+    "see docs/results/sat_trial/findings.md."
 )
 
 
 def add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/demo", help="directory for the two runs and report.md")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the trial's 600)")
+    p.add_argument("--steps", type=int, default=None, help=f"optimizer steps per run (default {REGIME['steps']})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lag", type=int, default=8, help="broadcast interval n")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for both runs")
@@ -45,37 +61,61 @@ def _read(path: Path) -> list[dict]:
     return read_jsonl(path, null_as_nan=True)
 
 
+def _mean(values: list) -> float | None:
+    xs = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return sum(xs) / len(xs) if xs else None
+
+
+def d_pi_last25(met: list[dict]) -> float | None:
+    """Mean ``mismatch/d_pi`` over the last ceil(25 %) of steps (the trial's H4 endpoint, ``d_pi_last25``)."""
+    return _mean([r.get("mismatch/d_pi") for r in met[len(met) - math.ceil(len(met) / 4) :]])
+
+
 def _row(name: str, path: Path, met: list[dict]) -> str:
     from satrl.experiments.report import _f as _num  # "—" for a missing or non-finite number, as in reports
 
     s = json.loads((path / "summary.json").read_text())
     lag = s.get("lag_realized") or {}
     qs = sorted(r["obj/q"] for r in met if isinstance(r.get("obj/q"), float) and math.isfinite(r["obj/q"]))
-    changed = [r["obj/sat_clipfrac"] for r in met if isinstance(r.get("obj/sat_clipfrac"), float)]
     late = s.get("late_test_avg_at_k", s.get("late_avg_at_k"))
     best = s.get("best_test_avg_at_k", s.get("best_avg_at_k"))
     return (f"| {name} | {_num(late, '{:.3f}')} | {_num(best, '{:.3f}')} (step {s.get('best_step')}) | "
             f"{_num(lag.get('mean'), '{:.1f}')} [{_num(lag.get('min'), '{:.0f}')}-{_num(lag.get('max'), '{:.0f}')}] | "
-            f"{_num(s.get('d_pi_last25'), '{:.4f}')} | {_num(qs[len(qs) // 2] if qs else None, '{:.3f}')} | "
-            f"{_num(sum(changed) / len(changed) if changed else None, '{:.2%}')} | "
+            f"{_num(d_pi_last25(met), '{:.4f}')} | {_num(qs[len(qs) // 2] if qs else None, '{:.3f}')} | "
+            f"{_num(_mean([r.get('obj/gate_rate') for r in met]), '{:.2%}')} | "
+            f"{_num(_mean([r.get('obj/sat_clipfrac') for r in met]), '{:.2%}')} | "
             f"{'none' if s.get('collapse_step') is None else s['collapse_step']} | {s['wall_time_s']:.0f} |")  # fmt: skip
 
 
+def _smooth(xs: list[float], w: int) -> list[float]:
+    """Trailing mean over ``w`` steps: per-step d̄_π is noisy, the gap between the runs shows in its trend."""
+    return [sum(xs[max(0, i - w + 1) : i + 1]) / len(xs[max(0, i - w + 1) : i + 1]) for i in range(len(xs))]
+
+
 def write_report(out: Path, runs: dict[str, Path], lag: int = 8) -> Path:
-    """report.md with one PNG: test avg@k and d_pi over steps for each run."""
+    """report.md with one PNG: test avg@k and d̄_π over steps for each run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax_eval, ax_d) = plt.subplots(1, 2, figsize=(11, 4))
-    rows = []
-    for name, path in runs.items():
+    rows, top = [], 0.0
+    for i, (name, path) in enumerate(runs.items()):
         ev, met = _read(path / "eval.jsonl"), _read(path / "metrics.jsonl")
         key = "test_avg_at_k" if ev and "test_avg_at_k" in ev[0] else "avg_at_k"
         ax_eval.plot([r["step"] for r in ev], [r[key] for r in ev], marker="o", label=name)
-        ax_d.plot([r["step"] for r in met], [r.get("obj/d_pi", float("nan")) for r in met], label=name, alpha=0.8)
+        steps, d = [r["step"] for r in met], [r.get("mismatch/d_pi", float("nan")) for r in met]
+        window = max(1, len(met) // 10)
+        ax_d.plot(steps, d, color=f"C{i}", alpha=0.25, lw=0.8)
+        smooth = _smooth(d, window)
+        ax_d.plot(steps, smooth, color=f"C{i}", label=f"{name} ({window}-step mean)")
+        top = max([top, *(x for x in smooth if math.isfinite(x))])
         rows.append(_row(name, path, met))
+    if met:  # the table's d̄_π window; single-step spikes above the trends are cut off
+        start = met[len(met) - math.ceil(len(met) / 4)]["step"]
+        ax_d.axvspan(start, met[-1]["step"], color="0.9", zorder=0, label="last 25 %")
+        ax_d.set_ylim(0, 1.15 * top or None)
     ax_eval.set(title="Test avg@k over training", xlabel="optimizer step", ylabel="avg@k")
     ax_d.set(title="Sampled mismatch d̄_π over training", xlabel="optimizer step", ylabel="mean |log π/μ|")
     for ax in (ax_eval, ax_d):
@@ -85,22 +125,26 @@ def write_report(out: Path, runs: dict[str, Path], lag: int = 8) -> Path:
     fig.savefig(out / "demo.png", dpi=110)
     plt.close(fig)
     report = out / "report.md"
+    steps = met[-1]["step"] if met else 0
     report.write_text(
-        f"# satrl demo: SAT-GRPO vs GRPO at broadcast lag {lag}, in the SAT trial's regime\n\n"
-        "One seed each: a preview of the pipeline and of the regime, not evidence. The pre-registered 10-seed trial\n"
-        "is `satrl grid configs/grids/sat_trial.yaml` (docs/results/sat_trial/).\n\n"
-        "| run | late test avg@k | test avg@k at the val-best step | realized lag: mean [min-max] | d̄_π (last 25%) "
-        "| median q | gradients SAT changed | collapse step (eval rule) | wall s |\n"
-        "|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n![eval and mismatch](demo.png)\n\n"
+        f"# satrl demo: SAT-GRPO vs GRPO at broadcast lag {lag}, side by side on the local backend\n\n"
+        f"One seed each, {steps} steps in the SAT trial's regime (the trial ran 600): a preview of the pipeline\n"
+        "and of the regime, not evidence. The pre-registered 10-seed trial is\n"
+        "`satrl grid configs/grids/sat_trial.yaml` (docs/results/sat_trial/).\n\n"
+        "| run | late test avg@k | test avg@k at the val-best step | realized lag: mean [min-max] "
+        "| d̄_π (last 25%) | median q | gate rate | gradients SAT changed | collapse step (eval rule) | wall s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n![eval and mismatch](demo.png)\n\n"
         "*Left: avg@k on the test problems (mean over k samples per problem of the 0/1 reward; the best step is\n"
-        "chosen on the separate val problems). Right: d̄_π, the mean |log π − log μ| over active tokens at each\n"
-        f"optimizer step.* {LOOK_FOR}\n"
+        "chosen on the separate val problems). Right: d̄_π (`mismatch/d_pi`), the mean |log π − log μ| over\n"
+        "active tokens at each optimizer step (faint) and its trailing mean; shaded: the table's d̄_π window.\n"
+        "Gate rate: share of tokens SAT's gate contracts (`obj/gate_rate`); gradients SAT changed:\n"
+        f"`obj/sat_clipfrac`.* {LOOK_FOR}\n"
     )
     return report
 
 
 def demo_overrides(method: str, out: Path, args: argparse.Namespace) -> list[str]:
-    """The `satrl train` overrides of one demo run: the trial's regime, then the command line's."""
+    """The `satrl train` overrides of one demo run: the demo's regime, then the command line's."""
     from satrl.experiments.spec import render_value
 
     regime = {**REGIME, "lag.n": args.lag, "seed": args.seed, "objective.name": method, "out": str(out / method)}
@@ -109,20 +153,80 @@ def demo_overrides(method: str, out: Path, args: argparse.Namespace) -> list[str
     return [f"{k}={render_value(v)}" for k, v in regime.items()] + list(args.overrides)
 
 
+def _forward(stream, sink) -> None:
+    for line in stream:
+        print(line, end="", file=sink, flush=True)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def side_by_side(cmds: dict[str, list[str]], env: dict[str, str]) -> dict[str, int]:
+    """Run the commands at once, their output (plain progress lines: not a terminal) forwarded line by line to
+    stdout; return each one's exit code. Each runs in its own session, as under ``satrl grid``: Ctrl-C or
+    SIGTERM here (KeyboardInterrupt) stops each one's whole process group, its engine process included, and a
+    demo killed outright takes them with it."""
+    import signal
+
+    from satrl.experiments.grid import _die_with_parent, _signal_group
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+    procs = {name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                    start_new_session=True, preexec_fn=_die_with_parent)
+             for name, cmd in cmds.items()}  # fmt: skip
+    pumps = [threading.Thread(target=_forward, args=(p.stdout, sys.stdout), daemon=True) for p in procs.values()]
+    for t in pumps:
+        t.start()
+    try:
+        codes = {name: p.wait() for name, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                _signal_group(p, signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                _signal_group(p, signal.SIGKILL)
+                p.wait()
+    for t in pumps:
+        t.join()
+    return codes
+
+
 def run_demo(args: argparse.Namespace) -> int:
-    from satrl.config import load_config
-    from satrl.pipeline.progress import train_with_progress
+    from satrl.config import ConfigError, load_config
 
     out = Path(args.out)
-    runs = {}
+    cmds = {}
     for method in METHODS:
-        cfg = load_config(None, demo_overrides(method, out, args))
-        resume = (out / method / "checkpoints" / "latest").exists() and not (out / method / "summary.json").exists()
-        if not (out / method / "summary.json").exists():
-            if (out / method / "metrics.jsonl").exists() and not resume:
-                (out / method / "metrics.jsonl").unlink()
-            train_with_progress(cfg, resume=resume)
-        runs[method] = out / method
-    report = write_report(out, runs, args.lag)
-    print(f"report: {report}")
+        overrides, run = demo_overrides(method, out, args), out / method
+        try:
+            load_config(None, overrides)  # bad input: one line and exit 2, before anything starts
+        except ConfigError as err:
+            print(f"satrl demo: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+            return 2
+        if (run / "summary.json").exists():  # finished earlier: only the report is redone
+            continue
+        resume = ["--resume", str(run)] if (run / "checkpoints" / "latest").exists() else []
+        if not resume and (run / "metrics.jsonl").exists():
+            (run / "metrics.jsonl").unlink()
+        cmds[method] = [sys.executable, "-m", "satrl", "train", *overrides, *resume]
+    # One thread per process: two runs x (trainer + engine) share the cores, and the trial's numbers are 1-thread.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    t0 = time.monotonic()
+    try:
+        codes = side_by_side(cmds, env)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (see side_by_side): the runs stopped; checkpoints stay
+        print(f"satrl demo: interrupted; run the same command again to resume ({out})", file=sys.stderr)
+        return 130
+    failed = {m: rc for m, rc in codes.items() if rc != 0}
+    if failed:
+        print(f"satrl demo: {', '.join(f'{m} exited {rc}' for m, rc in failed.items())}", file=sys.stderr)
+        return 2 if 2 in failed.values() else 1
+    report = write_report(out, {m: out / m for m in METHODS}, args.lag)
+    trained = " and ".join(cmds) + " side by side" if len(cmds) > 1 else " ".join(cmds) or "nothing (both finished)"
+    print(f"demo: trained {trained} in {time.monotonic() - t0:.0f} s; report: {report}")
     return 0
