@@ -1,7 +1,9 @@
 """Config: overrides, validation, and the CLI's exit code 2 with a one-line message."""
 
+import copy
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -86,14 +88,11 @@ def test_qwen3_gpu_config_follows_appendix_f():
     """configs/qwen3_gpu.yaml validates and carries the paper's Appendix F settings where they apply."""
     from pathlib import Path
 
-    from satrl.objectives import resolve_objective
-
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "qwen3_gpu.yaml", [])
-    spec = resolve_objective(cfg.objective.name, **cfg.objective.overrides)
-    assert spec.ratio == "token" and spec.trust_region == "sat" and spec.kl == "k3"
-    assert {k: spec.params[k] for k in ("eps_low", "eps_high", "alpha", "exponent", "kl_coef")} == {
-        "eps_low": 0.2, "eps_high": 0.2, "alpha": 0.9, "exponent": 2.0, "kl_coef": 1e-3,
-    }  # fmt: skip
+    spec = cfg.objective  # the config's objective is the resolved spec the trainer calls
+    assert (spec.ratio.name, spec.trust_region.name, spec.correction.name, spec.kl.name) == ("token", "sat", "none", "k3")
+    tr = spec.trust_region
+    assert (tr.eps_low, tr.eps_high, tr.alpha, tr.exponent, spec.kl.coef) == (0.2, 0.2, 0.9, 2.0, 1e-3)
     assert (cfg.train.lr, tuple(cfg.train.betas), cfg.train.group_size, cfg.train.minibatches) == (1e-6, (0.9, 0.98), 16, 1)
     assert (cfg.engine.temperature, cfg.engine.top_p, cfg.engine.top_k) == (1.0, 1.0, 0)
     assert (cfg.lag.schedule, cfg.lag.n, cfg.eval.k) == ("broadcast", 8, 16)
@@ -114,3 +113,89 @@ def test_objectives_declare_what_they_need():
     assert resolve_objective("grpo", kl_coef=0.0).needs == frozenset()
     assert resolve_objective("grpo", kl="none").needs == frozenset()
     assert resolve_objective("grpo_tis").needs == {"ref_logp", "old_logp"}  # TIS weighs by pi_old / mu
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_sat_runs_saved_config_holds_every_hyperparameter_and_loads_back(tmp_path):
+    """config.yaml is ``model_dump(mode='json')``: the objective is saved resolved (each component with every
+    value, defaults included), so the run says what it ran; loading it gives the same config."""
+    import yaml
+
+    from satrl.config import build_config
+
+    cfg = load_config(REPO / "configs" / "sat_grpo.yaml")
+    saved = cfg.model_dump(mode="json")
+    obj = saved["objective"]
+    assert obj["name"] == "sat_grpo" and obj["ratio"] == {"name": "token"} and obj["correction"] == {"name": "none"}
+    tr = obj["trust_region"]
+    assert tr["name"] == "sat"
+    assert (tr["alpha"], tr["exponent"], tr["eps_low"], tr["eps_high"]) == (0.9, 2.0, 0.2, 0.2)
+    assert obj["kl"] == {"name": "k3", "coef": 1e-3}
+    assert build_config(saved) == cfg
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False), encoding="utf-8")
+    again = load_config(tmp_path / "config.yaml")
+    assert again == cfg and again.model_dump(mode="json") == saved
+    # an override of a saved run (as --resume applies them) reaches the saved component
+    tuned = load_config(tmp_path / "config.yaml", ["objective.alpha=0.8", "objective.trust_region.exponent=1"])
+    assert (tuned.objective.trust_region.alpha, tuned.objective.trust_region.exponent) == (0.8, 1.0)
+
+
+@pytest.mark.parametrize("source", ["dict", "yaml"])
+def test_old_flat_objective_configs_load_into_the_nested_form(source, tmp_path):
+    import yaml
+
+    from satrl.config import build_config
+
+    old = {"objective": {"name": "sat_grpo", "alpha": 0.8, "kl_coef": 0, "shuffle": True}}
+    if source == "dict":
+        cfg = build_config(old)
+    else:
+        (tmp_path / "old.yaml").write_text(yaml.safe_dump(old), encoding="utf-8")
+        cfg = load_config(tmp_path / "old.yaml")
+    tr, kl = cfg.objective.trust_region, cfg.objective.kl
+    assert (tr.name, tr.alpha, tr.shuffle, tr.exponent, tr.eps_high) == ("sat", 0.8, True, 2.0, 0.2)
+    assert (kl.name, kl.coef) == ("k3", 0.0)
+    saved = cfg.model_dump(mode="json")["objective"]
+    assert not {"alpha", "kl_coef", "shuffle"} & saved.keys()  # saved nested, once
+    assert saved["trust_region"]["alpha"] == 0.8 and saved["kl"]["coef"] == 0.0
+    assert build_config({"objective": saved}) == cfg
+
+
+def test_switching_the_preset_of_a_resolved_config_switches_its_components():
+    """A saved sat_grpo config names trust_region: sat; ``objective=grpo`` on it must run PPO's trust region
+    (not SAT under GRPO's name), keeping the values the new components declare."""
+    from satrl.config import apply_override, build_config
+
+    saved = load_config(REPO / "configs" / "sat_grpo.yaml", ["objective.eps_high=0.28",
+                                                             "objective.kl=k1"]).model_dump(mode="json")
+    for key in ("objective", "objective.name"):
+        data = copy.deepcopy(saved)
+        apply_override(data, key, "grpo")
+        obj = build_config(data).objective
+        assert obj.name == "grpo" and obj.trust_region.name == "ppo", key
+        assert (obj.trust_region.eps_low, obj.trust_region.eps_high) == (0.2, 0.28)  # PPO's radii kept
+        assert not hasattr(obj.trust_region, "alpha")
+        assert obj.kl.name == "k1" and obj.kl.coef == 1e-3  # chosen apart from the preset: kept
+    data = copy.deepcopy(saved)
+    apply_override(data, "objective", "sat_gspo_tis")  # every slot the old preset chose follows the new one
+    obj = build_config(data).objective
+    assert (obj.ratio.name, obj.trust_region.name, obj.correction.name) == ("sequence", "sat", "tis")
+    assert (obj.trust_region.eps_high, obj.trust_region.alpha) == (0.28, 0.9)
+    # and through load_config, as for a resumed run's saved config.yaml
+    assert load_config(None, ["objective=sat_grpo", "objective=grpo"]).objective.trust_region.name == "ppo"
+
+
+@pytest.mark.parametrize("override, line", [
+    ("objective.trust_region.alpha=2.0", "invalid config: objective.trust_region: sat: alpha: "),
+    ("objective.trust_region.nope=1", "invalid config: objective.trust_region: sat: nope: unknown key; valid keys: "
+                                      "['alpha', 'dual_clip', 'eps_high', 'eps_low', 'exponent', 'invert', 'proxy', "
+                                      "'shuffle']"),
+    ("objective.beta=1", "invalid config: objective: unknown objective key 'beta' for ratio=token, trust_region=sat, "
+                         "correction=none, kl=k3; valid keys: ['alpha', "),
+])  # fmt: skip
+def test_bad_nested_objective_key_is_one_line_naming_it(override, line):
+    with pytest.raises(ConfigError) as err:
+        load_config(REPO / "configs" / "sat_grpo.yaml", [override])
+    assert str(err.value).startswith(line) and "\n" not in str(err.value), str(err.value)

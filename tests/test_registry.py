@@ -92,13 +92,73 @@ def test_there_is_one_registry_class():
 
 def test_sat_proxies_are_a_registry():
     from satrl.objectives import resolve_objective
-    from satrl.objectives.sat import LAG_FREE_PROXIES, PROXIES, SAT_PROXIES, ZERO_MASKED
+    from satrl.objectives.sat import LAG_FREE_PROXIES, PROXIES, SAT_PROXIES
 
     assert PROXIES == tuple(SAT_PROXIES.names()) == ("log_ratio", "prob_diff", "version_age")
-    assert ZERO_MASKED == LAG_FREE_PROXIES == ("log_ratio", "prob_diff")
+    assert LAG_FREE_PROXIES == ("log_ratio", "prob_diff")
     assert SAT_PROXIES.get("version_age").needs == {"lag"}
-    with pytest.raises(ValueError, match=r"proxy='nope' is not valid; choose one of \['log_ratio', 'prob_diff', "):
+    with pytest.raises(ValueError, match=r"proxy: unknown SAT proxy 'nope'; valid choices: \['log_ratio', 'prob_diff', "):
         resolve_objective("sat_grpo", proxy="nope")
+
+
+def _components():
+    from satrl.objectives.presets import SLOTS
+
+    return [(slot, comp) for slot, reg in SLOTS.items() for _, comp in reg.items()]
+
+
+def test_every_component_declares_typed_defaults_that_validate():
+    from satrl.objectives import Params
+
+    for slot, comp in _components():
+        assert isinstance(comp.defaults, dict) and "name" not in comp.defaults, (slot, comp.name)
+        typed = comp.validate(comp.defaults)
+        assert isinstance(typed, Params) and isinstance(typed, comp.params) and typed.name == comp.name
+        assert typed == comp.validate({}) and typed.kwargs() == comp.defaults  # defaults fill what is not given
+        assert comp.params.model_validate(typed.model_dump()) == typed  # what is saved loads back the same
+
+
+def test_component_validation_names_the_key_in_one_line():
+    from satrl.objectives import CORRECTIONS, TRUST_REGIONS
+
+    sat = TRUST_REGIONS.get("sat")
+    typed = sat.validate({"alpha": 0.8, "exponent": 1})
+    assert (typed.alpha, typed.exponent, typed.eps_high) == (0.8, 1.0, 0.2) and isinstance(typed.exponent, float)
+    for values, needle in (
+        ({"alpha": 1.5}, r"^sat: alpha: .*less than or equal to 1$"),
+        ({"exponent": 0}, r"^sat: exponent: .*greater than 0$"),
+        ({"eps_low": "wide"}, r"^sat: eps_low: "),
+        ({"alpha": float("nan")}, r"^sat: alpha: "),  # no NaN/inf: they would pass every range check
+        ({"proxy": "entropy"}, r"^sat: proxy: unknown SAT proxy 'entropy'; valid choices: \['log_ratio'"),
+        ({"dual_clip": 0.5}, r"^sat: dual_clip: .*greater than 1$"),
+    ):
+        with pytest.raises(ValueError, match=needle) as err:
+            sat.validate(values)
+        assert "\n" not in str(err.value), values
+    with pytest.raises(ValueError, match=r"^tis: correction_level: got 'batch'; .*'token' or 'sequence'"):
+        CORRECTIONS.get("tis").validate({"correction_level": "batch"})
+
+
+def test_component_unknown_key_lists_the_valid_keys():
+    from satrl.objectives import KL_ESTIMATORS, TRUST_REGIONS
+
+    with pytest.raises(ValueError) as err:
+        TRUST_REGIONS.get("ppo").validate({"alpha": 0.9})  # a SAT key on PPO
+    assert str(err.value) == "ppo: alpha: unknown key; valid keys: ['dual_clip', 'eps_high', 'eps_low']"
+    with pytest.raises(ValueError, match=r"^k3: kl_coef: unknown key; valid keys: \['coef'\]$"):
+        KL_ESTIMATORS.get("k3").validate({"kl_coef": 0.0})  # the flat name is resolve_objective's, not the model's
+    with pytest.raises(ValueError, match=r"^none: coef: unknown key; valid keys: \[\]$"):
+        KL_ESTIMATORS.get("none").validate({"coef": 0.0})
+
+
+def test_typed_params_are_frozen():
+    from satrl.objectives import resolve_objective
+
+    spec = resolve_objective("sat_grpo")
+    with pytest.raises(ValueError):
+        spec.trust_region.alpha = 0.5  # a spec cannot drift from what the run saved
+    with pytest.raises(ValueError):
+        spec.name = "grpo"
 
 
 def _registries():

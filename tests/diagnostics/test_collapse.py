@@ -146,3 +146,11 @@ def test_summarize_run_nonfinite_loss_missing_keys_and_empty():
         "steps": 0,
         "summary_version": 2,
     }
+
+
+def test_summarize_run_reads_d_pi_from_the_diagnostics():
+    """Runs since the objective dropped obj/d_pi record the one d_pi as mismatch/d_pi (satrl.diagnostics); the
+    summary's d_pi_last25 must come from it, not silently become None."""
+    rows = [{"step": i, "train/reward": 0.5, "loss": 0.2, "mismatch/d_pi": 0.01 * i} for i in range(1, 9)]
+    s = summarize_run(rows, [], CollapseConfig())
+    assert s["d_pi_last25"] is not None and math.isclose(s["d_pi_last25"], 0.075)  # steps 7, 8

@@ -7,6 +7,7 @@ reference gradient too. Only for tiny tensors.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
 
@@ -19,9 +20,21 @@ def kth(values: list[float], alpha: float) -> float:
     return sorted(values)[k - 1] if k >= 1 and n else 0.0
 
 
+def flat_params(spec) -> dict:
+    """The spec's hyperparameters as one flat dict (the KL coefficient as ``kl_coef``), read field by field."""
+    p = {}
+    for slot in ("ratio", "trust_region", "correction"):
+        p.update({k: v for k, v in getattr(spec, slot).model_dump().items() if k != "name"})
+    p["kl_coef"] = getattr(spec.kl, "coef", 0.0)
+    return p
+
+
 def naive_policy_loss(name, logp, behavior_logp, adv, mask, ref_logp=None, old_logp=None, **overrides):
-    spec = resolve_objective(name, **overrides)
-    p = spec.params
+    resolved = resolve_objective(name, **overrides)
+    p = flat_params(resolved)
+    # the component names, as strings (the loop below compares them)
+    spec = SimpleNamespace(**{slot: getattr(resolved, slot).name
+                              for slot in ("ratio", "trust_region", "correction", "kl")})
     B, T = logp.shape
     den = behavior_logp if old_logp is None else old_logp
     old = logp.detach() if old_logp is None else old_logp

@@ -25,9 +25,9 @@ def inputs(seed=0, B=6, T=9, spread=0.2, dtype=torch.float32):
 
 def run(preset, logp, blp, mask, adv, ref=None, agg="token-mean", **kw):
     logp = logp.clone().requires_grad_()
-    loss, m = policy_loss(preset, logp=logp, behavior_logp=blp, adv=adv, mask=mask, ref_logp=ref, **kw)
+    loss, m, tok = policy_loss(preset, logp=logp, behavior_logp=blp, adv=adv, mask=mask, ref_logp=ref, **kw)
     (g,) = torch.autograd.grad(aggregate(loss, mask, agg), logp)
-    return loss.detach(), g, m
+    return loss.detach(), g, m, tok
 
 
 @pytest.mark.parametrize("base", ["grpo", "gspo"])
@@ -47,12 +47,13 @@ def test_sat_gate_off_is_bit_identical_to_base(base, way):
         blp[0, 0] = logp[0, 0] - 0.7
     sat = run("sat_" + base, logp, blp, mask, adv, ref, **kw)
     b = run(base, logp, blp, mask, adv, ref)
-    assert not sat[2]["tok/gate"].any()
+    assert not sat[3].gate.any()
     assert torch.equal(sat[0], b[0]) and torch.equal(sat[1], b[1])
-    for key in ("clipfrac", "clipfrac_high", "clipfrac_low", "ppo_kl", "d_pi", "kl"):
+    for key in ("clipfrac", "clipfrac_high", "clipfrac_low", "ppo_kl", "logratio_var", "kl"):
         assert torch.equal(sat[2][key], b[2][key])
+    assert torch.equal(sat[3].clipped, b[3].clipped) and torch.equal(sat[3].d, b[3].d)
     if way == "q=0":
-        assert float(sat[2]["q"]) == 0.0 and float(sat[2]["d_pi"]) > 0
+        assert float(sat[2]["q"]) == 0.0 and float(sat[3].d.abs().max()) > 0
 
 
 @pytest.mark.parametrize("preset", available_presets())
@@ -70,15 +71,19 @@ def test_padding_garbage_changes_nothing(preset, adv_dim):
     dirty = run(preset, dirty_args[0], dirty_args[1], mask, dirty_adv, dirty_args[2], old_logp=dirty_args[3])
     assert torch.equal(clean[0], dirty[0]) and torch.equal(clean[1], dirty[1])
     assert torch.all(dirty[1][~mask] == 0) and torch.all(dirty[0][~mask] == 0)
+    assert clean[2].keys() == dirty[2].keys()
     for key, value in clean[2].items():
         assert torch.equal(value, dirty[2][key]), key
+    for field in ("d", "gate", "clipped"):
+        assert torch.equal(getattr(clean[3], field), getattr(dirty[3], field)), field
+    assert torch.all(dirty[3].d[~mask] == 0) and not (dirty[3].gate | dirty[3].clipped)[~mask].any()
 
 
 def test_fully_masked_response_with_nan_advantage():
     logp, blp, mask, adv, _ = inputs(2)
     mask[3] = False
     adv[3] = float("nan")
-    loss, g, m = run("sat_grpo", logp, blp, mask, adv)
+    loss, g, m, _ = run("sat_grpo", logp, blp, mask, adv)
     assert torch.isfinite(loss).all() and torch.isfinite(g).all()
     assert all(torch.isfinite(v).all() for v in m.values() if v.dtype.is_floating_point)
 
@@ -94,9 +99,11 @@ def test_permuting_sequences_changes_nothing(preset):
         # value differently in the vector body than in the scalar tail, so moving a row moves its last bit.
         torch.testing.assert_close(a[0][perm], b[0], rtol=1e-6, atol=1e-9)
         torch.testing.assert_close(a[1][perm], b[1], rtol=1e-6, atol=1e-9)
-        for key in ("clipfrac", "q", "gate_rate", "d_pi", "kl"):
+        for key in ("clipfrac", "q", "gate_rate", "ppo_kl", "logratio_var", "kl"):
             if key in a[2]:
                 torch.testing.assert_close(a[2][key], b[2][key], rtol=1e-6, atol=1e-9)
+        for field in ("d", "gate", "clipped"):
+            torch.testing.assert_close(getattr(a[3], field)[perm], getattr(b[3], field), rtol=1e-6, atol=1e-9)
 
 
 @pytest.mark.parametrize("pair", [("gspo", "grpo"), ("sat_gspo", "sat_grpo"), ("gspo_tis", "grpo_tis")])
@@ -106,20 +113,20 @@ def test_gspo_on_one_token_responses_equals_grpo(pair):
     a, b = (run(p, logp, blp, mask, adv, ref) for p in pair)
     torch.testing.assert_close(a[0], b[0], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(a[1], b[1], rtol=1e-6, atol=1e-7)
-    assert torch.equal(a[2]["tok/clipped"], b[2]["tok/clipped"])
+    assert torch.equal(a[3].clipped, b[3].clipped) and torch.equal(a[3].gate, b[3].gate)
 
 
 @pytest.mark.parametrize("preset", available_presets())
 def test_zero_advantage_gives_zero_gradient(preset):
     logp, blp, mask, adv, _ = inputs(5, spread=0.5)
-    loss, g, _ = run(preset, logp, blp, mask, torch.zeros_like(adv))
+    loss, g, _, _ = run(preset, logp, blp, mask, torch.zeros_like(adv))
     assert torch.all(g == 0) and torch.all(loss == 0)
 
 
 def test_gradient_flows_only_through_logp():
     logp, blp, mask, adv, ref = inputs(6)
     blp, adv, ref = (t.clone().requires_grad_() for t in (blp, adv, ref))
-    loss, _ = policy_loss("sat_gspo_tis", logp=logp.requires_grad_(), behavior_logp=blp, adv=adv,
+    loss, _, _ = policy_loss("sat_gspo_tis", logp=logp.requires_grad_(), behavior_logp=blp, adv=adv,
                           mask=mask, ref_logp=ref)
     grads = torch.autograd.grad(loss.sum(), (blp, adv, ref), allow_unused=True)
     assert all(g is None for g in grads)
@@ -129,24 +136,28 @@ def test_stale_tokens_do_not_overflow():
     logp, blp, mask, adv, _ = inputs(7)
     blp = blp.clone()
     blp[0, 0] = -1e4  # log-ratio 1e4: exp would overflow without the clamp
-    loss, g, m = run("sat_grpo", logp, blp, mask, adv)
+    loss, g, m, _ = run("sat_grpo", logp, blp, mask, adv)
     assert torch.isfinite(loss).all() and torch.isfinite(g).all()
 
 
 def test_metric_keys_and_tok_tensors():
     logp, blp, mask, adv, ref = inputs(8)
-    _, _, m = run("sat_grpo_tis", logp, blp, mask, adv, ref)
-    for key in ("clipfrac", "clipfrac_low", "clipfrac_high", "ppo_kl", "d_pi", "logratio_var", "q",
+    _, _, m, tok = run("sat_grpo_tis", logp, blp, mask, adv, ref)
+    for key in ("clipfrac", "clipfrac_low", "clipfrac_high", "ppo_kl", "logratio_var", "q",
                 "gate_rate", "eps_low_mean", "eps_high_mean", "c_min", "tis_mean", "tis_max",
                 "tis_clipfrac", "kl"):
         assert m[key].dim() == 0 and not m[key].requires_grad, key
-    assert m["tok/gate"].dtype == torch.bool and m["tok/clipped"].dtype == torch.bool
-    torch.testing.assert_close(m["tok/d"], torch.where(mask, logp - blp, 0.0))
-    torch.testing.assert_close(m["d_pi"], (logp - blp)[mask].abs().mean())
+    # metrics hold only scalars; d_pi is the diagnostics' (mismatch/d_pi), not the objective's
+    assert all(v.dim() == 0 for v in m.values()) and "d_pi" not in m
+    assert tok.gate.dtype == torch.bool and tok.clipped.dtype == torch.bool
+    assert tok.d.shape == tok.gate.shape == tok.clipped.shape == logp.shape
+    assert not any(t.requires_grad for t in (tok.d, tok.gate, tok.clipped))
+    torch.testing.assert_close(tok.d, torch.where(mask, logp - blp, 0.0))
+    torch.testing.assert_close(m["ppo_kl"], -(logp - blp)[mask].mean())
     torch.testing.assert_close(m["logratio_var"], (logp - blp)[mask].var(unbiased=False), rtol=1e-4,
                                atol=1e-7)
-    _, _, m = run("grpo", logp, blp, mask, adv)
-    assert not m["tok/gate"].any() and "kl" not in m
+    _, _, m, tok = run("grpo", logp, blp, mask, adv)
+    assert not tok.gate.any() and "kl" not in m
 
 
 def test_version_age_proxy_gates_the_oldest_tokens():
@@ -154,20 +165,20 @@ def test_version_age_proxy_gates_the_oldest_tokens():
     mask = torch.ones_like(mask)
     lag = torch.ones(10, 10, dtype=torch.long)
     lag[0] = 5  # the 10 tokens of response 0 are the stalest: exactly the top decile, q = 1
-    _, _, m = run("sat_grpo", logp, blp, mask, adv, lag=lag, proxy="version_age")
-    assert torch.equal(m["tok/gate"][0], (logp - blp)[0] != 0) and not m["tok/gate"][1:].any()
+    _, _, m, tok = run("sat_grpo", logp, blp, mask, adv, lag=lag, proxy="version_age")
+    assert torch.equal(tok.gate[0], (logp - blp)[0] != 0) and not tok.gate[1:].any()
     with pytest.raises(ValueError, match="lag="):
         run("sat_grpo", logp, blp, mask, adv, proxy="version_age")
-    # the old keyword (which invited passing Batch.versions, the sample versions) is an error naming the new one
-    with pytest.raises(TypeError, match="versions= is now lag="):
+    # the old keyword versions= (Batch.versions, the sample versions) is no objective key: an error listing them
+    with pytest.raises(ValueError, match="'versions'.*valid keys.*proxy"):
         run("sat_grpo", logp, blp, mask, adv, versions=lag, proxy="version_age")
 
 
 def test_prob_diff_proxy_uses_its_own_quantile():
     d = torch.tensor([[0.5, -0.5, 0.01, 0.02]])
     score = torch.tensor([[0.0, 0.3, 0.1, 0.2]])
-    lo, hi, m = sat_clip_bounds(d, torch.ones_like(d, dtype=torch.bool), alpha=0.75, score=score)
-    assert m["tok/gate"].tolist() == [[False, True, False, False]]  # q = 0.2 (3rd smallest score)
+    lo, hi, m, gate = sat_clip_bounds(d, torch.ones_like(d, dtype=torch.bool), alpha=0.75, score=score)
+    assert gate.tolist() == [[False, True, False, False]]  # q = 0.2 (3rd smallest score)
     assert float(lo[0, 1]) == pytest.approx(1 - 0.2 / (1 + 1.5**2)) and float(hi[0, 1]) == pytest.approx(1.2)
 
 
@@ -193,6 +204,16 @@ def test_resolve_validates_values_and_overrides_compose():
     with pytest.raises(ValueError, match="dual_clip"):
         resolve_objective("grpo", dual_clip=0.5)
     spec = resolve_objective("grpo", trust_region="sat", correction="tis", alpha=0.8, tis_cap=3.0)
-    assert (spec.trust_region, spec.correction, spec.params["alpha"], spec.params["tis_cap"]) == (
+    assert (spec.trust_region.name, spec.correction.name, spec.trust_region.alpha, spec.correction.tis_cap) == (
         "sat", "tis", 0.8, 3.0)
-    assert resolve_objective("gspo").params["eps_low"] == 0.2
+    assert spec.trust_region.exponent == 2.0 and spec.trust_region.eps_high == 0.2  # the rest: sat's defaults
+    assert resolve_objective("gspo").trust_region.eps_low == 0.2
+    # a spec resolves again with more overrides; choosing a component by name resets its hyperparameters
+    again = resolve_objective(spec, kl_coef=0.0)
+    assert (again.trust_region.alpha, again.correction.tis_cap, again.kl.coef) == (0.8, 3.0, 0.0)
+    assert resolve_objective(spec, trust_region="ppo").trust_region.name == "ppo"
+    # GSPO's sequence-mean KL is chosen by the ratio component's declared trait, not by its name
+    from satrl.objectives import RATIO_LEVELS
+
+    assert RATIO_LEVELS.get("sequence").traits["per_sequence"] is True
+    assert RATIO_LEVELS.get("token").traits["per_sequence"] is False

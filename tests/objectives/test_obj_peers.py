@@ -64,8 +64,8 @@ def verl_run(name, x, mode, config):
 def satrl_run(preset, x, **overrides):
     """(per-token loss, logp leaf, metrics): aggregate it and backward to get the gradient."""
     logp = x["logp"].clone().requires_grad_()
-    loss_tok, metrics = policy_loss(preset, logp=logp, behavior_logp=x["old"], adv=x["adv"], mask=x["mask"],
-                                    **overrides)  # fmt: skip
+    loss_tok, metrics, _ = policy_loss(preset, logp=logp, behavior_logp=x["old"], adv=x["adv"], mask=x["mask"],
+                                       **overrides)  # fmt: skip
     return loss_tok, logp, metrics
 
 

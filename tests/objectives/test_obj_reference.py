@@ -36,7 +36,7 @@ def test_preset_matches_naive_loop(preset, case):
         logp, blp, old, ref, mask, adv = make(seed + 10 * case, adv_dim=c.get("adv_dim", 1))
         kw = {"ref_logp": ref if c.get("use_ref") else None, "old_logp": old if c.get("use_old") else None}
         lp1 = logp.clone().requires_grad_()
-        loss, metrics = policy_loss(preset, logp=lp1, behavior_logp=blp, adv=adv, mask=mask, **kw)
+        loss, metrics, _ = policy_loss(preset, logp=lp1, behavior_logp=blp, adv=adv, mask=mask, **kw)
         (g1,) = torch.autograd.grad(loss.sum(), lp1)
         lp2 = logp.clone().requires_grad_()
         ref_tok, total = naive_policy_loss(preset, lp2, blp, adv, mask, **kw)
@@ -55,7 +55,7 @@ def test_preset_matches_naive_loop(preset, case):
 def test_overrides_match_naive_loop(preset, overrides):
     logp, blp, old, ref, mask, adv = make(7, B=5, T=7, spread=0.5, adv_dim=2)
     lp1 = logp.clone().requires_grad_()
-    loss, _ = policy_loss(preset, logp=lp1, behavior_logp=blp, adv=adv, mask=mask, ref_logp=ref,
+    loss, _, _ = policy_loss(preset, logp=lp1, behavior_logp=blp, adv=adv, mask=mask, ref_logp=ref,
                           old_logp=old, **overrides)
     (g1,) = torch.autograd.grad(loss.sum(), lp1)
     lp2 = logp.clone().requires_grad_()

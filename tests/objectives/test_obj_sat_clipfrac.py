@@ -19,7 +19,7 @@ def test_sat_clipfrac_counts_tokens_with_changed_gradient(seed, spread):
     grads, metrics = {}, {}
     for name in ("grpo", "sat_grpo"):
         logp = base.clone().requires_grad_()
-        loss, m = policy_loss(name, logp=logp, behavior_logp=blp, adv=adv, mask=mask, kl_coef=0.0)
+        loss, m, _ = policy_loss(name, logp=logp, behavior_logp=blp, adv=adv, mask=mask, kl_coef=0.0)
         loss.sum().backward()
         grads[name], metrics[name] = logp.grad, m
     changed = int(((grads["grpo"] != grads["sat_grpo"]) & mask).sum())

@@ -143,10 +143,33 @@ def test_every_extreme_metric_declares_its_reduction():
     adv, mask = torch.tensor([1.0, -1.0, 0.5, -0.5]), torch.ones(4, 8, dtype=torch.bool)
     seen = set()
     for name in available_presets():
-        _, m = policy_loss(name, logp=logp.clone().requires_grad_(), behavior_logp=blp, adv=adv, mask=mask,
-                           ref_logp=logp, lag=torch.ones(4, 8, dtype=torch.long))  # fmt: skip
-        seen |= {k for k in m if not k.startswith("tok/")}
+        _, m, _ = policy_loss(name, logp=logp.clone().requires_grad_(), behavior_logp=blp, adv=adv, mask=mask,
+                              ref_logp=logp, lag=torch.ones(4, 8, dtype=torch.long))  # fmt: skip
+        assert all(v.dim() == 0 for v in m.values()), name  # per-token tensors come apart, in out.tokens
+        seen |= set(m)
     for k in seen:
         if k.endswith(("_min", "_max")):
             assert reduction_of(k) in ("min", "max"), k
     assert set(REDUCTIONS) <= seen  # no stale declarations
+
+
+@pytest.mark.parametrize("microbatch_tokens", [4096, 60])  # one microbatch; six
+def test_objective_token_outputs_reach_the_step_diagnostics(tiny, microbatch_tokens):
+    """The trainer reads the objective's per-token outputs (out.tokens: d, gate, clipped) into the step's
+    diagnostics, across microbatches: one d_pi (mismatch/d_pi, from tokens.d; the objective has none), and
+    per-lag gate and clip rates that agree with the objective's own (token-mean) rates."""
+    model, tok = tiny
+    batch = make_batch(tok, n=24, seed=3)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5] * 6)
+    trainer = make_trainer(model, microbatch_tokens=microbatch_tokens)
+    logp = trainer.logp_with(None, batch)  # the weights the step's forward sees
+    out = trainer.step(batch, adv)
+    assert "obj/d_pi" not in out and not any(k.startswith(("obj/tok", "tok/")) for k in out)
+    d = (logp - batch.behavior_logp)[batch.mask]
+    assert out["mismatch/d_pi"] == pytest.approx(float(d.abs().mean()), rel=1e-5)
+    assert out["mismatch/d_max_abs"] == pytest.approx(float(d.abs().max()), rel=1e-5)
+    assert out["obj/gate_rate"] > 0 and out["obj/clipfrac"] > 0  # the gate and the clip acted
+    # every token is at lag 0 here: the per-lag rates are the whole step's
+    assert out["bylag/0/gate_rate"] == pytest.approx(out["obj/gate_rate"], rel=1e-6)
+    assert out["bylag/0/clipfrac"] == pytest.approx(out["obj/clipfrac"], rel=1e-6)
+    assert 0 < out["gate/tv_share"] <= 1

@@ -126,7 +126,9 @@ class ObjectiveSpec(BaseModel):
         if not isinstance(data, Mapping):
             return data
         data = dict(data)
-        preset = PRESETS.get(data.get("name", "grpo"))
+        preset = PRESETS.get(data.get("name", "grpo"), None)
+        if preset is None:
+            return data  # the name's own validator reports it, on its field
         flat = {k: data.pop(k) for k in list(data) if k not in cls.model_fields}
         for slot in SLOTS:
             given = data.get(slot)
@@ -247,7 +249,8 @@ def _ratio_metrics(x: Tensor, clipped: Tensor, mask: Tensor, n: Tensor) -> dict[
 def resolve_objective(name: str | ObjectiveSpec, **overrides: Any) -> ObjectiveSpec:
     """The :class:`ObjectiveSpec` of preset ``name`` (or of a spec) with flat ``overrides`` (``alpha=0.8``,
     ``kl_coef=0``, ``trust_region="sat"``). Raises ValueError, one line, naming the key or the valid choices."""
-    base = name.model_dump() if isinstance(name, ObjectiveSpec) else {"name": name}
+    # a spec's own fields only (a config's ObjectiveConfig also holds its aggregation)
+    base = name.model_dump(include=set(ObjectiveSpec.model_fields)) if isinstance(name, ObjectiveSpec) else {"name": name}
     for slot in SLOTS:  # a component chosen by name replaces the base's (and its hyperparameters)
         if slot in overrides:
             base[slot] = overrides.pop(slot)
