@@ -5,6 +5,8 @@ writing a run directory (layout: docs/metrics.md; its state: `status.run_status`
 
 Resumability: a run with a valid summary.json is skipped; a run with a non-empty checkpoints/
 folder but no valid summary is restarted with `--resume RUN_DIR`; anything else starts fresh.
+A rerun whose settings differ from those of the runs already in `--out` (its grid.yaml) refuses to mix
+them (GridChangedError) unless told `--rerun-changed`, which moves those runs to `--out/.replaced/`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,8 +29,8 @@ from satrl.experiments.spec import GridSpec, Run, expand, load_grid, render_valu
 from satrl.experiments.status import has_checkpoint, run_status
 from satrl.provenance import cpu_kind, git_commit
 
-__all__ = ["GridResult", "GridSpec", "Run", "add_grid_args", "default_command", "expand", "load_grid",
-           "render_value", "run_grid", "run_grid_spec", "thread_env"]  # fmt: skip
+__all__ = ["GridChangedError", "GridResult", "GridSpec", "Run", "add_grid_args", "default_command", "expand",
+           "load_grid", "render_value", "run_grid", "run_grid_spec", "thread_env"]  # fmt: skip
 
 
 def default_command(run: Run, resume: bool) -> list[str]:
@@ -56,6 +59,59 @@ def thread_env(workers: int, threads: int | None = None) -> dict[str, str]:
     the ``train.max_threads`` override the grid adds to every run, so that its config.yaml records them."""
     n = run_threads(workers, threads)
     return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
+
+
+class GridChangedError(ValueError):
+    """The runs already in ``--out`` were made with other settings than the grid now asks for."""
+
+
+def _settings(run: Run) -> tuple[str, dict[str, str]]:
+    return os.path.realpath(run.base), dict(o.split("=", 1) for o in run.overrides)
+
+
+def changed_runs(spec: GridSpec, out: Path, seeds: int | None) -> tuple[list[Run], list[str], int]:
+    """The runs in ``out`` (finished or with a checkpoint) whose settings under ``spec`` differ from those
+    of the grid.yaml they were made with, what differs (``"steps: 4 -> 6"``), and that grid's seed count."""
+    path = out / "grid.yaml"
+    if not path.is_file():
+        return [], [], 0
+    try:
+        old = load_grid(path, check_paths=False)
+    except ValueError as e:
+        raise GridChangedError(f"{path} is unreadable ({e}); restore it, or use a new --out") from None
+    before = {r.name: _settings(r) for r in expand(old, out, old.seeds)}
+    runs, diffs = [], []
+    for r in expand(spec, out, max(seeds or spec.seeds, old.seeds)):  # grid.yaml will describe them all
+        if r.name not in before or not (run_status(r.run_dir) == "finished" or has_checkpoint(r.run_dir)):
+            continue
+        (b0, o0), (b1, o1) = before[r.name], _settings(r)
+        d = [f"base: {b0} -> {b1}"] if b0 != b1 else []
+        d += [f"{k}: {o0.get(k, '(unset)')} -> {o1.get(k, '(unset)')}" for k in {**o0, **o1} if o0.get(k) != o1.get(k)]
+        if d:
+            runs.append(r)
+            diffs += [x for x in d if x not in diffs]
+    return runs, diffs, old.seeds
+
+
+def guard_changes(spec: GridSpec, out: Path, seeds: int | None, rerun_changed: bool, dry_run: bool = False) -> int:
+    """Raise GridChangedError if ``out`` holds runs made with other settings (``rerun_changed``: move them to
+    ``out/.replaced/<time>/`` instead, so they run again; nothing is deleted). Returns the seeds grid.yaml
+    must record: no fewer than the runs ``out`` holds."""
+    runs, diffs, old_seeds = changed_runs(spec, out, seeds)
+    if runs and not rerun_changed:
+        raise GridChangedError(
+            f"{out} holds {len(runs)} run(s) made with other settings ({'; '.join(diffs[:4])}"
+            f"{'; ...' if len(diffs) > 4 else ''}, e.g. {runs[0].name}); use a new --out, or --rerun-changed "
+            f"to run them again (their folders move to {out / '.replaced'})"
+        )
+    if runs and not dry_run:
+        dest = out / ".replaced" / time.strftime("%Y%m%dT%H%M%S")
+        for r in runs:
+            (dest / r.name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(r.run_dir), str(dest / r.name))
+        print(f"satrl grid: {len(runs)} run(s) made with other settings ({'; '.join(diffs[:4])}) moved to {dest}; "
+              "running them again", file=sys.stderr)  # fmt: skip
+    return max(seeds or spec.seeds, old_seeds)
 
 
 def _tail(path: Path, n_lines: int = 30) -> str:
@@ -276,12 +332,14 @@ def run_grid_spec(
     env: dict[str, str] | None = None,
     poll_s: float = 0.2,
     only: list[str] | None = None,
+    rerun_changed: bool = False,
 ) -> GridResult:
     """Run every run of the grid not yet finished, `workers` at a time. Returns a GridResult.
 
     command_fn(run, resume) gives the child's argv. progress: rich live line (default: if stderr
     is a terminal), else one line per finished run. only: shell patterns over run names (see `select`). Ctrl-C / SIGTERM stop the children (SIGTERM, then
     SIGKILL after 10 s), mark them 'interrupted', and return with result.interrupted = True.
+    Runs in ``out`` made with other settings raise GridChangedError (see :func:`guard_changes`).
     """
     from rich.console import Console
     from rich.live import Live
@@ -295,7 +353,7 @@ def run_grid_spec(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     n_seeds = seeds or spec.seeds
-    (out / "grid.yaml").write_text(spec_to_yaml(spec, n_seeds))
+    (out / "grid.yaml").write_text(spec_to_yaml(spec, guard_changes(spec, out, seeds, rerun_changed)))
     full_env = {**os.environ, **thread_env(workers, threads), **(env or {})}
     runs = thread_capped(select(expand(spec, out, n_seeds), only), workers, threads)
     progress = sys.stderr.isatty() if progress is None else progress
@@ -365,6 +423,11 @@ def add_grid_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="print each run's command and state, run nothing"
     )
+    parser.add_argument(
+        "--rerun-changed", action="store_true",
+        help="runs in --out made with other settings than the grid's now are moved to --out/.replaced/ and run "
+        "again (without it, such a rerun stops with what changed)",
+    )  # fmt: skip
 
 
 def run_grid(args: argparse.Namespace) -> int:
@@ -374,6 +437,11 @@ def run_grid(args: argparse.Namespace) -> int:
         print(f"satrl grid: {e}", file=sys.stderr)
         return 2
     out = Path(args.out or Path("runs") / spec.name)
+    try:
+        guard_changes(spec, out, args.seeds, args.rerun_changed, dry_run=True)
+    except GridChangedError as e:
+        print(f"satrl grid: {e}", file=sys.stderr)
+        return 2
     if args.dry_run:
         for run in thread_capped(select(expand(spec, out, args.seeds), args.only), args.workers, args.threads):
             state = run_status(run.run_dir)
@@ -385,5 +453,6 @@ def run_grid(args: argparse.Namespace) -> int:
     if not runs:
         print(f"satrl grid: --only {' '.join(args.only or [])} matches no run of {args.grid}", file=sys.stderr)
         return 2
-    result = run_grid_spec(spec, out, args.seeds, args.workers, threads=args.threads, only=args.only)
+    result = run_grid_spec(spec, out, args.seeds, args.workers, threads=args.threads, only=args.only,
+                           rerun_changed=args.rerun_changed)  # fmt: skip
     return result.exit_code
