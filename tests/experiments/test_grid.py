@@ -389,3 +389,24 @@ def test_edited_grid_refuses_to_mix_old_and_new_runs(tmp_path, fake_trainer, cap
     assert not (out / "a/lag2/seed2").exists()  # beyond this call's seeds, but changed: moved too, not left to lie
     (moved,) = (out / ".replaced").iterdir()
     assert len(read_log(moved / "a/lag2/seed2/metrics.jsonl")) == 6  # the old runs are kept, out of the grid
+
+
+def test_grid_changes_are_judged_on_what_each_run_recorded(tmp_path):
+    """A pinned default or a reformatted value is no change (the run's config.yaml says what it ran with); a
+    changed value is; and every committed grid still continues its committed runs (README: rerun continues)."""
+    from satrl.experiments.changes import changed_runs
+
+    spec = load_grid(_write(tmp_path, "base: base.yaml\nlags: [2]\nseeds: 1\nsteps: 4\ncells: {a: {train.lr: 1e-5}}\n"))
+    out = tmp_path / "out"
+    run = out / "a/lag2/seed0"
+    run.mkdir(parents=True)
+    (out / "grid.yaml").write_text(grid_mod.spec_to_yaml(spec, 1))
+    (run / "config.yaml").write_text("steps: 4\ntrain: {lr: 1.0e-05, minibatches: 4}\neval: {k: 8}\n")
+    (run / "summary.json").write_text('{"status": "finished"}')
+    pinned = "base: base.yaml\nlags: [2]\nseeds: 1\nsteps: 4\ncells: {a: {train.lr: 0.00001, train.minibatches: 4, eval.new_key: 1}}\n"
+    assert changed_runs(load_grid(_write(tmp_path, pinned, "pinned.yaml")), out, None)[:2] == ([], [])
+    edited = load_grid(_write(tmp_path, pinned.replace("minibatches: 4", "minibatches: 2"), "edited.yaml"))
+    assert changed_runs(edited, out, None)[1] == ["train.minibatches: 4 -> 2"]
+    for results in sorted((REPO / "docs/results").glob("*/grid.yaml")):
+        spec = load_grid(REPO / "configs/grids" / f"{results.parent.name}.yaml")
+        assert changed_runs(spec, results.parent, None)[1] == [], results.parent.name

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from satrl.experiments.changes import GridChangedError, guard_changes
 from satrl.experiments.spec import GridSpec, Run, expand, load_grid, render_value, select, spec_to_yaml
 from satrl.experiments.status import has_checkpoint, run_status
 from satrl.provenance import cpu_kind, git_commit
@@ -59,59 +59,6 @@ def thread_env(workers: int, threads: int | None = None) -> dict[str, str]:
     the ``train.max_threads`` override the grid adds to every run, so that its config.yaml records them."""
     n = run_threads(workers, threads)
     return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
-
-
-class GridChangedError(ValueError):
-    """The runs already in ``--out`` were made with other settings than the grid now asks for."""
-
-
-def _settings(run: Run) -> tuple[str, dict[str, str]]:
-    return os.path.realpath(run.base), dict(o.split("=", 1) for o in run.overrides)
-
-
-def changed_runs(spec: GridSpec, out: Path, seeds: int | None) -> tuple[list[Run], list[str], int]:
-    """The runs in ``out`` (finished or with a checkpoint) whose settings under ``spec`` differ from those
-    of the grid.yaml they were made with, what differs (``"steps: 4 -> 6"``), and that grid's seed count."""
-    path = out / "grid.yaml"
-    if not path.is_file():
-        return [], [], 0
-    try:
-        old = load_grid(path, check_paths=False)
-    except ValueError as e:
-        raise GridChangedError(f"{path} is unreadable ({e}); restore it, or use a new --out") from None
-    before = {r.name: _settings(r) for r in expand(old, out, old.seeds)}
-    runs, diffs = [], []
-    for r in expand(spec, out, max(seeds or spec.seeds, old.seeds)):  # grid.yaml will describe them all
-        if r.name not in before or not (run_status(r.run_dir) == "finished" or has_checkpoint(r.run_dir)):
-            continue
-        (b0, o0), (b1, o1) = before[r.name], _settings(r)
-        d = [f"base: {b0} -> {b1}"] if b0 != b1 else []
-        d += [f"{k}: {o0.get(k, '(unset)')} -> {o1.get(k, '(unset)')}" for k in {**o0, **o1} if o0.get(k) != o1.get(k)]
-        if d:
-            runs.append(r)
-            diffs += [x for x in d if x not in diffs]
-    return runs, diffs, old.seeds
-
-
-def guard_changes(spec: GridSpec, out: Path, seeds: int | None, rerun_changed: bool, dry_run: bool = False) -> int:
-    """Raise GridChangedError if ``out`` holds runs made with other settings (``rerun_changed``: move them to
-    ``out/.replaced/<time>/`` instead, so they run again; nothing is deleted). Returns the seeds grid.yaml
-    must record: no fewer than the runs ``out`` holds."""
-    runs, diffs, old_seeds = changed_runs(spec, out, seeds)
-    if runs and not rerun_changed:
-        raise GridChangedError(
-            f"{out} holds {len(runs)} run(s) made with other settings ({'; '.join(diffs[:4])}"
-            f"{'; ...' if len(diffs) > 4 else ''}, e.g. {runs[0].name}); use a new --out, or --rerun-changed "
-            f"to run them again (their folders move to {out / '.replaced'})"
-        )
-    if runs and not dry_run:
-        dest = out / ".replaced" / time.strftime("%Y%m%dT%H%M%S")
-        for r in runs:
-            (dest / r.name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(r.run_dir), str(dest / r.name))
-        print(f"satrl grid: {len(runs)} run(s) made with other settings ({'; '.join(diffs[:4])}) moved to {dest}; "
-              "running them again", file=sys.stderr)  # fmt: skip
-    return max(seeds or spec.seeds, old_seeds)
 
 
 def _tail(path: Path, n_lines: int = 30) -> str:
@@ -339,7 +286,7 @@ def run_grid_spec(
     command_fn(run, resume) gives the child's argv. progress: rich live line (default: if stderr
     is a terminal), else one line per finished run. only: shell patterns over run names (see `select`). Ctrl-C / SIGTERM stop the children (SIGTERM, then
     SIGKILL after 10 s), mark them 'interrupted', and return with result.interrupted = True.
-    Runs in ``out`` made with other settings raise GridChangedError (see :func:`guard_changes`).
+    Runs in ``out`` made with other settings raise GridChangedError (see ``changes.guard_changes``).
     """
     from rich.console import Console
     from rich.live import Live
