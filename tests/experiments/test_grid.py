@@ -376,6 +376,9 @@ def test_edited_grid_refuses_to_mix_old_and_new_runs(tmp_path, fake_trainer, cap
         assert grid_mod.run_grid(parser.parse_args([str(edited), "--out", str(out), *extra])) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "steps: 6 -> 8" in err[0] and "--rerun-changed" in err[0] and "new --out" in err[0]
+    assert grid_mod.run_grid(parser.parse_args([str(edited), "--out", str(out), "--dry-run", "--rerun-changed"])) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert len(shown) == 4 and all(x.startswith("[new] ") for x in shown) and (out / "a/lag2/seed0").exists()
 
     more_seeds = _write(tmp_path, grid.replace("seeds: 2", "seeds: 3"), name="more.yaml")  # more seeds change no run: allowed
     res = run_grid_spec(load_grid(more_seeds), out, command_fn=command, progress=False, env=env)

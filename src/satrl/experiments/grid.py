@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from satrl.experiments.changes import GridChangedError, guard_changes
+from satrl.experiments.changes import GridChangedError, changed_runs, guard_changes
 from satrl.experiments.spec import GridSpec, Run, expand, load_grid, render_value, select, spec_to_yaml
 from satrl.experiments.status import has_checkpoint, run_status
 from satrl.provenance import cpu_kind, git_commit
@@ -390,9 +390,10 @@ def run_grid(args: argparse.Namespace) -> int:
         print(f"satrl grid: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
+        changed = {r.name for r in changed_runs(spec, out, args.seeds)[0]}  # --rerun-changed: they start over
         for run in thread_capped(select(expand(spec, out, args.seeds), args.only), args.workers, args.threads):
-            state = run_status(run.run_dir)
-            cmd = default_command(run, state != "finished" and has_checkpoint(run.run_dir))
+            state = "new" if run.name in changed else run_status(run.run_dir)
+            cmd = default_command(run, state != "new" and state != "finished" and has_checkpoint(run.run_dir))
             missing = "" if run.base.exists() else "  # base config missing!"
             print(f"[{'skip' if state == 'finished' else state}] {run.name}: {' '.join(cmd)}{missing}")
         return 0

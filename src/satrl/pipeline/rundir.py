@@ -52,8 +52,8 @@ OWN = {"config.yaml", "metrics.jsonl", "eval.jsonl", "summary.json", "environmen
 
 def _foreign(path: Path, config: dict) -> str | None:
     """Why a fresh run must not write into ``path`` (an existing folder), or None. A folder qualifies when
-    it is empty, holds only what satrl writes, and any config.yaml in it is a resolved satrl config (every
-    top-level key): a user's own config.yaml, eval.jsonl or summary.json is never overwritten."""
+    it is empty, holds only what satrl writes, and any config.yaml in it is a resolved satrl config: a user's
+    own config.yaml, eval.jsonl or summary.json is never overwritten."""
     names = sorted(p.name for p in path.iterdir() if p.name.removesuffix(".tmp") not in OWN)
     if names:
         return f"holds files satrl did not write ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
@@ -63,7 +63,8 @@ def _foreign(path: Path, config: dict) -> str | None:
             saved = yaml.safe_load(cfg.read_text())
         except (OSError, yaml.YAMLError):
             saved = None
-        if not isinstance(saved, dict) or set(saved) != set(config):
+        # every top-level key (two may be newer than the satrl that wrote it): a user's config sets a few
+        if not isinstance(saved, dict) or not set(saved) <= set(config) or len(saved) < len(config) - 2:
             return "holds a config.yaml that is not a satrl run's resolved config"
     elif any(p.name not in ("stdout.log", "error.txt", LOCK) for p in path.iterdir()):
         return "holds run files but no config.yaml of a satrl run"
