@@ -95,6 +95,21 @@ def test_refused_extension_leaves_config_yaml(run_tiny):
     assert _cli("--resume", str(out)).returncode == 0  # a plain resume still works
 
 
+def test_extension_without_the_weights_it_needs_is_refused(run_tiny, monkeypatch):
+    """A run made before its last checkpoint kept the weights of later batches: one line, config.yaml kept."""
+    from satrl.pipeline import orchestrator
+
+    versions = orchestrator._versions
+    monkeypatch.setattr(orchestrator, "_versions", lambda sched, b, P: versions(sched, b, P) if b < 2 else set())
+    out = run_tiny("steps=4", *LAGGED)
+    monkeypatch.setattr(orchestrator, "_versions", versions)
+    config = (out / "config.yaml").read_text()
+    with pytest.raises(RunDirError, match=r"steps=6: the weights of version\(s\) \[2\] .* resume with steps=4"):
+        train(RunDir.config_of(out, ["steps=6"]), resume=True)
+    assert (out / "config.yaml").read_text() == config
+    train(RunDir.config_of(out), resume=True)  # a plain resume still works
+
+
 # -- 6: out= an ordinary folder -----------------------------------------------------------------------------
 @pytest.mark.parametrize("files", [{"notes.txt": "mine"}, {"config.yaml": "steps: 3\n", "summary.json": "{}"}])
 def test_out_is_an_ordinary_folder(tmp_path, files):
