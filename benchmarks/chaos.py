@@ -12,8 +12,9 @@ kill from outside at a random time. When the run finishes, every metrics and eva
 uninterrupted run's; a kill counts as "resumed identical" when the run it hit ends identical. Hostile
 inputs: every dataset of :data:`BAD_DATASETS` and config of :data:`BAD_CONFIGS` must give a clean outcome
 (tests/faults/test_hostile.py states which). Engine kills: the local backend's engine process is SIGKILLed
-three times during a run; the samples trained must be exactly the uninterrupted run's.
-The summary line is what the README quotes.
+three times during a run; the samples trained must be exactly the uninterrupted run's. Run folders
+(:mod:`benchmarks.folder_faults`, runnable alone): damaged metrics logs, a locked folder, ``out=`` an
+ordinary folder, an extended run, an edited grid. The summary line is what the README quotes.
 """
 
 from __future__ import annotations
@@ -150,10 +151,11 @@ def hostile_inputs(work: Path) -> dict:
     return {"tried": len(problems), "clean": problems.count(None)}
 
 
-def summary_line(kill: dict, hostile: dict, engine: dict) -> str:
+def summary_line(kill: dict, hostile: dict, engine: dict, folders: dict | None = None) -> str:
     return (f"chaos: kill points {kill['tried']} tried / {kill['identical']} resumed identical; "
             f"bad inputs {hostile['tried']} tried / {hostile['clean']} clean exits; "
-            f"samples lost {engine['lost']}, duplicated {engine['duplicated']} "
+            + (f"run-folder faults {folders['tried']} tried / {folders['clean']} clean; " if folders else "")
+            + f"samples lost {engine['lost']}, duplicated {engine['duplicated']} "
             f"({engine['restarts']} engine restarts)")  # fmt: skip
 
 
@@ -163,14 +165,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the kill points (replay a failure with it)")
     p.add_argument("--write-doc", action="store_true", help="write the result to docs/benchmarks.md")
     args = p.parse_args(argv)
+    from benchmarks.folder_faults import folder_faults  # imports this module: not at the top
+
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         kill = kill_anywhere(work / "kill", args.points, args.seed)
         hostile = hostile_inputs(work / "hostile")
         engine = engine_kills(work / "engine")
-    line = summary_line(kill, hostile, engine)
-    record = {"seed": args.seed, "kill": kill, "hostile": hostile, "engine": engine, "wall_s": round(time.perf_counter() - t0, 1)}
+        folders = folder_faults(work / "folders")
+    line = summary_line(kill, hostile, engine, folders)
+    record = {"seed": args.seed, "kill": kill, "hostile": hostile, "engine": engine, "folders": folders,
+              "wall_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
     print(line)
     print(json.dumps(record))
     if args.write_doc:
@@ -179,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         write_section("Chaos", f"python -m benchmarks.chaos --points {args.points} --seed {args.seed} --write-doc",
                       f"{line}\n\n```json\n{json.dumps(record)}\n```\n")  # fmt: skip
     ok = kill["identical"] == kill["tried"] and hostile["clean"] == hostile["tried"] and engine["identical"]
+    ok = ok and folders["clean"] == folders["tried"]
     return 0 if ok else 1
 
 

@@ -79,12 +79,13 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     from satrl.models.loading import PolicyLoadError
     from satrl.pipeline.progress import train_with_progress
+    from satrl.pipeline.rundir import RunDirError
     from satrl.tasks import TaskError
     from satrl.training.checkpoint import CheckpointError
 
     try:
         summary = train_with_progress(cfg, resume=bool(args.resume), progress=not args.no_progress)
-    except (TaskError, PolicyLoadError, CheckpointError, FileExistsError) as err:  # bad input: one line, exit 2
+    except (TaskError, PolicyLoadError, CheckpointError, FileExistsError, RunDirError) as err:  # bad input: one line, exit 2
         print(f"satrl train: {_first_line(err)}", file=sys.stderr)
         return 2
     except OSError as err:

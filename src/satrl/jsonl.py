@@ -54,6 +54,26 @@ def read_jsonl(path: str | Path, null_as_nan: bool = False) -> list[dict[str, An
     return rows
 
 
+def numbered_rows(path: str | Path) -> list[tuple[int, dict[str, Any] | None]]:
+    """``(line number, row)`` for each non-blank line of a plain ``.jsonl`` file, row None where the line is
+    not a JSON object: for a reader that must tell a torn last line (a kill mid-append) from damage inside
+    the file, which :func:`read_jsonl` skips alike."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out: list[tuple[int, dict[str, Any] | None]] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            out.append((n, row if isinstance(row, dict) else None))
+    return out
+
+
 def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
     """Replace ``path`` with ``rows`` atomically (a temporary file renamed into place)."""
     path = Path(path)

@@ -351,3 +351,65 @@ def test_git_commit_is_the_code_checkout_not_the_cwd(tmp_path, monkeypatch):
         changed = subprocess.run(["git", "status", "--porcelain", "-uno", "--", "."], cwd=src, capture_output=True,
                                  text=True).stdout.strip()  # fmt: skip
         assert commit.endswith("+dirty") == bool(changed)
+
+
+def test_edited_grid_refuses_to_mix_old_and_new_runs(tmp_path, fake_trainer, capsys):
+    """Issue 26, item 5: a grid rerun into the same --out with other settings neither skips the old runs as
+    done nor rewrites grid.yaml to describe settings they lack; --rerun-changed moves them aside and reruns."""
+    import argparse
+
+    command, log = fake_trainer
+    grid = RUNNER_GRID.replace("      bad: {fail: true}\n", "")
+    out, env = tmp_path / "out", {"FAKE_LOG": str(log)}
+    assert run_grid_spec(load_grid(_write(tmp_path, grid)), out, command_fn=command, progress=False, env=env).exit_code == 0
+    recorded = (out / "grid.yaml").read_text()
+    edited = _write(tmp_path, grid.replace("steps: 6", "steps: 8").replace("a: {offset: 0.3}", "a: {offset: 0.5}"),
+                    name="edited.yaml")  # fmt: skip
+    with pytest.raises(grid_mod.GridChangedError, match=r"steps: 6 -> 8; offset: 0.3 -> 0.5"):
+        run_grid_spec(load_grid(edited), out, command_fn=command, progress=False, env=env)
+    assert (out / "grid.yaml").read_text() == recorded and len(read_log(log)) == 4  # nothing ran, nothing rewritten
+
+    parser = argparse.ArgumentParser()
+    grid_mod.add_grid_args(parser)
+    for extra in ([], ["--dry-run"]):  # the CLI: one line, exit 2, naming what changed and how to go on
+        capsys.readouterr()
+        assert grid_mod.run_grid(parser.parse_args([str(edited), "--out", str(out), *extra])) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "steps: 6 -> 8" in err[0] and "--rerun-changed" in err[0] and "new --out" in err[0]
+    assert grid_mod.run_grid(parser.parse_args([str(edited), "--out", str(out), "--dry-run", "--rerun-changed"])) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert len(shown) == 4 and all(x.startswith("[new] ") for x in shown) and (out / "a/lag2/seed0").exists()
+
+    more_seeds = _write(tmp_path, grid.replace("seeds: 2", "seeds: 3"), name="more.yaml")  # more seeds change no run: allowed
+    res = run_grid_spec(load_grid(more_seeds), out, command_fn=command, progress=False, env=env)
+    assert res.names("finished") == ["a/lag2/seed2", "b/lag2/seed2"] and len(res.names("skipped")) == 4
+    run_grid_spec(load_grid(_write(tmp_path, grid)), out, command_fn=command, progress=False, env=env)
+    assert yaml.safe_load((out / "grid.yaml").read_text())["seeds"] == 3  # grid.yaml still covers seed 2
+
+    res = run_grid_spec(load_grid(edited), out, command_fn=command, progress=False, env=env, rerun_changed=True)
+    assert res.exit_code == 0 and len(res.names("finished")) == 4
+    assert len(read_log(out / "a/lag2/seed0/metrics.jsonl")) == 8 and yaml.safe_load((out / "grid.yaml").read_text())["steps"] == 8
+    assert not (out / "a/lag2/seed2").exists()  # beyond this call's seeds, but changed: moved too, not left to lie
+    (moved,) = (out / ".replaced").iterdir()
+    assert len(read_log(moved / "a/lag2/seed2/metrics.jsonl")) == 6  # the old runs are kept, out of the grid
+
+
+def test_grid_changes_are_judged_on_what_each_run_recorded(tmp_path):
+    """A pinned default or a reformatted value is no change (the run's config.yaml says what it ran with); a
+    changed value is; and every committed grid still continues its committed runs (README: rerun continues)."""
+    from satrl.experiments.changes import changed_runs
+
+    spec = load_grid(_write(tmp_path, "base: base.yaml\nlags: [2]\nseeds: 1\nsteps: 4\ncells: {a: {train.lr: 1e-5}}\n"))
+    out = tmp_path / "out"
+    run = out / "a/lag2/seed0"
+    run.mkdir(parents=True)
+    (out / "grid.yaml").write_text(grid_mod.spec_to_yaml(spec, 1))
+    (run / "config.yaml").write_text("steps: 4\ntrain: {lr: 1.0e-05, minibatches: 4}\neval: {k: 8}\n")
+    (run / "summary.json").write_text('{"status": "finished"}')
+    pinned = "base: base.yaml\nlags: [2]\nseeds: 1\nsteps: 4\ncells: {a: {train.lr: 0.00001, train.minibatches: 4, eval.new_key: 1}}\n"
+    assert changed_runs(load_grid(_write(tmp_path, pinned, "pinned.yaml")), out, None)[:2] == ([], [])
+    edited = load_grid(_write(tmp_path, pinned.replace("minibatches: 4", "minibatches: 2"), "edited.yaml"))
+    assert changed_runs(edited, out, None)[1] == ["train.minibatches: 4 -> 2"]
+    for results in sorted((REPO / "docs/results").glob("*/grid.yaml")):
+        spec = load_grid(REPO / "configs/grids" / f"{results.parent.name}.yaml")
+        assert changed_runs(spec, results.parent, None)[1] == [], results.parent.name

@@ -5,6 +5,8 @@ writing a run directory (layout: docs/metrics.md; its state: `status.run_status`
 
 Resumability: a run with a valid summary.json is skipped; a run with a non-empty checkpoints/
 folder but no valid summary is restarted with `--resume RUN_DIR`; anything else starts fresh.
+A rerun whose settings differ from those of the runs already in `--out` (its grid.yaml) refuses to mix
+them (GridChangedError) unless told `--rerun-changed`, which moves those runs to `--out/.replaced/`.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from satrl.experiments.changes import GridChangedError, changed_runs, guard_changes
 from satrl.experiments.spec import GridSpec, Run, expand, load_grid, render_value, select, spec_to_yaml
 from satrl.experiments.status import has_checkpoint, run_status
 from satrl.provenance import cpu_kind, git_commit
 
-__all__ = ["GridResult", "GridSpec", "Run", "add_grid_args", "default_command", "expand", "load_grid",
-           "render_value", "run_grid", "run_grid_spec", "thread_env"]  # fmt: skip
+__all__ = ["GridChangedError", "GridResult", "GridSpec", "Run", "add_grid_args", "default_command", "expand",
+           "load_grid", "render_value", "run_grid", "run_grid_spec", "thread_env"]  # fmt: skip
 
 
 def default_command(run: Run, resume: bool) -> list[str]:
@@ -276,12 +279,14 @@ def run_grid_spec(
     env: dict[str, str] | None = None,
     poll_s: float = 0.2,
     only: list[str] | None = None,
+    rerun_changed: bool = False,
 ) -> GridResult:
     """Run every run of the grid not yet finished, `workers` at a time. Returns a GridResult.
 
     command_fn(run, resume) gives the child's argv. progress: rich live line (default: if stderr
     is a terminal), else one line per finished run. only: shell patterns over run names (see `select`). Ctrl-C / SIGTERM stop the children (SIGTERM, then
     SIGKILL after 10 s), mark them 'interrupted', and return with result.interrupted = True.
+    Runs in ``out`` made with other settings raise GridChangedError (see ``changes.guard_changes``).
     """
     from rich.console import Console
     from rich.live import Live
@@ -295,7 +300,7 @@ def run_grid_spec(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     n_seeds = seeds or spec.seeds
-    (out / "grid.yaml").write_text(spec_to_yaml(spec, n_seeds))
+    (out / "grid.yaml").write_text(spec_to_yaml(spec, guard_changes(spec, out, seeds, rerun_changed)))
     full_env = {**os.environ, **thread_env(workers, threads), **(env or {})}
     runs = thread_capped(select(expand(spec, out, n_seeds), only), workers, threads)
     progress = sys.stderr.isatty() if progress is None else progress
@@ -365,6 +370,11 @@ def add_grid_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="print each run's command and state, run nothing"
     )
+    parser.add_argument(
+        "--rerun-changed", action="store_true",
+        help="runs in --out made with other settings than the grid's now are moved to --out/.replaced/ and run "
+        "again (without it, such a rerun stops with what changed)",
+    )  # fmt: skip
 
 
 def run_grid(args: argparse.Namespace) -> int:
@@ -374,10 +384,16 @@ def run_grid(args: argparse.Namespace) -> int:
         print(f"satrl grid: {e}", file=sys.stderr)
         return 2
     out = Path(args.out or Path("runs") / spec.name)
+    try:
+        guard_changes(spec, out, args.seeds, args.rerun_changed, dry_run=True)
+    except GridChangedError as e:
+        print(f"satrl grid: {e}", file=sys.stderr)
+        return 2
     if args.dry_run:
+        changed = {r.name for r in changed_runs(spec, out, args.seeds)[0]}  # --rerun-changed: they start over
         for run in thread_capped(select(expand(spec, out, args.seeds), args.only), args.workers, args.threads):
-            state = run_status(run.run_dir)
-            cmd = default_command(run, state != "finished" and has_checkpoint(run.run_dir))
+            state = "new" if run.name in changed else run_status(run.run_dir)
+            cmd = default_command(run, state != "new" and state != "finished" and has_checkpoint(run.run_dir))
             missing = "" if run.base.exists() else "  # base config missing!"
             print(f"[{'skip' if state == 'finished' else state}] {run.name}: {' '.join(cmd)}{missing}")
         return 0
@@ -385,5 +401,6 @@ def run_grid(args: argparse.Namespace) -> int:
     if not runs:
         print(f"satrl grid: --only {' '.join(args.only or [])} matches no run of {args.grid}", file=sys.stderr)
         return 2
-    result = run_grid_spec(spec, out, args.seeds, args.workers, threads=args.threads, only=args.only)
+    result = run_grid_spec(spec, out, args.seeds, args.workers, threads=args.threads, only=args.only,
+                           rerun_changed=args.rerun_changed)  # fmt: skip
     return result.exit_code

@@ -17,7 +17,7 @@ from satrl.config import RunConfig
 from satrl.engines.registry import pad_id
 from satrl.pipeline.backends import make_backend
 from satrl.pipeline.buffer import SnapshotStore, collate
-from satrl.pipeline.rundir import batch_metrics
+from satrl.pipeline.rundir import RunDir, RunDirError, batch_metrics
 from satrl.pipeline.schedules import Schedule, make_schedule
 from satrl.pipeline.setup import backend_options, build_evaluator, build_run_dir, build_trainer, worker_spec
 from satrl.pipeline.worker import RolloutRequest, WorkerSpec
@@ -26,10 +26,18 @@ from satrl.tasks import make_task
 
 
 def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, dict | None], None] | None = None) -> dict:
-    """Run (or resume) one training run; returns its summary (also written to ``summary.json``)."""
+    """Run (or resume) one training run; returns its summary (also written to ``summary.json``). The run
+    directory is locked against other processes until this returns or raises."""
+    run = build_run_dir(cfg, resume=resume)
+    try:
+        return _train(cfg, run, resume, on_step)
+    finally:
+        run.release()
+
+
+def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
     torch.set_num_threads(cfg.trainer_threads)  # a grid caps it with train.max_threads (W x threads <= cores)
     torch.manual_seed(cfg.seed)
-    run = build_run_dir(cfg, resume=resume)
     task = make_task(cfg.task.name, **cfg.task.kwargs)  # here too, so bad data fails before any engine starts
     run.skipped_rows = len(getattr(task, "skipped", ()))
     trainer, tokenizer = build_trainer(cfg)
@@ -37,8 +45,13 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
     S, P = cfg.steps_per_batch, cfg.train.prompts_per_batch
     n_batches = math.ceil(cfg.steps / S)
     sched = make_schedule(cfg.lag.schedule, S, cfg.lag.n, cfg.lag.max_staleness, cfg.seed)
-    store = SnapshotStore(lambda b: _versions(sched, b, P) if b < n_batches else set(), _horizon(sched))
+    # Batches past the last one count too: the last checkpoint keeps the weights an extension needs
+    # (`satrl train --resume DIR steps=<more>`); the runs themselves are unchanged.
+    store = SnapshotStore(lambda b: _versions(sched, b, P), _horizon(sched))
     state = run.restore(trainer, store) if resume else run.fresh(trainer, store)
+    if resume:
+        _check_continuable(sched, store, state, trainer.version, cfg.steps, n_batches, P)
+        run.save_config()  # only now: a setting that cannot continue leaves config.yaml as it was
     record_session(run.path, trainer.version, cfg.trainer_threads)  # environment.json: code and machine kind
     evaluator = build_evaluator(cfg, tokenizer, task)
     evaluator.prepare()
@@ -73,7 +86,7 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
                 run.checkpoint(trainer, store, state)
     finally:
         backend.close()
-    return run.finish()
+    return run.finish(trainer.version)
 
 
 def _push_weights(backend, sched, store, state, trainer, b: int, n_batches: int, P: int) -> None:
@@ -112,6 +125,24 @@ def _submit_ready(backend, sched, store, state, version: int, b_now: int, n_batc
                 raise RuntimeError(f"weights of version(s) {missing} needed by batch {b} were not kept")
             backend.submit(RolloutRequest(b, versions, states))
         state.next_submit += 1
+
+
+def _check_continuable(sched, store, state, version: int, steps: int, n_batches: int, P: int) -> None:
+    """Raise RunDirError (one line) if a resumed run cannot go on to ``steps`` (e.g. a changed ``steps=``)."""
+    S, again = sched.steps_per_batch, f"resume with steps={version}, or start a new run for steps={steps}"
+    if version > steps:
+        raise RunDirError(f"steps={steps}: the run is already at step {version}; {again}")
+    if version < steps and state.next_batch * S != version:
+        raise RunDirError(f"steps={steps}: the run ended inside batch {state.next_batch - 1} (its steps are not a "
+                          f"multiple of the {S} optimizer steps per batch), so it cannot be extended; {again}")  # fmt: skip
+    for b in range(state.next_submit, min(n_batches, state.next_batch + _horizon(sched) + 1)):
+        versions = {sched.version(b, g) for g in range(P)}
+        if max(versions) > version:
+            return
+        missing = sorted(v for v in versions if store.get(v) is None)
+        if b not in state.ready and missing:
+            raise RunDirError(f"steps={steps}: the weights of version(s) {missing} that batch {b} is generated with "
+                              f"were not kept by the run's last checkpoint; {again}")  # fmt: skip
 
 
 def _drop_stale(sched: Schedule, samples: list, b: int) -> tuple[list, int]:

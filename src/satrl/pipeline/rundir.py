@@ -6,8 +6,10 @@ the logs of a killed-and-resumed run equal those of an uninterrupted one.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,7 +22,7 @@ from satrl import faults
 from satrl.config import ConfigError, RunConfig, load_config
 from satrl.diagnostics import summarize_run
 from satrl.diagnostics.collapse import CollapseConfig
-from satrl.jsonl import append_jsonl, dumps, read_jsonl, strict, write_jsonl
+from satrl.jsonl import append_jsonl, dumps, numbered_rows, read_jsonl, strict, write_jsonl
 from satrl.pipeline.buffer import SnapshotStore
 from satrl.training import checkpoint as ckpt
 from satrl.types import Batch, Sample, SamplingParams
@@ -35,6 +37,56 @@ class RunState:
     ready: dict[int, list[Sample]] = field(default_factory=dict)  # generated, not yet trained
     best: float = -math.inf
     best_step: int | None = None
+
+
+class RunDirError(ValueError):
+    """A run directory that must not be written, resumed or summarized as it is: one line naming the folder
+    or file:line and how to go on (``satrl train`` exits 2)."""
+
+
+LOCK = ".satrl.lock"  # held (flock) by the process training in the folder; the kernel drops it when that dies
+# What satrl writes into a run directory (and the grid runner's stdout.log / error.txt); anything else is the user's.
+OWN = {"config.yaml", "metrics.jsonl", "eval.jsonl", "summary.json", "environment.json", "checkpoints", "tb",
+       "stdout.log", "error.txt", LOCK}  # fmt: skip
+
+
+def _foreign(path: Path, config: dict) -> str | None:
+    """Why a fresh run must not write into ``path`` (an existing folder), or None. A folder qualifies when
+    it is empty, holds only what satrl writes, and any config.yaml in it is a resolved satrl config: a user's
+    own config.yaml, eval.jsonl or summary.json is never overwritten."""
+    names = sorted(p.name for p in path.iterdir() if p.name.removesuffix(".tmp") not in OWN)
+    if names:
+        return f"holds files satrl did not write ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+    cfg = path / "config.yaml"
+    if cfg.is_file():
+        try:
+            saved = yaml.safe_load(cfg.read_text())
+        except (OSError, yaml.YAMLError):
+            saved = None
+        # every top-level key (two may be newer than the satrl that wrote it): a user's config sets a few
+        if not isinstance(saved, dict) or not set(saved) <= set(config) or len(saved) < len(config) - 2:
+            return "holds a config.yaml that is not a satrl run's resolved config"
+    elif any(p.name not in ("stdout.log", "error.txt", LOCK) for p in path.iterdir()):
+        return "holds run files but no config.yaml of a satrl run"
+    return None
+
+
+def _lock(path: Path):
+    """Hold ``path/.satrl.lock`` (flock) for this process; a second process gets a RunDirError naming the
+    holder's pid. A killed holder's lock goes with it, so a stale file never blocks."""
+    f = open(path / LOCK, "a+")  # noqa: SIM115 (held until release())
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        pid = f.read().strip() or "?"
+        f.close()
+        raise RunDirError(f"{path} is in use: satrl process {pid} is training in it; wait for it to end "
+                          f"(or stop it), then run again") from None  # fmt: skip
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 def _append_text(path: Path, text: str) -> None:
@@ -66,24 +118,43 @@ class RunDir:
         collapse: the collapse rules of the end-of-run summary.
         warmup_steps: optimizer steps the summary's collapse rule skips (one rollout batch).
         resume: continue the run in ``path`` instead of refusing a directory that holds one.
+
+    A fresh run refuses a folder that holds anything but satrl's own files; the folder is locked while the
+    process trains in it (:meth:`release`). A resumed run writes ``config.yaml`` only once the loop has
+    checked that its settings can continue (:meth:`save_config`), so a refused change destroys nothing.
     """
 
     def __init__(
         self, path: Path, config: dict, *, collapse: CollapseConfig, warmup_steps: int, resume: bool = False
     ) -> None:
         self.path, self.collapse, self.warmup_steps = Path(path), collapse, warmup_steps
-        self.ckpt_dir = self.path / "checkpoints"
+        self.ckpt_dir, self.config = self.path / "checkpoints", config
         if not resume and (self.path / "metrics.jsonl").exists():
             raise FileExistsError(f"{self.path} already holds a run; resume it with --resume {self.path} or pick out=")
+        why = _foreign(self.path, config) if not resume and self.path.is_dir() else None
+        if why:
+            raise RunDirError(f"out={self.path} {why}; a run is written only into a new or empty folder or its "
+                              "own run directory: choose another out=")  # fmt: skip
         self.path.mkdir(parents=True, exist_ok=True)
-        tmp = self.path / "config.yaml.tmp"  # atomic: a killed run never leaves a torn config.yaml
-        tmp.write_text(yaml.safe_dump(config, sort_keys=False))
-        tmp.replace(self.path / "config.yaml")
+        self._held = _lock(self.path)
+        if not resume:
+            self.save_config()
         self.t0 = time.perf_counter()
         self.wall_before = 0.0
         self.state = RunState()
         self.skipped_rows = 0  # malformed dataset rows the task skipped (summary.json: data/skipped_rows)
         self.tb = _tensorboard(self.path / "tb")
+
+    def save_config(self) -> None:
+        tmp = self.path / "config.yaml.tmp"  # atomic: a killed run never leaves a torn config.yaml
+        tmp.write_text(yaml.safe_dump(self.config, sort_keys=False))
+        tmp.replace(self.path / "config.yaml")
+
+    def release(self) -> None:
+        """Let another process train in this folder (the lock also goes when this process dies)."""
+        if self._held is not None:
+            self._held.close()
+            self._held = None
 
     @staticmethod
     def config_of(path: str | Path, overrides: list[str] = ()) -> RunConfig:
@@ -113,11 +184,30 @@ class RunDir:
         # Batches submitted to the dead backend but not saved as ready must be submitted again.
         self.state.next_submit = self.state.next_batch
         self.wall_before = state["wall_s"]
+        if trainer.version in store.wanted(self.state.next_batch) and trainer.version not in store.states:
+            store.states[trainer.version] = trainer.weights()  # the checkpoint's own weights, if a batch needs them
         step = trainer.version  # drop log lines written after the checkpoint: they will be redone
-        for name in ("metrics.jsonl", "eval.jsonl"):  # a torn last line (killed mid-append) goes too
-            rows = read_jsonl(self.path / name)
-            write_jsonl(self.path / name, [r for r in rows if isinstance(r.get("step"), int) and r["step"] <= step])
+        for name in ("metrics.jsonl", "eval.jsonl"):
+            write_jsonl(self.path / name, self._rows_upto(name, step))
         return self.state
+
+    def _rows_upto(self, name: str, step: int) -> list[dict]:
+        """The rows of log ``name`` up to ``step``. A torn last line (killed mid-append) is dropped with a
+        warning; damage anywhere else, or a metrics step missing, raises RunDirError: rewriting the log would
+        lose rows silently."""
+        path, numbered = self.path / name, numbered_rows(self.path / name)
+        for i, (n, row) in enumerate(numbered):
+            if row is not None and isinstance(row.get("step"), int):
+                continue
+            if i + 1 < len(numbered):
+                raise RunDirError(f"{path}:{n}: damaged line inside the log (not a JSON row with a step); resuming "
+                                  "would drop the rows after it: repair or restore that line, then resume again")  # fmt: skip
+            print(f"satrl: {path}:{n}: torn last line (killed while writing it) dropped; its step is redone",
+                  file=sys.stderr)  # fmt: skip
+        kept = [(n, r) for n, r in numbered if r is not None and isinstance(r.get("step"), int) and r["step"] <= step]
+        if name == "metrics.jsonl":
+            _check_steps(path, kept, step)
+        return [r for _, r in kept]
 
     # -- during ------------------------------------------------------------------------------------
     def wall(self) -> float:
@@ -160,9 +250,11 @@ class RunDir:
             ckpt.mark_best(self.ckpt_dir, name)
 
     # -- end ---------------------------------------------------------------------------------------
-    def finish(self) -> dict:
+    def finish(self, last_step: int) -> dict:
         if self.tb is not None:
             self.tb.close()
+        numbered = numbered_rows(self.path / "metrics.jsonl")  # never summarize a gappy log
+        _check_steps(self.path / "metrics.jsonl", [(n, r or {}) for n, r in numbered], last_step)
         summary = summarize_run(
             read_jsonl(self.path / "metrics.jsonl", null_as_nan=True),
             read_jsonl(self.path / "eval.jsonl", null_as_nan=True),
@@ -176,6 +268,18 @@ class RunDir:
         tmp.write_text(json.dumps(strict(summary), indent=2, allow_nan=False) + "\n")
         tmp.replace(self.path / "summary.json")
         return summary
+
+
+def _check_steps(path: Path, numbered: list[tuple[int, dict]], last: int) -> None:
+    """Raise RunDirError unless the rows are exactly steps 1..last, one per optimizer step, in order."""
+    for want, (n, row) in enumerate(numbered, 1):
+        if row.get("step") != want:
+            raise RunDirError(f"{path}:{n}: step {row.get('step')} where step {want} belongs (rows missing or out "
+                              "of order); restore the log, or start the run again with a new out=")  # fmt: skip
+    if len(numbered) != last:
+        where = f"{path}:{numbered[-1][0]}" if numbered else str(path)
+        raise RunDirError(f"{where}: the log ends at step {len(numbered)} but the run is at step {last} (rows "
+                          "missing); restore the log, or start the run again with a new out=")  # fmt: skip
 
 
 class Evaluator:

@@ -1,0 +1,147 @@
+"""One test per run-folder defect of issue 26 (each failed before its fix): a damaged metrics line inside the
+log (1), extending a finished run (3), out= an ordinary folder (6), two processes in one run folder (9)."""
+
+import fcntl
+import os
+import subprocess
+import sys
+
+import pytest
+
+from run_helpers import REPO, read_jsonl, stable
+from satrl.pipeline.orchestrator import train
+from satrl.pipeline.rundir import RunDir, RunDirError
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+LAGGED = ("lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=5")
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "satrl", "train", *args, "--no-progress"], env=ENV,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def _one_line(r, code: int = 2) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == code and len(lines) == 1, r.stderr[-3000:]
+    return lines[0]
+
+
+# -- 1: a line damaged inside metrics.jsonl stops the resume; summary.json never comes from a gappy log ------
+@pytest.mark.parametrize("damage", ["cut", "deleted"])
+def test_damaged_metrics_line_stops_resume(run_tiny, damage):
+    out = run_tiny("steps=4", name=damage)
+    (out / "summary.json").unlink()
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines[1] = lines[1][:30] + "\n" if damage == "cut" else ""
+    (out / "metrics.jsonl").write_text("".join(lines))
+    before = (out / "metrics.jsonl").read_bytes()
+    with pytest.raises(RunDirError, match=r"metrics\.jsonl:2: ") as err:
+        run_tiny("steps=4", name=damage, resume=True)
+    assert "resum" in str(err.value) or "restore" in str(err.value)  # says how to go on
+    assert (out / "metrics.jsonl").read_bytes() == before and not (out / "summary.json").exists()
+
+
+def test_damaged_line_is_one_line_exit_2(run_tiny):
+    out = run_tiny("steps=2")
+    (out / "summary.json").unlink()
+    text = (out / "eval.jsonl").read_text()
+    (out / "eval.jsonl").write_text('{"step": 0, "avg_at\n' + text)  # damage in eval.jsonl, not at its end
+    line = _one_line(_cli("--resume", str(out)))
+    assert f"{out / 'eval.jsonl'}:1:" in line and "satrl train: " in line
+
+
+def test_torn_last_line_is_dropped_with_a_warning(run_tiny, capsys):
+    ref = run_tiny("steps=4", name="ref")
+    out = run_tiny("steps=4", name="torn")
+    (out / "summary.json").unlink()
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "train/rew')  # the kill came mid-append
+    capsys.readouterr()
+    run_tiny("steps=4", name="torn", resume=True)
+    assert f"{out / 'metrics.jsonl'}:5: torn last line" in capsys.readouterr().err
+    assert stable(read_jsonl(out / "metrics.jsonl")) == stable(read_jsonl(ref / "metrics.jsonl"))
+
+
+def test_summary_refuses_a_gappy_log(run_tiny, tiny_cfg):
+    out = run_tiny("steps=2")
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (out / "metrics.jsonl").write_text(lines[1])  # step 1 gone
+    run = RunDir(out, tiny_cfg("steps=2").model_dump(mode="json"), collapse=tiny_cfg().collapse, warmup_steps=2,
+                 resume=True)  # fmt: skip
+    try:
+        with pytest.raises(RunDirError, match=r"metrics\.jsonl:1: step 2 where step 1 belongs"):
+            run.finish(2)
+    finally:
+        run.release()
+
+
+# -- 3: extending a finished run ----------------------------------------------------------------------
+def test_extend_finished_run_equals_a_longer_run(run_tiny):
+    ref = run_tiny("steps=6", *LAGGED, name="ref")
+    out = run_tiny("steps=4", *LAGGED, name="ext")
+    train(RunDir.config_of(out, ["steps=6"]), resume=True)
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == list(range(1, 7))
+    assert stable(read_jsonl(out / "metrics.jsonl")) == stable(read_jsonl(ref / "metrics.jsonl"))
+    assert "steps: 6" in (out / "config.yaml").read_text()
+
+
+def test_refused_extension_leaves_config_yaml(run_tiny):
+    out = run_tiny("steps=3", *LAGGED)  # 2 optimizer steps per batch: the run ends inside its second batch
+    config = (out / "config.yaml").read_text()
+    line = _one_line(_cli("--resume", str(out), "steps=6"))
+    assert "steps=6" in line and "resume with steps=3" in line
+    assert (out / "config.yaml").read_text() == config
+    assert _cli("--resume", str(out)).returncode == 0  # a plain resume still works
+
+
+def test_extension_without_the_weights_it_needs_is_refused(run_tiny, monkeypatch):
+    """A run made before its last checkpoint kept the weights of later batches: one line, config.yaml kept."""
+    from satrl.pipeline import orchestrator
+
+    versions = orchestrator._versions
+    monkeypatch.setattr(orchestrator, "_versions", lambda sched, b, P: versions(sched, b, P) if b < 2 else set())
+    out = run_tiny("steps=4", *LAGGED)
+    monkeypatch.setattr(orchestrator, "_versions", versions)
+    config = (out / "config.yaml").read_text()
+    with pytest.raises(RunDirError, match=r"steps=6: the weights of version\(s\) \[2\] .* resume with steps=4"):
+        train(RunDir.config_of(out, ["steps=6"]), resume=True)
+    assert (out / "config.yaml").read_text() == config
+    train(RunDir.config_of(out), resume=True)  # a plain resume still works
+
+
+# -- 6: out= an ordinary folder -----------------------------------------------------------------------------
+@pytest.mark.parametrize("files", [{"notes.txt": "mine"}, {"config.yaml": "steps: 3\n", "summary.json": "{}"}])
+def test_out_is_an_ordinary_folder(tmp_path, files):
+    for name, text in files.items():
+        (tmp_path / "mine" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "mine" / name).write_text(text)
+    line = _one_line(_cli("steps=2", f"out={tmp_path / 'mine'}", timeout=120))
+    assert f"out={tmp_path / 'mine'}" in line and "choose another out=" in line
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == sorted(files)
+    assert all((tmp_path / "mine" / n).read_text() == t for n, t in files.items())
+
+
+def test_out_folder_of_a_run_killed_at_startup_is_reused(run_tiny, tiny_cfg):
+    out = run_tiny("steps=2")
+    for name in ("metrics.jsonl", "eval.jsonl", "summary.json"):
+        (out / name).unlink()  # left: config.yaml, environment.json, checkpoints/, the lock file
+    (out / "stdout.log").write_text("=== satrl grid ...\n")  # what the grid runner writes before the run
+    train(tiny_cfg("steps=2"))
+    assert len(read_jsonl(out / "metrics.jsonl")) == 2
+
+
+# -- 9: one process per run folder ----------------------------------------------------------------------
+def test_run_folder_is_locked_while_training(run_tiny):
+    out = run_tiny("steps=2")
+    (out / "summary.json").unlink()
+    with open(out / ".satrl.lock", "a+") as held:  # another process trains in it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.truncate(0)
+        held.write("424242\n")
+        held.flush()
+        line = _one_line(_cli("--resume", str(out), timeout=120))
+        assert "424242" in line and str(out) in line
+        assert not (out / "summary.json").exists()
+    assert _cli("--resume", str(out)).returncode == 0  # released (or its holder killed): no stale lock
+    assert (out / "summary.json").exists()
