@@ -44,7 +44,7 @@ def train_check(device: str, model: str, steps: int, out: Path) -> dict:
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return {
         "model": model, "steps": len(rows), "wall_s": wall,
-        "d_pi_step1": rows[0]["obj/d_pi"], "gate_rate": statistics.mean(r.get("obj/gate_rate", 0.0) for r in rows),
+        "d_pi_step1": rows[0]["mismatch/d_pi"], "gate_rate": statistics.mean(r.get("obj/gate_rate", 0.0) for r in rows),
         "finite": all(torch.isfinite(torch.tensor(r["loss"])) for r in rows),
         "final_avg_at_k": json.loads((out / "summary.json").read_text())["final_avg_at_k"],
     }  # fmt: skip

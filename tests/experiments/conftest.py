@@ -40,7 +40,7 @@ FAKE_TRAINER = textwrap.dedent(
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "metrics.jsonl", "w") as f:
         for s in range(1, steps + 1):
-            row = {"step": s, "obj/d_pi": 0.01 + 0.001 * seed + 0.0001 * s, "obj/clipfrac": 0.05 * lag / 8,
+            row = {"step": s, "mismatch/d_pi": 0.01 + 0.001 * seed + 0.0001 * s, "obj/clipfrac": 0.05 * lag / 8,
                    f"bylag/{1 + s % max(lag, 1)}/clipfrac": 0.01 * (1 + s % max(lag, 1))}
             if sat:
                 row.update({"obj/gate_rate": 0.1, "obj/q": 0.02, "obj/eps_low_mean": 0.15,

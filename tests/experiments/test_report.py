@@ -75,9 +75,9 @@ def test_report_without_sat_or_baseline_skips_figures(tmp_path, make_run):
     out = tmp_path / "out"
     for s, (x, y) in enumerate([(0.30, 0.31), (0.34, 0.33), (0.32, 0.36)]):
         make_run(out, "grpo", 8, s, {"best_avg_at_k": x, "final_avg_at_k": x, "d_pi_last25": 0.01},
-                 metrics=[{"step": 1, "obj/d_pi": 0.01}], evals=[{"step": 1, "avg_at_k": x, "k": 8}])  # fmt: skip
+                 metrics=[{"step": 1, "mismatch/d_pi": 0.01}], evals=[{"step": 1, "avg_at_k": x, "k": 8}])  # fmt: skip
         make_run(out, "gspo", 8, s, {"best_avg_at_k": y, "final_avg_at_k": y, "d_pi_last25": 0.02},
-                 metrics=[{"step": 1, "obj/d_pi": 0.02}], evals=[{"step": 1, "avg_at_k": y, "k": 8}])  # fmt: skip
+                 metrics=[{"step": 1, "mismatch/d_pi": 0.02}], evals=[{"step": 1, "avg_at_k": y, "k": 8}])  # fmt: skip
     md = build_report(out, n_resamples=2000).read_text()
     assert "Skipped: no SAT cells" in md and "Skipped: no `bylag/<k>/...` keys" in md
     assert "## Exploratory" not in md and "## Declared hypotheses" not in md

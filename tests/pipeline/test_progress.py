@@ -18,7 +18,7 @@ class Clock:
         return self.t
 
 
-ROW = {"train/reward": 0.5, "lag/mean": 2.0, "obj/d_pi": 0.0123, "obj/gate_rate": 0.25}
+ROW = {"train/reward": 0.5, "lag/mean": 2.0, "mismatch/d_pi": 0.0123, "obj/gate_rate": 0.25}
 
 
 def _log(total: int, steps, every=None, seconds=60.0, dt=1.0) -> list[str]:

@@ -157,7 +157,7 @@ def summarize_run(
 
     Returns a JSON-ready dict (Python floats/ints/None; every field None when there is nothing to compute
     it from): the endpoints of :func:`_endpoints`, the collapse fields of :func:`_collapse`,
-    ``lag_realized`` (:func:`realized_lag`), ``d_pi_last25`` (mean ``obj/d_pi`` over the last ceil(25 %)
+    ``lag_realized`` (:func:`realized_lag`), ``d_pi_last25`` (mean ``mismatch/d_pi`` over the last ceil(25 %)
     of steps), ``gate_rate_mean`` (None for non-SAT runs), ``steps`` (last step logged, 0 for none) and
     ``summary_version``.
     """
@@ -165,7 +165,7 @@ def summarize_run(
     evals = _dedupe_by_step(eval_rows)
     last_step = rows[-1]["step"] if rows else (evals[-1]["step"] if evals else 0)
     tail = rows[len(rows) - math.ceil(len(rows) / 4) :] if rows else []
-    d_pi = [float(row["obj/d_pi"]) for row in tail if _is_number(row.get("obj/d_pi"))]
+    d_pi = [float(row["mismatch/d_pi"]) for row in tail if _is_number(row.get("mismatch/d_pi"))]
     gate = [float(row["obj/gate_rate"]) for row in rows if _is_number(row.get("obj/gate_rate"))]
     return {
         **_endpoints(evals, last_step),

@@ -56,10 +56,6 @@ def fmt_ci(mean: float, lo: float, hi: float, fmt: str = "{:.1f}", scale: float 
     return f"{_f(mean, fmt, scale)} ± {_f((hi - lo) / 2, fmt, scale)} [{_f(lo, fmt, scale)}, {_f(hi, fmt, scale)}]"
 
 
-def _pct(x: float) -> str:
-    return _f(x, "{:+.1f}", PCT)
-
-
 def endpoints(res: GridResults) -> dict[str, tuple[str, str]]:
     """Which summary keys the report uses, with their names: the primary endpoint (late-window test mean,
     no selection), the val-selected best on test, and the final test score. Runs made before the val/test

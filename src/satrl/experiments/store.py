@@ -40,7 +40,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
-class RunDir:
+class GridRun:
+    """Where one run of a grid lies: ``<out>/<cell>/lag<lag>/seed<seed>`` (a live grid folder or packed results).
+    Not :class:`satrl.pipeline.rundir.RunDir`, which writes a run's files while it trains."""
+
     cell: str
     lag: int
     seed: int
@@ -51,13 +54,13 @@ class RunDir:
         return f"{self.cell}/lag{self.lag}/seed{self.seed}"
 
 
-def find_runs(out_dir: str | Path) -> list[RunDir]:
+def find_runs(out_dir: str | Path) -> list[GridRun]:
     """Every `<cell>/lag<n>/seed<s>` folder under out_dir, sorted by (cell, lag, seed)."""
     found = []
     for p in Path(out_dir).glob("*/lag*/seed*"):
         lag_m, seed_m = _RUN_RE[0].match(p.parent.name), _RUN_RE[1].match(p.name)
         if p.is_dir() and lag_m and seed_m:
-            found.append(RunDir(p.parent.parent.name, int(lag_m.group(1)), int(seed_m.group(1)), p))
+            found.append(GridRun(p.parent.parent.name, int(lag_m.group(1)), int(seed_m.group(1)), p))
     return sorted(found, key=lambda r: (r.cell, r.lag, r.seed))
 
 
@@ -71,7 +74,7 @@ def _steps_per_batch(run_path: Path) -> int | None:
         return None
 
 
-def _upgraded(run: RunDir, summary: dict[str, Any]) -> dict[str, Any]:
+def _upgraded(run: GridRun, summary: dict[str, Any]) -> dict[str, Any]:
     """A summary.json written before ``summary_version`` 2, completed with today's keys computed from the
     run's own files (late-window mean, eval-rule collapse, realized lag). Stored keys keep their values,
     except ``collapse_step``, which now means the eval rule (the stored value moves to
@@ -130,7 +133,7 @@ def _metrics_path(run_path: Path) -> Path | None:
     return None
 
 
-def _long_frame(runs: list[RunDir], reader) -> pd.DataFrame:
+def _long_frame(runs: list[GridRun], reader) -> pd.DataFrame:
     frames = []
     for r in runs:
         rows = reader(r.path)

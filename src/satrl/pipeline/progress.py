@@ -38,7 +38,7 @@ def step_info(row: dict, last_eval: dict) -> str:
     score = "test_avg_at_k" if "test_avg_at_k" in last_eval else "avg_at_k"
     return (
         f"reward {_fmt(row, 'train/reward')} eval {_fmt(last_eval, score)} "
-        f"lag {_fmt(row, 'lag/mean', '.1f')} d_pi {_fmt(row, 'obj/d_pi', '.4f')} "
+        f"lag {_fmt(row, 'lag/mean', '.1f')} d_pi {_fmt(row, 'mismatch/d_pi', '.4f')} "
         f"gate {_fmt(row, 'obj/gate_rate')}"
     )
 

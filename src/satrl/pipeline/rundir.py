@@ -33,8 +33,7 @@ class RunState:
     next_batch: int = 0
     next_submit: int = 0
     ready: dict[int, list[Sample]] = field(default_factory=dict)  # generated, not yet trained
-    best: float = -math.inf
-    best_step: int | None = None
+    best: float = -math.inf  # the best val score so far (the best checkpoint's)
 
 
 def _append_text(path: Path, text: str) -> None:
@@ -58,7 +57,7 @@ def _finite_or_none(x: float) -> float | None:
 
 
 class RunDir:
-    """One run's directory. Plain arguments (``pipeline.setup.run_dir`` builds them from the config):
+    """One run's directory. Plain arguments (:func:`satrl.pipeline.setup.build_run_dir` builds them from the config):
 
     Args:
         path: the directory.
@@ -140,7 +139,7 @@ class RunDir:
                     self.tb.add_scalar(f"eval/{k}", result[k], step)
         score = result.get("val_avg_at_k", result["avg_at_k"])  # the best checkpoint is chosen on val
         if score > self.state.best:
-            self.state.best, self.state.best_step = score, step
+            self.state.best = score
             self._best_pending = True
 
     def checkpoint(self, trainer, store: SnapshotStore, state: RunState) -> None:
@@ -181,11 +180,11 @@ class RunDir:
 class Evaluator:
     """avg@k and greedy accuracy of the trainer's current weights, with the engine's numerics, on the
     val and test parts of the eval problems (one generation pass over both; scores per part and pooled).
-    Plain arguments (``pipeline.setup.evaluator`` builds them from the config):
+    Plain arguments (:func:`satrl.pipeline.setup.build_evaluator` builds them from the config):
 
     Args:
         tokenizer, task: the run's tokenizer and task (its ``eval`` split is scored).
-        engine, engine_kwargs, model_path, numerics: how to build the evaluation engine (``engines.engine_for``).
+        engine, engine_kwargs, model_path, numerics: how to build the evaluation engine (:func:`satrl.engines.registry.engine_for`).
         sampling, k, seed: sampling settings, samples per problem, the run seed (request seeds derive from it).
         every, at_start: evaluate every this many optimizer steps (0: only at the end), and at step 0.
         val_problems, test_problems: problems of each part per evaluation; or ``n_problems``: the first
