@@ -26,7 +26,7 @@ def _log(total: int, steps, every=None, seconds=60.0, dt=1.0) -> list[str]:
     log = progress.LineLog("runs/x", total, stream, every=every, seconds=seconds, clock=clock)
     for step in steps:
         clock.t += dt
-        log(step, ROW, {"avg_at_k": 0.75} if step == 3 else None)
+        log(step, ROW, {"avg_at_k": 0.7, "test_avg_at_k": 0.75} if step == 3 else None)
     return stream.getvalue().splitlines()
 
 
