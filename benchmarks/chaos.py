@@ -32,7 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["train.prompts_per_batch=4", "train.group_size=4", "train.minibatches=2", "train.threads=1",
-        "engine.max_new_tokens=5", "eval.n_problems=4", "eval.k=2", "checkpoint.every=1",
+        "engine.max_new_tokens=5", "eval.val_problems=2", "eval.test_problems=2", "eval.k=2", "checkpoint.every=1",
         "backend=sequential"]  # fmt: skip
 RUN = ["steps=8", "eval.every=2", "lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=7"]
 POINTS = ("checkpoint.weights", "checkpoint.state", "metrics.write", "eval.start", "engine.load_weights",

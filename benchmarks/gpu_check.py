@@ -26,7 +26,7 @@ from satrl.objectives import aggregate, policy_loss
 
 RUN = [
     "train.prompts_per_batch=8", "train.group_size=4", "train.minibatches=2", "engine.max_new_tokens=8",
-    "eval.n_problems=16", "eval.k=2", "eval.every=0", "checkpoint.every=100", "backend=sequential",
+    "eval.val_problems=8", "eval.test_problems=8", "eval.k=2", "eval.every=0", "checkpoint.every=100", "backend=sequential",
     "objective.name=sat_grpo", "lag.schedule=broadcast", "lag.n=2",
 ]  # fmt: skip
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from benchmarks._report import write_section
 
 TINY = ["train.prompts_per_batch=4", "train.group_size=4", "train.minibatches=2", "train.threads=1",
-        "engine.max_new_tokens=5", "eval.n_problems=4", "eval.k=2", "eval.every=500", "checkpoint.every=50",
+        "engine.max_new_tokens=5", "eval.val_problems=2", "eval.test_problems=2", "eval.k=2", "eval.every=500", "checkpoint.every=50",
         "lag.schedule=broadcast", "lag.n=4", "objective.name=sat_grpo", "backend=local"]  # fmt: skip
 
 

@@ -151,20 +151,7 @@ class EvalConfig(_Strict):
     # Defaults fit the built-in arithmetic task's 200 eval problems (97 fall in val, 103 in test).
     val_problems: int = Field(80, ge=1, description="Val-part problems per evaluation (checkpoint selection).")
     test_problems: int = Field(100, ge=1, description="Test-part problems per evaluation (reported scores).")
-    n_problems: int | None = Field(
-        None, ge=2,
-        description="Configs before the val/test split: score the first n_problems eval problems, split by the "
-        "same hash into val and test (their pooled avg_at_k equals the old metric). Excludes val/test_problems.",
-    )  # fmt: skip
     engine: EngineName | None = Field(None, description="Engine for evaluation (default: the rollout engine).")
-
-    @model_validator(mode="after")
-    def _one_way(self) -> EvalConfig:
-        # A saved config holds every key, so only a value other than the default counts as "given".
-        given = [k for k in ("val_problems", "test_problems") if getattr(self, k) != type(self).model_fields[k].default]
-        if self.n_problems is not None and given:
-            raise ValueError(f"eval.n_problems and eval.{given[0]} exclude each other; give one of them")
-        return self
 
 
 class DiagnosticsConfig(_Strict):

@@ -91,10 +91,10 @@ def test_detect_collapse_matches_literal_definition(rewards, window, drop, min_p
 def _rows():
     rewards = FALL + [0.1]  # 9 steps, collapse at step 6 with window 2
     rows = [
-        {"step": i, "train/reward": r, "loss": 0.1, "obj/d_pi": 0.01 * i, "obj/gate_rate": 0.1}
+        {"step": i, "train/reward": r, "loss": 0.1, "mismatch/d_pi": 0.01 * i, "obj/gate_rate": 0.1}
         for i, r in enumerate(rewards, start=1)
     ]
-    rows[7]["obj/d_pi"] = float("nan")  # step 8: ignored in d_pi_last25
+    rows[7]["mismatch/d_pi"] = float("nan")  # step 8: ignored in d_pi_last25
     del rows[2]["obj/gate_rate"]
     rows[3]["obj/gate_rate"] = 0.3
     # a resumed run re-logged step 5: the last row for a step wins
@@ -126,7 +126,7 @@ def test_summarize_run_hand_written_rows():
 
 
 def test_summarize_run_nonfinite_loss_missing_keys_and_empty():
-    rows = [{"step": i, "train/reward": 0.5, "loss": 0.2, "obj/d_pi": 0.01} for i in range(1, 6)]
+    rows = [{"step": i, "train/reward": 0.5, "loss": 0.2, "mismatch/d_pi": 0.01} for i in range(1, 6)]
     rows[3]["loss"] = float("inf")
     del rows[1]["train/reward"]
     s = summarize_run(rows, [], CollapseConfig())

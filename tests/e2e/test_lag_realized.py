@@ -28,7 +28,7 @@ def test_several_steps_per_batch_realize_larger_lags(run_tiny):
 
 
 def test_eval_has_val_and_test_and_a_step_zero_base(run_tiny):
-    out = run_tiny("steps=4", "eval.every=2", "eval.n_problems=null", "eval.val_problems=3", "eval.test_problems=4")
+    out = run_tiny("steps=4", "eval.every=2", "eval.val_problems=3", "eval.test_problems=4")
     ev = read_jsonl(out / "eval.jsonl")
     assert [e["step"] for e in ev] == [0, 2, 4]
     assert all((e["val_n"], e["test_n"]) == (3, 4) for e in ev)

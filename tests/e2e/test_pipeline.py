@@ -20,7 +20,7 @@ def test_every_shipped_config_runs(run_tiny, config):
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r["loss"]) and r["skipped"] == 0 for r in rows)
-    assert all(math.isfinite(r["obj/d_pi"]) for r in rows)
+    assert all(math.isfinite(r["mismatch/d_pi"]) for r in rows)
     assert (out / "config.yaml").exists() and (out / "eval.jsonl").exists()
 
 
@@ -79,7 +79,7 @@ def test_metrics_reach_tensorboard_when_installed(run_tiny, monkeypatch):
     writer = FakeWriter()
     monkeypatch.setattr(rundir, "_tensorboard", lambda path: writer)
     run_tiny("steps=2")
-    assert ("obj/d_pi", 1) in writer.scalars and ("eval/avg_at_k", 2) in writer.scalars and writer.closed
+    assert ("mismatch/d_pi", 1) in writer.scalars and ("eval/avg_at_k", 2) in writer.scalars and writer.closed
 
 
 def test_engine_process_start_failure_is_reported_with_its_cause():

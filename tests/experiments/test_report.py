@@ -55,9 +55,7 @@ def test_report_table_matches_summaries(grid_out, tmp_path):
         summaries = [
             json.loads((grid_out / cell / "lag2" / f"seed{s}" / "summary.json").read_text()) for s in range(3)
         ]
-        # the fake trainer writes old-style summaries: the late-window mean comes from its eval.jsonl (evals
-        # at steps 0, 4, 8 of 8: the late window, steps 7-8, holds only the last, whose score is `best`)
-        late = mean_ci([s["best_avg_at_k"] for s in summaries], n_resamples=2000)
+        late = mean_ci([s["late_avg_at_k"] for s in summaries], n_resamples=2000)
         best = mean_ci([s["best_avg_at_k"] for s in summaries], n_resamples=2000)
         final = mean_ci([s["final_avg_at_k"] for s in summaries], n_resamples=2000)
         row = _row(md, label)
@@ -74,10 +72,10 @@ def test_report_table_matches_summaries(grid_out, tmp_path):
 def test_report_without_sat_or_baseline_skips_figures(tmp_path, make_run):
     out = tmp_path / "out"
     for s, (x, y) in enumerate([(0.30, 0.31), (0.34, 0.33), (0.32, 0.36)]):
-        make_run(out, "grpo", 8, s, {"best_avg_at_k": x, "final_avg_at_k": x, "d_pi_last25": 0.01},
-                 metrics=[{"step": 1, "obj/d_pi": 0.01}], evals=[{"step": 1, "avg_at_k": x, "k": 8}])  # fmt: skip
-        make_run(out, "gspo", 8, s, {"best_avg_at_k": y, "final_avg_at_k": y, "d_pi_last25": 0.02},
-                 metrics=[{"step": 1, "obj/d_pi": 0.02}], evals=[{"step": 1, "avg_at_k": y, "k": 8}])  # fmt: skip
+        make_run(out, "grpo", 8, s, {"late_test_avg_at_k": x, "final_test_avg_at_k": x, "d_pi_last25": 0.01},
+                 metrics=[{"step": 1, "mismatch/d_pi": 0.01}], evals=[{"step": 1, "avg_at_k": x, "k": 8}])  # fmt: skip
+        make_run(out, "gspo", 8, s, {"late_test_avg_at_k": y, "final_test_avg_at_k": y, "d_pi_last25": 0.02},
+                 metrics=[{"step": 1, "mismatch/d_pi": 0.02}], evals=[{"step": 1, "avg_at_k": y, "k": 8}])  # fmt: skip
     md = build_report(out, n_resamples=2000).read_text()
     assert "Skipped: no SAT cells" in md and "Skipped: no `bylag/<k>/...` keys" in md
     assert "## Exploratory" not in md and "## Declared hypotheses" not in md
@@ -91,8 +89,8 @@ def test_report_states_no_difference_at_this_power(tmp_path, make_run):
     (out).mkdir()
     (out / "grid.yaml").write_text("baseline: grpo\ncells: {grpo: {}, sat: {label: 'SAT |d|'}}\n")
     for s, d in enumerate([0.02, -0.03, 0.01, -0.01]):
-        make_run(out, "grpo", 8, s, {"best_avg_at_k": 0.3, "final_avg_at_k": 0.3})
-        make_run(out, "sat", 8, s, {"best_avg_at_k": 0.3 + d, "final_avg_at_k": 0.3})
+        make_run(out, "grpo", 8, s, {"late_test_avg_at_k": 0.3, "final_test_avg_at_k": 0.3})
+        make_run(out, "sat", 8, s, {"late_test_avg_at_k": 0.3 + d, "final_test_avg_at_k": 0.3})
     md = build_report(out, n_resamples=2000).read_text()
     # diffs +2, -3, +1, -1 points: |sum| = 1, and every sign pattern has an odd |sum| >= 1 -> p = 1 (by hand)
     assert "| SAT \\|d\\| | grpo | 8 | -0.2 [" in md and "| 2/4 | 1 | 1 | inf | no detectable difference at this power |" in md
@@ -125,9 +123,9 @@ def test_report_named_pairs_section(tmp_path, make_run):
         "baseline: grpo\npairs: {sat: gspo}\ncells: {grpo: {}, gspo: {label: GSPO}, sat: {label: SAT-GSPO}}\n"
     )
     for s in range(6):
-        make_run(out, "grpo", 8, s, {"best_avg_at_k": 0.5, "final_avg_at_k": 0.5, "d_pi_last25": 0.1})
-        make_run(out, "gspo", 8, s, {"best_avg_at_k": 0.40 + s / 100, "final_avg_at_k": 0.4, "d_pi_last25": 0.2 + s / 100})
-        make_run(out, "sat", 8, s, {"best_avg_at_k": 0.42 + s / 100, "final_avg_at_k": 0.4, "d_pi_last25": 0.19 + s / 100})
+        make_run(out, "grpo", 8, s, {"late_test_avg_at_k": 0.5, "final_test_avg_at_k": 0.5, "d_pi_last25": 0.1})
+        make_run(out, "gspo", 8, s, {"late_test_avg_at_k": 0.40 + s / 100, "final_test_avg_at_k": 0.4, "d_pi_last25": 0.2 + s / 100})
+        make_run(out, "sat", 8, s, {"late_test_avg_at_k": 0.42 + s / 100, "final_test_avg_at_k": 0.4, "d_pi_last25": 0.19 + s / 100})
     md = build_report(out, n_resamples=2000).read_text()
     assert "## Exploratory: named pairs (each method vs its base)" in md
     section = md.split("## Exploratory: named pairs")[1]

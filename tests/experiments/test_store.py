@@ -11,9 +11,9 @@ from satrl.experiments.store import find_runs, load_evals, load_metrics, load_re
 def _grid(tmp_path, make_run):
     out = tmp_path / "out"
     make_run(out, "grpo", 8, 0, {"best_avg_at_k": 0.3, "best_step": 10, "collapse_step": None},
-             metrics=[{"step": 1, "obj/d_pi": 0.01}, {"step": 2, "obj/d_pi": 0.02, "obj/gate_rate": 0.1}],
+             metrics=[{"step": 1, "mismatch/d_pi": 0.01}, {"step": 2, "mismatch/d_pi": 0.02, "obj/gate_rate": 0.1}],
              evals=[{"step": 0, "avg_at_k": 0.1, "k": 8}, {"step": 2, "avg_at_k": 0.3, "k": 8}])  # fmt: skip
-    make_run(out, "grpo", 8, 1, {"best_avg_at_k": 0.5}, metrics=[{"step": 1, "obj/d_pi": 0.03}])
+    make_run(out, "grpo", 8, 1, {"best_avg_at_k": 0.5}, metrics=[{"step": 1, "mismatch/d_pi": 0.03}])
     partial = make_run(out, "sat", 1, 0, None, metrics=[{"step": 1, "loss": 1.0}])
     (partial / "checkpoints").mkdir()
     (partial / "checkpoints" / "model.pt").write_bytes(b"weights")
@@ -40,7 +40,7 @@ def test_load_runs_tolerates_missing_files_and_keys(tmp_path, make_run):
                                         "sat/lag1/seed0": "partial", "sat/lag1/seed1": "failed"}  # fmt: skip
     m = load_metrics(out)
     assert len(m) == 4  # the truncated line is skipped
-    assert m[m["cell"] == "grpo"]["obj/d_pi"].tolist() == [0.01, 0.02, 0.03]
+    assert m[m["cell"] == "grpo"]["mismatch/d_pi"].tolist() == [0.01, 0.02, 0.03]
     assert math.isnan(m.iloc[0]["obj/gate_rate"])
     ev = load_evals(out)
     assert ev["avg_at_k"].tolist() == [0.1, 0.3] and ev["lag"].tolist() == [8, 8]
@@ -72,7 +72,7 @@ def test_pack_results_copies_finished_runs_without_checkpoints(tmp_path, make_ru
         dest / "grpo/lag8/seed0/metrics.jsonl.gz"
     ).read_bytes()
     packed = load_results(dest)
-    assert packed.metrics["obj/d_pi"].tolist() == [0.01, 0.02, 0.03]  # read back from .gz
+    assert packed.metrics["mismatch/d_pi"].tolist() == [0.01, 0.02, 0.03]  # read back from .gz
     assert packed.runs["best_avg_at_k"].tolist() == [0.3, 0.5]
 
 

@@ -37,7 +37,7 @@ def test_cli_counts_skipped_rows_in_summary(tmp_path):
     data.write_text(good + '{"problem": 5}\nnot json\n\n')
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "satrl", "train", *TINY, "steps=2", "task.name=jsonl_math",
-                        f"task.kwargs.path={data}", "task.kwargs.eval_fraction=0.5", "eval.n_problems=2", "task.kwargs.prompt_template='{problem}'",
+                        f"task.kwargs.path={data}", "task.kwargs.eval_fraction=0.5", "eval.val_problems=1", "eval.test_problems=1", "task.kwargs.prompt_template='{problem}'",
                         f"out={out}", "--no-progress"], env=ENV, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     assert "skipped 2 malformed rows" in r.stderr

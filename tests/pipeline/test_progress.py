@@ -18,7 +18,7 @@ class Clock:
         return self.t
 
 
-ROW = {"train/reward": 0.5, "lag/mean": 2.0, "obj/d_pi": 0.0123, "obj/gate_rate": 0.25}
+ROW = {"train/reward": 0.5, "lag/mean": 2.0, "mismatch/d_pi": 0.0123, "obj/gate_rate": 0.25}
 
 
 def _log(total: int, steps, every=None, seconds=60.0, dt=1.0) -> list[str]:
@@ -26,7 +26,7 @@ def _log(total: int, steps, every=None, seconds=60.0, dt=1.0) -> list[str]:
     log = progress.LineLog("runs/x", total, stream, every=every, seconds=seconds, clock=clock)
     for step in steps:
         clock.t += dt
-        log(step, ROW, {"avg_at_k": 0.75} if step == 3 else None)
+        log(step, ROW, {"avg_at_k": 0.7, "test_avg_at_k": 0.75} if step == 3 else None)
     return stream.getvalue().splitlines()
 
 

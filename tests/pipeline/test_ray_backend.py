@@ -129,6 +129,12 @@ class KillingRayBackend:
                 self.results += 1
                 return super().result(b)
 
+            def actor_pids(self) -> list[int]:
+                """Process id of each engine actor (waits for the work queued on it)."""
+                import ray
+
+                return ray.get([a.pid.remote() for a in self.actors])
+
             def close(self):
                 self.final_pids = self.actor_pids()
                 super().close()

@@ -1,7 +1,8 @@
 """The end-of-run summary (``summary.json``): endpoints, collapse, mismatch and realized lag, from logged rows.
 
-Applied the same way to every run, and again by the experiment store to runs written before a key existed
-(so an old packed grid is reported with today's rules). Every key is explained in docs/metrics.md.
+Applied the same way to every run (and once, by ``python -m benchmarks.migrate_results``, to runs written
+before a key existed, so an old packed grid is reported with today's rules). Every key is explained in
+docs/metrics.md.
 
 Endpoints follow "select on validation, report on test": the eval problems are split by a fixed hash into
 ``val`` and ``test`` parts (satrl.tasks.evaluate.split_val_test); the best step is chosen on val and
@@ -54,9 +55,8 @@ def realized_lag(rows: list[dict], warmup_steps: int = 0) -> dict[str, float] | 
     step after ``warmup_steps`` (the first rollout batch, generated before any training: its lag is 0 under
     every schedule). Falls back to all steps when the run is shorter than its warm-up.
 
-    ``mean`` weights each step's token-mean ``lag/mean`` by its token count ``train/tokens`` (equal weights
-    for runs logged before that key); ``min``/``max`` read ``lag/min`` and ``lag/max``, or for older runs
-    the lags present in the ``bylag/<k>/frac_tokens`` keys. None when no step logged a lag.
+    ``mean`` weights each step's token-mean ``lag/mean`` by its token count ``train/tokens``; ``min``/``max``
+    read ``lag/min`` and ``lag/max``. None when no step logged a lag.
     """
     rows = [r for r in rows if _finite(r.get("lag/mean"))]
     late = [r for r in rows if r["step"] > warmup_steps]
@@ -65,15 +65,8 @@ def realized_lag(rows: list[dict], warmup_steps: int = 0) -> dict[str, float] | 
         return None
     lo, hi, num, den = math.inf, -math.inf, [], []
     for r in rows:
-        if "lag/min" in r and "lag/max" in r:
-            r_min, r_max = r["lag/min"], r["lag/max"]
-        else:  # runs logged before lag/min: the lags whose bylag buckets hold tokens
-            present = [int(k.split("/")[1]) for k, v in r.items()
-                       if k.startswith("bylag/") and k.endswith("/frac_tokens") and _finite(v) and v > 0]  # fmt: skip
-            r_min = r.get("lag/min", min(present) if present else r["lag/mean"])
-            r_max = r.get("lag/max", max(present) if present else r["lag/mean"])
-        lo, hi = min(lo, float(r_min)), max(hi, float(r_max))
-        w = float(r["train/tokens"]) if _finite(r.get("train/tokens")) else 1.0
+        lo, hi = min(lo, float(r["lag/min"])), max(hi, float(r["lag/max"]))
+        w = float(r["train/tokens"])
         num.append(w * float(r["lag/mean"]))
         den.append(w)
     total = math.fsum(den)
@@ -157,7 +150,7 @@ def summarize_run(
 
     Returns a JSON-ready dict (Python floats/ints/None; every field None when there is nothing to compute
     it from): the endpoints of :func:`_endpoints`, the collapse fields of :func:`_collapse`,
-    ``lag_realized`` (:func:`realized_lag`), ``d_pi_last25`` (mean ``obj/d_pi`` over the last ceil(25 %)
+    ``lag_realized`` (:func:`realized_lag`), ``d_pi_last25`` (mean ``mismatch/d_pi`` over the last ceil(25 %)
     of steps), ``gate_rate_mean`` (None for non-SAT runs), ``steps`` (last step logged, 0 for none) and
     ``summary_version``.
     """
@@ -165,7 +158,7 @@ def summarize_run(
     evals = _dedupe_by_step(eval_rows)
     last_step = rows[-1]["step"] if rows else (evals[-1]["step"] if evals else 0)
     tail = rows[len(rows) - math.ceil(len(rows) / 4) :] if rows else []
-    d_pi = [float(row["obj/d_pi"]) for row in tail if _is_number(row.get("obj/d_pi"))]
+    d_pi = [float(row["mismatch/d_pi"]) for row in tail if _is_number(row.get("mismatch/d_pi"))]
     gate = [float(row["obj/gate_rate"]) for row in rows if _is_number(row.get("obj/gate_rate"))]
     return {
         **_endpoints(evals, last_step),

@@ -124,11 +124,11 @@ def eval_curves(res: GridResults, path: Path) -> FigureOut:
 def d_pi_curves(res: GridResults, path: Path) -> FigureOut:
     title = "Sampled mismatch d_pi over training (Figure 4 analogue)"
     w = _smooth_window(res.metrics)
-    caption = (f"d_pi = mean |log pi_train - log mu| over active tokens (`obj/d_pi`; {_smooth_text(w)}, "
+    caption = (f"d_pi = mean |log pi_train - log mu| over active tokens (`mismatch/d_pi`; {_smooth_text(w)}, "
                "applied per seed), then mean and 95% bootstrap band over seeds. Lower is closer to on-policy; a late sharp "
                "rise is the collapse signature the paper describes.")  # fmt: skip
-    ok = _per_lag_figure(res, res.metrics, "obj/d_pi", path, title, "d_pi", smooth=w)
-    return FigureOut(title, caption, path if ok else None, None if ok else "no `obj/d_pi` in metrics")
+    ok = _per_lag_figure(res, res.metrics, "mismatch/d_pi", path, title, "d_pi", smooth=w)
+    return FigureOut(title, caption, path if ok else None, None if ok else "no `mismatch/d_pi` in metrics")
 
 
 def _sat_cells(res: GridResults) -> list[str]:

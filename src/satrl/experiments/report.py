@@ -56,24 +56,19 @@ def fmt_ci(mean: float, lo: float, hi: float, fmt: str = "{:.1f}", scale: float 
     return f"{_f(mean, fmt, scale)} ± {_f((hi - lo) / 2, fmt, scale)} [{_f(lo, fmt, scale)}, {_f(hi, fmt, scale)}]"
 
 
-def _pct(x: float) -> str:
-    return _f(x, "{:+.1f}", PCT)
-
-
 def endpoints(res: GridResults) -> dict[str, tuple[str, str]]:
     """Which summary keys the report uses, with their names: the primary endpoint (late-window test mean,
     no selection), the val-selected best on test, and the final test score. Runs made before the val/test
     split have only pooled scores: then the late-window mean of the pooled score, and the best pooled score
-    (selected on the same problems it is reported on: optimistic, said in the name); summaries that have
-    not even the late-window mean fall back to that best score as the primary endpoint."""
+    (selected on the same problems it is reported on: optimistic, said in the name)."""
     have = lambda k: k in res.finished and pd.to_numeric(res.finished[k], errors="coerce").notna().any()  # noqa: E731
     if have("late_test_avg_at_k"):
         return {"primary": ("late_test_avg_at_k", "late test avg@k"),
                 "best": ("best_test_avg_at_k", "test avg@k at the val-best step"),
                 "final": ("final_test_avg_at_k", "final test avg@k")}  # fmt: skip
-    best = ("best_avg_at_k", "best avg@k (selected on itself: optimistic)")
-    primary = ("late_avg_at_k", "late avg@k (all eval problems)") if have("late_avg_at_k") else best
-    return {"primary": primary, "best": best, "final": ("final_avg_at_k", "final avg@k")}
+    return {"primary": ("late_avg_at_k", "late avg@k (all eval problems)"),
+            "best": ("best_avg_at_k", "best avg@k (selected on itself: optimistic)"),
+            "final": ("final_avg_at_k", "final avg@k")}  # fmt: skip
 
 
 _PREFIX = {"late_test_avg_at_k": "late_test", "best_test_avg_at_k": "best_test", "final_test_avg_at_k": "final_test",

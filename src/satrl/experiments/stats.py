@@ -223,12 +223,6 @@ def interval_coverage(n: int, interval: str = DEFAULT_INTERVAL, ci: float = 0.95
     return hits / sims
 
 
-def percentile_coverage(n: int, ci: float = 0.95, sims: int = 1000, n_resamples: int = 2000, seed: int = 0) -> float:
-    """Simulated coverage of the percentile bootstrap (about 0.86 at n = 5 for a nominal 0.95): the
-    interval of the reports before the studentized one; kept for them."""
-    return interval_coverage(n, "percentile", ci, sims, n_resamples, seed)
-
-
 def _median(values) -> float:
     x = _clean(values)
     return float(np.median(x)) if x.size else float("nan")
@@ -385,12 +379,3 @@ def lag_table(runs: pd.DataFrame, metric: str = "late_test_avg_at_k", n_resample
     split = t["cell"].str.split("\x00", expand=True)
     return t.assign(cell=split[0], lag=split[1].astype(int),
                     base=split[0], base_lag=t["base"].str.split("\x00").str[1].astype(int))  # fmt: skip
-
-
-def separated(
-    top: tuple[float, float], runner_up: tuple[float, float], higher_is_better: bool = True
-) -> bool:
-    """True when the top cell's CI (lo, hi) lies strictly beyond the runner-up's (no overlap)."""
-    if higher_is_better:
-        return top[0] > runner_up[1]
-    return top[1] < runner_up[0]

@@ -9,8 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-STATUSES = ("finished", "failed", "partial", "new")
-
 
 def read_summary(run_dir: str | Path) -> dict[str, Any] | None:
     """The run's ``summary.json`` as a dict; None when it is missing, torn or not an object."""

@@ -40,7 +40,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
-class RunDir:
+class GridRun:
+    """Where one run of a grid lies: ``<out>/<cell>/lag<lag>/seed<seed>`` (a live grid folder or packed results).
+    Not :class:`satrl.pipeline.rundir.RunDir`, which writes a run's files while it trains."""
+
     cell: str
     lag: int
     seed: int
@@ -51,46 +54,23 @@ class RunDir:
         return f"{self.cell}/lag{self.lag}/seed{self.seed}"
 
 
-def find_runs(out_dir: str | Path) -> list[RunDir]:
+def find_runs(out_dir: str | Path) -> list[GridRun]:
     """Every `<cell>/lag<n>/seed<s>` folder under out_dir, sorted by (cell, lag, seed)."""
     found = []
     for p in Path(out_dir).glob("*/lag*/seed*"):
         lag_m, seed_m = _RUN_RE[0].match(p.parent.name), _RUN_RE[1].match(p.name)
         if p.is_dir() and lag_m and seed_m:
-            found.append(RunDir(p.parent.parent.name, int(lag_m.group(1)), int(seed_m.group(1)), p))
+            found.append(GridRun(p.parent.parent.name, int(lag_m.group(1)), int(seed_m.group(1)), p))
     return sorted(found, key=lambda r: (r.cell, r.lag, r.seed))
 
 
 def _steps_per_batch(run_path: Path) -> int | None:
     """Optimizer steps per rollout batch from the run's saved config.yaml (train.minibatches x ppo_epochs)."""
     try:
-        cfg = yaml.safe_load((run_path / "config.yaml").read_text()) or {}
-        train = cfg.get("train") or {}
-        return int(train.get("minibatches", 4)) * int(train.get("ppo_epochs", 1))
-    except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
+        train = (yaml.safe_load((run_path / "config.yaml").read_text()) or {})["train"]
+        return int(train["minibatches"]) * int(train["ppo_epochs"])
+    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
         return None
-
-
-def _upgraded(run: RunDir, summary: dict[str, Any]) -> dict[str, Any]:
-    """A summary.json written before ``summary_version`` 2, completed with today's keys computed from the
-    run's own files (late-window mean, eval-rule collapse, realized lag). Stored keys keep their values,
-    except ``collapse_step``, which now means the eval rule (the stored value moves to
-    ``reward_collapse_step``). A run without its metrics file keeps its old fields only."""
-    from satrl.diagnostics.collapse import CollapseConfig
-    from satrl.diagnostics.summary import summarize_run
-
-    mp = _metrics_path(run.path)
-    if summary.get("summary_version") or mp is None:
-        return summary
-    evals = read_jsonl(run.path / "eval.jsonl") if (run.path / "eval.jsonl").exists() else []
-    S = _steps_per_batch(run.path) or 0
-    new = summarize_run(read_jsonl(mp), evals, CollapseConfig(), warmup_steps=S)
-    out = {**new, **summary}  # the old keys keep their stored values ...
-    # ... except the collapse, whose rule changed: the stored one was the training-reward rule
-    out.update({k: new[k] for k in ("collapse_step", "collapse_unconfirmed_step", "collapse_score")})
-    out["reward_collapse_step"] = summary.get("collapse_step", new["reward_collapse_step"])
-    out["summary_version"] = f"1 (upgraded to {new['summary_version']})"
-    return out
 
 
 def _flat(summary: dict[str, Any]) -> dict[str, Any]:
@@ -102,14 +82,14 @@ def _flat(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_runs(out_dir: str | Path) -> pd.DataFrame:
-    """One row per run dir: cell, lag, seed, run, status, path, machine and every summary.json field (summaries
-    older than the val/test split are recomputed from the run's files, see :func:`_upgraded`)."""
+    """One row per run dir: cell, lag, seed, run, status, path, machine and every summary.json field as stored
+    (runs from before ``summary_version`` 2 are migrated once by ``python -m benchmarks.migrate_results``)."""
     rows = []
     for r in find_runs(out_dir):
         summary = _read_json(r.path / "summary.json")
         row: dict[str, Any] = {k: None for k in SUMMARY_KEYS}
         if summary is not None:
-            row.update(_flat(_upgraded(r, summary)), steps_per_batch=_steps_per_batch(r.path))
+            row.update(_flat(summary), steps_per_batch=_steps_per_batch(r.path))
         row.update(
             cell=r.cell, lag=r.lag, seed=r.seed, run=r.name, path=str(r.path), status=run_status(r.path, summary),
             machine=machine_label(read_sessions(r.path)),  # the CPU kind(s) it ran on: bits depend on it
@@ -130,7 +110,7 @@ def _metrics_path(run_path: Path) -> Path | None:
     return None
 
 
-def _long_frame(runs: list[RunDir], reader) -> pd.DataFrame:
+def _long_frame(runs: list[GridRun], reader) -> pd.DataFrame:
     frames = []
     for r in runs:
         rows = reader(r.path)

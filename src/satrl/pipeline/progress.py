@@ -34,11 +34,10 @@ def _hms(seconds: float) -> str:
 
 def step_info(row: dict, last_eval: dict) -> str:
     """``reward .. eval .. lag .. d_pi .. gate ..`` of one step's metrics row and the latest eval (its test
-    score; the pooled one for runs without a val/test split)."""
-    score = "test_avg_at_k" if "test_avg_at_k" in last_eval else "avg_at_k"
+    score)."""
     return (
-        f"reward {_fmt(row, 'train/reward')} eval {_fmt(last_eval, score)} "
-        f"lag {_fmt(row, 'lag/mean', '.1f')} d_pi {_fmt(row, 'obj/d_pi', '.4f')} "
+        f"reward {_fmt(row, 'train/reward')} eval {_fmt(last_eval, 'test_avg_at_k')} "
+        f"lag {_fmt(row, 'lag/mean', '.1f')} d_pi {_fmt(row, 'mismatch/d_pi', '.4f')} "
         f"gate {_fmt(row, 'obj/gate_rate')}"
     )
 

@@ -174,10 +174,6 @@ class RayBackend:
         self.owns_ray = False
 
     # ------------------------------------------------------------------ helpers
-    def actor_pids(self) -> list[int]:
-        """Process id of each engine actor (waits for queued work on it; for tests and debugging)."""
-        return ray.get([a.pid.remote() for a in self.actors])
-
     def _wait_ready(self, timeout_s: float, needs: str) -> None:
         try:
             ray.get([a.pid.remote() for a in self.actors], timeout=timeout_s)

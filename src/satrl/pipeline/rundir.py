@@ -35,8 +35,7 @@ class RunState:
     next_batch: int = 0
     next_submit: int = 0
     ready: dict[int, list[Sample]] = field(default_factory=dict)  # generated, not yet trained
-    best: float = -math.inf
-    best_step: int | None = None
+    best: float = -math.inf  # the best val score so far (the best checkpoint's)
 
 
 class RunDirError(ValueError):
@@ -110,7 +109,7 @@ def _finite_or_none(x: float) -> float | None:
 
 
 class RunDir:
-    """One run's directory. Plain arguments (``pipeline.setup.run_dir`` builds them from the config):
+    """One run's directory. Plain arguments (:func:`satrl.pipeline.setup.build_run_dir` builds them from the config):
 
     Args:
         path: the directory.
@@ -230,7 +229,7 @@ class RunDir:
                     self.tb.add_scalar(f"eval/{k}", result[k], step)
         score = result.get("val_avg_at_k", result["avg_at_k"])  # the best checkpoint is chosen on val
         if score > self.state.best:
-            self.state.best, self.state.best_step = score, step
+            self.state.best = score
             self._best_pending = True
 
     def checkpoint(self, trainer, store: SnapshotStore, state: RunState) -> None:
@@ -285,15 +284,14 @@ def _check_steps(path: Path, numbered: list[tuple[int, dict]], last: int) -> Non
 class Evaluator:
     """avg@k and greedy accuracy of the trainer's current weights, with the engine's numerics, on the
     val and test parts of the eval problems (one generation pass over both; scores per part and pooled).
-    Plain arguments (``pipeline.setup.evaluator`` builds them from the config):
+    Plain arguments (:func:`satrl.pipeline.setup.build_evaluator` builds them from the config):
 
     Args:
         tokenizer, task: the run's tokenizer and task (its ``eval`` split is scored).
-        engine, engine_kwargs, model_path, numerics: how to build the evaluation engine (``engines.engine_for``).
+        engine, engine_kwargs, model_path, numerics: how to build the evaluation engine (:func:`satrl.engines.registry.engine_for`).
         sampling, k, seed: sampling settings, samples per problem, the run seed (request seeds derive from it).
         every, at_start: evaluate every this many optimizer steps (0: only at the end), and at step 0.
-        val_problems, test_problems: problems of each part per evaluation; or ``n_problems``: the first
-            n eval problems, split by the same hash (configs from before the split).
+        val_problems, test_problems: problems of each part per evaluation.
     """
 
     def __init__(
@@ -312,13 +310,12 @@ class Evaluator:
         at_start: bool,
         val_problems: int,
         test_problems: int,
-        n_problems: int | None = None,
     ) -> None:
         self.tokenizer, self.task, self.engine = tokenizer, task, None
         self.engine_name, self.engine_kwargs, self.model_path, self.numerics = engine, engine_kwargs, model_path, numerics
         self.sampling, self.k, self.seed = sampling, k, seed
         self.every, self.at_start = every, at_start
-        self.val_problems, self.test_problems, self.n_problems = val_problems, test_problems, n_problems
+        self.val_problems, self.test_problems = val_problems, test_problems
 
     def due(self, step: int, last: int) -> bool:
         if step == 0:
@@ -329,19 +326,14 @@ class Evaluator:
         """Choose the val and test problems (once). Called before training, so that an eval split too small
         for ``eval.*`` fails at once with a one-line TaskError, not at the first evaluation."""
         from satrl.tasks import TaskError
-        from satrl.tasks.evaluate import _take, part_of, split_val_test
+        from satrl.tasks.evaluate import split_val_test
 
         if hasattr(self, "pool"):
             return
         try:
-            if self.n_problems is not None:  # configs before the split: the same first-n problems as before
-                self.pool = _take(self.task, "eval", self.n_problems)
-                self.val_idx = [i for i, p in enumerate(self.pool) if part_of(p) == "val"]
-                self.test_idx = [i for i, p in enumerate(self.pool) if part_of(p) == "test"]
-            else:
-                self.pool, self.val_idx, self.test_idx = split_val_test(
-                    self.task.problems("eval", 0), self.val_problems, self.test_problems
-                )
+            self.pool, self.val_idx, self.test_idx = split_val_test(
+                self.task.problems("eval", 0), self.val_problems, self.test_problems
+            )
         except ValueError as err:
             raise TaskError(str(err)) from None
 

@@ -58,7 +58,6 @@ def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
         at_start=cfg.eval.at_start,
         val_problems=cfg.eval.val_problems,
         test_problems=cfg.eval.test_problems,
-        n_problems=cfg.eval.n_problems,
     )
 
 
