@@ -265,27 +265,31 @@ def exploratory_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> 
     return out, tables
 
 
-PPO_RADIUS = math.log(1.2)  # log(1 + eps_high) at the default eps_high = 0.2
-
-
 def _sat_activity_md(res: GridResults) -> list[str]:
-    """How much SAT acted, per SAT cell and lag: SAT can change a gradient only when q < log(1 + eps_high)."""
+    """How much SAT acted, per SAT cell and lag: SAT can change a gradient only when q < log(1 + eps_high),
+    with each run's own eps_high (from its config.yaml)."""
     m = res.metrics
     if "obj/q" not in m or m["obj/q"].notna().sum() == 0:
         return []
+    sat = m[m["obj/q"].notna()]
+    eps = res.runs.set_index(["cell", "lag", "seed"])["eps_high"] if "eps_high" in res.runs else None
+    eps_of = sat.join(eps, on=["cell", "lag", "seed"])["eps_high"] if eps is not None else sat["obj/q"] * float("nan")
+    radius = 1.0 + eps_of
+    shown = sorted({f"{r:g}" for r in radius.dropna().unique()}) or ["(1 + eps_high)"]
+    bound = f"log {shown[0]}" if len(shown) == 1 else "log(1 + eps_high)"
     out = ["## How much SAT acted", "",
            "Over all steps and seeds of each SAT cell: the median quantile q; the share of steps with q below PPO's "
-           "own radius log 1.2 (only then can SAT's contraction bind); the share of tokens whose gradient SAT "
+           f"own radius {bound} (only then can SAT's contraction bind); the share of tokens whose gradient SAT "
            "changed (`obj/sat_clipfrac`); the gate rate; and the share of the sampled-token TV mass on gated "
            "tokens (`gate/tv_share`; equal to the gate rate for a random gate). For a proxy score or the inverted "
-           "gate, q is that score's own quantile, so the log 1.2 column does not apply.", "",
-           "| method | lag | median q | steps with q < log 1.2 | gradients changed | gate rate | TV mass on gated |",
+           f"gate, q is that score's own quantile, so the {bound} column does not apply.", "",
+           f"| method | lag | median q | steps with q < {bound} | gradients changed | gate rate | TV mass on gated |",
            "|---|---|---|---|---|---|---|"]  # fmt: skip
-    sat = m[m["obj/q"].notna()]
+    below = sat["obj/q"] < radius.map(math.log)
     for cell in res.cell_order():
         for lag, g in sat[sat["cell"] == cell].groupby("lag"):
             mean = {k: g[k].mean() if k in g else float("nan") for k in ("obj/sat_clipfrac", "obj/gate_rate", "gate/tv_share")}
-            out.append(f"| {_md_cell(res.label(cell))} | {lag} | {g['obj/q'].median():.3f} | {(g['obj/q'] < PPO_RADIUS).mean():.0%} "
+            out.append(f"| {_md_cell(res.label(cell))} | {lag} | {g['obj/q'].median():.3f} | {below[g.index].mean():.0%} "
                        f"| {mean['obj/sat_clipfrac']:.2%} | {mean['obj/gate_rate']:.1%} | {mean['gate/tv_share']:.1%} |")  # fmt: skip
     return out + [""]
 

@@ -64,13 +64,17 @@ def find_runs(out_dir: str | Path) -> list[GridRun]:
     return sorted(found, key=lambda r: (r.cell, r.lag, r.seed))
 
 
-def _steps_per_batch(run_path: Path) -> int | None:
-    """Optimizer steps per rollout batch from the run's saved config.yaml (train.minibatches x ppo_epochs)."""
+def _from_config(run_path: Path) -> dict[str, Any]:
+    """From the run's saved config.yaml: optimizer steps per rollout batch (train.minibatches x ppo_epochs) and
+    the trust region's upper radius ``eps_high`` (None for a trust region without one)."""
     try:
-        train = (yaml.safe_load((run_path / "config.yaml").read_text()) or {})["train"]
-        return int(train["minibatches"]) * int(train["ppo_epochs"])
-    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
-        return None
+        cfg = yaml.safe_load((run_path / "config.yaml").read_text()) or {}
+        train = cfg["train"]
+        eps = ((cfg.get("objective") or {}).get("trust_region") or {}).get("eps_high")
+        return {"steps_per_batch": int(train["minibatches"]) * int(train["ppo_epochs"]),
+                "eps_high": None if eps is None else float(eps)}  # fmt: skip
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError):
+        return {"steps_per_batch": None, "eps_high": None}
 
 
 def _flat(summary: dict[str, Any]) -> dict[str, Any]:
@@ -89,7 +93,7 @@ def load_runs(out_dir: str | Path) -> pd.DataFrame:
         summary = _read_json(r.path / "summary.json")
         row: dict[str, Any] = {k: None for k in SUMMARY_KEYS}
         if summary is not None:
-            row.update(_flat(summary), steps_per_batch=_steps_per_batch(r.path))
+            row.update(_flat(summary), **_from_config(r.path))
         row.update(
             cell=r.cell, lag=r.lag, seed=r.seed, run=r.name, path=str(r.path), status=run_status(r.path, summary),
             machine=machine_label(read_sessions(r.path)),  # the CPU kind(s) it ran on: bits depend on it
@@ -97,8 +101,8 @@ def load_runs(out_dir: str | Path) -> pd.DataFrame:
         rows.append(row)
     cols = ["cell", "lag", "seed", "run", "status", "path", "machine"]
     df = pd.DataFrame(rows, columns=None if rows else cols + list(SUMMARY_KEYS))
-    for k in SUMMARY_KEYS:
-        if k not in ("status", "summary_version"):
+    for k in (*SUMMARY_KEYS, "eps_high"):
+        if k not in ("status", "summary_version") and k in df:
             df[k] = pd.to_numeric(df[k], errors="coerce")
     return df[cols + [c for c in df.columns if c not in cols]]
 
