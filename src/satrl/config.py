@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from satrl.diagnostics.collapse import CollapseConfig
 from satrl.objectives.presets import PRESETS, SLOTS, ObjectiveSpec
