@@ -1,0 +1,41 @@
+"""Every committed report under docs/results/ regenerates from its packed runs unchanged, but for its own
+provenance line (the command, commit and date it was written with), so a README command never dirties the
+checkout."""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+GRIDS = sorted(p.parent.name for p in RESULTS.glob("*/report.md"))
+PROVENANCE = re.compile(r"^- Report: `satrl report .*$", re.M)
+
+
+def _options(report: str) -> list[str]:
+    """The report's own options (e.g. sensitivity seeds) from its provenance line."""
+    cmd = re.search(r"^- Report: `satrl report ([^\s`]+)([^`]*)`", report, re.M)
+    opts = cmd.group(2).split()
+    return [o for i, o in enumerate(opts) if o != "--out" and (i == 0 or opts[i - 1] != "--out")]
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+def test_committed_report_regenerates_unchanged(tmp_path, grid):
+    committed = (RESULTS / grid / "report.md").read_text()
+    copy = tmp_path / grid
+    shutil.copytree(RESULTS / grid, copy, ignore=shutil.ignore_patterns("figures", "report.md"))
+    out = subprocess.run([sys.executable, "-m", "satrl", "report", str(copy), *_options(committed)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    fresh = (copy / "report.md").read_text()
+    assert PROVENANCE.sub("", fresh) == PROVENANCE.sub("", committed)
+
+
+def test_the_check_sees_a_changed_number(tmp_path):
+    """The comparison can fail: one digit changed in a committed report is a difference."""
+    committed = (RESULTS / "sat_trial" / "report.md").read_text()
+    changed = re.sub(r"\d", lambda m: str((int(m.group()) + 1) % 10), committed, count=40)
+    assert PROVENANCE.sub("", changed) != PROVENANCE.sub("", committed)
