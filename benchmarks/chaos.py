@@ -117,8 +117,8 @@ def engine_kills(work: Path, kills: tuple[int, ...] = (1, 4, 7)) -> dict:
         seen.extend(mb.sample_ids)
         return step_fn(self, mb, *a, **k)
 
-    def spy_make(name, spec):
-        made.append(make_fn(name, spec))
+    def spy_make(name, spec, **options):
+        made.append(make_fn(name, spec, **options))
         return made[-1]
 
     def on_step(step, metrics, result):

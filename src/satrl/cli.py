@@ -78,6 +78,7 @@ def run_train(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
         return 0
     from satrl.models.loading import PolicyLoadError
+    from satrl.pipeline.backends import EngineError
     from satrl.pipeline.progress import train_with_progress
     from satrl.tasks import TaskError
     from satrl.training.checkpoint import CheckpointError
@@ -86,6 +87,9 @@ def run_train(args: argparse.Namespace) -> int:
         summary = train_with_progress(cfg, resume=bool(args.resume), progress=not args.no_progress)
     except (TaskError, PolicyLoadError, CheckpointError, FileExistsError) as err:  # bad input: one line, exit 2
         print(f"satrl train: {_first_line(err)}", file=sys.stderr)
+        return 2
+    except EngineError as err:  # the engine keeps dying or hanging: the checkpoints are intact
+        print(f"satrl train: {_first_line(err)}; continue with satrl train --resume {cfg.run_dir()}", file=sys.stderr)
         return 2
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):

@@ -85,6 +85,18 @@ class EngineConfig(_Strict):
         default_factory=dict,
         description="Extra engine arguments, e.g. vLLM's gpu_memory_utilization or tensor_parallel_size.",
     )
+    # A hang is a fault like a death (backend local and ray): past the deadline the engine is killed and
+    # restarted, and its batches are re-issued (docs/design.md, "Fault tolerance").
+    timeout_s: float = Field(
+        1800.0, gt=0, description="Seconds the engine may work without returning a rollout before it counts as "
+        "hung and is restarted (raise it for long generations on slow hardware).",
+    )  # fmt: skip
+    start_timeout_s: float = Field(
+        1800.0, gt=0, description="Seconds an engine process may take to start (load the model) before it counts as hung."
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="Engine deaths or hangs in a row (no rollout in between) tolerated before the run stops."
+    )
 
 
 class ObjectiveConfig(BaseModel):

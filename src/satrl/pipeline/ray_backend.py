@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from satrl.pipeline.backends import EngineError
 from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
 from satrl.types import Sample
 
@@ -88,7 +89,8 @@ class RayBackend:
         num_gpus: GPUs reserved per actor (``ray.gpus``).
         max_restarts: how often Ray may restart each actor after it dies.
         restart_timeout_s: how long a shard waits for its dead actor to come back before the run fails.
-        timeout_s: how long :meth:`result` waits for a batch before it gives up.
+        timeout_s: how long :meth:`result` waits for a batch before it gives up (config ``engine.timeout_s``;
+            :class:`~satrl.pipeline.backends.EngineError`, one line).
     """
 
     def __init__(
@@ -150,8 +152,8 @@ class RayBackend:
         deadline = time.monotonic() + self.timeout_s
         while not self._complete(b):
             if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"batch {b} did not come back from the Ray engine actors in {self.timeout_s:.0f} s"
+                raise EngineError(
+                    f"batch {b} did not come back from the Ray engine actors in {self.timeout_s:g} s (engine.timeout_s)"
                 )
             self._collect(timeout=1.0)
         return self._hand_over(b)
@@ -215,7 +217,7 @@ class RayBackend:
         now = time.monotonic()
         shard.failed_at = shard.failed_at or now
         if now - shard.failed_at > self.restart_timeout_s:
-            raise RuntimeError(
+            raise EngineError(
                 f"engine actor {shard.worker} did not come back within {self.restart_timeout_s:.0f} s "
                 f"(restarts exhausted or the node is gone); last error: {error}"
             ) from error

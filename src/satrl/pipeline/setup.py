@@ -64,10 +64,16 @@ def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
 
 
 def backend_options(cfg: RunConfig) -> dict:
-    """Keyword arguments of the chosen backend beyond the worker spec (only ``ray`` takes any)."""
-    if cfg.backend != "ray":
-        return {}
-    return {"num_workers": cfg.ray.workers, "address": cfg.ray.address, "num_gpus": cfg.ray.gpus}
+    """Keyword arguments of the chosen backend beyond the worker spec: the engine's deadlines and restarts
+    (``local``), the ``ray:`` section and the rollout deadline (``ray``), none for ``sequential`` (its engine runs
+    in this process, which cannot restart itself)."""
+    e = cfg.engine
+    if cfg.backend == "local":
+        return {"timeout_s": e.timeout_s, "start_timeout_s": e.start_timeout_s, "max_restarts": e.max_restarts}
+    if cfg.backend == "ray":
+        return {"num_workers": cfg.ray.workers, "address": cfg.ray.address, "num_gpus": cfg.ray.gpus,
+                "timeout_s": e.timeout_s}  # fmt: skip
+    return {}
 
 
 def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
