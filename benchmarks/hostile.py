@@ -130,6 +130,8 @@ BAD_CONFIGS: list[tuple[str | None, list[str], str]] = [
     (None, ["objective.alpha=[1, 2]"], "alpha"),
     (None, ["objective.name=nope"], "nope"),
     (None, ["engine.temperature=0"], "engine.temperature"),
+    (None, ["train.lr=inf"], "train.lr"),
+    (None, ["engine.timeout_s=-1"], "engine.timeout_s"),
     (None, ["task.kwargs=3"], "task.kwargs"),
     ("\x00\x01binary", [], "YAML"),
     ("a: &x [*x]\n", [], "a"),

@@ -53,7 +53,9 @@ BackendName = Annotated[str, _registered("satrl.pipeline.backends:BACKENDS")]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: no setting means anything at inf or NaN (train.lr=inf wrecked the weights at step 1 and
+    # the run reported success); a bound such as gt=0 alone lets inf through.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Strict):
