@@ -22,7 +22,7 @@ from satrl.models.loading import PolicyLoadError
 from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
 from satrl.registry import Registry
 from satrl.tasks import TaskError
-from satrl.types import Sample
+from satrl.types import ContextLengthError, Sample
 
 
 class EngineError(RuntimeError):
@@ -123,6 +123,8 @@ def _serve_loop(worker: RolloutWorker, requests: mp.Queue, outbox: queue.Queue) 
         t0 = time.perf_counter()
         try:
             out: object = worker.rollout(req)
+        except (TaskError, ContextLengthError) as e:  # bad user input: the parent raises it as it is (one line)
+            out = e
         except Exception:  # the parent re-raises it with the child's traceback
             out = RuntimeError(f"rollout of batch {req.b} failed in the engine process:\n{traceback.format_exc()}")
         outbox.put(pickle.dumps((req.b, time.perf_counter() - t0, out)))
