@@ -66,6 +66,9 @@ BAD_DATASETS: dict[str, tuple[Callable, tuple]] = {
     "row is null": (_text("null.jsonl", GOOD + "null\n"), ("skip", 1)),
     "NaN field": (_text("nan.jsonl", GOOD + '{"problem": NaN, "answer": "1"}\n'), ("skip", 1)),
     "deeply nested row": (_text("deep.jsonl", GOOD + "[" * 100_000 + "]" * 100_000 + "\n"), ("skip", 1)),
+    "gold grading always times out": (_text("slowgold.jsonl", GOOD + '{"problem": "big?", "answer": "99999999!"}\n'), ("skip", 1)),
+    "1 MB unparseable answer": (_text("longanswer.jsonl", GOOD + json.dumps({"problem": "x", "answer": "\\boxed{" + "@" * 900_000}) + "\n"),
+                                ("skip", 1)),
     "torn last line": (_text("torn.jsonl", GOOD + '{"problem": "2+2?", "ans'), ("skip", 1)),
     "byte-order mark": (_text("bom.jsonl", "\ufeff" + GOOD), ("skip", 0)),
     "CRLF line ends": (_text("crlf.jsonl", GOOD.replace("\n", "\r\n") * 2), ("skip", 0)),
@@ -106,6 +109,8 @@ def check_dataset(d: Path, name: str) -> str | None:
         return f"{name}: loaded, expected a refusal"
     if len(task.skipped) != n:
         return f"{name}: skipped {len(task.skipped)} rows, expected {n}: {task.report()[:300]}"
+    if len(task.report()) > 1000:  # the load-time warning quotes previews, never whole rows
+        return f"{name}: the skipped-rows warning is {len(task.report()):,} characters long"
     return None
 
 
