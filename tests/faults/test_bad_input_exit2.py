@@ -2,10 +2,8 @@
 checkpoint (truncated or foreign weight files, a state.json of the wrong structure), an unusable ``out=``,
 a prompt that cannot fit the model's context with ``engine.max_new_tokens``."""
 
-import json
-import shutil
-
 import pytest
+from benchmarks.hostile import BAD_CHECKPOINTS, check_checkpoint
 
 from run_helpers import TINY
 from satrl import cli
@@ -26,43 +24,12 @@ def finished_run(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("ckpt") / "run"
     train(load_config(None, [*TINY, "steps=2", f"out={out}"]))
-    (out / "summary.json").unlink()  # as if killed after its last checkpoint
     return out
 
 
-def _truncate(p):
-    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
-
-
-def _tree(p):
-    return json.loads(p.read_text())
-
-
-DAMAGE = {
-    "model.safetensors truncated": ("model.safetensors", _truncate),
-    "model.safetensors not safetensors": ("model.safetensors", lambda p: p.write_text("hello, not a tensor file")),
-    "model.safetensors empty": ("model.safetensors", lambda p: p.write_bytes(b"")),
-    "state.safetensors truncated": ("state.safetensors", _truncate),
-    "state.json a list": ("state.json", lambda p: p.write_text("[1, 2]")),
-    "state.json run is a number": ("state.json", lambda p: p.write_text(json.dumps({**_tree(p), "run": 5}))),
-    "state.json trainer is a string": ("state.json", lambda p: p.write_text(json.dumps({**_tree(p), "trainer": "x"}))),
-    "state.json next_batch a string": ("state.json", lambda p: p.write_text(
-        json.dumps(_tree(p)).replace('"next_batch": 1', '"next_batch": "one"'))),
-    "state.json not JSON": ("state.json", lambda p: p.write_text("{")),
-}
-
-
-@pytest.mark.parametrize("case", sorted(DAMAGE))
-def test_damaged_checkpoint_is_one_line_exit_2(finished_run, tmp_path, capsys, case):
-    out = tmp_path / "run"
-    shutil.copytree(finished_run, out)
-    name, damage = DAMAGE[case]
-    step = (out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip())
-    before = (step / name).read_bytes()
-    damage(step / name)
-    assert (step / name).read_bytes() != before, "the damage did nothing"
-    line = _one_line_exit_2(capsys, "train", "--resume", str(out), "--no-progress")
-    assert str(step) in line, line
+@pytest.mark.parametrize("case", sorted(BAD_CHECKPOINTS))
+def test_damaged_checkpoint_is_one_line_exit_2(finished_run, tmp_path, case):
+    assert check_checkpoint(finished_run, tmp_path, case) is None
 
 
 def test_out_under_a_file_is_one_line_exit_2(tmp_path, capsys):
