@@ -246,7 +246,7 @@ class ProcessBackend:
         return self._busy
 
     def _stop(self) -> None:
-        if self.proc.is_alive():
+        if self.proc.is_alive() and not self._overdue():  # a hung engine would not read the request to stop
             self.requests.put(None)
             self.proc.join(timeout=30)
         if self.proc.is_alive():
