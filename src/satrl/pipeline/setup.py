@@ -72,7 +72,7 @@ def backend_options(cfg: RunConfig) -> dict:
         return {"timeout_s": e.timeout_s, "start_timeout_s": e.start_timeout_s, "max_restarts": e.max_restarts}
     if cfg.backend == "ray":
         return {"num_workers": cfg.ray.workers, "address": cfg.ray.address, "num_gpus": cfg.ray.gpus,
-                "timeout_s": e.timeout_s}  # fmt: skip
+                "timeout_s": e.timeout_s, "max_hang_restarts": e.max_restarts}  # fmt: skip
     return {}
 
 
