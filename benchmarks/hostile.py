@@ -66,6 +66,9 @@ BAD_DATASETS: dict[str, tuple[Callable, tuple]] = {
     "row is null": (_text("null.jsonl", GOOD + "null\n"), ("skip", 1)),
     "NaN field": (_text("nan.jsonl", GOOD + '{"problem": NaN, "answer": "1"}\n'), ("skip", 1)),
     "deeply nested row": (_text("deep.jsonl", GOOD + "[" * 100_000 + "]" * 100_000 + "\n"), ("skip", 1)),
+    "gold grading always times out": (_text("slowgold.jsonl", GOOD + '{"problem": "big?", "answer": "99999999!"}\n'), ("skip", 1)),
+    "1 MB unparseable answer": (_text("longanswer.jsonl", GOOD + json.dumps({"problem": "x", "answer": "\\boxed{" + "@" * 900_000}) + "\n"),
+                                ("skip", 1)),
     "torn last line": (_text("torn.jsonl", GOOD + '{"problem": "2+2?", "ans'), ("skip", 1)),
     "byte-order mark": (_text("bom.jsonl", "\ufeff" + GOOD), ("skip", 0)),
     "CRLF line ends": (_text("crlf.jsonl", GOOD.replace("\n", "\r\n") * 2), ("skip", 0)),
@@ -106,6 +109,8 @@ def check_dataset(d: Path, name: str) -> str | None:
         return f"{name}: loaded, expected a refusal"
     if len(task.skipped) != n:
         return f"{name}: skipped {len(task.skipped)} rows, expected {n}: {task.report()[:300]}"
+    if len(task.report()) > 1000:  # the load-time warning quotes previews, never whole rows
+        return f"{name}: the skipped-rows warning is {len(task.report()):,} characters long"
     return None
 
 
@@ -130,6 +135,8 @@ BAD_CONFIGS: list[tuple[str | None, list[str], str]] = [
     (None, ["objective.alpha=[1, 2]"], "alpha"),
     (None, ["objective.name=nope"], "nope"),
     (None, ["engine.temperature=0"], "engine.temperature"),
+    (None, ["train.lr=inf"], "train.lr"),
+    (None, ["engine.timeout_s=-1"], "engine.timeout_s"),
     (None, ["task.kwargs=3"], "task.kwargs"),
     ("\x00\x01binary", [], "YAML"),
     ("a: &x [*x]\n", [], "a"),
@@ -154,3 +161,65 @@ def check_config(d: Path, text: str | None, overrides: list[str], key: str) -> s
     except BaseException as e:
         return f"{text!r} {overrides}: {type(e).__name__}: {str(e)[:300]}"
     return f"{text!r} {overrides}: accepted"
+
+
+# -- damaged checkpoints: `satrl train --resume` must end with one line naming the checkpoint, exit 2 -------------
+def _truncate(p: Path) -> None:
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _edit_tree(change: Callable[[dict], object]) -> Callable[[Path], None]:
+    def damage(p: Path) -> None:
+        tree = json.loads(p.read_text())
+        p.write_text(json.dumps(change(tree)))
+
+    return damage
+
+
+def _set_next_batch(tree: dict) -> dict:
+    tree["run"]["fields"]["next_batch"] = "one"
+    return tree
+
+
+# name -> (file of the latest checkpoint, damage)
+BAD_CHECKPOINTS: dict[str, tuple[str, Callable[[Path], None]]] = {
+    "model.safetensors truncated": ("model.safetensors", _truncate),
+    "model.safetensors not safetensors": ("model.safetensors", lambda p: p.write_text("hello, not a tensor file")),
+    "model.safetensors empty": ("model.safetensors", lambda p: p.write_bytes(b"")),
+    "state.safetensors truncated": ("state.safetensors", _truncate),
+    "state.json a list": ("state.json", lambda p: p.write_text("[1, 2]")),
+    "state.json not JSON": ("state.json", lambda p: p.write_text("{")),
+    "state.json run is a number": ("state.json", _edit_tree(lambda t: {**t, "run": 5})),
+    "state.json trainer is a string": ("state.json", _edit_tree(lambda t: {**t, "trainer": "x"})),
+    "state.json next_batch a string": ("state.json", _edit_tree(_set_next_batch)),
+}
+
+
+def check_checkpoint(finished: Path, d: Path, name: str) -> str | None:
+    """None if ``satrl train --resume`` of a copy of the run ``finished`` (summary.json removed), its latest
+    checkpoint damaged as ``name`` says, exits 2 with one line naming the checkpoint; else what went wrong."""
+    import contextlib
+    import io
+    import shutil
+
+    from satrl import cli
+
+    out = d / name.replace(" ", "_")
+    shutil.copytree(finished, out)
+    (out / "summary.json").unlink(missing_ok=True)
+    file, damage = BAD_CHECKPOINTS[name]
+    step = out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
+    before = (step / file).read_bytes()
+    damage(step / file)
+    if (step / file).read_bytes() == before:
+        return f"{name}: the damage changed nothing"
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            rc = cli.main(["train", "--resume", str(out), "--no-progress"])
+    except BaseException as e:  # a traceback
+        return f"{name}: {type(e).__name__}: {str(e)[:300]}"
+    lines = [x for x in err.getvalue().splitlines() if x.strip()]
+    if rc != 2 or len(lines) != 1 or str(step) not in lines[0]:
+        return f"{name}: exit {rc}, expected 2 and one line naming {step}: {lines[:3]}"
+    return None

@@ -38,8 +38,8 @@ def soak(steps: int) -> dict:
     made, sizes, extra = [], [], []
     make_fn, offer_fn = orchestrator.make_backend, SnapshotStore.offer
 
-    def spy_make(name, spec):
-        made.append(make_fn(name, spec))
+    def spy_make(name, spec, **options):
+        made.append(make_fn(name, spec, **options))
         return made[-1]
 
     def spy_offer(self, version, weights, b_training):

@@ -199,3 +199,43 @@ def test_bad_nested_objective_key_is_one_line_naming_it(override, line):
     with pytest.raises(ConfigError) as err:
         load_config(REPO / "configs" / "sat_grpo.yaml", [override])
     assert str(err.value).startswith(line) and "\n" not in str(err.value), str(err.value)
+
+
+def _float_keys(model=None, prefix=""):
+    """Every float-valued config key (dotted), walking the sections; the objective's own keys are its registry's."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from satrl.config import ObjectiveConfig, RunConfig
+
+    model = model or RunConfig
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            if ann is not ObjectiveConfig:
+                yield from _float_keys(ann, f"{prefix}{name}.")
+        elif float in (ann, *typing.get_args(ann)):
+            yield f"{prefix}{name}"
+        elif typing.get_origin(ann) is tuple and float in typing.get_args(ann):
+            yield f"{prefix}{name}"
+
+
+FLOAT_KEYS = sorted(_float_keys())
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+def test_every_float_key_refuses_inf_and_nan(key, value):
+    """Issue 26, item 4: train.lr=inf was accepted (step 1 wrecked the weights and the run reported success)."""
+    default = load_config(None, []).model_dump()
+    for part in key.split("."):
+        default = default[part]
+    text = f"[{value}, {value}]" if isinstance(default, (tuple, list)) else value
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"{key}={text}"])
+    assert key in str(err.value) and "\n" not in str(err.value)
+
+
+def test_float_keys_are_found():
+    assert {"train.lr", "train.betas", "engine.temperature", "engine.timeout_s", "collapse.min_peak"} <= set(FLOAT_KEYS)

@@ -43,6 +43,10 @@ LEGACY_ENV = {
 }
 
 
+# OSError numbers that mean "this path cannot be used" (the user's out= or run directory): one line, exit 2.
+UNUSABLE_PATH = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.ELOOP}
+
+
 def legacy_env_overrides(environ=None) -> list[str]:
     """``key=value`` overrides for the :data:`LEGACY_ENV` variables that are set, each noted on stderr."""
     environ = os.environ if environ is None else environ
@@ -78,17 +82,28 @@ def run_train(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
         return 0
     from satrl.models.loading import PolicyLoadError
+    from satrl.pipeline.backends import EngineError
     from satrl.pipeline.progress import train_with_progress
     from satrl.pipeline.rundir import RunDirError
     from satrl.tasks import TaskError
     from satrl.training.checkpoint import CheckpointError
+    from satrl.types import ContextLengthError
 
+    bad_input = (TaskError, PolicyLoadError, CheckpointError, FileExistsError, ConfigError, ContextLengthError,
+                 RunDirError)
     try:
         summary = train_with_progress(cfg, resume=bool(args.resume), progress=not args.no_progress)
-    except (TaskError, PolicyLoadError, CheckpointError, FileExistsError, RunDirError) as err:  # bad input: one line, exit 2
+    except bad_input as err:  # bad input: one line, exit 2
         print(f"satrl train: {_first_line(err)}", file=sys.stderr)
         return 2
+    except EngineError as err:  # the engine keeps dying or hanging: the checkpoints are intact
+        print(f"satrl train: {_first_line(err)}; continue with satrl train --resume {cfg.run_dir()}", file=sys.stderr)
+        return 2
     except OSError as err:
+        if err.errno in UNUSABLE_PATH and err.filename:  # e.g. out= under a file, or in a read-only place
+            print(f"satrl train: cannot write {err.filename}: {err.strerror} (check out= / the run directory)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         print(f"satrl train: disk full ({_first_line(err)}); free space, then continue with "

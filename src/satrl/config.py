@@ -53,7 +53,9 @@ BackendName = Annotated[str, _registered("satrl.pipeline.backends:BACKENDS")]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: no setting means anything at inf or NaN (train.lr=inf wrecked the weights at step 1 and
+    # the run reported success); a bound such as gt=0 alone lets inf through.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Strict):
@@ -84,6 +86,18 @@ class EngineConfig(_Strict):
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra engine arguments, e.g. vLLM's gpu_memory_utilization or tensor_parallel_size.",
+    )
+    # A hang is a fault like a death (backend local and ray): past the deadline the engine is killed and
+    # restarted, and its batches are re-issued (docs/design.md, "Fault tolerance").
+    timeout_s: float = Field(
+        1800.0, gt=0, description="Seconds the engine may work without returning a rollout before it counts as "
+        "hung and is restarted (raise it for long generations on slow hardware).",
+    )  # fmt: skip
+    start_timeout_s: float = Field(
+        1800.0, gt=0, description="Seconds an engine process may take to start (load the model) before it counts as hung."
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="Engine deaths or hangs in a row (no rollout in between) tolerated before the run stops."
     )
 
 

@@ -1,5 +1,6 @@
 """Named fault points, for the chaos tests: ``SATRL_FAULT=NAME[:N]`` SIGKILLs this process the N-th time
-(default: the first) it reaches ``point(NAME)``. Unset (always, outside tests), ``point`` is one dict
+(default: the first) it reaches ``point(NAME)``; ``SATRL_FAULT_SIGNAL=SIGSTOP`` sends that signal instead (a
+hang: the process stops where it is). Unset (always, outside tests), ``point`` is one dict
 lookup. Each process counts on its own, and spawned children inherit the variable: ``worker.rollout``
 kills every engine child on its first rollout.
 
@@ -26,7 +27,7 @@ def _target() -> tuple[str, int] | None:
 
 
 def point(name: str, before: Callable[[], None] | None = None) -> None:
-    """Die here (SIGKILL, no cleanup) if ``SATRL_FAULT`` names this point and its count is reached;
+    """Die here (SIGKILL, no cleanup; or stop, see above) if ``SATRL_FAULT`` names this point and its count is reached;
     ``before`` runs first (e.g. to leave half a line behind)."""
     target = _target()
     if target is None or target[0] != name:
@@ -35,4 +36,4 @@ def point(name: str, before: Callable[[], None] | None = None) -> None:
     if _counts[name] == target[1]:
         if before is not None:
             before()
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), getattr(signal, os.environ.get("SATRL_FAULT_SIGNAL") or "SIGKILL"))

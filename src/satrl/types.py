@@ -144,3 +144,7 @@ class Engine(Protocol):
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Completion]: ...
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
+
+
+class ContextLengthError(ValueError):
+    """A prompt plus ``engine.max_new_tokens`` longer than the model's context: bad input, one line for the user."""

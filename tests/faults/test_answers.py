@@ -51,3 +51,37 @@ def test_grading_in_a_thread_never_hangs(task):
     t.start()
     t.join(timeout=30)
     assert out == [1.0]
+
+
+# -- issue 26, item 9: hostile gold answers ------------------------------------------------------------
+def test_skipped_row_warning_shows_a_short_preview_of_a_long_answer(tmp_path):
+    """A skipped row's reason quotes at most a preview of its answer (a 1 MB log line before)."""
+    import json
+    import warnings
+
+    path = tmp_path / "long.jsonl"
+    path.write_text('{"problem": "1+1?", "answer": "2"}\n' + json.dumps({"problem": "x", "answer": "\\boxed{" + "@" * 500_000}) + "\n")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        t = JsonlMathTask(path, verify_timeout_s=1)
+    assert len(t.skipped) == 1 and "500,007 characters" in t.skipped[0][1]
+    (w,) = [str(x.message) for x in seen]
+    assert "line 2" in w and len(w) < 400 and "\n" not in w, w[:500]
+
+
+@pytest.mark.parametrize("gold", ["10^{10^{10}}", "99999999!"])
+def test_gold_whose_grading_always_times_out_is_skipped_at_load(tmp_path, gold):
+    """Such a gold made every sample of its problem time out (reward 0, 9x slower run); now a skipped row."""
+    import json
+    import warnings
+
+    path = tmp_path / "slow.jsonl"
+    path.write_text('{"problem": "1+1?", "answer": "2"}\n' + json.dumps({"problem": "big?", "answer": gold}) + "\n")
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        t = JsonlMathTask(path, verify_timeout_s=1)
+    assert time.perf_counter() - t0 < 2 * t.verify_timeout_s + 3
+    assert [n for n, _ in t.skipped] == [2] and "time limit" in t.skipped[0][1], t.skipped
+    assert [p.answer for p in t.problems("eval")] == ["2"]
+    assert len(seen) == 1 and "time limit" in str(seen[0].message)

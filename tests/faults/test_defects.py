@@ -161,8 +161,8 @@ def _capture_backend(monkeypatch):
     made = []
     original = orchestrator.make_backend
 
-    def spy(name, spec):
-        made.append(original(name, spec))
+    def spy(name, spec, **options):
+        made.append(original(name, spec, **options))
         return made[-1]
 
     monkeypatch.setattr(orchestrator, "make_backend", spy)
@@ -204,6 +204,6 @@ def test_engine_that_keeps_dying_is_one_error(tiny_cfg, monkeypatch):
 
     monkeypatch.setenv("SATRL_FAULT", "worker.rollout")  # every engine child SIGKILLs itself on its first rollout
     cfg = tiny_cfg("steps=2", "backend=local")
-    with pytest.raises(RuntimeError, match="engine process died") as err:
+    with pytest.raises(RuntimeError, match="engine process failed 4 times .*died") as err:
         train(cfg)
     assert len(str(err.value).splitlines()) == 1

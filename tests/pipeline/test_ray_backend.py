@@ -35,8 +35,8 @@ RUN = [
 N_SAMPLES = 4 * 4 * 4  # batches x prompts x samples
 
 
-def run(out, backend):
-    train(load_config(None, [*RUN, f"backend={backend}", "ray.workers=2", f"out={out}"]))
+def run(out, backend, *extra):
+    train(load_config(None, [*RUN, f"backend={backend}", "ray.workers=2", *extra, f"out={out}"]))
     return read_jsonl(out / "metrics.jsonl"), read_jsonl(out / "eval.jsonl")
 
 
@@ -101,12 +101,13 @@ def test_ray_run_equals_sequential(cluster, sequential, tmp_path, monkeypatch, t
 
 
 class KillingRayBackend:
-    """Factory for a RayBackend that SIGKILLs engine actor 0 right after the first batch submitted once a
-    result has arrived: that batch's shard is then certainly in flight on the killed actor."""
+    """Factory for a RayBackend that SIGKILLs (or ``sig``) engine actor 0 right after the first batch submitted
+    once a result has arrived: that batch's shard is then certainly in flight on the killed actor."""
 
-    def __init__(self):
+    def __init__(self, sig=signal.SIGKILL):
         self.backend = None
         self.killed_pid = None
+        self.sig = sig
 
     def __call__(self, spec, **options):
         from satrl.pipeline.ray_backend import RayBackend
@@ -123,7 +124,7 @@ class KillingRayBackend:
                 super().submit(req)
                 if self.results and hook.killed_pid is None:
                     hook.killed_pid = self.pids[0]
-                    os.kill(self.pids[0], signal.SIGKILL)
+                    os.kill(self.pids[0], hook.sig)
 
             def result(self, b):
                 self.results += 1
@@ -154,6 +155,21 @@ def test_killed_engine_actor_is_restarted_and_loses_nothing(
     assert len(factory.backend.pids) == 2  # ray.workers reached the backend
     assert factory.backend.reissued >= 1, "no shard was re-issued: the kill hit no in-flight work"
     assert factory.killed_pid not in factory.backend.final_pids  # Ray restarted the actor in a new process
+    assert len(trained_ids) == len(set(trained_ids)) == N_SAMPLES  # none lost, none duplicated
+    seq_metrics, seq_evals = sequential
+    diff = same_samples_diff(metrics, seq_metrics)
+    assert not diff and evals == seq_evals, diff[:5]
+
+
+@needs_ray
+def test_hung_engine_actor_is_restarted_and_loses_nothing(cluster, sequential, tmp_path, trained_ids, capsys):
+    """Issue 26, item 2 on Ray: a SIGSTOPped actor owes a batch past engine.timeout_s; it is killed and
+    restarted, its shards re-issued, and the run trains exactly the sequential run's samples."""
+    factory = KillingRayBackend(signal.SIGSTOP)
+    with backends.BACKENDS.replaced("ray", factory):
+        metrics, evals = run(tmp_path / "hung", "ray", "engine.timeout_s=3")
+    assert factory.killed_pid is not None and factory.killed_pid not in factory.backend.final_pids
+    assert "hung" in capsys.readouterr().err
     assert len(trained_ids) == len(set(trained_ids)) == N_SAMPLES  # none lost, none duplicated
     seq_metrics, seq_evals = sequential
     diff = same_samples_diff(metrics, seq_metrics)

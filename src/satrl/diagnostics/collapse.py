@@ -33,7 +33,7 @@ __all__ = ["CollapseConfig", "detect_collapse", "eval_collapse", "eval_collapse_
 class CollapseConfig(BaseModel):
     """Parameters of both collapse rules (see module docstring / docs/metrics.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf/NaN mean nothing here
 
     eval_frac: float = Field(
         0.5, gt=0.0, le=1.0, description="Eval rule: collapse when this share of the val gain over base is lost."

@@ -26,7 +26,7 @@ from satrl.engines.sampling import request_uniforms, sample_step
 from satrl.models.routing import capture_routing as _capture_routing
 from satrl.models.routing import moe_num_layers, moe_top_k
 from satrl.registry import Registry
-from satrl.types import Completion, GenerationRequest, SamplingParams
+from satrl.types import Completion, ContextLengthError, GenerationRequest, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -147,10 +147,10 @@ class TorchEngine:
                 raise ValueError(f"request {r.request_id!r} has token ids outside [0, {self.vocab_size})")
             n = len(r.prompt_ids) + sampling.max_new_tokens
             if self.max_positions is not None and n > self.max_positions:
-                raise ValueError(
+                raise ContextLengthError(
                     f"request {r.request_id!r}: prompt of {len(r.prompt_ids)} tokens + max_new_tokens "
                     f"{sampling.max_new_tokens} = {n} exceeds the model's context "
-                    f"(max_position_embeddings={self.max_positions}); shorten the prompt or max_new_tokens"
+                    f"(max_position_embeddings={self.max_positions}); shorten the prompt or engine.max_new_tokens"
                 )
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Completion]:

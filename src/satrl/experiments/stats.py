@@ -372,10 +372,14 @@ def lag_table(runs: pd.DataFrame, metric: str = "late_test_avg_at_k", n_resample
         todo += [(cell, lag) for lag in lags[1:]]
     if not todo:
         return pd.DataFrame(columns=[*COMPARISON_COLUMNS, "base_lag"])
-    # compare() pairs within one lag: relabel each (cell, lag) as its own cell at a common lag 0
-    relabelled = fin.assign(cell=fin["cell"] + "\x00" + fin["lag"].astype(int).astype(str), lag=0)
-    t = compare(relabelled, [(f"{c}\x00{lag}", f"{c}\x00{base_lag[c]}", 0) for c, lag in todo], metric,
+    # compare() pairs within one lag: relabel each (cell, lag) as its own cell at a common lag 0. The labels
+    # are looked up, never built or parsed with string operations: pandas' python string storage (no pyarrow)
+    # drops a trailing NUL in `+`, which once broke this.
+    pairs = [(c, int(lag)) for c, lag in zip(fin["cell"], fin["lag"])]
+    label = {key: f"#{i}" for i, key in enumerate(dict.fromkeys(pairs))}
+    back = {v: k for k, v in label.items()}
+    relabelled = fin.assign(cell=[label[key] for key in pairs], lag=0)
+    t = compare(relabelled, [(label[(c, lag)], label[(c, base_lag[c])], 0) for c, lag in todo], metric,
                 n_resamples, ci, seed, **kw)  # fmt: skip
-    split = t["cell"].str.split("\x00", expand=True)
-    return t.assign(cell=split[0], lag=split[1].astype(int),
-                    base=split[0], base_lag=t["base"].str.split("\x00").str[1].astype(int))  # fmt: skip
+    return t.assign(cell=[back[x][0] for x in t["cell"]], lag=[back[x][1] for x in t["cell"]],
+                    base=[back[x][0] for x in t["base"]], base_lag=[back[x][1] for x in t["base"]])  # fmt: skip

@@ -22,7 +22,15 @@ from satrl.models.loading import PolicyLoadError
 from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
 from satrl.registry import Registry
 from satrl.tasks import TaskError
-from satrl.types import Sample
+from satrl.types import ContextLengthError, Sample
+
+
+class EngineError(RuntimeError):
+    """The engine process failed (died or hung) more often in a row than allowed: one line for the user, who
+    can continue the run with ``satrl train --resume`` from its last checkpoint."""
+
+
+READY = -2  # the batch number of the engine process's "started" message
 
 
 class Backend(Protocol):
@@ -90,6 +98,7 @@ def _serve(spec: WorkerSpec, requests: mp.Queue, results: Connection) -> None:
         except Exception:  # e.g. an engine that refuses its config: the parent raises it with this traceback
             outbox.put(pickle.dumps((-1, 0.0, RuntimeError(f"the engine process could not start:\n{traceback.format_exc()}"))))
             return
+        outbox.put(pickle.dumps((READY, 0.0, None)))  # start-up is over: the rollout deadline starts now
         try:
             _serve_loop(worker, requests, outbox)
         finally:  # a child process skips atexit handlers: stop the engine's own processes (vLLM) here
@@ -114,6 +123,8 @@ def _serve_loop(worker: RolloutWorker, requests: mp.Queue, outbox: queue.Queue) 
         t0 = time.perf_counter()
         try:
             out: object = worker.rollout(req)
+        except (TaskError, ContextLengthError) as e:  # bad user input: the parent raises it as it is (one line)
+            out = e
         except Exception:  # the parent re-raises it with the child's traceback
             out = RuntimeError(f"rollout of batch {req.b} failed in the engine process:\n{traceback.format_exc()}")
         outbox.put(pickle.dumps((req.b, time.perf_counter() - t0, out)))
@@ -123,19 +134,29 @@ class ProcessBackend:
     """The engine in its own process, generating while the trainer trains.
 
     Fault tolerance: a request stays *in flight* from :meth:`submit` until its result arrives. If the engine
-    process dies (crash, OOM kill, SIGKILL), a fresh one is started and every in-flight request is sent to it
-    again, in batch order. Samples depend only on per-request seeds and the weights sent, so the redone
-    batches equal the lost ones; a batch is handed over once, so none is lost or duplicated. After
-    ``max_restarts`` deaths in a row without a result in between, the run fails with one line.
+    process dies (crash, OOM kill, SIGKILL) or hangs (no rollout for ``timeout_s`` seconds while it has work,
+    e.g. SIGSTOP or a deadlock: it is then killed), a fresh one is started and every in-flight request is sent
+    to it again, in batch order, with a fresh deadline. Samples depend only on per-request seeds and the weights
+    sent, so the redone batches equal the lost ones; a batch is handed over once, so none is lost or
+    duplicated. After ``max_restarts`` faults in a row without a result in between, :class:`EngineError`.
+
+    Args:
+        timeout_s: the most seconds the engine may go without returning a rollout while it has work
+            (config ``engine.timeout_s``); the clock restarts at each result and when an idle engine gets work.
+        start_timeout_s: the most seconds an engine process may take to start (``engine.start_timeout_s``).
+        max_restarts: engine faults in a row tolerated (``engine.max_restarts``).
     """
 
-    def __init__(self, spec: WorkerSpec, timeout_s: float = 3600.0, max_restarts: int = 3) -> None:
+    def __init__(
+        self, spec: WorkerSpec, timeout_s: float = 1800.0, max_restarts: int = 3, start_timeout_s: float = 1800.0
+    ) -> None:
         self.spec, self.timeout_s, self.max_restarts = spec, timeout_s, max_restarts
+        self.start_timeout_s = start_timeout_s
         self.ctx = mp.get_context("spawn")  # fork after torch has started threads can deadlock
         self.done: dict[int, list[Sample]] = {}
         self.in_flight: dict[int, RolloutRequest] = {}
-        self.restarts = 0  # engine processes started after a death, over the run
-        self._deaths = 0  # deaths since the last result
+        self.restarts = 0  # engine processes started after a death or hang, over the run
+        self._deaths = 0  # faults since the last result
         self._busy = 0.0
         self._start()
 
@@ -147,29 +168,41 @@ class ProcessBackend:
         self.proc = self.ctx.Process(target=_serve, args=(self.spec, self.requests, child_end), daemon=False)
         self.proc.start()
         child_end.close()  # the child now holds the only write end: its death reads as EOF here
+        self._started, self._since = False, time.monotonic()  # the deadline's clock: start-up first
 
-    def _restart(self) -> None:
+    def _restart(self, hung: bool = False) -> None:
+        if hung:  # a stopped or deadlocked process never exits by itself
+            self.proc.kill()
         self.proc.join(timeout=10)
-        why = f"exit code {self.proc.exitcode}"
+        limit = self.timeout_s if self._started else self.start_timeout_s
+        key = "engine.timeout_s" if self._started else "engine.start_timeout_s"
+        why = f"hung: no {'rollout' if self._started else 'start'} in {limit:g} s, {key}" if hung else (
+            f"died: exit code {self.proc.exitcode}")  # fmt: skip
         self._deaths += 1
         if self._deaths > self.max_restarts:
-            raise RuntimeError(
-                f"engine process died {self._deaths} times in a row without a result ({why}); giving up"
+            raise EngineError(
+                f"engine process failed {self._deaths} times in a row without a result (last: {why}); giving up "
+                f"(engine.max_restarts={self.max_restarts})"
             )
         self._stop()
         self._start()
         self.restarts += 1
-        print(f"satrl: engine process died ({why}); restarted it ({self._deaths}/{self.max_restarts}), "
+        print(f"satrl: engine process {why}; restarted it ({self._deaths}/{self.max_restarts}), "
               f"re-issuing batches {sorted(self.in_flight)}", file=sys.stderr)  # fmt: skip
         for b in sorted(self.in_flight):
             self.requests.put(pickle.dumps(self.in_flight[b]))
 
     def submit(self, req: RolloutRequest) -> None:
+        if not self.in_flight and self._started:  # an idle engine: this request's deadline starts now
+            self._since = time.monotonic()
         self.in_flight[req.b] = req
         self.requests.put(pickle.dumps(req))
 
+    def _overdue(self) -> bool:
+        limit = self.timeout_s if self._started else self.start_timeout_s
+        return bool(self.in_flight) and time.monotonic() - self._since > limit
+
     def _drain(self, block: bool) -> None:
-        deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 if not self.results.poll(1.0 if block else 0.0):
@@ -177,8 +210,8 @@ class ProcessBackend:
                         return
                     if not self.proc.is_alive():
                         self._restart()
-                    elif time.monotonic() > deadline:
-                        raise TimeoutError(f"no rollout from the engine process in {self.timeout_s:.0f} s")
+                    elif self._overdue():
+                        self._restart(hung=True)
                     continue
                 b, busy, out = pickle.loads(self.results.recv_bytes())
             except (EOFError, OSError, pickle.UnpicklingError):  # the child died, perhaps mid-message
@@ -186,6 +219,10 @@ class ProcessBackend:
                 continue
             if isinstance(out, Exception):
                 raise out
+            self._since = time.monotonic()
+            if b == READY:
+                self._started = True
+                continue
             self._deaths = 0
             self._busy += busy
             if self.in_flight.pop(b, None) is not None:  # never hand a batch over twice
@@ -209,7 +246,7 @@ class ProcessBackend:
         return self._busy
 
     def _stop(self) -> None:
-        if self.proc.is_alive():
+        if self.proc.is_alive() and not self._overdue():  # a hung engine would not read the request to stop
             self.requests.put(None)
             self.proc.join(timeout=30)
         if self.proc.is_alive():
@@ -240,5 +277,5 @@ BACKENDS.register("ray", _ray)
 
 def make_backend(name: str, spec: WorkerSpec, **options) -> Backend:
     """The backend ``name`` (the config's ``backend``) running workers built from ``spec``; ``options`` are its
-    own settings (``pipeline.setup.backend_options``: the ``ray:`` config section for ``ray``, none for the others)."""
+    own settings (``pipeline.setup.backend_options``: the engine's deadlines and restarts, the ``ray:`` section)."""
     return BACKENDS.get(name)(spec, **options)

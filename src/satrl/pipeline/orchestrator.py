@@ -7,6 +7,7 @@ engine works while the trainer trains, and a concurrent run equals a sequential 
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -19,7 +20,14 @@ from satrl.pipeline.backends import make_backend
 from satrl.pipeline.buffer import SnapshotStore, collate
 from satrl.pipeline.rundir import RunDir, RunDirError, batch_metrics
 from satrl.pipeline.schedules import Schedule, make_schedule
-from satrl.pipeline.setup import backend_options, build_evaluator, build_run_dir, build_trainer, worker_spec
+from satrl.pipeline.setup import (
+    backend_options,
+    build_evaluator,
+    build_run_dir,
+    build_trainer,
+    check_context,
+    worker_spec,
+)
 from satrl.pipeline.worker import RolloutRequest, WorkerSpec
 from satrl.provenance import record_session
 from satrl.tasks import make_task
@@ -55,6 +63,7 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
     record_session(run.path, trainer.version, cfg.trainer_threads)  # environment.json: code and machine kind
     evaluator = build_evaluator(cfg, tokenizer, task)
     evaluator.prepare()
+    check_context(cfg, trainer.model, tokenizer, [*evaluator.pool, *_first_batch(task, cfg.seed, P)])
     if trainer.version == 0 and evaluator.due(0, cfg.steps):  # the base score: the eval collapse rule's reference
         run.log_eval(0, evaluator(trainer), trainer)
     backend = make_backend(cfg.backend, spec, **backend_options(cfg))
@@ -150,3 +159,11 @@ def _drop_stale(sched: Schedule, samples: list, b: int) -> tuple[list, int]:
     last_version = sched.first_step(b) + sched.steps_per_batch - 1
     keep = [s for s in samples if not sched.drop(last_version - s.version)]
     return keep, len(samples) - len(keep)
+
+
+def _first_batch(task, seed: int, P: int) -> list:
+    """The first batch's problems, or none if the task cannot serve them (the engine process then says why)."""
+    try:
+        return list(itertools.islice(task.problems("train", seed), P))
+    except ValueError:
+        return []

@@ -15,17 +15,20 @@ passes object refs; an actor fetches a version only when its engine is not alrea
 Fault tolerance: actors are created with ``max_restarts``; a shard whose actor died (crash, OOM kill,
 ``ray.kill(actor, no_restart=False)``) is re-issued to the restarted actor. A shard is merged at most once,
 so no sample is lost or duplicated, and a re-issued shard yields the same samples (same seeds, same weights).
+A hung actor (a batch not back within ``timeout_s``) is killed that way too, and its shards re-issued.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from satrl.pipeline.backends import EngineError
 from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
 from satrl.types import Sample
 
@@ -88,7 +91,11 @@ class RayBackend:
         num_gpus: GPUs reserved per actor (``ray.gpus``).
         max_restarts: how often Ray may restart each actor after it dies.
         restart_timeout_s: how long a shard waits for its dead actor to come back before the run fails.
-        timeout_s: how long :meth:`result` waits for a batch before it gives up.
+        timeout_s: how long :meth:`result` waits for a batch (config ``engine.timeout_s``) before the actors that
+            owe it count as hung: they are killed and restarted by Ray, their shards re-issued, with a fresh
+            deadline (plus ``restart_timeout_s`` for the restart).
+        max_hang_restarts: hangs in a row for one batch before :class:`~satrl.pipeline.backends.EngineError`, one
+            line (config ``engine.max_restarts``).
     """
 
     def __init__(
@@ -101,6 +108,7 @@ class RayBackend:
         max_restarts: int = 4,
         restart_timeout_s: float = 300.0,
         timeout_s: float = 3600.0,
+        max_hang_restarts: int = 3,
     ) -> None:
         n, gpus = int(num_workers), float(num_gpus)
         if n < 1:
@@ -116,7 +124,7 @@ class RayBackend:
             num_cpus=spec.threads, num_gpus=gpus, max_restarts=max_restarts, max_task_retries=0
         )
         self.actors = [actor_cls.remote(spec) for _ in range(n)]
-        self.restart_timeout_s, self.timeout_s = restart_timeout_s, timeout_s
+        self.restart_timeout_s, self.timeout_s, self.max_hang_restarts = restart_timeout_s, timeout_s, max_hang_restarts
         self.reissued = 0  # shards sent again after their actor died
         self._refs: dict[int, Any] = {}  # version -> object ref of its state dict
         self._pending: dict[Any, _Shard] = {}  # result ref -> shard in flight
@@ -147,12 +155,22 @@ class RayBackend:
             raise RuntimeError(
                 f"batch {b} was never submitted to the Ray backend (or was already handed over)"
             )
-        deadline = time.monotonic() + self.timeout_s
+        deadline, hangs = time.monotonic() + self.timeout_s, 0
         while not self._complete(b):
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"batch {b} did not come back from the Ray engine actors in {self.timeout_s:.0f} s"
-                )
+            if time.monotonic() > deadline:  # a hang is a fault like a death: restart the actors that owe b
+                hangs += 1
+                stuck = sorted({s.worker for s in self._pending.values() if s.b == b})
+                if hangs > self.max_hang_restarts:
+                    raise EngineError(
+                        f"batch {b} did not come back from Ray engine actor(s) {stuck} in {self.timeout_s:g} s "
+                        f"(engine.timeout_s), {hangs} times in a row; giving up (engine.max_restarts={self.max_hang_restarts})"
+                    )
+                print(f"satrl: Ray engine actor(s) {stuck} hung: batch {b} not back in {self.timeout_s:g} s "
+                      f"(engine.timeout_s); restarting them ({hangs}/{self.max_hang_restarts})", file=sys.stderr)  # fmt: skip
+                for w in stuck:  # their shards fail with RayActorError and are re-issued to the restarted actor
+                    ray.kill(self.actors[w], no_restart=False)
+                # a fresh deadline for the new actors, which first have to start
+                deadline = time.monotonic() + self.restart_timeout_s + self.timeout_s
             self._collect(timeout=1.0)
         return self._hand_over(b)
 
@@ -211,7 +229,7 @@ class RayBackend:
         now = time.monotonic()
         shard.failed_at = shard.failed_at or now
         if now - shard.failed_at > self.restart_timeout_s:
-            raise RuntimeError(
+            raise EngineError(
                 f"engine actor {shard.worker} did not come back within {self.restart_timeout_s:.0f} s "
                 f"(restarts exhausted or the node is gone); last error: {error}"
             ) from error

@@ -88,6 +88,19 @@ def _lock(path: Path):
     return f
 
 
+def _checked(run: object) -> RunState:
+    """``run`` if it is a RunState whose counters are counters (a damaged state.json can hold anything)."""
+    if not isinstance(run, RunState):
+        raise TypeError(f"run state is a {type(run).__name__}, not a RunState")
+    for name in ("next_batch", "next_submit"):
+        value = getattr(run, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise TypeError(f"run state {name} is {value!r}, not a count")
+    if not isinstance(run.ready, dict):
+        raise TypeError(f"run state ready is a {type(run.ready).__name__}, not a dict")
+    return run
+
+
 def _append_text(path: Path, text: str) -> None:
     with open(path, "a") as f:
         f.write(text)
@@ -175,16 +188,17 @@ class RunDir:
             print(f"satrl: no complete checkpoint in {self.ckpt_dir}; starting from step 0", file=sys.stderr)
             return self.fresh(trainer, store)
         weights, state = ckpt.load_checkpoint(path, {"RunState": RunState, "Sample": Sample})
-        trainer.load_weights(weights)
-        trainer.load_state_dict(state["trainer"])
-        store.states = state["snapshots"]
-        torch.set_rng_state(state["rng"])
-        self.state = state["run"]
-        # Batches submitted to the dead backend but not saved as ready must be submitted again.
-        self.state.next_submit = self.state.next_batch
-        self.wall_before = state["wall_s"]
-        if trainer.version in store.wanted(self.state.next_batch) and trainer.version not in store.states:
-            store.states[trainer.version] = trainer.weights()  # the checkpoint's own weights, if a batch needs them
+        with ckpt.applying(path):
+            trainer.load_weights(weights)
+            trainer.load_state_dict(state["trainer"])
+            store.states = dict(state["snapshots"])
+            torch.set_rng_state(state["rng"])
+            self.state = _checked(state["run"])
+            # Batches submitted to the dead backend but not saved as ready must be submitted again.
+            self.state.next_submit = self.state.next_batch
+            self.wall_before = float(state["wall_s"])
+            if trainer.version in store.wanted(self.state.next_batch) and trainer.version not in store.states:
+                store.states[trainer.version] = trainer.weights()  # the checkpoint's own weights, if a batch needs them
         step = trainer.version  # drop log lines written after the checkpoint: they will be redone
         for name in ("metrics.jsonl", "eval.jsonl"):
             write_jsonl(self.path / name, self._rows_upto(name, step))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from satrl.config import RunConfig
+from satrl.config import ConfigError, RunConfig
 from satrl.models import load_policy
 from satrl.pipeline.rundir import Evaluator, RunDir
 from satrl.pipeline.worker import WorkerSpec
@@ -62,10 +62,34 @@ def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
 
 
 def backend_options(cfg: RunConfig) -> dict:
-    """Keyword arguments of the chosen backend beyond the worker spec (only ``ray`` takes any)."""
-    if cfg.backend != "ray":
-        return {}
-    return {"num_workers": cfg.ray.workers, "address": cfg.ray.address, "num_gpus": cfg.ray.gpus}
+    """Keyword arguments of the chosen backend beyond the worker spec: the engine's deadlines and restarts
+    (``local``), the ``ray:`` section and the rollout deadline (``ray``), none for ``sequential`` (its engine runs
+    in this process, which cannot restart itself)."""
+    e = cfg.engine
+    if cfg.backend == "local":
+        return {"timeout_s": e.timeout_s, "start_timeout_s": e.start_timeout_s, "max_restarts": e.max_restarts}
+    if cfg.backend == "ray":
+        return {"num_workers": cfg.ray.workers, "address": cfg.ray.address, "num_gpus": cfg.ray.gpus,
+                "timeout_s": e.timeout_s, "max_hang_restarts": e.max_restarts}  # fmt: skip
+    return {}
+
+
+def check_context(cfg: RunConfig, model, tokenizer, problems) -> None:
+    """Refuse up front (one line naming ``engine.max_new_tokens``) a run whose prompts plus ``max_new_tokens``
+    cannot fit the policy's context; checked on ``problems`` (the eval set and the first train batch), so it
+    fails before any engine starts instead of in the middle of generation. A longer prompt met later still
+    stops the run with one line (:class:`~satrl.types.ContextLengthError` from the engine)."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not limit:
+        return
+    longest = max((len(tokenizer(p.prompt)["input_ids"]) for p in problems), default=1)
+    need = longest + cfg.engine.max_new_tokens
+    if need > limit:
+        raise ConfigError(
+            f"engine.max_new_tokens={cfg.engine.max_new_tokens}: with the longest prompt checked ({longest} tokens) "
+            f"that is {need} tokens, beyond the context of {cfg.model.source} (max_position_embeddings={limit}); "
+            f"lower engine.max_new_tokens to at most {limit - longest}"
+        )
 
 
 def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:

@@ -8,7 +8,8 @@ at load time wrapped as ``\\boxed{answer}`` (unless it already has ``$`` or ``\\
 such as ``3\\pi`` or ``\\sqrt{3}+1`` is otherwise read as ``3`` or not at all.
 
 Malformed rows (bad JSON, invalid UTF-8, a row over :data:`MAX_ROW_BYTES`, not an object, a missing or
-empty field, a gold answer math-verify cannot parse) are never silently dropped: they are listed in :attr:`JsonlMathTask.skipped` as
+empty field, a gold answer math-verify cannot parse, or one whose grading always hits the time limit) are
+never silently dropped: they are listed in :attr:`JsonlMathTask.skipped` as
 ``(line_number, reason)``, summarized by :meth:`JsonlMathTask.report`, and announced with one
 ``warnings.warn`` at load time.
 
@@ -70,10 +71,33 @@ def _timeout(seconds: int = _TIMEOUT_S) -> int | None:
     return seconds if threading.current_thread() is threading.main_thread() else None
 
 
-def parse_gold(answer: str) -> list[Any]:
+def parse_gold(answer: str, timeout_s: int = _TIMEOUT_S) -> list[Any]:
     """math-verify parse of a reference answer (boxed, so LaTeX without ``$`` is read whole)."""
     text = answer if ("$" in answer or "\\boxed" in answer) else f"\\boxed{{{answer}}}"
-    return parse(text, parsing_timeout=_timeout())
+    return parse(text, parsing_timeout=_timeout(timeout_s))
+
+
+def preview(text: str, n: int = 60) -> str:
+    """``text`` quoted, cut to ``n`` characters with its length noted: a skipped row's warning stays one short
+    line however long the row's answer is."""
+    return repr(text) if len(text) <= n else f"{text[:n]!r}... ({len(text):,} characters)"
+
+
+_PROBE: list[Any] = []  # the parse of a plain answer ("1"), made on first use
+
+
+def grading_times_out(gold: list[Any], timeout_s: int = _TIMEOUT_S) -> bool:
+    """Whether comparing ``gold`` with a plain answer hits the time limit: such a gold (e.g. ``10^{10^{10}}``,
+    ``99999999!``) makes every grading of its problem time out, so its reward is always 0 at ``timeout_s``
+    seconds per sample. Off the main thread there is no time limit to hit (see :func:`_timeout`): False."""
+    limit = _timeout(timeout_s)
+    if limit is None:
+        return False
+    if not _PROBE:
+        _PROBE.extend(parse("\\boxed{1}"))
+    before = TIMEOUTS.count
+    verify(gold, _PROBE, timeout_seconds=limit)
+    return TIMEOUTS.count > before
 
 
 def math_equal(gold: list[Any], completion_text: str, timeout_s: int = _TIMEOUT_S) -> bool:
@@ -195,13 +219,17 @@ class JsonlMathTask:
             return None
         for key in (self.problem_key, self.answer_key):
             if self._field(row, key) is None:
-                self.skipped.append((line_no, f"missing or empty {key!r}"))
+                self.skipped.append((line_no, f"missing or empty {preview(key)}"))
                 return None
         answer = self._field(row, self.answer_key)
         assert answer is not None
-        gold = parse_gold(answer)
+        gold = parse_gold(answer, self.verify_timeout_s)
         if not gold:
-            self.skipped.append((line_no, f"answer {answer!r} not parseable by math-verify"))
+            self.skipped.append((line_no, f"answer {preview(answer)} not parseable by math-verify"))
+            return None
+        if grading_times_out(gold, self.verify_timeout_s):
+            self.skipped.append((line_no, f"answer {preview(answer)}: grading it hits the {self.verify_timeout_s} s "
+                                          "time limit (verify_timeout_s), so its reward would always be 0"))  # fmt: skip
             return None
         pid = f"{self.path.stem}:{line_no}"
         self._gold[pid] = gold

@@ -15,10 +15,13 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from satrl import faults
@@ -108,5 +111,23 @@ def load_checkpoint(path: Path, classes: dict[str, type] = {}) -> tuple[dict[str
         tree = json.loads((path / "state.json").read_text())
         state = decode(tree, load_file(str(path / "state.safetensors")), classes)
         return load_file(str(path / "model.safetensors")), state
-    except (OSError, ValueError, UnsafeStateError) as e:
-        raise CheckpointError(f"{path}: unreadable checkpoint ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
+    except (OSError, ValueError, UnsafeStateError, SafetensorError) as e:  # truncated or foreign files too
+        raise CheckpointError(f"{path}: unreadable checkpoint ({_first_line(e)})") from e
+
+
+@contextmanager
+def applying(path: Path) -> Iterator[None]:
+    """Around the code that puts a loaded checkpoint's state into the run: a state of the wrong structure (a
+    hand-edited or foreign ``state.json``, weights of another model) is a :class:`CheckpointError` naming the
+    checkpoint, one line, instead of whatever the first bad access raises."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: damaged checkpoint, its state does not fit this run ({_first_line(e)})") from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
