@@ -80,3 +80,21 @@ def collated_routing(completions, pad_id: int = 0):
         for c in completions
     ]  # fmt: skip
     return collate(samples, pad_id).routing
+
+
+def engine_signaller(made: list, sig: int, times: int):
+    """An ``on_step`` hook that sends ``sig`` to the current engine process ``times`` times, about three steps
+    apart, each to a process not signalled before (the parent notices a dead or hung engine only when it next
+    needs a batch, which can be a step or two later on a loaded machine), and the list of pids it signalled.
+    ``made``: the backends the run made (the first is the run's)."""
+    import os
+
+    hit: list[int] = []
+
+    def on_step(step, metrics, result):
+        pid = made[0].proc.pid
+        if len(hit) < times and step >= 1 + 3 * len(hit) and pid not in hit:
+            hit.append(pid)
+            os.kill(pid, sig)
+
+    return on_step, hit

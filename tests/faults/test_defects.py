@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from run_helpers import REPO, TINY, read_jsonl, stable
+from run_helpers import REPO, TINY, engine_signaller, read_jsonl, stable
 from satrl.jsonl import read_jsonl as tolerant_read
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
@@ -181,16 +181,8 @@ def test_killed_engine_process_is_restarted(run_tiny, tiny_cfg, monkeypatch, tra
     ref_ids = list(trained_ids)
     trained_ids.clear()
     made = _capture_backend(monkeypatch)
-    killed = []
-
-    def on_step(step, metrics, result):
-        # Three kills, about three steps apart (with batches in flight, between and during generation), each of
-        # a process not killed before: the parent replaces a dead engine when it next needs a batch, and a batch
-        # that arrived before the kill can delay that by a step or two on a loaded machine.
-        pid = made[0].proc.pid
-        if len(killed) < 3 and step >= 1 + 3 * len(killed) and pid not in killed:
-            killed.append(pid)
-            os.kill(pid, signal.SIGKILL)
+    # three kills, with batches in flight, between and during generation
+    on_step, killed = engine_signaller(made, signal.SIGKILL, 3)
 
     cfg = tiny_cfg(*ARGS4, "backend=local", name="killed")
     train(cfg, on_step=on_step)

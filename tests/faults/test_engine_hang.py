@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from run_helpers import REPO, TINY, read_jsonl, stable
+from run_helpers import REPO, TINY, engine_signaller, read_jsonl, stable
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
 ARGS = ("steps=12", "lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=3")
@@ -26,15 +26,8 @@ def test_stopped_engine_is_restarted_and_loses_nothing(run_tiny, tiny_cfg, monke
     trained_ids.clear()
     made, make = [], orchestrator.make_backend
     monkeypatch.setattr(orchestrator, "make_backend", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
-    stopped = []
-
-    def on_step(step, metrics, result):
-        # Two hangs, each of an engine not stopped before (the second must get a fresh deadline too): the parent
-        # notices a hang only when it next waits for a batch, which can be a step or two later.
-        pid = made[0].proc.pid
-        if len(stopped) < 2 and step >= 1 + 3 * len(stopped) and pid not in stopped:
-            stopped.append(pid)
-            os.kill(pid, signal.SIGSTOP)
+    # two hangs, each of an engine not stopped before: the second must get a fresh deadline too
+    on_step, stopped = engine_signaller(made, signal.SIGSTOP, 2)
 
     cfg = tiny_cfg(*ARGS, "backend=local", "engine.timeout_s=3", name="hung")
     capsys.readouterr()
