@@ -114,3 +114,22 @@ def test_objectives_declare_what_they_need():
     assert resolve_objective("grpo", kl_coef=0.0).needs == frozenset()
     assert resolve_objective("grpo", kl="none").needs == frozenset()
     assert resolve_objective("grpo_tis").needs == {"ref_logp", "old_logp"}  # TIS weighs by pi_old / mu
+
+
+def test_qwen3_gpu_config_uses_the_gpu_trainer_settings():
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "qwen3_gpu.yaml", [])
+    t = cfg.train
+    assert (t.dtype, t.tf32, t.activation_checkpointing, t.logprob_chunk_tokens) == ("bf16", True, True, 2048)
+    default = load_config(None, []).train  # the CPU testbed keeps its exact fp32 path
+    assert (default.dtype, default.activation_checkpointing, default.logprob_chunk_tokens) == ("fp32", False, 0)
+
+
+@pytest.mark.parametrize("item,field", [("train.dtype=fp16", "train.dtype"),
+                                        ("train.logprob_chunk_tokens=-1", "train.logprob_chunk_tokens")])
+def test_bad_trainer_precision_or_memory_setting_names_the_field(item, field):
+    from satrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        load_config(None, [item])

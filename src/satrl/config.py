@@ -133,7 +133,7 @@ class TrainConfig(_Strict):
         "fp32", description="Trainer compute dtype: fp32, or bf16 forward/backward under torch.autocast with fp32 "
         "master weights, gradients and AdamW state (the reference model is then kept in bf16).",
     )  # fmt: skip
-    tf32: bool = Field(True, description="On CUDA, fp32 matmuls on TF32 tensor cores (no effect on CPU).")
+    tf32: bool = Field(True, description="On CUDA, fp32 matmuls on TF32 tensor cores, or not (no effect on CPU).")
     activation_checkpointing: bool = Field(
         False, description="Recompute each decoder layer in the backward instead of saving its activations."
     )

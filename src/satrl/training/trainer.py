@@ -147,9 +147,9 @@ class Trainer:
         # Master weights, gradients and AdamW state stay fp32; "bf16" runs the forward (and so the backward's
         # matmuls) under autocast. The reference model only runs forwards: it is kept in the compute dtype.
         self.dtype, self.compute_dtype = dtype, COMPUTE_DTYPES[dtype]
-        if tf32 and self.device.type == "cuda":  # fp32 matmuls on tensor cores (10-bit mantissa inputs)
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        if self.device.type == "cuda":  # fp32 matmuls on TF32 tensor cores (10-bit mantissa inputs), or not
+            torch.backends.cuda.matmul.allow_tf32 = tf32  # a process-wide switch: the last trainer built sets it
+            torch.backends.cudnn.allow_tf32 = tf32
         uses_ref = "ref_logp" in objective.needs  # a KL term with coefficient 0 needs none: not built
         self.ref_model = None
         if uses_ref:  # copied before the policy moves, so the device never holds an fp32 copy of it
