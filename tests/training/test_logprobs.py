@@ -152,3 +152,16 @@ def test_no_snapshot_forward_when_decompose_is_off(tiny):
         trainer = make_trainer(model, decompose=decompose)
         list(trainer.train_batch(batch, 0, snapshots, stop_at=1))
         assert bool(calls) == decompose  # the check can fail: with decompose on, snapshots are asked for
+
+
+def test_config_fields_reach_the_trainer():
+    from satrl.config import load_config
+    from satrl.pipeline.setup import build_trainer
+
+    over = ["train.dtype=bf16", "train.activation_checkpointing=true", "train.logprob_chunk_tokens=64",
+            "objective.name=sat_grpo", "objective.kl_coef=0", "diagnostics.decompose=false"]  # fmt: skip
+    trainer, _ = build_trainer(load_config(None, over))
+    assert (trainer.dtype, trainer.logprob_chunk_tokens, trainer.ref_model) == ("bf16", 64, None)
+    assert any(getattr(m, "gradient_checkpointing", False) for m in trainer.model.modules())
+    plain, _ = build_trainer(load_config(None, []))
+    assert (plain.dtype, plain.logprob_chunk_tokens) == ("fp32", 0)

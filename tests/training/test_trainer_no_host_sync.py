@@ -49,6 +49,7 @@ CASES = [
     ("sat_grpo", {}),  # SAT: gate, order statistic, PPO clip
     ("grpo", {"kl_coef": 1e-3}),  # with the reference model's forward
     ("sat_grpo", {"logprob_chunk_tokens": 8, "activation_checkpointing": True}),
+    ("grpo", {"kl_coef": 1e-3, "dtype": "bf16", "logprob_chunk_tokens": 8, "activation_checkpointing": True}),
 ]
 
 
