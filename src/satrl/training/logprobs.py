@@ -45,12 +45,16 @@ def _takes_mask_mapping(decoder_cls: type) -> bool:
 def attention_arg(model: torch.nn.Module, attention_mask: torch.Tensor, padded: bool | None):
     """The ``attention_mask`` argument for a forward over ``attention_mask``'s [B, L] columns.
 
-    ``padded=None`` (unknown): the 2-D mask, which transformers inspects on the host. Padded rows:
+    ``padded=None`` (unknown), or a model with sliding-window layers: the 2-D mask, which transformers
+    inspects on the host. Padded rows:
     transformers' own SDPA mask, causal AND key not padding, as a [B, 1, L, L] bool tensor built on the device
     (transformers passes a 4-D mask through unchecked). No padding: the prepared mapping ``{"full_attention":
     None}`` (pure causal attention, the kernel transformers would pick after looking at the mask on the host),
-    where the decoder takes one and has only full-attention layers; else the 2-D mask (one host check)."""
-    if padded is None:
+    where the decoder takes one; else the 2-D mask (one host check)."""
+    config = getattr(model, "config", None)
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    sliding = layer_types != {"full_attention"} or getattr(config, "sliding_window", None) is not None
+    if padded is None or sliding:  # sliding-window attention needs transformers' own masks
         return attention_mask.long()
     if padded:
         L = attention_mask.shape[1]
@@ -58,9 +62,7 @@ def attention_arg(model: torch.nn.Module, attention_mask: torch.Tensor, padded: 
         causal = idx[None, :] <= idx[:, None]  # [q, kv]
         return causal[None, None] & attention_mask.bool()[:, None, None, :]
     get_decoder = getattr(model, "get_decoder", None)
-    decoder = get_decoder() if get_decoder is not None else model
-    layer_types = set(getattr(getattr(model, "config", None), "layer_types", None) or ["full_attention"])
-    if layer_types == {"full_attention"} and _takes_mask_mapping(type(decoder)):
+    if _takes_mask_mapping(type(get_decoder() if get_decoder is not None else model)):
         return {"full_attention": None}
     return attention_mask.long()
 
