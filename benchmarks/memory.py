@@ -22,7 +22,8 @@ model with the real 151936-token vocabulary, used for all three shapes (they sha
 4) + tokens x (head + layers x per layer) + the backward's working set, which is counted, not measured: before,
 three fp32 [tokens, vocab] gradients of the log-softmax path; after, three fp32 [chunk, vocab] gradients and
 one decoder layer's recomputed activations (its *before* per-layer bytes). It is an upper bound: it holds every
-gradient and every saved activation at once. The 8-rank rows divide fixed bytes and gradients by 8 (FSDP2
+gradient and every saved activation at once. The optimizer step's peak (fixed + gradients + the fp32 sqrt(v)
+temporary of torch's foreach AdamW, 4 bytes per parameter) is counted too, and the peak is the larger of the two. The 8-rank rows divide fixed bytes and gradients by 8 (FSDP2
 sharding) and keep activations whole; FSDP2 is not built yet, so those rows are a projection, and so is every
 full-depth number (measured pieces, added up). The GPU check (benchmarks/gpu_check.py) measures the real peak.
 """
@@ -182,8 +183,10 @@ def project(res: dict, shapes: dict, vocab: int, tokens: int, ranks: int, settin
         work = tokens * 3 * vocab * 4
     else:  # one chunk's [chunk, V] gradients, and the one decoder layer being recomputed (its fp32 activations)
         work = 3 * SETTINGS["after"]["logprob_chunk_tokens"] * vocab * 4 + tokens * res["before"]["layer"][name]
+    train = (fixed + grads) / ranks + emb_grad + saved + work
+    opt = (fixed + grads + 4 * P) / ranks  # the optimizer step: foreach AdamW's fp32 sqrt(v) temporary
     return {"params": P, "fixed": fixed / ranks, "grads": grads / ranks, "act": emb_grad + saved + work,
-            "peak": (fixed + grads) / ranks + emb_grad + saved + work}  # fmt: skip
+            "train": train, "opt": opt, "peak": max(train, opt)}  # fmt: skip
 
 
 def report(res: dict, shapes: dict, vocab: int, tokens: int, head: str, wall: float) -> str:
@@ -202,14 +205,15 @@ def report(res: dict, shapes: dict, vocab: int, tokens: int, head: str, wall: fl
         lines.append(f"| {name} | {b['layer'][name]:,.0f} | {b['head']:,.0f} | {a['layer'][name]:,.0f} | {a['head']:,.0f} |")
     lines += ["", f"Projected peak per rank at {tokens:,} tokens per microbatch (GiB; 8 ranks = FSDP2 sharding of "
               "weights, gradients, AdamW and reference by 8, activations whole; a projection: FSDP2 is not built yet):",
-              "", "| shape | params | setting | ranks | fixed | gradients | activations + working set | peak |",
-              "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+              "", "| shape | params | setting | ranks | fixed | gradients | activations + working set "
+              "| forward + backward | optimizer step | peak |",
+              "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for name in shapes:
         for s in SETTINGS:
             for ranks in (1, 8):
                 p = project(res, shapes, vocab, tokens, ranks, s, name)
                 lines.append(f"| {name} | {p['params'] / 1e9:.2f}B | {s} | {ranks} | {g(p['fixed'])} | {g(p['grads'])} "
-                             f"| {g(p['act'])} | {g(p['peak'])} |")  # fmt: skip
+                             f"| {g(p['act'])} | {g(p['train'])} | {g(p['opt'])} | {g(p['peak'])} |")  # fmt: skip
     first = next(iter(shapes))
     target = project(res, shapes, vocab, tokens, 1, "after", first)["peak"] / GiB
     lines += ["", f"Target {first} at {tokens:,} tokens on one device <= 40 GiB: {target:.1f} GiB, "
