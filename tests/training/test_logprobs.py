@@ -165,3 +165,16 @@ def test_config_fields_reach_the_trainer():
     assert any(getattr(m, "gradient_checkpointing", False) for m in trainer.model.modules())
     plain, _ = build_trainer(load_config(None, []))
     assert (plain.dtype, plain.logprob_chunk_tokens) == ("fp32", 0)
+
+
+def test_snapshot_forward_in_bf16_is_close_to_fp32(tiny):
+    """Under bf16 the snapshot's weights are cast for the forward; the log-probs stay close to fp32's."""
+    model, tok = tiny
+    batch = make_batch(tok)
+    got = {}
+    for dtype in ("fp32", "bf16"):
+        trainer = make_trainer(model, dtype=dtype, logprob_chunk_tokens=8)
+        got[dtype] = trainer.version_logp(batch, {0: {k: v.clone() for k, v in model.state_dict().items()}}.get)
+    assert torch.isfinite(got["bf16"][batch.mask]).all()
+    assert not torch.equal(got["bf16"], got["fp32"])
+    torch.testing.assert_close(got["bf16"][batch.mask], got["fp32"][batch.mask], atol=0.1, rtol=0.05)
