@@ -1,13 +1,29 @@
-"""GPU check: the torch engine and the trainer on CUDA for a few steps of sat_grpo at lag 2, then the objective
-benchmark on the GPU. One prepared script for a lent GPU machine (no vLLM there); results go to
-docs/benchmarks.md, section "GPU".
+"""GPU check: a Qwen3-0.6B-shaped trainer at 16k tokens per microbatch (bf16, activation checkpointing, chunked
+log-probs): peak memory, trainer tokens/s and MFU; SAT on CUDA against the same steps on CPU; the torch engine and
+the trainer in the ``satrl train`` loop; the objective timings. One prepared script for a lent GPU machine (no
+vLLM, no network there); results go to docs/benchmarks.md, section "GPU".
 
     python -m benchmarks.gpu_check                      # on the GPU machine: writes the section
     python -m benchmarks.gpu_check --device cpu --quick  # logic smoke run anywhere (nothing written)
 
-Part 1 runs the real ``satrl train`` loop (sequential backend) on the tiny dense and MoE policies with
+Dependencies on the GPU machine: torch and transformers are there; satrl's objectives and config are pydantic
+models, and pydantic is not, so carry its wheels (pure Python except ``pydantic_core``, whose wheel must match
+the machine's Python) in an ignored folder and install them offline first:
+``pip install --no-index --find-links WHEELS pydantic`` (pydantic, pydantic_core, annotated_types,
+typing_inspection). Without them the script stops at once with that instruction.
+
+Part 1 builds a randomly initialised Qwen3-0.6B-shaped policy (hidden 1024, 28 layers, 16 heads, 8 KV heads,
+head_dim 128, intermediate 3072, vocabulary 151936, tied embeddings; the config is local, no hub) and runs
+``Trainer.step`` on one 16,384-token row (sat_grpo, no KL term) with ``dtype=bf16``,
+``activation_checkpointing=True`` and ``logprob_chunk_tokens=2048``: a warm-up step, then timed steps (CUDA
+synchronised). MFU counts model FLOPs, 6 per parameter per token (the LM head included, the embedding lookup
+not) plus causal attention (6 * layers * heads * head_dim * sequence length per token), over the device's dense
+bf16 peak (989 TFLOP/s on H100/H200 SXM); activation recomputation is not counted as useful work.
+Part 2 trains the tiny policy for two steps of sat_grpo on the same batch on CPU and on the device, fp32 with
+TF32 off, and compares the loss, every metric and the weights (relative tolerance 1e-4).
+Part 3 runs the real ``satrl train`` loop (sequential backend) on the tiny dense and MoE policies with
 ``train.device`` and the engine's ``device`` set, and reports per-step time and d at lag 0 (implementation
-mismatch only). Part 2 times ``policy_loss`` + ``aggregate`` + ``backward`` of grpo and sat_grpo on device
+mismatch only). Part 4 times ``policy_loss`` + ``aggregate`` + ``backward`` of grpo and sat_grpo on device
 tensors (CUDA events, median of repeats) and reads the peak allocated memory of one step.
 """
 
@@ -22,7 +38,10 @@ from pathlib import Path
 
 import torch
 
-from satrl.objectives import aggregate, policy_loss
+try:
+    from satrl.objectives import aggregate, policy_loss
+except ModuleNotFoundError as e:  # pydantic: carried as wheels to the GPU machine (see the docstring)
+    raise SystemExit(f"{e}: install the carried wheels first: pip install --no-index --find-links WHEELS pydantic") from None
 
 RUN = [
     "train.prompts_per_batch=8", "train.group_size=4", "train.minibatches=2", "engine.max_new_tokens=8",
@@ -64,8 +83,8 @@ def _inputs(n: int, device: str, T: int = 1024) -> dict[str, torch.Tensor]:
 
 def _step(preset: str, x: dict[str, torch.Tensor]) -> None:
     x["logp"].grad = None
-    loss_tok, _ = policy_loss(preset, **x)
-    aggregate(loss_tok, x["mask"], "token-mean").backward()
+    out = policy_loss(preset, **x)
+    aggregate(out.loss, x["mask"], "token-mean").backward()
 
 
 def objective_check(device: str, n: int, repeats: int) -> dict:
@@ -102,6 +121,29 @@ def objective_check(device: str, n: int, repeats: int) -> dict:
     return out
 
 
+def trainer_lines(device: str, quick: bool) -> list[str]:
+    """Parts 1 and 2: the 0.6B-shaped trainer at 16k tokens, and SAT on the device against CPU."""
+    from benchmarks.gpu_trainer import sat_parity, throughput
+
+    r = throughput(device, quick, steps=2 if quick else 5)
+    print(json.dumps(r))
+    mem = "-" if r["peak_alloc_gib"] is None else f"{r['peak_alloc_gib']:.1f} / {r['peak_reserved_gib']:.1f}"
+    mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %"
+    p = sat_parity(device)
+    print(json.dumps(p))
+    return [
+        "| trainer | tokens / microbatch | timed steps | s / step | tokens / s | MFU | peak GiB (allocated / reserved) "
+        "| finite |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        f"| {r['shape']} bf16 + checkpointing + chunked log-probs | {r['tokens']} | {r['steps']} | {r['s_per_step']:.2f} "
+        f"| {r['tokens_per_s']:.0f} | {mfu} | {mem} | {r['finite']} |", "",
+        "Anchor: prime-rl's trainer benchmark gives 11.9k tokens/s for Qwen3-0.6B at 16K sequence length on one H100.",
+        "",
+        f"SAT on {device} vs CPU (tiny policy, sat_grpo, 2 steps, fp32, TF32 off): every metric within 1e-6 + "
+        f"{p['rtol']:g} x |value| (worst at {p['metric_tol']:.2f} of that), weights within {p['weight_rel']:.1e} "
+        f"relative norm: {'equal' if p['equal'] else 'NOT equal'} within tolerance.",
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -110,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here: run on the GPU machine, or pass --device cpu --quick for a smoke run")
     steps = 2 if args.quick else 8
-    lines = ["| policy | steps (lag 2) | wall s | s/step | d at lag 0 (step 1) | mean gate rate | final avg@k | finite |",
+    lines = trainer_lines(args.device, args.quick) + [""]
+    lines += ["| policy | steps (lag 2) | wall s | s/step | d at lag 0 (step 1) | mean gate rate | final avg@k | finite |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for model in ("tiny-arith", "tiny-arith-moe"):

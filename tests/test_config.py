@@ -239,3 +239,22 @@ def test_every_float_key_refuses_inf_and_nan(key, value):
 
 def test_float_keys_are_found():
     assert {"train.lr", "train.betas", "engine.temperature", "engine.timeout_s", "collapse.min_peak"} <= set(FLOAT_KEYS)
+
+
+def test_qwen3_gpu_config_uses_the_gpu_trainer_settings():
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "qwen3_gpu.yaml", [])
+    t = cfg.train
+    assert (t.dtype, t.tf32, t.activation_checkpointing, t.logprob_chunk_tokens) == ("bf16", True, True, 2048)
+    default = load_config(None, []).train  # the CPU testbed keeps its exact fp32 path
+    assert (default.dtype, default.activation_checkpointing, default.logprob_chunk_tokens) == ("fp32", False, 0)
+
+
+@pytest.mark.parametrize("item,field", [("train.dtype=fp16", "train.dtype"),
+                                        ("train.logprob_chunk_tokens=-1", "train.logprob_chunk_tokens")])
+def test_bad_trainer_precision_or_memory_setting_names_the_field(item, field):
+    from satrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        load_config(None, [item])

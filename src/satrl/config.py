@@ -143,6 +143,18 @@ class TrainConfig(_Strict):
         None, ge=1, description="Cap on `threads` (`satrl grid` sets it so that workers x threads <= cores); null: none."
     )
     device: str = Field("cpu", description="Trainer device: cpu, cuda or cuda:N (the torch engine's is engine.kwargs.device).")
+    dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="Trainer compute dtype: fp32, or bf16 forward/backward under torch.autocast with fp32 "
+        "master weights, gradients and AdamW state (the reference model is then kept in bf16).",
+    )  # fmt: skip
+    tf32: bool = Field(True, description="On CUDA, fp32 matmuls on TF32 tensor cores, or not (no effect on CPU).")
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each decoder layer in the backward instead of saving its activations."
+    )
+    logprob_chunk_tokens: int = Field(
+        0, ge=0, description="0: log-probs from full-vocabulary logits (the exact CPU numbers); N > 0: LM head and "
+        "log-softmax only at response positions, N tokens at a time, recomputed in the backward (equal to 1e-6).",
+    )  # fmt: skip
 
 
 class RayConfig(_Strict):

@@ -93,7 +93,7 @@ def check_context(cfg: RunConfig, model, tokenizer, problems) -> None:
 
 
 def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
-    """The policy (fp32) and its trainer; returns ``(trainer, tokenizer)``."""
+    """The policy (fp32 master weights) and its trainer; returns ``(trainer, tokenizer)``."""
     model, tokenizer = load_policy(cfg.model.source)
     if cfg.r3:
         from satrl.models.routing import moe_num_layers
@@ -119,5 +119,9 @@ def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
         adv_std_norm=cfg.train.adv_std_norm,
         decompose=cfg.diagnostics.decompose,
         seed=cfg.seed,
+        dtype=cfg.train.dtype,
+        tf32=cfg.train.tf32,
+        activation_checkpointing=cfg.train.activation_checkpointing,
+        logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
     )
     return trainer, tokenizer

@@ -13,6 +13,7 @@ import copy
 from collections.abc import Callable, Iterator
 
 import torch
+from torch.func import functional_call
 
 from satrl import diagnostics as diag
 from satrl.objectives import ObjectiveSpec, aggregate
@@ -20,41 +21,13 @@ from satrl.objectives.aggregation import share_unit
 from satrl.objectives.reductions import reduce_metrics
 from satrl.tensors import scoring_positions
 from satrl.training.advantages import group_advantages
+from satrl.training.logprobs import response_logp
 from satrl.types import Batch
 
+__all__ = ["Trainer", "cpu_copy", "microbatches", "plan_microbatches", "response_logp", "split_rows", "to_device"]
+COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
 Snapshots = Callable[[int], "dict[str, torch.Tensor] | None"]
-
-
-def response_logp(
-    model: torch.nn.Module,
-    mb: Batch,
-    temperature: float,
-    routing: torch.Tensor | None = None,  # [B, L, layers, top_k] to replay (R3), or None
-    capture: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log pi(y_t | s_t) of each response token [B, T], from temperature-scaled logits (the engine's
-    sampler), and, if ``capture``, the experts each MoE layer used at the scoring positions [B, T, layers, k]."""
-    L = int(mb.attention_mask.sum(1).max())
-    T = mb.mask.shape[1]
-    pos = scoring_positions(mb.prompt_len, T, L)  # [B, T]
-    with contextlib.ExitStack() as stack:
-        if routing is not None:
-            from satrl.models.routing import replay_routing
-
-            stack.enter_context(replay_routing(model, routing[:, :L]))
-        rec = None
-        if capture:
-            from satrl.models.routing import capture_routing
-
-            rec = stack.enter_context(capture_routing(model))  # inside replay: records the experts used
-        out = model(input_ids=mb.input_ids[:, :L], attention_mask=mb.attention_mask[:, :L].long())
-        used = None
-        if rec is not None:
-            r = rec.take()
-            used = r.gather(1, pos[:, :, None, None].expand(-1, -1, *r.shape[2:]))
-    logits = out.logits.gather(1, pos[..., None].expand(-1, -1, out.logits.shape[-1])).float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    return logp.gather(-1, mb.response_ids[..., None]).squeeze(-1), used
 
 
 def cpu_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -75,19 +48,35 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
     return Batch(**moved)
 
 
-def microbatches(mb: Batch, token_budget: int) -> Iterator[Batch]:
-    """Consecutive rows whose padded length fits the budget (at least one row each)."""
-    lengths = mb.attention_mask.sum(1)
-    start = 0
-    while start < lengths.numel():
+def row_slice(batch: Batch, start: int, end: int) -> Batch:
+    """Rows ``start:end`` of a batch as views (no copy, no index tensor, no device work)."""
+    pick = {k: (v[start:end] if isinstance(v, torch.Tensor) else v) for k, v in batch.__dict__.items()}
+    pick["sample_ids"] = batch.sample_ids[start:end]
+    return Batch(**pick)
+
+
+def plan_microbatches(mb: Batch, token_budget: int) -> list[tuple[int, int, int, bool]]:
+    """Cut consecutive rows into microbatches whose padded length fits the budget (at least one row each):
+    ``(start, end, longest, padded)`` per microbatch, ``padded`` when a row is shorter than the longest.
+    Read on the host: pass the CPU batch, so that the device never waits for it."""
+    lengths = mb.attention_mask.sum(1).tolist()
+    plan, start = [], 0
+    while start < len(lengths):
         end, longest = start, 0
-        while end < lengths.numel():
-            longest_next = max(longest, int(lengths[end]))
+        while end < len(lengths):
+            longest_next = max(longest, lengths[end])
             if end > start and longest_next * (end - start + 1) > token_budget:
                 break
             longest, end = longest_next, end + 1
-        yield split_rows(mb, torch.arange(start, end))
+        plan.append((start, end, longest, min(lengths[start:end]) < longest))
         start = end
+    return plan
+
+
+def microbatches(mb: Batch, token_budget: int) -> Iterator[Batch]:
+    """The microbatches of :func:`plan_microbatches`, as batches."""
+    for start, end, _, _ in plan_microbatches(mb, token_budget):
+        yield row_slice(mb, start, end)
 
 
 def epoch_order(seed: int, index: int, epoch: int, n: int) -> torch.Tensor:
@@ -98,6 +87,29 @@ def epoch_order(seed: int, index: int, epoch: int, n: int) -> torch.Tensor:
 
 def _pick(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
     return None if x is None else x[rows]
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Checkpoint every decoder layer (transformers' own switch; non-reentrant, so it composes with autocast)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ValueError(f"activation_checkpointing needs a transformers model; got {type(model).__name__}")
+
+
+class _Scored(torch.nn.Module):
+    """Holds the policy as a submodule so that ``functional_call`` can run any function of it (the chunked
+    log-prob path calls the decoder and the LM head separately) with a snapshot's tensors swapped in."""
+
+    def __init__(self, policy: torch.nn.Module) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, fn: Callable[[torch.nn.Module], torch.Tensor]) -> torch.Tensor:
+        return fn(self.policy)
 
 
 class Trainer:
@@ -124,16 +136,33 @@ class Trainer:
         adv_std_norm: bool = True,
         decompose: bool = False,
         seed: int = 0,
+        dtype: str = "fp32",
+        tf32: bool = True,
+        activation_checkpointing: bool = False,
+        logprob_chunk_tokens: int = 0,
     ) -> None:
         self.device = torch.device(device)
+        if dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(COMPUTE_DTYPES)}, got {dtype!r}")
+        # Master weights, gradients and AdamW state stay fp32; "bf16" runs the forward (and so the backward's
+        # matmuls) under autocast. The reference model only runs forwards: it is kept in the compute dtype.
+        self.dtype, self.compute_dtype = dtype, COMPUTE_DTYPES[dtype]
+        if self.device.type == "cuda":  # fp32 matmuls on TF32 tensor cores (10-bit mantissa inputs), or not
+            torch.backends.cuda.matmul.allow_tf32 = tf32  # a process-wide switch: the last trainer built sets it
+            torch.backends.cudnn.allow_tf32 = tf32
+        uses_ref = "ref_logp" in objective.needs  # a KL term with coefficient 0 needs none: not built
+        self.ref_model = None
+        if uses_ref:  # copied before the policy moves, so the device never holds an fp32 copy of it
+            self.ref_model = copy.deepcopy(model).to(self.device, self.compute_dtype).eval().requires_grad_(False)
         self.model = model.float().to(self.device).train()
-        uses_ref = "ref_logp" in objective.needs
-        self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if uses_ref else None
+        if activation_checkpointing:  # per decoder layer: keep each layer's input, recompute the rest
+            enable_checkpointing(self.model)
+        self.logprob_chunk_tokens = logprob_chunk_tokens
         self.objective, self.aggregation = objective, aggregation
         # A correction (TIS, IcePop, MIS) weighs by pi_old/mu, so it needs pi_old: the trainer's own log-probs
         # at the start of the batch (the paper's Eq. 51 "recomputed" side), whatever the denominator option.
         self.needs_old_logp = recomputed_denominator or "old_logp" in objective.needs
-        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
         self.grad_clip = grad_clip
         self.temperature = temperature
         # The paper's quantile is per microbatch; "batch" scope runs the minibatch as one microbatch.
@@ -144,11 +173,23 @@ class Trainer:
         self.decompose, self.seed = decompose, seed
         self.version = 0
         self.skipped = 0
-        self._scratch: torch.nn.Module | None = None
         self._weights: tuple[int, dict[str, torch.Tensor]] | None = None  # (version, CPU copy): see weights()
         from satrl.models.routing import moe_num_layers
 
         self.is_moe = moe_num_layers(model) > 0
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """The compute-dtype context of every forward (nothing at all in fp32, so fp32 numbers are unchanged)."""
+        if self.dtype == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def _logp(self, model: torch.nn.Module, m: Batch, plan: tuple[int, int, int, bool], capture: bool = False):
+        """``response_logp`` of microbatch ``m`` with the host-side facts of its plan entry (no host sync)."""
+        _, _, length, padded = plan
+        with self._autocast():
+            return response_logp(model, m, self.temperature, self._routing(m), capture, length=length,
+                                 padded=padded, chunk_tokens=self.logprob_chunk_tokens)  # fmt: skip
 
     # -- state -------------------------------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
@@ -185,15 +226,26 @@ class Trainer:
 
     @torch.no_grad()
     def logp_with(self, state: dict[str, torch.Tensor] | None, mb: Batch) -> torch.Tensor:  # [B, T]
-        """Log-probs under other weights (a snapshot), or under the current ones if ``state`` is None."""
-        model = self.model
-        if state is not None:
-            if self._scratch is None:
-                self._scratch = copy.deepcopy(self.model).eval()
-            self._scratch.load_state_dict(state)
-            model = self._scratch
-        pieces = microbatches(to_device(mb, self.device), self.microbatch_tokens)
-        return torch.cat([response_logp(model, m, self.temperature, self._routing(m))[0] for m in pieces]).cpu()
+        """Log-probs under other weights (a snapshot), or under the current ones if ``state`` is None.
+
+        A snapshot runs through the policy's own modules with its tensors swapped in (``functional_call``): no
+        second model is kept. Its weights come to the device, in the compute dtype, for this call only."""
+        plan = plan_microbatches(mb, self.microbatch_tokens)
+        dev_mb = to_device(mb, self.device)
+        if state is None:
+            pieces = [self._logp(self.model, row_slice(dev_mb, p[0], p[1]), p)[0] for p in plan]
+            return torch.cat(pieces).cpu()
+        if state.keys() != self.model.state_dict().keys():
+            raise ValueError("snapshot weights do not match the policy's state dict keys")
+        cast = self.compute_dtype if self.dtype != "fp32" else None
+        swapped = {f"policy.{k}": v.to(self.device, cast if v.is_floating_point() else None) for k, v in state.items()}
+        scored = _Scored(self.model)
+        pieces = []
+        for p in plan:
+            m = row_slice(dev_mb, p[0], p[1])
+            pieces.append(functional_call(scored, swapped, (lambda model, m=m, p=p: self._logp(model, m, p)[0],),
+                                          tie_weights=False, strict=False))  # fmt: skip
+        return torch.cat(pieces).cpu()
 
     @torch.no_grad()
     def version_logp(self, mb: Batch, snapshots: Snapshots) -> torch.Tensor | None:  # [B, T]
@@ -243,29 +295,35 @@ class Trainer:
         old_logp: torch.Tensor | None = None,  # [B, T] recomputed denominator, or None (rollout)
         version_logp: torch.Tensor | None = None,  # [B, T] log pi^(l), for the decomposition
     ) -> dict[str, float]:
-        """Accumulate gradients over microbatches, guard against non-finite values, step once."""
+        """Accumulate gradients over microbatches, guard against non-finite values, step once.
+
+        Every count the loop needs (the cut into microbatches, their lengths, token counts) is read from the
+        batch before it moves to the device, so that the loop itself never waits for the device (pass the
+        CPU batch; tests/training/test_trainer_no_host_sync.py)."""
         dev = self.device
+        plan = plan_microbatches(mb, self.microbatch_tokens)
+        n_tok = int(mb.mask.sum())
+        n_seq = int(mb.mask.any(1).sum())
+        mb_tok = [int(mb.mask[s:e].sum()) for s, e, _, _ in plan]
         mb, adv = to_device(mb, dev), adv.to(dev)
         old_logp = None if old_logp is None else old_logp.to(dev)
         version_logp = None if version_logp is None else version_logp.to(dev)
         self.opt.zero_grad(set_to_none=True)
         self._weights = None  # the last version's CPU copy: whoever needs it holds it by now
         lag = (self.version - mb.versions).clamp(min=0)  # [B, T]
-        n_tok = int(mb.mask.sum())
-        n_seq = int(mb.mask.any(1).sum())
         seq_mode = share_unit(self.aggregation) == "sequence"
-        rows, tok = 0, {"logp": [], "gate": [], "clipped": [], "d": [], "routing": []}
+        tok = {"logp": [], "gate": [], "clipped": [], "d": [], "routing": []}
         total = torch.zeros((), dtype=torch.float64, device=dev)  # the loss, summed without a sync per microbatch
         per_mb: list[dict[str, torch.Tensor]] = []
-        weights: list[float] = []
-        for m in microbatches(mb, self.microbatch_tokens):
-            sl = slice(rows, rows + m.mask.shape[0])
-            rows = sl.stop
-            logp, used = response_logp(self.model, m, self.temperature, self._routing(m), self.is_moe and m.routing is not None)
+        weights = [k / max(n_tok, 1) for k in mb_tok]  # host-side: counted on the CPU batch
+        for p in plan:
+            sl = slice(p[0], p[1])
+            m = row_slice(mb, p[0], p[1])
+            logp, used = self._logp(self.model, m, p, capture=self.is_moe and m.routing is not None)
             ref_logp = None
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref_logp = response_logp(self.ref_model, m, self.temperature, self._routing(m))[0]
+                    ref_logp = self._logp(self.ref_model, m, p)[0]
             if used is not None:
                 tok["routing"].append(used)
             out = self.objective(
@@ -281,7 +339,6 @@ class Trainer:
             loss = aggregate(out.loss, m.mask, self.aggregation) * share
             loss.backward()
             total = total + loss.detach().to(torch.float64)
-            weights.append(float(m.mask.sum()) / max(n_tok, 1))  # host-side: the mask came from the CPU batch
             per_mb.append(out.metrics)
             for k in ("gate", "clipped", "d"):
                 tok[k].append(getattr(out.tokens, k))

@@ -1,0 +1,147 @@
+"""Log-probs of the sampled tokens: the one forward the trainer, its reference and its snapshots run.
+
+Two ways to the same numbers (docs/design.md, "Trainer"):
+
+- **full** (``chunk_tokens=0``): the model's own forward gives logits at every position, [B, L, V]; the scoring
+  positions are gathered, temperature-scaled and ``log_softmax``-ed in fp32. Simple, and what an unmodified
+  causal LM computes; on a 150k vocabulary at 16k tokens it holds several fp32 [N, V] tensors at once.
+- **chunked** (``chunk_tokens > 0``): the decoder runs without its LM head; a pre-hook on the final norm keeps
+  only the scoring positions (so the norm and everything after it see [B, T, H], not [B, L, H]); then the LM
+  head, the temperature and the ``log_softmax`` run on ``chunk_tokens`` rows at a time, each chunk under
+  activation checkpointing, so that its [chunk, V] logits are recomputed in the backward instead of saved.
+  Peak extra memory: a few [chunk, V] fp32 tensors. It assumes ``logits = lm_head(norm(h))`` (Llama / Qwen
+  family: ``model.get_decoder().norm`` and ``model.get_output_embeddings()``); on CPU fp32 it equals the full
+  path bit for bit on the shipped models (tests/training/test_logprobs.py).
+
+Neither path reads a device value on the host when the caller passes ``length`` and ``padded`` (computed from
+the CPU batch): the attention mask is then prepared here (:func:`attention_arg`): none at all without padding (the causal
+kernel, as transformers would pick after checking the mask on the host), else transformers' own 4-D mask.
+No KV cache is built (``use_cache=False``): a training forward never reads one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from satrl.tensors import scoring_positions
+from satrl.types import Batch
+
+
+@functools.cache
+def _takes_mask_mapping(decoder_cls: type) -> bool:
+    """Whether a transformers decoder accepts a prepared ``{layer type: mask}`` mapping as its attention mask
+    (Llama / Qwen2 / Qwen3 do: ``isinstance(attention_mask, dict)`` in their forward; Qwen3-MoE does not)."""
+    try:
+        return "isinstance(causal_mask_mapping := attention_mask, dict)" in inspect.getsource(decoder_cls.forward)
+    except (OSError, TypeError):
+        return False
+
+
+def attention_arg(model: torch.nn.Module, attention_mask: torch.Tensor, padded: bool | None):
+    """The ``attention_mask`` argument for a forward over ``attention_mask``'s [B, L] columns.
+
+    ``padded=None`` (unknown), or a model with sliding-window layers: the 2-D mask, which transformers
+    inspects on the host. Padded rows:
+    transformers' own SDPA mask, causal AND key not padding, as a [B, 1, L, L] bool tensor built on the device
+    (transformers passes a 4-D mask through unchecked). No padding: the prepared mapping ``{"full_attention":
+    None}`` (pure causal attention, the kernel transformers would pick after looking at the mask on the host),
+    where the decoder takes one; else the 2-D mask (one host check)."""
+    config = getattr(model, "config", None)
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    sliding = layer_types != {"full_attention"} or getattr(config, "sliding_window", None) is not None
+    if padded is None or sliding:  # sliding-window attention needs transformers' own masks
+        return attention_mask.long()
+    if padded:
+        L = attention_mask.shape[1]
+        idx = torch.arange(L, device=attention_mask.device)
+        causal = idx[None, :] <= idx[:, None]  # [q, kv]
+        return causal[None, None] & attention_mask.bool()[:, None, None, :]
+    get_decoder = getattr(model, "get_decoder", None)
+    if _takes_mask_mapping(type(get_decoder() if get_decoder is not None else model)):
+        return {"full_attention": None}
+    return attention_mask.long()
+
+
+def _token_logp(head: torch.nn.Module, hidden: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    logits = head(hidden).float()
+    return torch.log_softmax(logits / temperature, dim=-1).gather(-1, ids[:, None]).squeeze(-1)
+
+
+def chunked_token_logp(
+    head: torch.nn.Module, hidden: torch.Tensor, ids: torch.Tensor, temperature: float, chunk_tokens: int
+) -> torch.Tensor:
+    """log softmax(head(hidden) / temperature)[ids] for hidden [B, T, H], ids [B, T], ``chunk_tokens`` rows of
+    B*T at a time; under autograd each chunk is checkpointed (its logits are recomputed in the backward)."""
+    B, T, H = hidden.shape
+    flat, flat_ids = hidden.reshape(B * T, H), ids.reshape(B * T)
+    grad = torch.is_grad_enabled() and hidden.requires_grad
+    pieces = []
+    for s in range(0, B * T, chunk_tokens):
+        h, i = flat[s : s + chunk_tokens], flat_ids[s : s + chunk_tokens]
+        if grad:
+            pieces.append(checkpoint(_token_logp, head, h, i, temperature, use_reentrant=False))
+        else:
+            pieces.append(_token_logp(head, h, i, temperature))
+    return torch.cat(pieces).reshape(B, T)
+
+
+def _scoring_hidden(model: torch.nn.Module, ids, mask, pos: torch.Tensor) -> torch.Tensor:
+    """The final norm's output at the scoring positions only, [B, T, H] (the decoder without its LM head)."""
+    decoder = model.get_decoder()
+
+    def keep_scoring_positions(_norm: torch.nn.Module, args: tuple) -> tuple:
+        h = args[0]
+        return (h.gather(1, pos[..., None].expand(-1, -1, h.shape[-1])), *args[1:])
+
+    handle = decoder.norm.register_forward_pre_hook(keep_scoring_positions)
+    try:
+        return decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    finally:
+        handle.remove()
+
+
+def response_logp(
+    model: torch.nn.Module,
+    mb: Batch,
+    temperature: float,
+    routing: torch.Tensor | None = None,  # [B, L, layers, top_k] to replay (R3), or None
+    capture: bool = False,
+    *,
+    length: int | None = None,  # the longest row's length, from the CPU batch (None: read it here, a host sync)
+    padded: bool | None = None,  # whether any row is shorter than ``length`` (None: let transformers look)
+    chunk_tokens: int = 0,  # 0: the full-logits path; > 0: the chunked path (module docstring)
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(y_t | s_t) of each response token [B, T], from temperature-scaled logits (the engine's
+    sampler), and, if ``capture``, the experts each MoE layer used at the scoring positions [B, T, layers, k]."""
+    L = int(mb.attention_mask.sum(1).max()) if length is None else length
+    T = mb.mask.shape[1]
+    pos = scoring_positions(mb.prompt_len, T, L)  # [B, T]
+    ids, mask = mb.input_ids[:, :L], attention_arg(model, mb.attention_mask[:, :L], padded)
+    with contextlib.ExitStack() as stack:
+        if routing is not None:
+            from satrl.models.routing import replay_routing
+
+            stack.enter_context(replay_routing(model, routing[:, :L]))
+        rec = None
+        if capture:
+            from satrl.models.routing import capture_routing
+
+            rec = stack.enter_context(capture_routing(model))  # inside replay: records the experts used
+        if chunk_tokens > 0:
+            hidden = _scoring_hidden(model, ids, mask, pos)
+        else:
+            out = model(input_ids=ids, attention_mask=mask, use_cache=False)
+        used = None
+        if rec is not None:
+            r = rec.take()
+            used = r.gather(1, pos[:, :, None, None].expand(-1, -1, *r.shape[2:]))
+    if chunk_tokens > 0:
+        return chunked_token_logp(model.get_output_embeddings(), hidden, mb.response_ids, temperature, chunk_tokens), used
+    logits = out.logits.gather(1, pos[..., None].expand(-1, -1, out.logits.shape[-1])).float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    return logp.gather(-1, mb.response_ids[..., None]).squeeze(-1), used

@@ -1,0 +1,24 @@
+"""benchmarks/memory.py: its logic on tiny shapes (--quick), and what its measurements must show."""
+
+from benchmarks import memory
+from benchmarks._report import DOC
+
+
+def test_quick_run_reports_and_writes_nothing(capsys):
+    before = DOC.read_text() if DOC.exists() else None
+    assert memory.main(["--quick", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| tiny |" in out and "Target tiny at 16,384 tokens" in out
+    assert (DOC.read_text() if DOC.exists() else None) == before
+
+
+def test_checkpointing_saves_only_each_layer_input_and_chunking_drops_the_vocab_path():
+    shapes = memory.QUICK_SHAPES
+    res = memory.measure_all(shapes, "tiny", 1000, [32, 64])
+    hidden = shapes["tiny"]["hidden_size"]
+    assert res["after"]["layer"]["tiny"] == 4 * hidden  # the fp32 residual stream entering each layer
+    assert res["before"]["layer"]["tiny"] > 10 * 4 * hidden  # every intermediate of the layer
+    assert res["before"]["head"] >= 4 * 1000  # an fp32 [tokens, vocab] log-softmax output is saved
+    assert res["after"]["head"] < 4 * 1000
+    for setting, check in ((s, res[s]["check"]) for s in memory.SETTINGS):
+        assert 0 <= check["measured"] - check["formula"] < 1024, setting  # AdamW's step counters only
