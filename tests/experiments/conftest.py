@@ -91,13 +91,14 @@ def make_run():
     return _make_run
 
 
-def _make_run(out: Path, cell: str, lag: int, seed: int, summary: dict | None, metrics=(), evals=()) -> Path:
-    """A synthetic run directory as `satrl train` writes it."""
+def _make_run(out: Path, cell: str, lag: int, seed: int, summary: dict | None, metrics=(), evals=(),
+              config: str = "") -> Path:
+    """A synthetic run directory as `satrl train` writes it (``config``: YAML lines added to its config.yaml)."""
     d = out / cell / f"lag{lag}" / f"seed{seed}"
     d.mkdir(parents=True, exist_ok=True)
     if summary is not None:
         (d / "summary.json").write_text(json.dumps({"status": "finished", **summary}))
     (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
-    (d / "config.yaml").write_text(f"seed: {seed}\n")
+    (d / "config.yaml").write_text(f"seed: {seed}\n{config}")
     return d

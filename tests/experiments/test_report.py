@@ -211,18 +211,23 @@ def test_report_hypothesis_over_several_bases_is_an_intersection_union_test(tmp_
     assert "| H6 | a > each of b, best at lag 8 |" in sec and "contradicted" in sec and "binding: vs best" in sec
 
 
-def test_report_sat_activity_table(tmp_path, make_run):
+@pytest.mark.parametrize("eps_high, below", [(0.2, "50%"), (0.5, "100%")])
+def test_report_sat_activity_table(tmp_path, make_run, eps_high, below):
+    """SAT can bind only where q < log(1 + eps_high), with the eps_high each run's config.yaml records."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "grid.yaml").write_text("cells: {grpo: {}, sat: {label: SAT}}\n")
     rows = [{"step": i + 1, "obj/q": q, "obj/sat_clipfrac": 0.01, "obj/gate_rate": 0.1, "gate/tv_share": 0.5}
             for i, q in enumerate([0.1, 0.3, 0.05, 0.4])]  # fmt: skip
+    config = f"objective: {{trust_region: {{name: sat, eps_high: {eps_high}}}}}\n"
     for s in range(2):
         make_run(out, "grpo", 8, s, {"best_avg_at_k": 0.3}, metrics=[{"step": 1, "obj/clipfrac": 0.1}])
-        make_run(out, "sat", 8, s, {"best_avg_at_k": 0.3}, metrics=rows)
+        make_run(out, "sat", 8, s, {"best_avg_at_k": 0.3}, metrics=rows, config=config)
     md = build_report(out, n_resamples=500).read_text()
     assert "## How much SAT acted" in md
-    assert "| SAT | 8 | 0.200 | 50% | 1.00% | 10.0% | 50.0% |" in md  # median of 0.05..0.4; 2 of 4 below log 1.2
+    radius = f"log {1 + eps_high:g}"  # log 1.2: 2 of the 4 q below 0.182; log 1.5: all 4 below 0.405
+    assert f"| method | lag | median q | steps with q < {radius} |" in md
+    assert f"| SAT | 8 | 0.200 | {below} | 1.00% | 10.0% | 50.0% |" in md
     assert "| grpo | 8 |" not in md.split("## How much SAT acted")[1].split("##")[0]
 
 

@@ -66,15 +66,21 @@ def find_runs(out_dir: str | Path) -> list[GridRun]:
 
 def _from_config(run_path: Path) -> dict[str, Any]:
     """From the run's saved config.yaml: optimizer steps per rollout batch (train.minibatches x ppo_epochs) and
-    the trust region's upper radius ``eps_high`` (None for a trust region without one)."""
+    the trust region's upper radius ``eps_high`` (None where the config or the trust region has none)."""
     try:
         cfg = yaml.safe_load((run_path / "config.yaml").read_text()) or {}
-        train = cfg["train"]
-        eps = ((cfg.get("objective") or {}).get("trust_region") or {}).get("eps_high")
-        return {"steps_per_batch": int(train["minibatches"]) * int(train["ppo_epochs"]),
-                "eps_high": None if eps is None else float(eps)}  # fmt: skip
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError):
-        return {"steps_per_batch": None, "eps_high": None}
+    except (OSError, yaml.YAMLError):
+        cfg = {}
+    out: dict[str, Any] = {"steps_per_batch": None, "eps_high": None}
+    try:
+        out["steps_per_batch"] = int(cfg["train"]["minibatches"]) * int(cfg["train"]["ppo_epochs"])
+    except (KeyError, TypeError, ValueError):
+        pass
+    try:
+        out["eps_high"] = float(cfg["objective"]["trust_region"]["eps_high"])
+    except (KeyError, TypeError, ValueError):
+        pass
+    return out
 
 
 def _flat(summary: dict[str, Any]) -> dict[str, Any]:
