@@ -1,13 +1,14 @@
 import argparse
 import json
+import math
 import textwrap
 
 import pytest
 
 from satrl.experiments.grid import load_grid, run_grid_spec
 from satrl.experiments.plots import paired_eval_diffs
-from satrl.experiments.report import add_report_args, build_report, fmt_ci, run_report
-from satrl.experiments.stats import mean_ci
+from satrl.experiments.report import add_report_args, build_report, fmt_ci, rules_out, run_report
+from satrl.experiments.stats import compare, iut_row, mean_ci, sign_flip_mde
 from satrl.experiments.store import pack_results
 
 FIGS = ["eval_curves.png", "d_pi.png", "sat_diagnostics.png", "gate_check.png", "bylag.png", "paired.png",
@@ -63,7 +64,7 @@ def test_report_table_matches_summaries(grid_out, tmp_path):
     # by hand: late of b = 0.4 + 0.02 s - 0.02 -> mean 40.0 %; a is exactly 10 points lower on every seed,
     # but 3 seeds cannot give a sign-flip p below 2/8 = 0.25: no verdict
     assert "40.0 ±" in _row(md, "Beta")
-    assert "| Beta | Alpha | 2 | +10.0 [+10.0, +10.0] | 3/3 | 0.25 | 0.25 | inf | no detectable difference at this power |" in md
+    assert "| Beta | Alpha | 2 | +10.0 [-inf, +inf] | 3/3 | 0.25 | 0.25 | inf | no detectable difference at this power |" in md
     assert "0 of 1 comparisons differ after Holm's correction. With 3 seeds the smallest possible sign-flip p is 0.25" in md
     assert "`bad/lag2/seed0`: failed" in md
     assert "A toy grid." in md and "These runs predate the val/test split" in md
@@ -153,16 +154,22 @@ def test_report_declared_hypotheses_are_one_holm_family(tmp_path, make_run):
     md = build_report(out, n_resamples=1000).read_text()
     sec = md.split("## Declared hypotheses")[1].split("## ")[0]
     # H1: 10 positive diffs, p = 2/1024; H2: diffs +-0.01, five each: sum 0, p = 1. Holm: [2 * 0.00195, 1]
-    assert "| H1 | SAT > grpo at lag 8 | `late_test_avg_at_k` | 10 | +1.5 [" in sec and "| 0.00195 | 0.00391 |" in sec
+    assert "| H1 | SAT > grpo at lag 8 | `late_test_avg_at_k` | 10 | +1.5 [+1.0, +2.0] |" in sec and "| 0.00195 | 0.00391 |" in sec
     assert "| supported |" in sec
     assert "  Per seed (SAT - grpo): s0 +1.0, s1 +2.0, s2 +1.0, " in sec and "s9 +2.0." in sec  # the test's data
     assert "  Per seed (SAT - grpo): s0 -0.0100, s1 +0.0100, " in sec
-    assert "| H2 | SAT < grpo at lag 8 | `d_pi_last25` | 10 | +0.0000 [" in sec and "| 1 | 1 |" in sec
-    # H2's MDE at Holm's strictest level 0.05 / 2: (t_0.9875,9 + t_0.8,9) * sd / sqrt(10), sd = 0.01054 (ddof 1),
-    # = (2.685 + 0.883) * 0.01054 / 3.162 = 0.0119 (t table); at the plain 0.05 it would be 0.0105
-    assert "| 1 | 1 | 0.0119 | not supported |" in sec
-    assert "**H2**: SAT vs grpo at lag 8 (d_pi_last25): no detectable difference, +0.0000 [" in sec
-    assert "MDE 0.0119. A true difference of the MDE or more would have been detected with 80 % power" in sec
+    # Sign-flip intervals by hand. H1 (diffs 1 and 2 points, five each): a shift outside [1, 2] leaves ten diffs of
+    # one sign, p = 2/1024, rejected; at 1 (or 2) five diffs are 0 with free signs, p = 2 * 32/1024 = 0.0625, kept.
+    # H2 (diffs -0.01 and +0.01, five each): [-0.01, +0.01] the same way.
+    assert "| H2 | SAT < grpo at lag 8 | `d_pi_last25` | 10 | +0.0000 [-0.0100, +0.0100] | 1 | 1 |" in sec
+    # H2's MDE: the sign-flip test's own at Holm's strictest level 0.05 / 2, sd = 0.01054 (ddof 1); above the
+    # paired-t formula's (t_0.9875,9 + t_0.8,9) * sd / sqrt(10) = (2.685 + 0.883) * 0.01054 / 3.162 = 0.0119
+    h2_mde = sign_flip_mde(0.01 * math.sqrt(10 / 9), 10, 0.025)
+    assert h2_mde > 0.0119 and f"| 1 | 1 | {h2_mde:.4f} | not supported |" in sec
+    assert "**H2**: SAT vs grpo at lag 8 (d_pi_last25): no detectable difference, +0.0000 [-0.0100, +0.0100]" in sec
+    assert (f"MDE {h2_mde:.4f}. The sign-flip test's 95% interval rules out a reduction larger than 0.0100, and an "
+            "increase larger than 0.0100." in sec)
+    assert "would have been detected with 80 % power" not in md  # no post-hoc power argument
     assert "Sensitivity" not in md
     md = build_report(out, n_resamples=1000, sensitivity_min_seed=3).read_text()
     sens = md.split("## Sensitivity: declared hypotheses on seeds >= 3")[1].split("## ")[0]
@@ -209,6 +216,52 @@ def test_report_hypothesis_over_several_bases_is_an_intersection_union_test(tmp_
     assert "**H5** (intersection-union test over 2 comparisons" in sec
     # a beats b but loses to best on every seed: the binding comparison is the one in the wrong direction
     assert "| H6 | a > each of b, best at lag 8 |" in sec and "contradicted" in sec and "binding: vs best" in sec
+
+
+def _iut_scores(wrong: bool) -> dict[tuple[str, int], float]:
+    """best vs a: +3, +1, +2, +4, +5 points (all positive, p = 2/32); best vs b: +1, +1, +1, +1, -1 (p = 12/32:
+    |sum| >= 3 for 0, 1, 4 or 5 minus signs, 2 * (1 + 5) patterns); with ``wrong``, best vs c: -1 on every seed
+    (p = 2/32, the wrong sign), else +1 (p = 2/32)."""
+    out = {}
+    for s, (da, db) in enumerate(zip([3, 1, 2, 4, 5], [1, 1, 1, 1, -1])):
+        out |= {("best", s): 0.5, ("a", s): 0.5 - da / 100, ("b", s): 0.5 - db / 100,
+                ("c", s): 0.5 + (0.01 if wrong else -0.01)}  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_iut_p_is_the_largest_p_and_a_wrong_sign_comparison_fails_it(tmp_path, make_run, wrong):
+    """The sat_trial protocol's IUT: the p of "best > each of a, b, c" is the largest of the three p-values, 12/32
+    (vs b) whether or not c has the wrong sign; a wrong sign makes it unsupported but does not become the p (an
+    earlier version reported the wrong-sign comparison's own two-sided p, here 2/32)."""
+    import pandas as pd
+
+    scores = _iut_scores(wrong)
+    runs = pd.DataFrame([dict(cell=c, lag=8, seed=s, status="finished", late_test_avg_at_k=v) for (c, s), v in scores.items()])
+    t = compare(runs, [("best", b, 8) for b in "abc"], "late_test_avg_at_k")
+    assert t["p"].tolist() == pytest.approx([2 / 32, 12 / 32, 2 / 32])
+    row = iut_row(t, lower=False)
+    assert (row["base"], row["p"], row["wrong_sign"], row["k"]) == ("b", pytest.approx(12 / 32), int(wrong), 3)
+    out = tmp_path / "out"
+    out.mkdir()
+    for (c, s), v in scores.items():
+        make_run(out, c, 8, s, {"late_test_avg_at_k": v, "summary_version": 2})
+    (out / "grid.yaml").write_text("cells: {a: {}, b: {}, c: {}, best: {}}\nhypotheses:\n"
+                                   "  H5: {method: best, base: [a, b, c], lag: 8}\n")
+    sec = build_report(out, n_resamples=200).read_text().split("## Declared hypotheses")[1].split("## ")[0]
+    assert "| H5 | best > each of a, b, c at lag 8 | `late_test_avg_at_k` | 5 | +0.6 [" in sec and "| 0.375 | 0.375 |" in sec
+    assert f"binding: vs b; {int(wrong)} of 3 differences in the wrong direction" in sec
+
+
+def test_rules_out_says_which_effects_the_interval_excludes():
+    assert rules_out(-0.0248, 0.0027) == ("The sign-flip test's 95% interval rules out a gain larger than 0.3 points, "
+                                          "and a loss larger than 2.5 points.")
+    assert rules_out(0.01, 0.02) == ("The sign-flip test's 95% interval rules out a gain larger than 2.0 points, and "
+                                     "any loss (and a gain smaller than 1.0 points).")
+    assert rules_out(-0.009, -0.006, lower_better=True) == (
+        "The sign-flip test's 95% interval rules out a reduction larger than 0.0090, and any increase (and a "
+        "reduction smaller than 0.0060).")
+    assert "rule out nothing" in rules_out(-math.inf, math.inf)
 
 
 @pytest.mark.parametrize("eps_high, below", [(0.2, "50%"), (0.5, "100%")])

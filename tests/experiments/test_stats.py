@@ -11,10 +11,16 @@ from satrl.experiments.stats import (
     bootstrap_curve,
     cell_stats,
     interval_coverage,
+    iut_mde,
+    mde,
     mean_ci,
     paired_diff,
     paired_table,
     pairs_table,
+    sign_flip_interval,
+    sign_flip_mde,
+    sign_flip_p,
+    sign_flip_power,
     within_support,
 )
 
@@ -182,7 +188,9 @@ def test_cell_stats_intervals_stay_in_the_support():
 def test_paired_table_and_missing_baseline():
     t = paired_table(_runs(), "grpo", n_resamples=2000)
     assert t[["cell", "lag", "wins", "n"]].values.tolist() == [["sat", 8, 3, 3]]
-    assert t["mean"].iloc[0] == pytest.approx(0.05) and t["lo"].iloc[0] == pytest.approx(0.05)
+    assert t["mean"].iloc[0] == pytest.approx(0.05)
+    # 3 seeds: the smallest sign-flip p is 2/8 = 0.25, so the test rejects no shift and its interval is unbounded
+    assert (t["lo"].iloc[0], t["hi"].iloc[0]) == (-math.inf, math.inf)
     with pytest.raises(ValueError, match="baseline cell 'nope'"):
         paired_table(_runs(), "nope")
 
@@ -235,11 +243,80 @@ def _check_lag_table(lag_table):
     assert lag_table(pd.DataFrame(rows[3::4]), "x").empty  # one lag per cell: nothing to compare
 
 
-def test_family_mde_is_the_mde_at_holms_strictest_level():
-    from satrl.experiments.significance import mde
+def test_family_mde_is_the_sign_flip_mde_at_holms_strictest_level():
     from satrl.experiments.stats import family_mde
 
-    assert family_mde(1.0, 10, 1) == mde(1.0, 10) == pytest.approx(0.995, abs=1e-3)  # mde's docstring, by hand
-    assert family_mde(1.0, 10, 5) == mde(1.0, 10, alpha=0.01) > mde(1.0, 10)
+    assert family_mde(1.0, 10, 1) == sign_flip_mde(1.0, 10)
+    assert family_mde(2.0, 10, 5) == sign_flip_mde(2.0, 10, alpha=0.01) > sign_flip_mde(2.0, 10)
     # 8 seeds reach 0.05 (2/256 = 0.0078) but not 0.05/18 = 0.0028: nothing is detectable in an 18-row table
     assert math.isfinite(family_mde(1.0, 8, 1)) and family_mde(1.0, 8, 18) == math.inf
+
+
+def test_sign_flip_interval_five_diffs_by_hand():
+    """Diffs 1..5: p = 2/32 = 0.0625 (only all-+ and all-- reach |sum| 15), so at 95 % no shift is ever rejected
+    (the smallest p, 2/32, is above 0.05): the interval is (-inf, inf). At 90 %: a shift delta outside [1, 5]
+    leaves all five diffs of one sign, p = 2/32 < 0.10, rejected. Inside it some diff d_j - delta has the sign
+    opposite to the sum S = 15 - 5 delta (delta <= 3: d_1 - delta <= 0; delta >= 3: d_5 - delta >= 0), and
+    flipping it gives |sum| >= |S|: with its mirror image and the observed pair that is 4 patterns, p >= 4/32 =
+    0.125 >= 0.10, accepted (at delta = 1 exactly 4/32: the zero diff's sign is free). So [1, 5]."""
+    assert sign_flip_p([1, 2, 3, 4, 5]) == pytest.approx(2 / 32)
+    assert sign_flip_interval([1, 2, 3, 4, 5]) == (-math.inf, math.inf)
+    assert sign_flip_interval([1, 2, 3, 4, 5], ci=0.90) == pytest.approx((1.0, 5.0))
+    assert sign_flip_p(np.arange(1, 6) - 1.0) == pytest.approx(4 / 32)
+    # ten equal diffs: any shift but their value leaves ten of one sign, p = 2/1024: the interval is the point
+    assert sign_flip_interval([0.3] * 10) == pytest.approx((0.3, 0.3))
+    assert sign_flip_interval([]) != sign_flip_interval([])  # (nan, nan)
+
+
+@given(st.lists(st.integers(-9, 9).map(float), min_size=6, max_size=8), st.sampled_from([0.9, 0.95]))
+@settings(max_examples=40, deadline=None)
+def test_sign_flip_interval_is_the_set_the_test_accepts(d, ci):
+    """Its ends are accepted (p >= 1 - ci) and a hair beyond them rejected: the interval inverts the test."""
+    lo, hi = sign_flip_interval(d, ci)
+    eps = 1e-6
+    assert lo <= np.mean(d) <= hi
+    assert sign_flip_p(np.array(d) - lo) >= 1 - ci and sign_flip_p(np.array(d) - hi) >= 1 - ci
+    assert sign_flip_p(np.array(d) - (lo - eps)) < 1 - ci
+    assert sign_flip_p(np.array(d) - (hi + eps)) < 1 - ci
+
+
+def test_sign_flip_interval_by_bisection_above_twelve_seeds():
+    d = np.random.default_rng(3).normal(1.0, 1.0, size=14)
+    lo, hi = sign_flip_interval(d)
+    assert sign_flip_p(d - lo) >= 0.05 > sign_flip_p(d - (lo - 1e-6))
+    assert sign_flip_p(d - hi) >= 0.05 > sign_flip_p(d - (hi + 1e-6))
+
+
+def _phi(x: float) -> float:
+    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+
+def test_sign_flip_power_and_mde_at_six_seeds_by_hand():
+    """n = 6 at alpha 0.05: p takes the values 2/64 = 0.031 (only the observed pattern and its mirror reach |sum|,
+    i.e. all six diffs of one sign: any diff of the other sign, flipped, gives a larger |sum|) or >= 4/64 = 0.0625.
+    So the test rejects, in the effect's direction, iff all six diffs are positive: power = Phi(e)^6 for
+    N(e, 1) diffs, and the 80 % MDE solves Phi(e) = 0.8^(1/6) = 0.96350: e = 1.793 SDs (normal table), against
+    the paired-t formula's (2.571 + 0.920) / sqrt(6) = 1.425."""
+    for e in (0.5, 1.0, 1.5, 2.0):
+        assert sign_flip_power(e, 6, 0.05) == pytest.approx(_phi(e) ** 6, abs=0.02)
+    assert sign_flip_mde(1.0, 6) == pytest.approx(1.793, abs=0.05)
+    assert sign_flip_mde(2.0, 6) == pytest.approx(2 * sign_flip_mde(1.0, 6))
+    assert mde(1.0, 6) == pytest.approx(1.425, abs=1e-3)
+
+
+def test_sign_flip_mde_at_ten_seeds_and_holms_level():
+    """n = 10, alpha 0.01 (Holm's strictest step for 5 hypotheses): the paired-t formula says 1.307 SDs, where the
+    sign-flip test has only about 0.75 power; its own 80 % MDE is about 1.38 (the issue's coarser 1.36)."""
+    assert mde(1.0, 10, 0.01) == pytest.approx(1.307, abs=1e-3)
+    assert 0.72 < sign_flip_power(1.307, 10, 0.01) < 0.78
+    assert 1.34 < sign_flip_mde(1.0, 10, 0.01) < 1.43
+    assert sign_flip_mde(1.0, 5) == math.inf and sign_flip_mde(float("nan"), 10) == math.inf
+    assert sign_flip_mde(1.0, 14, 0.05) == mde(1.0, 14, 0.05)  # above 12 seeds: the t formula
+
+
+def test_iut_mde_needs_every_comparison_to_reject():
+    """k comparisons must all reject: each at power 0.8^(1/k), with the largest SD; one comparison: its own MDE."""
+    assert iut_mde([1.0], 10, 0.01) == sign_flip_mde(1.0, 10, 0.01)
+    nine = iut_mde([0.5, 1.0, 0.8] * 3, 10, 0.01)
+    assert nine == pytest.approx(sign_flip_mde(1.0, 10, 0.01, 0.8 ** (1 / 9))) and nine > sign_flip_mde(1.0, 10, 0.01)
+    assert iut_mde([], 10) == math.inf

@@ -36,7 +36,8 @@ class FigureOut:
 def _err(center, lo, hi) -> np.ndarray:
     """Error-bar lengths [2, n]; clipped at 0 (float rounding can put a CI end a hair past the mean)."""
     c, lo, hi = (np.asarray(a, dtype=float) for a in (center, lo, hi))
-    return np.maximum(np.stack([c - lo, hi - c]), 0.0)
+    err = np.maximum(np.stack([c - lo, hi - c]), 0.0)
+    return np.where(np.isfinite(err), err, 0.0)  # an unbounded interval (too few seeds to reject): no bar
 
 
 def _colors(cells: list[str]) -> dict[str, tuple]:
@@ -368,7 +369,8 @@ def paired(res: GridResults, tables: dict[str, pd.DataFrame], baseline: str | No
     base = res.label(baseline) if baseline else None
     title = f"Paired difference vs {base}"
     caption = (f"Each row is a method at one lag: mean over shared seeds of (method - {base}) in avg@k points, "
-               "with the 95% studentized bootstrap CI of that mean, and wins = seeds where the method beats the "
+               "with the exact sign-flip test's 95% interval (the shifts it does not reject; no bar where too few "
+               "seeds make it unbounded), and wins = seeds where the method beats the "
                "baseline. Green/red: better/worse by the Holm-corrected sign-flip test; grey: no detectable "
                "difference at this power (the colour never comes from the CI alone).")  # fmt: skip
     if baseline is None or not tables or all(t.empty for t in tables.values()):

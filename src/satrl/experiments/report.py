@@ -29,6 +29,8 @@ from satrl.experiments.stats import (
     family_mde,
     holm,
     interval_coverage,
+    iut_mde,
+    iut_row,
     lag_table,
     paired_table,
     pairs_table,
@@ -116,25 +118,39 @@ def table1(res: GridResults, st: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def _verdict_sentence(res: GridResults, r: pd.Series, what: str, lower_better: bool = False) -> str:
+def rules_out(lo: float, hi: float, ci: float = 0.95, lower_better: bool = False) -> str:
+    """What the sign-flip interval [lo, hi] of a paired difference (method - base) excludes, in words: 'rules out
+    a gain larger than X points and a loss larger than Y points' (for d_pi, lower is better: a reduction / an
+    increase). This replaces a post-hoc power argument: the interval says which effects the data exclude."""
+    scale, fmt, unit = (1.0, "{:.4f}", "") if lower_better else (PCT, "{:.1f}", " points")
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return (f"The test's {ci:.0%} interval is unbounded: with this few seeds it cannot reject any shift, so "
+                "the data rule out nothing.")
+    up, down = ("an increase", "a reduction") if lower_better else ("a gain", "a loss")
+    v = lambda x: f"{fmt.format(abs(x) * scale)}{unit}"  # noqa: E731
+    top = f"{up} larger than {v(hi)}" if hi >= 0 else f"any {up.split()[1]} (and {down} smaller than {v(hi)})"
+    bottom = f"{down} larger than {v(lo)}" if lo <= 0 else f"any {down.split()[1]} (and {up} smaller than {v(lo)})"
+    first, second = (bottom, top) if lower_better else (top, bottom)
+    return f"The sign-flip test's {ci:.0%} interval rules out {first}, and {second}."
+
+
+def _verdict_sentence(res: GridResults, r: pd.Series, what: str, lower_better: bool = False, ci: float = 0.95) -> str:
     m, b = res.label(r["cell"]), res.label(r["base"])
     scale, fmt = (1.0, "{:+.4f}") if lower_better else (PCT, "{:+.1f}")
     unit = "" if lower_better else " points"
     diff = f"{fmt.format(r['mean'] * scale)}{unit} [{fmt.format(r['lo'] * scale)}, {fmt.format(r['hi'] * scale)}]"
+    ruled = rules_out(r["lo"], r["hi"], ci, lower_better)
     stats = (f"sign-flip p = {r['p']:.3g}, Holm p = {r['p_holm']:.3g}, n = {r['n']} seeds, MDE "
              f"{'inf' if not math.isfinite(r['mde']) else fmt.format(r['mde'] * scale).lstrip('+')}{unit}")  # fmt: skip
     head = f"{m} vs {b} at lag {r['lag']} ({what})"
-    if r["verdict"] == "better":
-        return f"{head}: **{m} is better**, {diff}; {stats}."
-    if r["verdict"] == "worse":
-        return f"{head}: **{m} is worse**, {diff}; {stats}."
     if r["verdict"] == "no data":
         return f"{head}: no shared seeds."
+    if r["verdict"] in ("better", "worse"):
+        return f"{head}: **{m} is {r['verdict']}**, {diff}; {stats}. {ruled}"
     if not math.isfinite(r["mde"]):
         return (f"{head}: no detectable difference at this power (the MDE is infinite: with this many seeds the "
-                f"test cannot reach its level), {diff}; {stats}.")
-    return (f"{head}: no detectable difference, {diff}; {stats}. A true difference of the MDE or more would have "
-            "been detected with 80 % power, so the data speak against one that large, not against a smaller one.")
+                f"test cannot reach its level), {diff}; {stats}. {ruled}")
+    return f"{head}: no detectable difference, {diff}; {stats}. {ruled}"
 
 
 def _per_seed(per_seed: dict[int, float], scale: float, fmt: str) -> str:
@@ -142,9 +158,9 @@ def _per_seed(per_seed: dict[int, float], scale: float, fmt: str) -> str:
     return ", ".join(f"s{s} {fmt.format(v * scale)}" for s, v in sorted(per_seed.items())) or "none"
 
 
-def _comparison_table(res: GridResults, t: pd.DataFrame, lower_better: bool = False) -> list[str]:
+def _comparison_table(res: GridResults, t: pd.DataFrame, lower_better: bool = False, ci: float = 0.95) -> list[str]:
     scale, fmt = (1.0, "{:+.4f}") if lower_better else (PCT, "{:+.1f}")
-    out = ["| method | base | lag | difference [95% CI] | wins | sign-flip p | Holm p | MDE | verdict |",
+    out = [f"| method | base | lag | difference [{ci:.0%} sign-flip interval] | wins | sign-flip p | Holm p | MDE | verdict |",
            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for _, r in t.iterrows():
         mde_txt = "inf" if not math.isfinite(r["mde"]) else fmt.format(r["mde"] * scale).lstrip("+")
@@ -169,20 +185,22 @@ def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int,
         if len(t) < len(bases):
             rows.append((name, h, None))
             continue
-        # one base: its comparison; several: the intersection-union test, bound by its weakest comparison:
-        # any difference in the wrong direction first, else the largest p (the IUT p-value)
-        wrong = (t["mean"] > 0) if lower else (t["mean"] < 0)
-        binding = t.assign(_wrong=wrong.astype(int)).sort_values(["_wrong", "p"], ascending=[False, False], kind="stable")
-        rows.append((name, h, binding.iloc[0].drop("_wrong").copy()))
+        rows.append((name, h, iut_row(t, lower)))
     done = [r for _, _, r in rows if r is not None]
     adjusted = holm([r["p"] for r in done])
     out = [f"## {title}", "", *([note, ""] if note else []),
            "Each hypothesis is tested with the exact two-sided paired sign-flip test on its endpoint; the p-values "
            "are Holm-corrected over these hypotheses only (one family), and the verdict follows the Holm p at 0.05 "
-           "in the declared direction. MDE: the smallest true difference detected with 80 % power at this seed "
-           "count (paired SD as observed) at Holm's strictest level, 0.05 / the number of hypotheses. Everything "
-           "after this section is exploratory.", "",
-           "| hypothesis | comparison | endpoint | n | difference [95% CI] | sign-flip p | Holm p | MDE | verdict |",
+           "in the declared direction. A hypothesis over several bases is an intersection-union test: its p is the "
+           "largest of its comparisons' p-values, and it is not supported if any difference has the wrong sign. "
+           f"Interval: the {ci:.0%} interval of the same two-sided test (the shifts it does not reject at "
+           f"{1 - ci:.2g}, before Holm; for a test over several bases, the binding comparison's), so it agrees "
+           "with the p-value; two-sided because the test is, its end on the declared side is the one-sided "
+           f"{1 - (1 - ci) / 2:.1%} bound. MDE: the smallest true difference the sign-flip test detects with 80 % "
+           "power at this seed count (normal differences with the observed paired SD, simulated), at Holm's "
+           "strictest level, 0.05 / the number of hypotheses; for a test over several bases, with all of its "
+           "comparisons rejecting. Everything after this section is exploratory.", "",
+           f"| hypothesis | comparison | endpoint | n | difference [{ci:.0%} sign-flip interval] | sign-flip p | Holm p | MDE | verdict |",
            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     words = []
     it = iter(adjusted)
@@ -198,16 +216,19 @@ def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int,
             continue
         r["p_holm"] = next(it)
         r["verdict"] = verdict_words(r["n"], r["mean"], r["p_holm"], higher_is_better=not lower)
-        r["mde"] = family_mde(r["sd"], r["n"], len(done))  # the hypotheses' family, not the one compare() saw
+        # the hypotheses' family, not the one compare() saw; an IUT needs all of its comparisons to reject
+        r["mde"] = family_mde(r["sd"], r["n"], len(done)) if r["k"] == 1 else iut_mde(r["sds"], r["n"], 0.05 / len(done))
         scale, fmt = (1.0, "{:+.4f}") if endpoint.startswith("d_pi") else (PCT, "{:+.1f}")
         mde_txt = "inf" if not math.isfinite(r["mde"]) else fmt.format(r["mde"] * scale).lstrip("+")
-        supported = {"better": "supported", "worse": "contradicted (significant in the other direction)",
+        supported = {"better": "supported" if not r["wrong_sign"] else "not supported",
+                     "worse": "contradicted (significant in the other direction)",
                      NO_DIFFERENCE: "not supported" if math.isfinite(r["mde"]) else NO_DIFFERENCE}
         out.append(f"| {name} | {_md_cell(comp)} | `{endpoint}` | {r['n']} | {fmt.format(r['mean'] * scale)} "
                    f"[{fmt.format(r['lo'] * scale)}, {fmt.format(r['hi'] * scale)}] | {r['p']:.3g} | {r['p_holm']:.3g} "
                    f"| {mde_txt} | {supported.get(r['verdict'], r['verdict'])} |")  # fmt: skip
-        iut = f" (intersection-union test over {len(bases)} comparisons; binding: vs {res.label(r['base'])})" if len(bases) > 1 else ""
-        words.append(f"- **{name}**{iut}: {_verdict_sentence(res, r, endpoint, endpoint.startswith('d_pi'))}"
+        iut = (f" (intersection-union test over {r['k']} comparisons: p is the largest of their p-values; binding: "
+               f"vs {res.label(r['base'])}; {r['wrong_sign']} of {r['k']} differences in the wrong direction)") if r["k"] > 1 else ""
+        words.append(f"- **{name}**{iut}: {_verdict_sentence(res, r, endpoint, endpoint.startswith('d_pi'), ci)}"
                      + (f" Claim tested: {h['description']}" if h.get("description") else ""))  # fmt: skip
         words.append(f"  Per seed ({res.label(r['cell'])} - {res.label(r['base'])}): "
                      + _per_seed(r["per_seed"], scale, fmt) + ".")
@@ -234,15 +255,16 @@ def exploratory_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> 
     out: list[str] = []
     tables: dict[str, pd.DataFrame] = {}
     baseline = res.meta.get("baseline")
-    intro = ("Exploratory (not declared before the runs): paired by seed, studentized bootstrap CI of the mean "
-             "difference, exact sign-flip p, Holm-corrected over the rows of each table; verdicts follow the Holm "
-             "p, never the CI. MDE at 80 % power for the observed paired SD, at 0.05 / the table's number of rows "
-             "(Holm's strictest level).")  # fmt: skip
+    intro = ("Exploratory (not declared before the runs): paired by seed, the exact two-sided sign-flip p, "
+             f"Holm-corrected over the rows of each table, and the same test's {ci:.0%} interval (the shifts of the "
+             "mean difference it does not reject, before Holm); verdicts follow the Holm p. MDE: the sign-flip "
+             "test's, at 80 % power for normal differences with the observed paired SD (simulated), at 0.05 / the "
+             "table's number of rows (Holm's strictest level).")  # fmt: skip
     if baseline and baseline in set(res.finished["cell"]):
         t = paired_table(res.runs, baseline, key, n_resamples, ci, seed)
         tables[key] = t
         out += [f"## Exploratory: each method vs {res.label(baseline)} ({name})", "", intro, ""]
-        out += _comparison_table(res, t) + ["", _family_sentence(t), ""]
+        out += _comparison_table(res, t, ci=ci) + ["", _family_sentence(t), ""]
     elif baseline:
         out += [f"## Exploratory: each method vs {baseline}", "", "The baseline has no finished runs yet.", ""]
     pairs = res.meta.get("pairs") or {}
@@ -250,15 +272,15 @@ def exploratory_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> 
         t = pairs_table(res.runs, pairs, key, n_resamples, ci, seed)
         d = pairs_table(res.runs, pairs, "d_pi_last25", n_resamples, ci, seed, higher_is_better=False)
         out += [f"## Exploratory: named pairs (each method vs its base), {name}", "", intro, ""]
-        out += _comparison_table(res, t) + ["", _family_sentence(t), ""]
-        out += ["**d_pi (last 25 %), lower is better** (method - base):", ""] + _comparison_table(res, d, True) + [""]
+        out += _comparison_table(res, t, ci=ci) + ["", _family_sentence(t), ""]
+        out += ["**d_pi (last 25 %), lower is better** (method - base):", ""] + _comparison_table(res, d, True, ci) + [""]
     t = lag_table(res.runs, key, n_resamples, ci, seed) if not res.finished.empty else pd.DataFrame()
     if not t.empty:
         out += [f"## Exploratory: staleness damage (each method at a larger lag vs its smallest lag), {name}", "",
                 intro + " Negative: the method scores lower when its rollouts are staler.", "",
-                "| method | lag vs lag | difference [95% CI] | wins | sign-flip p | Holm p | MDE | verdict |",
+                f"| method | lag vs lag | difference [{ci:.0%} sign-flip interval] | wins | sign-flip p | Holm p | MDE | verdict |",
                 "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        for row in _comparison_table(res, t.assign(lag=[f"{a} vs {b}" for a, b in zip(t["lag"], t["base_lag"])]))[2:]:
+        for row in _comparison_table(res, t.assign(lag=[f"{a} vs {b}" for a, b in zip(t["lag"], t["base_lag"])]), ci=ci)[2:]:
             cells = row.split(" | ")
             out.append(" | ".join([cells[0]] + cells[2:]))  # drop the base column: it is the method itself
         out += ["", _family_sentence(t), ""]
@@ -397,8 +419,9 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
            *_machines_note(res),
            f"- Statistics: mean over seeds and {ci:.0%} studentized bootstrap CI of the mean ({n_resamples} "
            f"resamples, seed {seed}), cut to where the mean can lie (avg@k in 0-100 %, d_pi >= 0; "
-           f"`stats.within_support`). {_coverage_note(res, ci)} Verdicts come from exact sign-flip tests with "
-           "Holm's correction, never from an interval. Collapse: the eval rule on val "
+           f"`stats.within_support`): these describe each cell. {_coverage_note(res, ci)} Paired comparisons use the "
+           "exact sign-flip test throughout: its p-value with Holm's correction gives the verdict, its own interval "
+           "(the shifts it does not reject) and its own MDE (its simulated power) stand next to it. Collapse: the eval rule on val "
            "(`satrl.diagnostics.collapse.eval_collapse`, docs/metrics.md).", ""]  # fmt: skip
     if not st.empty:
         ep = endpoints(res)

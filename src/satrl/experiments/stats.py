@@ -3,8 +3,9 @@
 Everything here is seeded and vectorized numpy; no scipy. Two intervals for a mean over seeds: the
 studentized (bootstrap-t) one, the default, whose simulated coverage at 5 and 10 seeds is within a point
 or two of nominal on normal data, and the percentile bootstrap of the earlier reports, which is too narrow
-with few seeds (about 86 % at 5 for a nominal 95 %). Verdicts never come from an interval: they come
-from the exact sign-flip test, Holm-corrected over the comparisons of one family (significance.py).
+with few seeds (about 86 % at 5 for a nominal 95 %). Those describe one cell. A paired comparison's interval
+is the exact sign-flip test's own (the shifts it does not reject) and its MDE the same test's power, so that
+interval, p-value, MDE and verdict all come from one test, Holm-corrected over one family (significance.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ import numpy as np
 import pandas as pd
 
 # Re-exported: the public home of the paired tests is satrl.experiments.stats.
-from satrl.experiments.significance import holm, mde, sign_flip_p, t_quantile  # noqa: F401
+from satrl.experiments.significance import (  # noqa: F401
+    holm,
+    iut_mde,
+    mde,
+    sign_flip_interval,
+    sign_flip_mde,
+    sign_flip_p,
+    sign_flip_power,
+    t_quantile,
+)
 
 # Bound the size of one [resamples, n] index block so huge inputs do not exhaust memory.
 _MAX_BLOCK = 4_000_000
@@ -164,9 +174,9 @@ def verdict_words(n: int, mean: float, p_adj: float, alpha: float = 0.05, higher
 
 @dataclass(frozen=True)
 class PairedDiff:
-    """method - baseline over the seeds both have: mean difference and CI, wins (method > baseline), ties,
-    the SD of the paired differences, the exact sign-flip p-value and the MDE at this n (alpha 0.05,
-    power 0.8, the SD as observed)."""
+    """method - baseline over the seeds both have: mean difference and the sign-flip test's interval [lo, hi],
+    wins (method > baseline), ties, the SD of the paired differences, the exact sign-flip p-value and the
+    sign-flip test's MDE at this n (alpha 0.05, power 0.8, the SD as observed)."""
 
     mean: float
     lo: float
@@ -187,23 +197,24 @@ class PairedDiff:
 def paired_diff(
     method_values: Mapping[int, float] | pd.Series,
     baseline_values: Mapping[int, float] | pd.Series,
-    n_resamples: int = 10_000,
     ci: float = 0.95,
-    seed: int = 0,
-    interval: str = DEFAULT_INTERVAL,
 ) -> PairedDiff:
-    """Paired comparison by seed: CI of mean(method[s] - baseline[s]) over shared seeds, sign-flip p, MDE.
+    """Paired comparison by seed of d[s] = method[s] - baseline[s] over shared seeds: mean, the ``ci`` interval
+    that inverts the exact sign-flip test (:func:`sign_flip_interval`), its p-value and MDE.
 
-    Seeds missing (or NaN) on either side are left out. wins = #seeds with method > baseline.
+    Seeds missing (or NaN) on either side are left out. wins = #seeds with method > baseline. The interval is
+    the test's, not a bootstrap's: a bootstrap-t interval can reach past every per-seed difference (seeds 3-9
+    of sat_trial's H1: +5.7 with no difference above +4.0), the test's cannot, and it agrees with the p-value.
     """
     m = {int(k): float(v) for k, v in dict(method_values).items()}
     b = {int(k): float(v) for k, v in dict(baseline_values).items()}
     seeds = sorted(s for s in m.keys() & b.keys() if np.isfinite(m[s]) and np.isfinite(b[s]))
     d = np.array([m[s] - b[s] for s in seeds])
-    mean, lo, hi = mean_ci(d, interval, n_resamples=n_resamples, ci=ci, seed=seed)
+    mean = float(d.mean()) if d.size else float("nan")
+    lo, hi = sign_flip_interval(d, ci)
     sd = float(d.std(ddof=1)) if d.size > 1 else float("nan")
     return PairedDiff(mean, lo, hi, wins=int((d > 0).sum()), ties=int((d == 0).sum()), n=len(seeds), sd=sd,
-                      p=sign_flip_p(d), mde=mde(sd, d.size), per_seed=dict(zip(seeds, d.tolist())))  # fmt: skip
+                      p=sign_flip_p(d), mde=sign_flip_mde(sd, d.size), per_seed=dict(zip(seeds, d.tolist())))  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)
@@ -293,11 +304,11 @@ def cell_stats(
 
 
 def family_mde(paired_sd: float, n: int, family_size: int, alpha: float = 0.05, power: float = 0.8) -> float:
-    """The MDE of one test in a Holm family of ``family_size``: :func:`~satrl.experiments.significance.mde` at
-    level alpha / family_size, Holm's strictest step. A p below that level is rejected by Holm whatever its
+    """The MDE of one test in a Holm family of ``family_size``: the sign-flip test's own MDE
+    (:func:`~satrl.experiments.significance.sign_flip_mde`) at level alpha / family_size, Holm's strictest step. A p below that level is rejected by Holm whatever its
     rank, so a true difference this large is declared with at least ``power``; at the plain alpha the MDE
     would promise power that the correction takes away."""
-    return mde(paired_sd, n, alpha / max(1, family_size), power)
+    return sign_flip_mde(paired_sd, n, alpha / max(1, family_size), power)
 
 
 COMPARISON_COLUMNS = ["cell", "base", "lag", "metric", "mean", "lo", "hi", "wins", "ties", "n", "sd", "p",
@@ -311,12 +322,12 @@ def compare(
     n_resamples: int = 10_000,
     ci: float = 0.95,
     seed: int = 0,
-    interval: str = DEFAULT_INTERVAL,
     alpha: float = 0.05,
     higher_is_better: bool = True,
 ) -> pd.DataFrame:
-    """Each (method cell, base cell, lag) paired by seed on ``metric``: mean difference, CI, wins, paired
-    SD, exact sign-flip p, Holm-adjusted p over exactly these comparisons (one family), MDE at each row's
+    """Each (method cell, base cell, lag) paired by seed on ``metric``: mean difference, the sign-flip test's
+    ``ci`` interval (:func:`paired_diff`; ``n_resamples`` and ``seed`` are cell_stats' and unused here: the
+    paired interval is exact), wins, paired SD, exact sign-flip p, Holm-adjusted p over exactly these comparisons (one family), MDE at each row's
     seed count and the family's strictest Holm level (:func:`family_mde`), and the verdict from the Holm p. Comparisons without finished runs on both sides are left
     out. Columns: :data:`COMPARISON_COLUMNS`."""
     if "status" in runs:
@@ -328,7 +339,7 @@ def compare(
         if m.empty or b.empty or metric not in runs:
             continue
         d = paired_diff(dict(zip(m["seed"], pd.to_numeric(m[metric], errors="coerce"))),
-                        dict(zip(b["seed"], pd.to_numeric(b[metric], errors="coerce"))), n_resamples, ci, seed, interval)  # fmt: skip
+                        dict(zip(b["seed"], pd.to_numeric(b[metric], errors="coerce"))), ci)  # fmt: skip
         diffs.append(d)
         rows.append(dict(cell=method, base=base, lag=int(lag), metric=metric, mean=d.mean, lo=d.lo, hi=d.hi,
                          wins=d.wins, ties=d.ties, n=d.n, sd=d.sd, p=d.p, mde=d.mde, per_seed=d.per_seed))  # fmt: skip
@@ -383,3 +394,18 @@ def lag_table(runs: pd.DataFrame, metric: str = "late_test_avg_at_k", n_resample
                 n_resamples, ci, seed, **kw)  # fmt: skip
     return t.assign(cell=[back[x][0] for x in t["cell"]], lag=[back[x][1] for x in t["cell"]],
                     base=[back[x][0] for x in t["base"]], base_lag=[back[x][1] for x in t["base"]])  # fmt: skip
+
+
+def iut_row(t: pd.DataFrame, lower: bool) -> pd.Series:
+    """The row a declared hypothesis is judged by, from its comparisons ``t`` (one per base), as the sat_trial
+    protocol ("Tests") defines it: with one base, that comparison; with several, the intersection-union test,
+    whose p is the largest of the comparisons' (two-sided sign-flip) p-values, so the binding comparison is the
+    one with the largest p, and which is not supported if any difference has the wrong sign (``wrong_sign``
+    counts them; ``k`` is the number of comparisons, ``sds`` their paired SDs, for the IUT's MDE). An earlier
+    version put a wrong-sign comparison first and reported its p, which is not the protocol's IUT p."""
+    wrong = (t["mean"] > 0) if lower else (t["mean"] < 0)
+    # among equal p-values a wrong-sign comparison binds, since it is what the hypothesis fails on
+    order = t.assign(_wrong=wrong).sort_values(["p", "_wrong"], ascending=False, kind="stable")
+    row = order.iloc[0].drop("_wrong").copy()
+    row["wrong_sign"], row["k"], row["sds"] = int(wrong.sum()), len(t), list(t["sd"])
+    return row
