@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from satrl.objectives import clipped_surrogate, policy_loss, sat_clip_bounds
-from satrl.objectives.sat import _rank, kth_smallest, quantile_rank
+from satrl.objectives.sat import _rank, kth_largest, kth_smallest, quantile_rank
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
@@ -120,6 +120,12 @@ def test_kth_smallest_equals_kthvalue_and_a_sorted_list(n, seed, kind, k_tensor)
     torch.testing.assert_close(got, x.kthvalue(k).values, rtol=0, atol=0, equal_nan=True)
     want = sorted_reference(x, k)
     assert (math.isnan(want) and got.isnan()) or float(got) == want
+    # with a host-side bound on k (what SAT's gate passes: only that many entries are selected) the same value
+    most = int(torch.randint(k, n + 1, (1,), generator=g))
+    torch.testing.assert_close(kth_smallest(x, k, most), got, rtol=0, atol=0, equal_nan=True)
+    # counted from the top: the k-th largest is the (n - k + 1)-th smallest (NaN the largest)
+    top = kth_largest(x, n - k + 1, max(n - k + 1, most - k + 1))
+    torch.testing.assert_close(top, got, rtol=0, atol=0, equal_nan=True)
 
 
 @settings(max_examples=200, deadline=None)
@@ -141,3 +147,13 @@ def test_quantile_rank_is_exact():
     for alpha, n, k in ((0.07, 100, 7), (0.14, 50, 7), (0.28, 100, 28), (0.55, 100, 55), (0.56, 50, 28)):
         assert math.ceil(alpha * n) == k + 1 and quantile_rank(alpha, n) == k
         assert int(_rank(alpha, torch.tensor(n))) == k
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 5000), st.sampled_from([0.0, 0.5, 0.7, 0.9, 0.95, 0.999, 1.0]))
+def test_gate_budget_bounds_the_quantiles_rank_for_every_active_count(numel, alpha):
+    """SAT selects only gate_budget(alpha, numel) entries: enough for every active count n <= numel."""
+    from satrl.objectives.sat import gate_budget
+
+    budget = gate_budget(alpha, numel)
+    assert all(n - quantile_rank(alpha, n) + 1 <= budget for n in range(numel + 1))

@@ -59,18 +59,36 @@ def _rank(alpha: float, n: Tensor) -> Tensor:
     return -torch.div(-frac.numerator * n, frac.denominator, rounding_mode="floor")
 
 
-def kth_smallest(values: Tensor, k: int | Tensor) -> Tensor:
+def kth_smallest(values: Tensor, k: int | Tensor, most: int | None = None) -> Tensor:
     """The k-th smallest entry (1-based; NaN sorts last) of a tensor, as a 0-dim tensor; 0 when k < 1.
 
     An exact order statistic (Eq. 14's inverse-CDF convention), never ``torch.quantile``, which
-    interpolates. ``k`` may be a device tensor: the value is read from the sorted values by a device-side
-    index, so there is no host sync."""
+    interpolates. ``k`` may be a device tensor: the value is read by a device-side index, so there is no
+    host sync. ``most``: a bound, known on the host, on every k that can occur; then only the ``most``
+    smallest entries are selected (``torch.topk``, far cheaper than a full sort when ``most`` is small)."""
+    return _order_statistic(values, k, most, largest=False)
+
+
+def kth_largest(values: Tensor, k: int | Tensor, most: int | None = None) -> Tensor:
+    """The k-th largest entry (NaN counts as largest), as :func:`kth_smallest` counts from the other end."""
+    return _order_statistic(values, k, most, largest=True)
+
+
+def _order_statistic(values: Tensor, k: int | Tensor, most: int | None, largest: bool) -> Tensor:
     flat = values.detach().reshape(-1)
     if flat.numel() == 0:
         return flat.new_zeros(())
+    m = flat.numel() if most is None else max(1, min(most, flat.numel()))
+    ranked = flat.topk(m, largest=largest).values  # sorted, the k-th at k - 1
     k = torch.as_tensor(k, device=flat.device).reshape(1)
-    kth = flat.sort().values.index_select(0, (k - 1).clamp(0, flat.numel() - 1))[0]  # a gather: no sync
+    kth = ranked.index_select(0, (k - 1).clamp(0, m - 1))[0]  # a gather: no sync
     return torch.where(k[0] >= 1, kth, torch.zeros_like(kth))
+
+
+def gate_budget(alpha: float, numel: int) -> int:
+    """numel - ceil(alpha * numel) + 1: a host-side bound on the rank, counted from the far end, of SAT's
+    quantile in a call of at most ``numel`` active tokens (n - ceil(alpha n) never decreases with n)."""
+    return numel - quantile_rank(alpha, numel) + 1
 
 
 # -------------------------------------------------------------------------------------------------- the gate
@@ -127,14 +145,15 @@ def sat_gate(
     s = d.abs() if score is None else score.detach().to(d.dtype)
     n = torch.count_nonzero(mask)
     k = _rank(alpha, n)
-    ranked = torch.where(mask, s, float("inf"))  # masked scores sort last
+    most = gate_budget(alpha, s.numel())  # both ranks below count from the near end: at most this
     if invert:
-        m = n - k  # the gate's budget, as in the normal mode
-        q = torch.where(m > 0, kth_smallest(ranked, m + 1), 0.0).to(s.dtype)
+        m = n - k  # the gate's budget, as in the normal mode: q_lo is the (m+1)-th smallest active score
+        q = kth_smallest(torch.where(mask, s, float("inf")), m + 1, most)
+        q = torch.where(m > 0, q, 0.0).to(s.dtype)
         gate = (s < q) & mask
         rel = q / s
-    else:
-        q = kth_smallest(ranked, k)
+    else:  # the k-th smallest active score is the (n - k + 1)-th largest once masked scores sort first
+        q = torch.where(k >= 1, kth_largest(torch.where(mask, s, float("-inf")), n - k + 1, most), 0.0).to(s.dtype)
         gate = (s > q) & mask & (q > 0)
         rel = s / q  # > 1 on gated tokens
     psi = torch.where(gate, rel.pow(exponent).add(1.0).reciprocal(), 1.0).to(d.dtype)
