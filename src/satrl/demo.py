@@ -42,7 +42,7 @@ LOOK_FOR = (
     "SAT-GRPO's d̄_π below GRPO's. What it cannot show: that the gap is systematic (in the trial's runs, at "
     "this demo's 150 steps SAT-GRPO's d̄_π is below GRPO's on all 10 seeds, and at 600 steps it is 24 % lower, "
     "p 0.002), or anything about the score: one seed's score difference is noise. Over 10 seeds of 600 steps "
-    "the trial found SAT-GRPO −1.3 points [−2.3, +1.6] vs GRPO at lag 8, no significant difference (MDE 2.7); "
+    "the trial found SAT-GRPO −1.3 points [−2.5, +0.3] vs GRPO at lag 8 (exact sign-flip interval: it rules out a gain larger than 0.3 points; Holm p 0.34); "
     "see docs/results/sat_trial/findings.md."
 )
 
