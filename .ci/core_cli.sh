@@ -8,7 +8,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python -c 'import satrl, importlib.util as u; print("satrl from", satrl.__file__, "| pyarrow:", u.find_spec("pyarrow") is not None)'
 TINY=(train.prompts_per_batch=4 train.group_size=4 train.minibatches=2 train.threads=1 engine.max_new_tokens=5
-      eval.n_problems=4 eval.k=2 eval.every=2 checkpoint.every=1)
+      eval.val_problems=2 eval.test_problems=2 eval.k=2 eval.every=2 checkpoint.every=1)
 satrl --help > /dev/null
 # default backend (local): the engine in its own process
 satrl train configs/sat_grpo.yaml "${TINY[@]}" steps=4 out="$work/run" --no-progress
