@@ -70,7 +70,7 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	SATRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest tests/engines tests/models tests/training $(PYTEST_ARGS)
 
-# The verl extra exactly as a user installs it: `pip install satrl[verl]` with no --no-deps. verl 0.9.x pins
+# The verl extra exactly as a user installs it: `pip install '.[verl]'` with no --no-deps. verl 0.9.x pins
 # transformers<5.11, so this environment also runs the engine, model and trainer tests on that older
 # transformers. See docs/integrations.md.
 $(VERL_STAMP): pyproject.toml

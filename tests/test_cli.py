@@ -130,3 +130,18 @@ def test_output_into_a_closed_pipe_is_not_a_traceback():
                           timeout=120)  # fmt: skip
     assert proc.stdout.startswith("[new] grpo/lag1/seed0: ")
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+def test_version_prints_the_version_and_the_commit():
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import satrl
+
+    out = subprocess.run([sys.executable, "-m", "satrl", "--version"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=60)  # fmt: skip
+    assert out.returncode == 0 and len(out.stdout.strip().splitlines()) == 1, out.stdout + out.stderr
+    assert out.stdout.startswith(f"satrl {satrl.__version__} (distribution satrl-async, commit ")
+    assert re.search(r"commit [0-9a-f]{40}(\+dirty)?\)$", out.stdout.strip())

@@ -124,10 +124,21 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def version_line() -> str:
+    """``satrl <version> (distribution satrl-async, commit <sha>[+dirty])``; the commit only in a git checkout."""
+    from satrl import __version__
+    from satrl.provenance import git_commit
+
+    commit = git_commit()
+    return f"satrl {__version__} (distribution satrl-async{f', commit {commit}' if commit else ''})"
+
+
 def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser | None]:
     """The top-level parser, and the subparser of ``command`` with its arguments (None if ``command`` is not
     one of :data:`COMMANDS`). Only that command's module is imported."""
-    parser = argparse.ArgumentParser(prog="satrl", description=__doc__.splitlines()[0].replace("``", ""))
+    parser = argparse.ArgumentParser(prog="satrl", description=__doc__.splitlines()[0].replace("``", ""),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # --version unwrapped
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = None
     for name, (module, help_text) in COMMANDS.items():

@@ -1,4 +1,4 @@
-"""The TRL plug-in (``satrl.integrations.trl``, extra ``satrl[trl]``) against the real TRL, on CPU.
+"""The TRL plug-in (``satrl.integrations.trl``, extra ``trl``) against the real TRL, on CPU.
 
 A tiny Qwen3 from satrl's builders and the char tokenizer are saved to a temporary directory; TRL loads
 them from there (no hub). Without TRL these tests skip with the reason printed (``-ra``), except
@@ -22,7 +22,7 @@ try:
 
     TRL_MISSING = None
 except ImportError as exc:
-    TRL_MISSING = f"TRL is not importable ({exc}); install the extra: pip install 'satrl[trl]'"
+    TRL_MISSING = f"TRL is not importable ({exc}); install the extra: pip install '.[trl]'"
 
 from satrl.models import build_char_tokenizer, build_tiny_model
 from satrl.objectives import aggregate, policy_loss

@@ -1,4 +1,4 @@
-"""The verl plug-in against the real ``verl`` package (extra ``satrl[verl]``).
+"""The verl plug-in against the real ``verl`` package (extra ``verl``).
 
 Without verl these tests skip with the reason printed (``-ra``), except
 ``test_verl_is_installed_when_required``, which fails when ``SATRL_REQUIRE_VERL=1``: ``make test-verl``
@@ -284,16 +284,16 @@ def test_hydra_style_config_reaches_the_loss():
 
 @needs_verl
 def test_installed_verl_is_in_the_extras_range_and_main_ppo_sees_the_plugin():
-    """What ``pip install satrl[verl]`` gives: a verl inside the extra's pin (the versions CI tests), whose
+    """What ``pip install '.[verl]'`` gives (distribution satrl-async): a verl inside the extra's pin (the versions CI tests), whose
     trainer entry point imports, and in which ``loss_mode=sat`` resolves with nothing imported by hand
     (verl loads the installed satrl's ``verl.plugins`` entry point)."""
     from packaging.requirements import Requirement
 
-    reqs = [Requirement(r) for r in importlib.metadata.requires("satrl") or []]
+    reqs = [Requirement(r) for r in importlib.metadata.requires("satrl-async") or []]
     pins = [r for r in reqs if r.name == "verl" and r.marker is not None and r.marker.evaluate({"extra": "verl"})]
-    assert pins, f"satrl declares no verl extra: {reqs}"
+    assert pins, f"satrl-async declares no verl extra: {reqs}"
     version = importlib.metadata.version("verl")
-    assert pins[0].specifier.contains(version), f"verl {version} is outside satrl[verl]'s {pins[0].specifier}"
+    assert pins[0].specifier.contains(version), f"verl {version} is outside the verl extra's {pins[0].specifier}"
     if not any(ep.value == "satrl.integrations.verl" for ep in importlib.metadata.entry_points(group="verl.plugins")):
         if REQUIRED:
             pytest.fail("the installed satrl declares no verl.plugins entry point")
@@ -310,6 +310,6 @@ def test_installed_verl_is_in_the_extras_range_and_main_ppo_sees_the_plugin():
     missing = out.returncode != 0 and "ModuleNotFoundError" in out.stderr
     if missing and not REQUIRED:  # e.g. verl installed with --no-deps: its trainer cannot import
         pytest.skip(f"verl's trainer misses a dependency here ({out.stderr.strip().splitlines()[-1]}); "
-                    "install verl with its dependencies: pip install 'satrl[verl]'")
+                    "install verl with its dependencies: pip install '.[verl]'")
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["satrl.integrations.verl"] * 2

@@ -28,7 +28,7 @@ SATRL_AGG_MODES = [m for m in AGG_MODES if m != "token-sum"]
 
 
 def test_verl_is_installed_when_required():
-    if os.environ.get("SATRL_REQUIRE_VERL") == "1":  # `make test-verl`, whose environment has satrl[verl]
+    if os.environ.get("SATRL_REQUIRE_VERL") == "1":  # `make test-verl`, whose environment has the verl extra
         assert VERL_MISSING is None, f"SATRL_REQUIRE_VERL=1 but {VERL_MISSING}"
 
 

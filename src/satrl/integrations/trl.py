@@ -1,4 +1,4 @@
-"""SAT in TRL's ``GRPOTrainer``: ``SATGRPOTrainer(args=SATGRPOConfig(...))`` (extra ``satrl[trl]``).
+"""SAT in TRL's ``GRPOTrainer``: ``SATGRPOTrainer(args=SATGRPOConfig(...))`` (extra ``trl``).
 
 TRL picks its loss inside ``GRPOTrainer._compute_loss`` and documents subclassing as the way to change
 it. Its clipped losses (``loss_type`` grpo, bnpo, dr_grpo, dapo, luspo) all compute
@@ -46,7 +46,7 @@ from torch import Tensor
 try:
     from trl import GRPOConfig, GRPOTrainer
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(f"satrl.integrations.trl needs TRL ({exc}); install it with `pip install satrl[trl]`") from exc
+    raise ImportError(f"satrl.integrations.trl needs TRL ({exc}); install it with `pip install '.[trl]'` in a clone of satrl") from exc
 
 from satrl.integrations._gate import composition, gate_capacity, warn_gate_cannot_fire
 from satrl.objectives import ObjectiveInputs, resolve_objective
@@ -112,7 +112,7 @@ class SATGRPOTrainer(GRPOTrainer):
             loss = super()._compute_loss(model, inputs)
             if self._sat_inputs is not None:  # the hook never ran: SAT would silently not apply
                 raise RuntimeError("TRL's _compute_loss did not call _get_per_token_logps_and_entropies; this "
-                                   "TRL version is not supported by satrl.integrations.trl (pip install 'satrl[trl]')")
+                                   "TRL version is not supported by satrl.integrations.trl (pip install '.[trl]' in a clone of satrl)")
             return loss
         finally:
             self._sat_inputs = None

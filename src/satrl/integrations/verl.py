@@ -2,7 +2,7 @@
 
 Importing this module registers six losses into verl's policy-loss registry
 (``verl.trainer.ppo.core_algos.POLICY_LOSS_REGISTRY``); verl imports it by itself through the
-``verl.plugins`` entry point that ``pip install satrl[verl]`` declares. See docs/integrations.md.
+``verl.plugins`` entry point that ``pip install '.[verl]'`` declares. See docs/integrations.md.
 
 | loss_mode            | satrl preset | gate score          | gated tail                  |
 | -------------------- | ------------ | ------------------- | --------------------------- |
@@ -50,7 +50,7 @@ try:
     from verl.workers.config import PolicyLossConfig
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        f"satrl.integrations.verl needs verl ({exc}); install it with `pip install satrl[verl]`"
+        f"satrl.integrations.verl needs verl ({exc}); install it with `pip install '.[verl]'`"
     ) from exc
 
 from satrl.integrations._gate import composition, gate_capacity, warn_gate_cannot_fire

@@ -263,7 +263,7 @@ class ProcessBackend:
 
 
 def _ray(spec: WorkerSpec, **options) -> Backend:
-    from satrl.pipeline.ray_backend import RayBackend  # optional extra: satrl[ray]
+    from satrl.pipeline.ray_backend import RayBackend  # optional extra: ray
 
     return RayBackend(spec, **options)
 

@@ -1,4 +1,4 @@
-"""Ray backend: the rollout worker as Ray actors, sharing each batch's prompt groups (extra ``satrl[ray]``).
+"""Ray backend: the rollout worker as Ray actors, sharing each batch's prompt groups (extra ``ray``).
 
 The orchestration loop and the trainer stay in the driver process (``breakpoint()`` still works there); each
 engine worker is a Ray actor wrapping the same :class:`~satrl.pipeline.worker.RolloutWorker` the local
@@ -36,7 +36,7 @@ try:
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 except ImportError as e:  # the extra is optional; say how to get it
-    raise ImportError("backend=ray needs Ray: pip install 'satrl[ray]' (or pip install ray)") from e
+    raise ImportError("backend=ray needs Ray: pip install '.[ray]' in a clone of satrl (or pip install ray)") from e
 
 
 def split_groups(P: int, n: int) -> list[list[int]]:
