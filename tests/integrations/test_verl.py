@@ -130,7 +130,7 @@ def test_installed_satrl_declares_the_verl_entry_point():
     if not ours and not REQUIRED:
         pytest.skip("the installed satrl has no verl.plugins entry point yet (pip install -e . after pyproject)")
     assert ours, f"no verl.plugins entry point for satrl.integrations.verl; found {[ep.value for ep in eps]}"
-    assert ours[0].dist is not None and ours[0].dist.name == "satrl"
+    assert ours[0].dist is not None and ours[0].dist.name == "satrl-async"
 
 
 @needs_verl
