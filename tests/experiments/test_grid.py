@@ -13,6 +13,7 @@ import yaml
 from satrl import provenance
 from satrl.experiments import grid as grid_mod
 from satrl.experiments.grid import expand, load_grid, render_value, run_grid_spec, thread_env
+from satrl.experiments.spec import spec_to_yaml
 from satrl.experiments.status import run_status
 
 
@@ -64,6 +65,23 @@ def test_expand_names_overrides_and_order(tmp_path):
     assert "lag.schedule=broadcast" in other.overrides
     assert len(expand(spec, tmp_path / "out", seeds=5)) == 25
     assert spec.label("sat") == "SAT" and spec.label("grpo") == "grpo"
+
+
+def test_first_seed_and_a_cell_own_seed_count(tmp_path):
+    """Fresh seeds: first_seed shifts every cell's seeds; a cell's own `seeds:` is its count, which --seeds
+    leaves alone (the damage trial's one confirming SAT run beside 8-seed GRPO cells)."""
+    text = GRID.replace("seeds: 2", "seeds: 2\n    first_seed: 10").replace("label: SAT}", "label: SAT, seeds: 1}")
+    (tmp_path / "other.yaml").write_text("{}\n")
+    spec = load_grid(_write(tmp_path, text))
+    names = [r.name for r in expand(spec, tmp_path / "out")]
+    assert names == [
+        "grpo/lag1/seed10", "grpo/lag1/seed11", "grpo/lag8/seed10", "grpo/lag8/seed11",
+        "sat/lag1/seed10", "sat/lag8/seed10", "other/lag0/seed10", "other/lag0/seed11",
+    ]  # fmt: skip
+    assert [r.seed for r in expand(spec, "o", seeds=3) if r.cell == "sat"] == [10, 10]
+    assert "seed=10" not in expand(spec, "o")[0].overrides  # the seed is passed by the runner, not an override
+    again = yaml.safe_load(spec_to_yaml(spec, 2))
+    assert again["first_seed"] == 10 and again["cells"]["sat"]["seeds"] == 1
 
 
 def test_default_command_layout(tmp_path):

@@ -364,16 +364,17 @@ def _machines_note(res: GridResults) -> list[str]:
 
 
 def _progress_note(res: GridResults) -> str:
-    """' **Incomplete: ...**' when fewer runs finished than the grid file plans (seeds x each cell's lags)."""
+    """' **Incomplete: ...**' when fewer runs finished than the grid file plans (each cell's seeds x its lags)."""
     cells, seeds = res.meta.get("cells") or {}, res.meta.get("seeds")
     if not cells or not isinstance(seeds, int):
         return ""
-    planned = seeds * sum(len((c or {}).get("lags") or res.meta.get("lags") or [None]) for c in cells.values())
-    done = len(res.finished)
+    plan = {(name, lag): (c or {}).get("seeds") or seeds
+            for name, c in cells.items() for lag in (c or {}).get("lags") or res.meta.get("lags") or [None]}
+    planned, done = sum(plan.values()), len(res.finished)
     if done >= planned:
         return ""
     per_cell = res.finished.groupby(["cell", "lag"]).size()
-    complete = int(per_cell.min()) if len(per_cell) == planned // seeds else 0
+    complete = int(per_cell.min()) if len(per_cell) == len(plan) else 0
     return (f" **Incomplete: {done} of {planned} planned runs finished** ({complete} complete seed(s) in every "
             f"cell and lag; the grid plans {seeds}): tests below use the seeds present on both sides of each "
             "comparison, and a verdict is final only at the planned seed count.")

@@ -1,7 +1,8 @@
 """Grid files: the spec (pydantic), its validation, and its expansion into runs `<cell>/lag<n>/seed<s>`.
 
 A grid YAML names a base config, cells (name -> `key: value` overrides of `satrl train`, plus the cell
-keys base / lags / lag_schedule / label), lags, seeds, an optional baseline cell, steps, the run order
+keys base / lags / lag_schedule / label / seeds), lags, seeds (counted from `first_seed`), an optional baseline
+cell, steps, the run order
 (`order: cell` or `seed`), declared `hypotheses:` and global `extra:` overrides. Values stay YAML scalars and are rendered `key=value` so that yaml.safe_load
 reads them back unchanged.
 """
@@ -20,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 # Keys the grid itself controls; a cell or `extra:` setting them would silently fight the grid.
 _RESERVED = {"seed": "--seeds / seeds:", "out": "--out", "lag.n": "lags:", "lag.schedule": "lag_schedule:",
              "steps": "steps:", "train.max_threads": "--threads"}  # fmt: skip
-_CELL_KEYS = {"base", "lags", "lag_schedule", "label"}
+_CELL_KEYS = {"base", "lags", "lag_schedule", "label", "seeds"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
@@ -53,11 +54,14 @@ def _check_overrides(overrides: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 class CellSpec(BaseModel):
-    """One cell: optional base config, lags and schedule overriding the grid's, and config overrides."""
+    """One cell: optional base config, lags, schedule and seed count overriding the grid's, and config overrides."""
 
     model_config = ConfigDict(extra="forbid")
     base: str | None = None
     lags: list[int] | None = None
+    # this cell's number of seeds (from the grid's first_seed), e.g. one confirming run beside an 8-seed cell;
+    # --seeds does not change it
+    seeds: int | None = Field(default=None, ge=1)
     lag_schedule: str | None = None
     label: str | None = None
     overrides: dict[str, Any] = Field(default_factory=dict)
@@ -103,6 +107,8 @@ class GridSpec(BaseModel):
     lags: list[int] = Field(min_length=1)
     lag_schedule: str = "broadcast"
     seeds: int = Field(default=3, ge=1)
+    # seeds run are first_seed .. first_seed + seeds - 1: a new trial on fresh seeds no earlier grid has seen
+    first_seed: int = Field(default=0, ge=0)
     baseline: str | None = None
     # method cell -> the cell it is layered on (e.g. sat_gspo: gspo): the report adds a paired table per pair
     pairs: dict[str, str] = Field(default_factory=dict)
@@ -234,7 +240,8 @@ def expand(spec: GridSpec, out: str | Path, seeds: int | None = None) -> list[Ru
             ov["lag.n"] = lag
             ov.update(c.overrides)
             items = tuple(f"{k}={render_value(v)}" for k, v in ov.items())
-            for s in range(seeds or spec.seeds):
+            n = c.seeds or seeds or spec.seeds
+            for s in range(spec.first_seed, spec.first_seed + n):
                 runs.append(
                     Run(cell, lag, s, spec.base_path(cell), items, out / cell / f"lag{lag}" / f"seed{s}")
                 )
@@ -256,7 +263,7 @@ def spec_to_yaml(spec: GridSpec, seeds: int) -> str:
     for name, c in spec.cells.items():
         body: dict[str, Any] = {"base": str(spec.base_path(name))}
         body.update(
-            {k: getattr(c, k) for k in ("lags", "lag_schedule", "label") if getattr(c, k) is not None}
+            {k: getattr(c, k) for k in ("lags", "lag_schedule", "label", "seeds") if getattr(c, k) is not None}
         )
         body.update(c.overrides)
         cells[name] = body
