@@ -351,6 +351,8 @@ def test_seed_order_and_only_filter(tmp_path, capsys):
     assert grid_mod.run_grid(args) == 0
     out = capsys.readouterr().out.splitlines()
     assert out and all("/seed1: " in line for line in out)
+    several = ["--only", "a/*", "*/seed1", "--only", "b/*"]  # several patterns per --only, and repeated
+    assert parser.parse_args([str(path), *several]).only == ["a/*", "*/seed1", "b/*"]
     args = parser.parse_args([str(path), "--only", "zzz/*", "--out", str(tmp_path / "o")])
     assert grid_mod.run_grid(args) == 2
     assert "matches no run" in capsys.readouterr().err

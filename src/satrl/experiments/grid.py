@@ -363,9 +363,9 @@ def add_grid_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", default=None, help="output folder (default: runs/<grid name>)")
     parser.add_argument(
-        "--only", action="append", default=None, metavar="PATTERN",
-        help="run only runs whose name <cell>/lag<n>/seed<s> matches this shell pattern (repeatable), "
-        "e.g. --only 'grpo_lr5e-5/*' --only '*/lag8/seed[12]'",
+        "--only", action="extend", nargs="+", default=None, metavar="PATTERN",
+        help="run only runs whose name <cell>/lag<n>/seed<s> matches one of these shell patterns (several per "
+        "--only, or repeat it), e.g. --only 'grpo_lr5e-5/*' '*/lag8/seed[12]'",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="print each run's command and state, run nothing"
