@@ -161,7 +161,7 @@ def test_gate_off_equals_verls_own_loss(ours, theirs, mode, extras):
     assert torch.equal(grad, ref_grad)
     assert grad.abs().sum() > 0
     assert VERL_METRIC_KEYS <= set(metrics) and all(isinstance(v, float) for v in metrics.values())
-    assert metrics["actor/sat_gate_rate"] == 0.0
+    assert metrics["actor/sat_gate_rate_microbatch_mean"] == 0.0
     assert ref_metrics["actor/pg_clipfrac"] > 0  # the clip is exercised, not vacuous
     if theirs == "vanilla":
         assert ref_metrics["actor/pg_clipfrac_lower"] > 0  # so is the dual clip
@@ -198,9 +198,9 @@ def test_gate_on_matches_satrl_objectives(name, mode):
     assert torch.equal(grad, logp.grad)
     ulp = torch.finfo(torch.float32).eps * ref_loss.abs()
     assert (loss - ref_loss).abs() <= (0 if mode in ("token-mean", "seq-mean-token-mean") else 2 * ulp)
-    assert metrics["actor/sat_gate_rate"] == pytest.approx(float(ref["gate_rate"])) and metrics[
-        "actor/sat_gate_rate"] > 0
-    assert metrics["actor/sat_q"] == float(ref["q"])
+    assert metrics["actor/sat_gate_rate_microbatch_mean"] == pytest.approx(float(ref["gate_rate"])) and metrics[
+        "actor/sat_gate_rate_microbatch_mean"] > 0
+    assert metrics["actor/sat_q_microbatch_mean"] == float(ref["q"])
     assert metrics["actor/pg_clipfrac"] == pytest.approx(float(ref["clipfrac_high"] + ref["clipfrac_low"]))
 
 
@@ -212,8 +212,8 @@ def test_gate_on_changes_the_loss_and_contracts_the_radii():
     ref_loss, ref_grad, _ = run(core_algos.get_policy_loss_fn("vanilla"), x, "token-mean", actor_config())
     assert not torch.equal(grad, ref_grad)
     assert (grad == 0).sum() > (ref_grad == 0).sum()  # contracted bounds clip more tokens
-    assert m["actor/sat_eps_high_mean"] < 0.28 and m["actor/sat_eps_low_mean"] < 0.2
-    assert 0 < m["actor/sat_c_min"] < 0.5  # psi(u; q) < 1/2 on gated tokens (u > q)
+    assert m["actor/sat_eps_high_microbatch_mean"] < 0.28 and m["actor/sat_eps_low_microbatch_mean"] < 0.2
+    assert 0 < m["actor/sat_c_lowest_microbatch_mean"] < 0.5  # psi(u; q) < 1/2 on gated tokens (u > q)
 
 
 @needs_verl

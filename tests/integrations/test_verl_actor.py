@@ -84,6 +84,7 @@ def model_output(logp: torch.Tensor, mb: TensorDict) -> dict:
 
 
 def actor_config(loss_mode: str, agg: str = "token-mean", **sat_keys) -> ActorConfig:
+    sat_keys.setdefault("sat_mu", "rollout")  # the harness's old_log_probs play the engine's (bypass mode)
     return ActorConfig(
         strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=4, clip_ratio_low=0.2, clip_ratio_high=0.28,
         loss_agg_mode=agg, policy_loss=sv.SatPolicyLossConfig(loss_mode=loss_mode, **sat_keys),
@@ -139,7 +140,7 @@ def test_actor_gate_off_equals_verls_own_loss(ours, theirs, split):
     ref_grad, ref_rows, _ = actor_step(actor_config(theirs, agg), data, logp, **split)
     assert rows == ref_rows and len(rows) > 1
     assert torch.equal(grad, ref_grad) and grad.abs().sum() > 0
-    assert all(m["actor/sat_gate_rate"] == 0.0 for m in metrics)
+    assert all(m["actor/sat_gate_rate_microbatch_mean"] == 0.0 for m in metrics)
 
 
 @pytest.mark.parametrize("name,agg", [("sat", "token-mean"), ("sat_gspo", "seq-mean-token-mean"),
@@ -153,7 +154,7 @@ def test_actor_gate_on_is_satrl_per_micro_batch(name, agg, split):
     grad, rows, metrics = actor_step(actor_config(name, agg, sat_alpha=0.8), data, logp, **split)
     assert sorted(sum(rows, [])) == list(range(B)) and len(rows) > 1
     assert torch.equal(grad, satrl_gradient(name, data, logp, rows, agg, alpha=0.8))
-    assert any(m["actor/sat_gate_rate"] > 0 for m in metrics)
+    assert any(m["actor/sat_gate_rate_microbatch_mean"] > 0 for m in metrics)
     base, _, _ = actor_step(actor_config("gspo" if name == "sat_gspo" else "vanilla", agg), data, logp, **split)
     assert not torch.equal(grad, base)
 
@@ -167,7 +168,7 @@ def test_sequence_gate_is_inert_at_small_micro_batches_and_warns_once():
     agg = "seq-mean-token-mean"
     with pytest.warns(RuntimeWarning, match=r"gates at most n - ceil\(alpha\*n\) = 4 of its n = 48 tokens"):
         grad, rows, metrics = actor_step(actor_config("sat_gspo", agg), data, logp, micro_batch_size=4)
-    assert len(rows) == 4 and all(m["actor/sat_gate_rate"] == 0.0 for m in metrics)
+    assert len(rows) == 4 and all(m["actor/sat_gate_rate_microbatch_mean"] == 0.0 for m in metrics)
     ref_grad, _, _ = actor_step(actor_config("gspo", agg), data, logp, micro_batch_size=4)
     assert torch.equal(grad, ref_grad)
     with warnings.catch_warnings():
@@ -176,7 +177,7 @@ def test_sequence_gate_is_inert_at_small_micro_batches_and_warns_once():
         _gate._warned_gate.clear()
         whole, rows, metrics = actor_step(actor_config("sat_gspo", agg), data, logp, max_token_len=10_000)
     assert len(rows) == 1 and sorted(rows[0]) == list(range(B))
-    assert metrics[0]["actor/sat_gate_rate"] > 0  # at most 1 of 16 sequences: 1/16 = 0.0625 of the tokens
+    assert metrics[0]["actor/sat_gate_rate_microbatch_mean"] > 0  # at most 1 of 16 sequences: 1/16 = 0.0625 of the tokens
     assert torch.equal(whole, satrl_gradient("sat_gspo", data, logp, rows, agg, alpha=0.9))
     assert not torch.equal(whole, grad)  # same data, same loss_mode: the split decides SAT's gradient
 

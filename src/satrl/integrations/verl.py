@@ -20,9 +20,12 @@ loss_agg_mode, config, rollout_is_weights) -> (loss, metrics)``, where every ten
                                                adv=advantages, mask=response_mask, ...)   # [B, T]
     loss = verl agg_loss(loss_tok * rollout_is_weights, response_mask, loss_agg_mode, **global_batch_info)
 
-So SAT's d is log pi_theta - log old_log_prob: whatever verl puts in ``old_log_probs`` is the ratio's
-denominator (the recomputed pi_old in verl's default decoupled mode, i.e. satrl's
-``denominator: recomputed``, with verl's ``rollout_is_weights`` as the TIS factor).
+So SAT's d is log pi_theta - log old_log_prob: whatever verl's trainer puts in ``old_log_probs`` is
+SAT's mu. With ``algorithm.rollout_correction.bypass_mode=true`` (v1 trainer) that is the rollout
+engine's log-probs, the paper's mu; in decoupled mode it is the recomputed pi_old, with verl's
+``rollout_is_weights`` as the TIS factor. The loss cannot tell which (verl passes no rollout log-probs to
+a policy loss), so the driver declares it: ``sat_mu='${satrl_mu:}'`` (see ``_verl_mu``), logged as
+``actor/sat_mu_is_rollout``.
 
 Config: the radii come from verl's ``ActorConfig`` exactly as verl's ``vanilla`` reads them
 (``clip_ratio_low``/``clip_ratio_high``, falling back to ``clip_ratio``), plus ``clip_ratio_c`` (dual clip)
@@ -54,6 +57,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from satrl.integrations._gate import composition, gate_capacity, warn_gate_cannot_fire
+from satrl.integrations._verl_mu import MU_OVERRIDE, MU_VALUES, mu_flag, register_resolver
 from satrl.objectives import ObjectiveOutput, ObjectiveSpec, resolve_objective
 from satrl.objectives.sat import LAG_FREE_PROXIES
 from satrl.registry import Registry
@@ -83,6 +87,9 @@ class SatPolicyLossConfig(PolicyLossConfig):
         sat_exponent: kernel exponent p of psi(u; q) = 1 / (1 + (u/q)^p) (paper Eq. 16).
         sat_proxy: gate score, ``log_ratio`` (paper) or ``prob_diff``; None = the loss_mode's choice.
         sat_invert: gate the bottom tail instead of the top; None = the loss_mode's choice.
+        sat_mu: what verl's ``old_log_probs`` are, ``rollout`` (bypass mode) or ``old_policy`` (decoupled);
+            write ``'${satrl_mu:}'`` so the driver fills it in from the trainer's config. None = undeclared
+            (logged as -1, with a warning).
     """
 
     sat_alpha: float = SAT_KEYS["sat_alpha"]
@@ -90,6 +97,14 @@ class SatPolicyLossConfig(PolicyLossConfig):
     # Optional[...] rather than `X | None`: OmegaConf's structured configs cannot read the union syntax.
     sat_proxy: Optional[str] = None
     sat_invert: Optional[bool] = None
+    sat_mu: Optional[str] = None
+
+    def __post_init__(self):
+        if hasattr(super(), "__post_init__"):
+            super().__post_init__()
+        if self.sat_mu is not None and self.sat_mu not in MU_VALUES:  # refused when verl builds the config
+            raise ValueError(f"actor.policy_loss.sat_mu={self.sat_mu!r}; choose one of {list(MU_VALUES)} "
+                             f"or write {MU_OVERRIDE}")
 
 
 @dataclass(frozen=True)
@@ -169,14 +184,20 @@ def objective_from_config(loss_mode: str, config: Any) -> ObjectiveSpec:
     )
 
 
-# SAT's runtime diagnostics (paper Table 10), reported under these verl metric names.
+# SAT's runtime diagnostics (paper Table 10) under verl metric names that say how verl reduces them.
+# verl 0.9.1's ppo_loss wraps every policy-loss metric as Metric(MEAN): the logged value is the mean over
+# micro-batches and dp ranks of each call's value; across mini-batches reduce_metrics takes np.min /
+# np.max of keys containing "min" / "max" and the mean of the rest. No policy loss can ask for another
+# reduction (Metric.from_dict refuses a Metric of another aggregation), so the names say "microbatch_mean"
+# and avoid the substrings "min"/"max": a mean of micro-batch minima must not be called a minimum.
 SAT_METRICS = {
-    "actor/sat_q": "q",
-    "actor/sat_gate_rate": "gate_rate",
-    "actor/sat_eps_low_mean": "eps_low_mean",
-    "actor/sat_eps_high_mean": "eps_high_mean",
-    "actor/sat_c_min": "c_min",
+    "actor/sat_q_microbatch_mean": "q",
+    "actor/sat_gate_rate_microbatch_mean": "gate_rate",
+    "actor/sat_eps_low_microbatch_mean": "eps_low_mean",
+    "actor/sat_eps_high_microbatch_mean": "eps_high_mean",
+    "actor/sat_c_lowest_microbatch_mean": "c_min",
 }
+MU_METRIC = "actor/sat_mu_is_rollout"  # 1: mu = the engine's log-probs, 0: pi_old, -1: undeclared
 
 
 @torch.no_grad()
@@ -188,7 +209,7 @@ def verl_metrics(
     ``actor/pg_clipfrac``: tokens clipped at an endpoint of the (SAT-contracted) interval;
     ``actor/pg_clipfrac_lower``: tokens cut by the dual clip (A < 0, r > clip_ratio_c; 0 for GSPO, as verl);
     ``actor/ppo_kl``: mean of -clamp(log pi - log old, -20, 20) over active tokens, as verl's ``vanilla``.
-    ``actor/sat_abs_d_mean``: mean |log pi - log mu| over active tokens (d̄_π).
+    ``actor/sat_abs_d_microbatch_mean``: mean |log pi - log mu| over the call's active tokens (d̄_π).
     ``extra`` 0-dim tensors ride along in the same single host sync.
     """
     m, d = out.metrics, out.tokens.d
@@ -207,7 +228,7 @@ def verl_metrics(
         "actor/ppo_kl": ppo_kl,
         "actor/pg_clipfrac_lower": lower,
         **{key: m[name] for key, name in SAT_METRICS.items()},
-        "actor/sat_abs_d_mean": d.abs().sum(dtype=torch.float32) / n,
+        "actor/sat_abs_d_microbatch_mean": d.abs().sum(dtype=torch.float32) / n,
         **(extra or {}),
     }
     floats = torch.stack([v.to(torch.float32) for v in values.values()]).tolist()  # one host sync
@@ -238,6 +259,7 @@ def sat_policy_loss(
     per_sequence = VARIANTS[loss_mode].per_sequence and spec.trust_region.proxy == "log_ratio"
     metrics = verl_metrics(out, advantages, response_mask, VARIANTS[loss_mode].per_sequence,
                            extra=composition(response_mask))
+    metrics[MU_METRIC] = mu_flag(_get(_get(config, "policy_loss", None), "sat_mu", None), loss_mode)
     n, shortest = int(metrics.pop("n")), int(metrics.pop("shortest"))
     alpha = spec.trust_region.alpha
     m_budget = gate_capacity(n, shortest, alpha, per_sequence)
@@ -288,8 +310,12 @@ def register() -> list[str]:
 
 
 register()
+register_resolver()  # ${satrl_mu:}, resolved on verl's driver (import verl loads this module there too)
 
 __all__ = [
+    "MU_METRIC",
+    "MU_OVERRIDE",
+    "SAT_METRICS",
     "LOSS_FNS",
     "SAT_KEYS",
     "VARIANTS",
