@@ -172,10 +172,18 @@ def _comparison_table(res: GridResults, t: pd.DataFrame, lower_better: bool = Fa
 
 def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int,
                   title: str = "Declared hypotheses", note: str = "") -> list[str]:  # fmt: skip
-    """The grid's declared hypotheses: one Holm family, each with its endpoint and direction."""
-    hyps = res.meta.get("hypotheses") or {}
-    if not hyps:
-        return []
+    """The grid's declared hypotheses, one section and one Holm correction per family."""
+    families: dict[str, dict] = {}
+    for name, h in (res.meta.get("hypotheses") or {}).items():
+        families.setdefault(h.get("family") or "", {})[name] = h
+    out = []
+    for family, hyps in families.items():
+        out += _family_md(res, hyps, n_resamples, ci, seed, f"{title}: {family}" if family else title, note)
+    return out
+
+
+def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: int, title: str, note: str) -> list[str]:
+    """One Holm family of declared hypotheses, each with its endpoint and direction."""
     rows = []
     for name, h in hyps.items():
         bases = [h["base"]] if isinstance(h["base"], str) else list(h["base"])
