@@ -1,4 +1,5 @@
-"""The README's tensor example must run as printed and produce SAT's diagnostics."""
+"""The README's tensor example produces SAT's diagnostics, and docs/objectives.md's config is the resolved one
+(every block of the docs runs or is checked in tests/test_doc_snippets.py)."""
 
 import re
 import subprocess
@@ -14,16 +15,6 @@ def test_readme_sat_example_runs():
     out = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "gate_rate" in out.stdout and "q" in out.stdout
-
-
-def test_objectives_doc_snippets_run():
-    """Every python block of docs/objectives.md runs as printed."""
-    doc = README.parent / "docs" / "objectives.md"
-    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)
-    assert blocks
-    for block in blocks:
-        out = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
 
 
 def test_objectives_doc_config_is_the_resolved_sat_grpo():

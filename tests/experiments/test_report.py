@@ -186,6 +186,27 @@ def test_report_declared_hypotheses_are_one_holm_family(tmp_path, make_run):
     assert md.split("## Declared hypotheses")[1].split("## ")[0] == sec
 
 
+def test_each_hypothesis_family_gets_its_own_holm_correction(tmp_path, make_run):
+    """The same two hypotheses as above, declared in two families: each is its own family of one, so Holm leaves
+    H1's p as it is (0.00195) instead of doubling it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "grid.yaml").write_text(textwrap.dedent("""
+        cells: {grpo: {}, sat: {label: SAT}}
+        hypotheses:
+          H1: {method: sat, base: grpo, lag: 8, family: repair}
+          H2: {method: sat, base: grpo, lag: 8, endpoint: d_pi_last25, direction: less, family: mismatch}
+    """))
+    for s in range(10):
+        make_run(out, "grpo", 8, s, {"late_test_avg_at_k": 0.5, "d_pi_last25": 0.1, "summary_version": 2})
+        make_run(out, "sat", 8, s, {"late_test_avg_at_k": 0.5 + 0.01 * (1 + s % 2), "d_pi_last25": 0.1,
+                                    "summary_version": 2})  # fmt: skip
+    md = build_report(out, n_resamples=200).read_text()
+    repair = md.split("## Declared hypotheses: repair")[1].split("## ")[0]
+    assert "| H1 |" in repair and "| H2 |" not in repair and "| 0.00195 | 0.00195 |" in repair
+    assert "| H2 |" in md.split("## Declared hypotheses: mismatch")[1].split("## ")[0]
+
+
 def test_report_cli_seed_ranges(capsys):
     parser = argparse.ArgumentParser()
     add_report_args(parser)

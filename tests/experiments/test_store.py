@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from satrl.experiments.report import build_report
+from satrl.experiments.report import build_report, mixed_seeds
 from satrl.experiments.store import find_runs, load_evals, load_metrics, load_results, load_runs, pack_results
 
 
@@ -115,5 +115,22 @@ def test_environment_json_is_packed_and_read_as_the_machine_column(tmp_path, mak
     md = build_report(dest, n_resamples=200).read_text()
     assert ("- Machines (CPU kind per run, `environment.json`; runs are bit-identical only on one kind): 1 on "
             "AuthenticAMD AMD EPYC 7B13 then GenuineIntel Intel(R) Xeon(R) Processor; 1 not recorded.") in md
+    assert "different CPU kinds" not in md  # one recorded run per seed: nothing to flag
     (dest / "grpo/lag8/seed0/environment.json").unlink()
     assert "- Machines" not in build_report(dest, n_resamples=200).read_text()  # nothing recorded: no line
+
+
+def test_a_seed_whose_paired_runs_ran_on_different_cpu_kinds_is_flagged(tmp_path, make_run):
+    out = tmp_path / "out"
+    for cell, vendor in (("grpo", "GenuineIntel"), ("sat", "AuthenticAMD"), ("ppo", "GenuineIntel")):
+        for seed in (0, 1):
+            d = make_run(out, cell, 8, seed, {"late_test_avg_at_k": 0.5 + seed / 10})
+            kind = vendor if seed == 0 else "GenuineIntel"  # seed 1: all on one kind
+            (d / "environment.json").write_text(json.dumps({"sessions": [{"cpu": {"vendor": kind, "model": "X"}}]}))
+    res = load_results(out)
+    assert mixed_seeds(res.runs) == {0: {"AuthenticAMD X": ["sat/lag8"], "GenuineIntel X": ["grpo/lag8", "ppo/lag8"]}}
+    md = build_report(out, n_resamples=200).read_text()
+    assert ("- **Seed 0's paired runs ran on different CPU kinds** (every comparison pairs runs by seed, so its "
+            "differences on this seed mix in a machine difference): sat/lag8 on AuthenticAMD X; grpo/lag8, ppo/lag8 "
+            "on GenuineIntel X.") in md
+    assert "Seed 1's" not in md

@@ -172,10 +172,18 @@ def _comparison_table(res: GridResults, t: pd.DataFrame, lower_better: bool = Fa
 
 def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int,
                   title: str = "Declared hypotheses", note: str = "") -> list[str]:  # fmt: skip
-    """The grid's declared hypotheses: one Holm family, each with its endpoint and direction."""
-    hyps = res.meta.get("hypotheses") or {}
-    if not hyps:
-        return []
+    """The grid's declared hypotheses, one section and one Holm correction per family."""
+    families: dict[str, dict] = {}
+    for name, h in (res.meta.get("hypotheses") or {}).items():
+        families.setdefault(h.get("family") or "", {})[name] = h
+    out = []
+    for family, hyps in families.items():
+        out += _family_md(res, hyps, n_resamples, ci, seed, f"{title}: {family}" if family else title, note)
+    return out
+
+
+def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: int, title: str, note: str) -> list[str]:
+    """One Holm family of declared hypotheses, each with its endpoint and direction."""
     rows = []
     for name, h in hyps.items():
         bases = [h["base"]] if isinstance(h["base"], str) else list(h["base"])
@@ -360,7 +368,24 @@ def _machines_note(res: GridResults) -> list[str]:
         return []
     counts = res.runs["machine"].fillna("not recorded").value_counts()
     kinds = "; ".join(f"{n} on {kind}" if kind != "not recorded" else f"{n} not recorded" for kind, n in counts.items())
-    return [f"- Machines (CPU kind per run, `environment.json`; runs are bit-identical only on one kind): {kinds}."]
+    out = [f"- Machines (CPU kind per run, `environment.json`; runs are bit-identical only on one kind): {kinds}."]
+    for seed, by_kind in mixed_seeds(res.runs).items():
+        where = "; ".join(f"{', '.join(names)} on {kind}" for kind, names in by_kind.items())
+        out.append(f"- **Seed {seed}'s paired runs ran on different CPU kinds** (every comparison pairs runs by "
+                   f"seed, so its differences on this seed mix in a machine difference): {where}.")
+    return out
+
+
+def mixed_seeds(runs: pd.DataFrame) -> dict[int, dict[str, list[str]]]:
+    """seed -> {CPU kind: ["cell/lag<n>", ...]} for every seed whose runs (those that recorded a kind) ran on more
+    than one kind. Comparisons pair runs by seed, so such a seed's differences are not purely the methods'."""
+    rec = runs.dropna(subset=["machine"]) if "machine" in runs else runs.iloc[:0]
+    out = {}
+    for seed, g in rec.groupby("seed", sort=True):
+        if g["machine"].nunique() > 1:
+            out[int(seed)] = {kind: [f"{c}/lag{lag}" for c, lag in zip(k["cell"], k["lag"])]
+                              for kind, k in g.groupby("machine", sort=True)}
+    return out
 
 
 def _progress_note(res: GridResults) -> str:

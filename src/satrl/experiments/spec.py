@@ -74,7 +74,8 @@ ENDPOINTS = ("late_test_avg_at_k", "best_test_avg_at_k", "final_test_avg_at_k", 
 
 class HypothesisSpec(BaseModel):
     """A comparison declared before the runs: ``method`` vs ``base`` at configured ``lag`` on ``endpoint``,
-    expected ``greater`` or ``less``. The report tests all of a grid's hypotheses as one Holm family.
+    expected ``greater`` or ``less``. The report tests the hypotheses of each ``family`` (default: one for the
+    whole grid) as one Holm family.
 
     ``base`` may be a list: then the hypothesis is that ``method`` beats *every* listed cell (e.g. "the best
     cell"), tested as an intersection-union test whose p-value is the largest of the pairwise ones (no
@@ -87,6 +88,9 @@ class HypothesisSpec(BaseModel):
     endpoint: str = "late_test_avg_at_k"
     direction: Literal["greater", "less"] = "greater"
     description: str = ""
+    # hypotheses of one family share a Holm correction; a grid declaring a second question (e.g. a confirmation
+    # beside a repair test) names its families, and the report tests each on its own
+    family: str = ""
 
     @field_validator("endpoint")
     @classmethod

@@ -1,0 +1,177 @@
+"""Weight sync: the time per version and the host memory it takes to get the trainer's weights into an engine.
+
+Usage: ``python -m benchmarks.weight_sync [--quick] [--versions 3]`` (``--quick``: a tiny shape, nothing written).
+
+Method. A randomly initialised Qwen3-0.6B-shaped model (local config, no hub; tied embeddings) stands for the
+trainer's policy and a second one for the engine's. Two paths, each timed over ``--versions`` versions (median):
+
+- **bytes (today's `inproc` path)**: the trainer's fp32 CPU copy of the state dict (`Trainer.weights`), pickled
+  into a rollout request, unpickled and loaded by the engine (`load_state_dict`). Timed in one process, so the
+  pipe between trainer and engine process is not counted (today's real cost is higher); the pickle is paid per
+  request, i.e. up to lag + 1 times per version under the broadcast schedule, and every queued request holds its
+  own copy.
+- **dist**: the trainer's bucket stream (`satrl.weights.buckets`, bf16, 256 MiB buckets) broadcast over a gloo
+  group to an engine process that loads it (`satrl.weights.dist`), once per version. Timed from the first bucket
+  to the engine's loaded weights (a barrier after the load).
+
+Peak host memory: the largest resident-set growth of the trainer's process over its size before the transfer
+(sampled every 2 ms), in GiB, next to the size of one bf16 copy of the weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import socket
+import statistics
+import threading
+import time
+
+import torch
+
+from benchmarks.memory import QUICK_SHAPES, SHAPES, VOCAB, random_qwen3
+
+GiB = 2**30
+
+
+class PeakRss:
+    """Samples this process's resident set size while active; ``.peak`` is the largest growth in bytes."""
+
+    def __enter__(self) -> PeakRss:
+        self.base = self.peak_abs = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak_abs = max(self.peak_abs, _rss())
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_abs = max(self.peak_abs, _rss())
+
+    @property
+    def peak(self) -> int:
+        return self.peak_abs - self.base
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def bytes_path(shape: dict, vocab: int, versions: int) -> dict:
+    """Today's path in one process: CPU copy, pickle into a request, unpickle, load."""
+    from satrl.pipeline.worker import RolloutRequest
+    from satrl.training.trainer import cpu_copy
+
+    trainer, engine = random_qwen3(shape, shape["num_hidden_layers"], vocab), random_qwen3(shape, shape["num_hidden_layers"], vocab)
+    pack, load, peaks = [], [], []
+    for v in range(versions):
+        with PeakRss() as mem:
+            t0 = time.perf_counter()
+            blob = pickle.dumps(RolloutRequest(v, [v], {v: cpu_copy(trainer)}))
+            t1 = time.perf_counter()
+            req = pickle.loads(blob)  # noqa: S301 - the benchmark measures the path it replaces
+            engine.load_state_dict(req.states[v])
+            t2 = time.perf_counter()
+            del blob, req
+        pack.append(t1 - t0)
+        load.append(t2 - t1)
+        peaks.append(mem.peak)
+    return {"pack_s": statistics.median(pack), "load_s": statistics.median(load), "peak": max(peaks),
+            "bytes": sum(t.numel() * t.element_size() for t in trainer.state_dict().values())}  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dist_rank(rank: int, port: int, shape: dict, vocab: int, versions: int, out) -> None:
+    import torch.distributed as dist
+
+    from satrl.weights.buckets import aliases, buckets
+    from satrl.weights.dist import receive, send
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    model = random_qwen3(shape, shape["num_hidden_layers"], vocab)
+    times, peaks = [], []
+    for v in range(versions):
+        dist.barrier()
+        with PeakRss() as mem:
+            t0 = time.perf_counter()
+            if rank == 0:
+                send(v, buckets(model), aliases(model))
+            else:
+                version, state = receive()
+                model.load_state_dict(state)
+                del state
+            dist.barrier()  # the version is loaded on the engine side
+            times.append(time.perf_counter() - t0)
+        peaks.append(mem.peak)
+    if rank == 0:
+        out.put({"sync_s": statistics.median(times), "peak": max(peaks)})
+    dist.destroy_process_group()
+
+
+def dist_path(shape: dict, vocab: int, versions: int) -> dict:
+    ctx = torch.multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_dist_rank, args=(r, port, shape, vocab, versions, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    res = out.get(timeout=1800)
+    for p in procs:
+        p.join()
+        if p.exitcode:
+            raise RuntimeError(f"dist rank exited with {p.exitcode}")
+    return res
+
+
+def report(name: str, today: dict, new: dict, versions: int) -> str:
+    bf16 = today["bytes"] / 2 / GiB
+    per_version = today["pack_s"] + today["load_s"]
+    rows = [
+        "| path | per version, s | pack / send, s | load, s | peak host growth, GiB | x one bf16 copy |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        f"| bytes (today, one request) | {per_version:.2f} | {today['pack_s']:.2f} | {today['load_s']:.2f} | "
+        f"{today['peak'] / GiB:.2f} | {today['peak'] / GiB / bf16:.1f} |",
+        f"| dist (gloo, bf16 buckets) | {new['sync_s']:.2f} | — | — | {new['peak'] / GiB:.2f} | "
+        f"{new['peak'] / GiB / bf16:.1f} |",
+    ]
+    return (f"{name}: fp32 state dict {today['bytes'] / GiB:.2f} GiB (tied head counted twice, as pickled), one bf16 "
+            f"copy {bf16:.2f} GiB; median of {versions} versions.\n\n" + "\n".join(rows) + "\n\n"
+            f"Speed-up per version: {per_version / new['sync_s']:.1f}x for one request; under the broadcast "
+            "schedule at lag n today's path pickles once per request (up to n + 1 per version) and holds one pickled "
+            "copy per queued request.")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a tiny shape, nothing written to docs")
+    ap.add_argument("--versions", type=int, default=3)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    name, shape, vocab = ("tiny", QUICK_SHAPES["tiny"], 1000) if args.quick else ("Qwen3-0.6B", SHAPES["0.6B"], VOCAB)
+    today = bytes_path(shape, vocab, args.versions)
+    new = dist_path(shape, vocab, args.versions)
+    body = report(name, today, new, args.versions)
+    print(body)
+    if not args.quick:
+        from benchmarks._report import write_section
+
+        doc = __doc__.split("\n\n", 2)[2].strip()
+        write_section("Weight sync", f"python -m benchmarks.weight_sync --versions {args.versions}", doc + "\n\n" + body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

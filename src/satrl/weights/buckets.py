@@ -1,0 +1,108 @@
+"""Weights out of the trainer as a stream of buckets: each a few hundred MiB of flat tensors in the dtype the
+engine holds, gathered parameter by parameter from the shards, so no full copy of the weights (let alone an fp32
+one) is ever made on the host.
+
+A **bucket** is one flat 1-D tensor plus the names and shapes of the tensors packed into it, in order. Tied
+parameters (Qwen3's shared input embedding and LM head) travel once: the stream's end names the aliases and the
+receiver points them at the one copy. The stream is what a transport sends (`satrl.weights.dist`); an engine
+rebuilds the state dict with :func:`unpack`.
+
+Under FSDP2 every parameter is a ``DTensor``; ``full_tensor()`` all-gathers it, so *every* rank must walk the
+stream together, in the same order (the state dict's), even though only rank 0 sends it on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Bucket", "DEFAULT_BUCKET_BYTES", "aliases", "buckets", "unpack"]
+
+DEFAULT_BUCKET_BYTES = 256 * 2**20  # large enough to amortise a collective, small next to any GPU's memory
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """``flat`` [sum of numels] holds the tensors ``names`` (shapes ``shapes``) back to back, in one dtype."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    flat: torch.Tensor
+
+    def header(self) -> dict:
+        """What a receiver needs to allocate and split the bucket (JSON-able)."""
+        dtype = str(self.flat.dtype).removeprefix("torch.")
+        return {"names": list(self.names), "shapes": [list(s) for s in self.shapes], "dtype": dtype}
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """name -> a view into ``flat`` with its shape (no copy)."""
+        out, start = {}, 0
+        for name, shape in zip(self.names, self.shapes):
+            n = math.prod(shape)
+            out[name] = self.flat[start : start + n].view(shape)
+            start += n
+        return out
+
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: its shard identifies it
+    return (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape), local.dtype)
+
+
+def aliases(model: torch.nn.Module) -> dict[str, str]:
+    """state-dict name -> the earlier name whose tensor it shares (tied weights), e.g.
+    ``{"lm_head.weight": "model.embed_tokens.weight"}``. Those names are not streamed."""
+    first: dict[tuple, str] = {}
+    out = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        key = _storage_key(t)
+        if key in first:
+            out[name] = first[key]
+        else:
+            first[key] = name
+    return out
+
+
+def buckets(model: torch.nn.Module, dtype: torch.dtype | None = torch.bfloat16,
+            bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[Bucket]:  # fmt: skip
+    """The model's state dict (aliases once) as buckets of at most ``bucket_bytes`` in ``dtype`` on the CPU (a
+    single larger tensor gets a bucket of its own). ``dtype=None`` keeps each tensor's dtype, cutting a bucket
+    where it changes. Gathers sharded (DTensor) entries one at a time: collective, so every rank iterates."""
+    skip = aliases(model)
+    names: list[str] = []
+    parts: list[torch.Tensor] = []
+    size = 0
+    for name, t in model.state_dict().items():
+        if name in skip:
+            continue
+        full = t.full_tensor() if hasattr(t, "full_tensor") else t
+        x = full.detach().to(device="cpu", dtype=dtype or full.dtype)
+        nbytes = x.numel() * x.element_size()
+        if parts and (size + nbytes > bucket_bytes or x.dtype != parts[0].dtype):
+            yield _bucket(names, parts)
+            names, parts, size = [], [], 0
+        names.append(name)
+        parts.append(x)
+        size += nbytes
+    if parts:
+        yield _bucket(names, parts)
+
+
+def _bucket(names: list[str], parts: list[torch.Tensor]) -> Bucket:
+    flat = torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].reshape(-1).clone()
+    return Bucket(tuple(names), tuple(tuple(p.shape) for p in parts), flat)
+
+
+def unpack(stream: list[Bucket] | Iterator[Bucket], tied: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The full state dict from a stream's buckets and its aliases: every name, tied ones sharing a tensor."""
+    state: dict[str, torch.Tensor] = {}
+    for bucket in stream:
+        state.update(bucket.tensors())
+    for name, target in tied.items():
+        if target not in state:
+            raise KeyError(f"weights stream: {name!r} is tied to {target!r}, which the stream did not carry")
+        state[name] = state[target]
+    return state

@@ -1,0 +1,120 @@
+"""The trainer's weight stream and the `dist` transport: hand-checked packing, tied weights once, the bucket size
+bound, and two-process round trips over gloo (a sharded model's gathered stream; a broadcast to an engine rank)."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from satrl.weights.buckets import aliases, buckets, unpack
+
+
+def tiny_qwen3(seed: int = 0) -> torch.nn.Module:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                      intermediate_size=64, vocab_size=100, tie_word_embeddings=True)  # fmt: skip
+    return Qwen3ForCausalLM(cfg)
+
+
+def test_bucket_packs_views_in_order():
+    lin = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        lin.weight.copy_(torch.arange(6.0).view(2, 3))
+        lin.bias.copy_(torch.tensor([10.0, 11.0]))
+    (b,) = list(buckets(lin, dtype=None))
+    assert b.names == ("weight", "bias") and b.shapes == ((2, 3), (2,))
+    assert b.flat.tolist() == [0, 1, 2, 3, 4, 5, 10, 11]
+    assert b.header() == {"names": ["weight", "bias"], "shapes": [[2, 3], [2]], "dtype": "float32"}
+    with torch.no_grad():
+        lin.weight.zero_()
+    assert b.flat[0:6].tolist() == [0, 1, 2, 3, 4, 5]  # a copy: the next optimizer step does not reach it
+
+
+def test_tied_weights_travel_once_and_come_back_shared():
+    model = tiny_qwen3()
+    assert aliases(model) == {"lm_head.weight": "model.embed_tokens.weight"}
+    stream = list(buckets(model, dtype=torch.bfloat16))
+    assert all("lm_head.weight" not in b.names for b in stream)
+    state = unpack(stream, aliases(model))
+    assert state.keys() == model.state_dict().keys()
+    assert state["lm_head.weight"] is state["model.embed_tokens.weight"]
+    for k, v in model.state_dict().items():
+        assert torch.equal(state[k], v.to(torch.bfloat16)), k  # bf16 rounding, nothing else
+    with pytest.raises(KeyError, match="tied to 'model.embed_tokens.weight'"):
+        unpack([b for b in stream if "model.embed_tokens.weight" not in b.names], aliases(model))
+
+
+def test_buckets_respect_the_size_bound():
+    model = tiny_qwen3()
+    biggest = max(v.numel() for v in model.state_dict().values()) * 2
+    limit = 3000  # bytes: smaller than the embedding (100 x 32 x 2), larger than most tensors
+    stream = list(buckets(model, dtype=torch.bfloat16, bucket_bytes=limit))
+    sizes = [b.flat.numel() * 2 for b in stream]
+    assert len(stream) > 3 and max(sizes) <= max(limit, biggest)
+    assert all(s <= limit or len(b.names) == 1 for s, b in zip(sizes, stream))  # only a lone big tensor exceeds it
+    assert [n for b in stream for n in b.names] == [n for n in model.state_dict() if n != "lm_head.weight"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, port: int, fn) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        fn(rank)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(fn) -> None:
+    mp.spawn(_worker, args=(_free_port(), fn), nprocs=2, join=True)
+
+
+def _broadcast_one_version(rank: int) -> None:
+    from satrl.weights.dist import receive, send
+
+    model = tiny_qwen3(seed=3)  # both ranks build the same weights: the receiver checks against its own copy
+    if rank == 0:
+        sent = send(7, buckets(model, bucket_bytes=4096), aliases(model))
+        assert sent == sum(p.numel() for p in model.parameters()) * 2
+    else:
+        version, state = receive()
+        assert version == 7 and state["lm_head.weight"] is state["model.embed_tokens.weight"]
+        want = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
+        assert state.keys() == want.keys()
+        assert all(torch.equal(state[k], want[k]) for k in want)
+        model.load_state_dict(state)  # an engine loads it as it arrives
+
+
+def test_dist_transport_broadcasts_a_version_bit_for_bit():
+    _spawn(_broadcast_one_version)
+
+
+def _sharded_stream(rank: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    model = tiny_qwen3(seed=5)
+    want = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
+    mesh = init_device_mesh("cpu", (2,))
+    with torch.no_grad():  # shard every parameter over the two ranks, as FSDP2 does (dim 0)
+        for mod in model.modules():
+            for name, p in list(mod.named_parameters(recurse=False)):
+                mod.register_parameter(name, torch.nn.Parameter(distribute_tensor(p.data, mesh, [Shard(0)])))
+    model.lm_head.weight = model.model.embed_tokens.weight  # re-tie after the embedding was replaced
+    state = unpack(buckets(model, bucket_bytes=4096), aliases(model))  # every rank walks the stream
+    assert all(torch.equal(state[k], want[k]) for k in want), rank
+
+
+def test_a_sharded_model_streams_its_full_weights():
+    _spawn(_sharded_stream)
