@@ -243,3 +243,62 @@ def test_a_trl_whose_loss_skips_the_hook_is_refused(pair, monkeypatch):
     with pytest.raises(RuntimeError, match="not supported by satrl.integrations.trl"):
         ours._compute_loss(ours.model, stale_inputs(ours.model, seed=3))
     assert ours.epsilon_low == EPS_LOW  # TRL's scalars restored
+
+
+def with_sampling(model, seed: int, gap: float = 0.5):
+    """``stale_inputs`` plus vLLM-style sampling log-probs: pi_old = pi + a small drift (0.05), while the
+    engine's log-probs are pi + a large token noise (``gap``), as when the engine's kernels differ."""
+    inputs = stale_inputs(model, seed=seed, drift=0.05)
+    g = torch.Generator().manual_seed(seed + 100)
+    inputs["sampling_per_token_logps"] = inputs["old_per_token_logps"] + torch.randn(
+        inputs["old_per_token_logps"].shape, generator=g) * gap
+    return inputs
+
+
+def sat_reference(tr, inputs, behavior):
+    """satrl's sat_grpo metrics for this call with ``behavior`` as mu (TRL's own log-probs, no hook)."""
+    logp, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+        tr, tr.model, torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+        torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1), inputs["completion_ids"].size(1))
+    _, m, _ = policy_loss("sat_grpo", logp=logp.detach(), behavior_logp=behavior, adv=inputs["advantages"],
+                          mask=inputs["completion_mask"].bool(), eps_low=EPS_LOW, eps_high=EPS_HIGH,
+                          alpha=0.75)
+    return float(m["q"]), float(m["gate_rate"])
+
+
+@needs_trl
+@pytest.mark.parametrize("mu_source,side,flag", [("auto", "sampling", 1.0), ("sampling", "sampling", 1.0),
+                                                 ("old_policy", "old", 0.0)])
+def test_gate_follows_the_chosen_mu(tiny_dir, tmp_path, mu_source, side, flag):
+    """Sampling log-probs far from pi_old: SAT's q and gate rate are satrl's with the chosen mu, not the
+    other one, and sat/mu_source says which."""
+    tr = trainer(SATGRPOTrainer, SATGRPOConfig, tiny_dir, tmp_path, sat_alpha=0.75)
+    tr.mu_source = mu_source  # as SATGRPOTrainer(..., mu_source=...) sets it (one model load for all three)
+    inputs = with_sampling(tr.model, seed=4)
+    loss_and_grads(tr, inputs)
+    keys = {"sampling": "sampling_per_token_logps", "old": "old_per_token_logps"}
+    q, rate = sat_reference(tr, inputs, inputs[keys[side]])
+    q_other, _ = sat_reference(tr, inputs, inputs[keys["old" if side == "sampling" else "sampling"]])
+    logged = tr._metrics["train"]
+    assert logged["sat/q"][-1] == pytest.approx(q, rel=1e-6) and abs(q - q_other) > 0.1
+    assert logged["sat/gate_rate"][-1] == pytest.approx(rate) and rate > 0
+    assert logged["sat/mu_source"][-1] == flag
+
+
+@needs_trl
+def test_mu_source_without_sampling_log_probs(tiny_dir, tmp_path):
+    """Generation without vLLM leaves no sampling log-probs: auto falls back to the old policy (logged 0),
+    sampling refuses, an unknown source is refused when the trainer is built."""
+    with pytest.raises(ValueError, match=r"mu_source='vllm'\); choose one of"):
+        SATGRPOTrainer(model=tiny_dir, reward_funcs=reward_digits, args=config(SATGRPOConfig, tmp_path),
+                       mu_source="vllm")
+    tr = trainer(SATGRPOTrainer, SATGRPOConfig, tiny_dir, tmp_path, sat_alpha=0.75)
+    assert tr.mu_source == "auto"
+    inputs = stale_inputs(tr.model, seed=5, drift=0.1)
+    loss_and_grads(tr, inputs)
+    assert tr._metrics["train"]["sat/mu_source"][-1] == 0.0
+    assert tr._metrics["train"]["sat/q"][-1] == pytest.approx(sat_reference(tr, inputs, inputs["old_per_token_logps"])[0],
+                                                             rel=1e-6)
+    tr.mu_source = "sampling"
+    with pytest.raises(RuntimeError, match="has no sampling log-probs"):
+        loss_and_grads(tr, inputs)

@@ -15,14 +15,27 @@ radii (tensors, [B, T] at token level, [B, 1] at sequence level) from
 aggregation per ``loss_type``, gradient accumulation, TRL's clip metrics, which then count SAT's contracted
 interval) is TRL's own code. The gate ranks
 
-- ``importance_sampling_level="token"``: |d_t| with d_t = log pi - log pi_old (satrl preset ``sat_grpo``);
+- ``importance_sampling_level="token"``: |d_t| with d_t = log pi - log mu (satrl preset ``sat_grpo``);
 - ``importance_sampling_level="sequence"`` (GSPO): |mean_t d_t| of the sequence, length-weighted
   (satrl preset ``sat_gspo``);
 
-or, with ``sat_proxy="prob_diff"`` (token level only), |pi - pi_old| of each token. ``pi_old`` is TRL's
-``old_per_token_logps`` (the policy at generation time when ``num_iterations > 1`` or
-``steps_per_generation > gradient_accumulation_steps``; else TRL uses ``per_token_logps.detach()``, d = 0
-and the gate never fires).
+or, with ``sat_proxy="prob_diff"`` (token level only), |pi - mu| of each token, where d = log pi - log mu.
+
+mu, SAT's behaviour policy, is chosen by ``SATGRPOTrainer(..., mu_source=...)`` and logged as
+``sat/mu_source`` (1 = the generator's sampling log-probs, 0 = TRL's old policy):
+
+- ``"auto"`` (default): TRL's ``sampling_per_token_logps`` when the batch has them (TRL keeps the log-probs
+  vLLM, or a ``rollout_func``, returned for the sampled tokens), else the old policy. The engine's
+  log-probs are the paper's mu; TRL's OPSM makes the same choice.
+- ``"sampling"``: the sampling log-probs, and an error when a batch has none (generation without vLLM).
+- ``"old_policy"``: TRL's ``old_per_token_logps`` (the policy at generation time, recomputed by the trainer,
+  when ``num_iterations > 1``, ``steps_per_generation > gradient_accumulation_steps`` or vLLM importance
+  sampling is on; else TRL uses ``per_token_logps.detach()``, d = 0 and the gate never fires).
+
+SAT's gate and contraction are computed on log pi - log mu; TRL's clip stays on its own ratio pi / pi_old
+(and its vLLM importance-sampling weight, pi_old / mu truncated, still multiplies the loss). With
+mu = pi_old the two coincide. A token whose sampling log-prob is not finite (vLLM maps NaN to None) uses
+pi_old for that token.
 
 Exactness: the radii are stored as eps' = 1 - lo and eps'' = hi - 1, so TRL's ``1 - eps'`` and
 ``1 + eps''`` give back exactly lo and hi (Sterbenz: exact for lo in [0.5, 1] and hi in [1, 2], hence
@@ -57,6 +70,7 @@ SAT_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 TRL_PROXIES = LAG_FREE_PROXIES  # TRL passes no per-token lags (no version_age)
 SAT_LOG_KEYS = ("q", "gate_rate", "eps_low_mean", "eps_high_mean", "c_min")  # logged as sat/<key>
 TRL_HINT = "raise per_device_train_batch_size (more completions per loss call) or lower sat_alpha"
+MU_SOURCES = ("auto", "sampling", "old_policy")  # SATGRPOTrainer(mu_source=...), see the module docstring
 
 
 @dataclass
@@ -66,7 +80,7 @@ class SATGRPOConfig(GRPOConfig):
     Args:
         sat_alpha: quantile level alpha of SAT's gate (paper Eq. 14); 1.0 turns the gate off.
         sat_exponent: kernel exponent p of psi(u; q) = 1 / (1 + (u/q)^p) (paper Eq. 16).
-        sat_proxy: gate score, ``log_ratio`` (|d|, the paper) or ``prob_diff`` (|pi - pi_old| per token).
+        sat_proxy: gate score, ``log_ratio`` (|d|, the paper) or ``prob_diff`` (|pi - mu| per token).
         sat_invert: gate the bottom tail instead of the top (falsification control).
     """
 
@@ -97,9 +111,17 @@ class SATGRPOConfig(GRPOConfig):
 
 
 class SATGRPOTrainer(GRPOTrainer):
-    """``GRPOTrainer`` whose clip interval is SAT's (see the module docstring). Needs ``args=SATGRPOConfig``."""
+    """``GRPOTrainer`` whose clip interval is SAT's (see the module docstring). Needs ``args=SATGRPOConfig``.
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    Args:
+        mu_source: SAT's mu: ``"auto"`` (default; the sampling log-probs when TRL has them, else the old
+            policy), ``"sampling"`` or ``"old_policy"``. Logged as ``sat/mu_source`` (1 sampling, 0 old policy).
+    """
+
+    def __init__(self, *args: Any, mu_source: str = "auto", **kwargs: Any):
+        if mu_source not in MU_SOURCES:  # before TRL loads the model: a typo costs nothing
+            raise ValueError(f"SATGRPOTrainer(mu_source={mu_source!r}); choose one of {list(MU_SOURCES)}")
+        self.mu_source = mu_source
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, SATGRPOConfig):
             raise TypeError(f"SATGRPOTrainer needs args=SATGRPOConfig(...), got {type(self.args).__name__}")
@@ -132,28 +154,41 @@ class SATGRPOTrainer(GRPOTrainer):
         mask = inputs["completion_mask"]
         if "tool_mask" in inputs:  # as TRL's _compute_loss
             mask = mask * inputs["tool_mask"]
-        old = inputs.get("old_per_token_logps")
         logp = per_token_logps.detach()
-        log_ratio = logp - (logp if old is None else old)
+        mu, from_sampling = self._sat_mu(logp, inputs)
+        log_ratio = logp - mu
         sequence = self.importance_sampling_level == "sequence"
         if sequence:  # TRL's sequence log-weight, broadcast: the gate ranks sequences, length-weighted
             d = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1).expand_as(log_ratio)
         else:
             d = log_ratio
         active = mask.bool()
-        denom = logp if old is None else old  # prob_diff is token level (the config refuses it at sequence level)
-        score = sat_score(a.sat_proxy, ObjectiveInputs(logp=logp, denom_logp=denom, behavior_logp=denom,
-                                                       old_logp=denom, mask=active))  # fmt: skip
+        # prob_diff is token level (the config refuses it at sequence level)
+        score = sat_score(a.sat_proxy, ObjectiveInputs(logp=logp, denom_logp=mu, behavior_logp=mu,
+                                                       old_logp=mu, mask=active))  # fmt: skip
         eps_low, eps_high = self._sat_base
         lo, hi, m, _ = sat_clip_bounds(d, active, eps_low=eps_low, eps_high=eps_high, alpha=a.sat_alpha,
                                     exponent=a.sat_exponent, invert=a.sat_invert, score=score)
         per_sequence = sequence
         if per_sequence:  # one bound per sequence, TRL's [B, 1] shape (so its gradient path is unchanged)
             lo, hi = lo[:, :1], hi[:, :1]
-        self._sat_log(m, active, per_sequence)
+        self._sat_log(m, active, per_sequence, from_sampling)
         return 1.0 - lo, hi - 1.0
 
-    def _sat_log(self, m: dict[str, Tensor], active: Tensor, per_sequence: bool) -> None:
+    def _sat_mu(self, logp: Tensor, inputs: dict) -> tuple[Tensor, bool]:
+        """SAT's mu for this call [B, T] and whether it is the sampling log-probs (see ``mu_source``)."""
+        old = inputs.get("old_per_token_logps")
+        old = logp if old is None else old  # TRL's own fallback in _compute_loss
+        sampling = inputs.get("sampling_per_token_logps")
+        if self.mu_source == "sampling" and sampling is None:
+            raise RuntimeError("SATGRPOTrainer(mu_source='sampling'): this batch has no sampling log-probs "
+                               "(TRL keeps them when vLLM or a rollout_func generates); use mu_source='auto' or "
+                               "'old_policy'")
+        if sampling is None or self.mu_source == "old_policy":
+            return old, False
+        return torch.where(torch.isfinite(sampling), sampling, old), True
+
+    def _sat_log(self, m: dict[str, Tensor], active: Tensor, per_sequence: bool, from_sampling: bool) -> None:
         comp = composition(active)
         local = torch.stack([m[k].to(torch.float32) for k in SAT_LOG_KEYS]
                             + [comp["n"].to(torch.float32), comp["shortest"].to(torch.float32)])
@@ -161,6 +196,7 @@ class SATGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         for i, key in enumerate(SAT_LOG_KEYS):  # averaged over processes
             self._metrics[mode][f"sat/{key}"].append(sum(r[i] for r in rows) / len(rows))
+        self._metrics[mode]["sat/mu_source"].append(1.0 if from_sampling else 0.0)
         n, shortest = (int(v) for v in rows[self.accelerator.process_index][-2:])
         budget = gate_capacity(n, shortest, self.args.sat_alpha, per_sequence)
         if budget is not None:
@@ -168,4 +204,4 @@ class SATGRPOTrainer(GRPOTrainer):
                                   TRL_HINT)
 
 
-__all__ = ["SATGRPOConfig", "SATGRPOTrainer", "SAT_LOSS_TYPES", "TRL_PROXIES"]
+__all__ = ["MU_SOURCES", "SATGRPOConfig", "SATGRPOTrainer", "SAT_LOSS_TYPES", "TRL_PROXIES"]
