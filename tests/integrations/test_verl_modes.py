@@ -149,7 +149,8 @@ print(json.dumps(out))
 def test_v1_bypass_mode_sat_follows_the_rollout_log_probs(monkeypatch):
     """v1 trainers, bypass mode: verl's _compute_old_log_prob hands the engine's log-probs to ppo_loss as
     old_log_probs; SAT's q and gate follow them and the flag is 1."""
-    cfg = verl_config(monkeypatch, "v1", SAT + ["algorithm.rollout_correction.bypass_mode=true"])
+    cfg = verl_config(monkeypatch, "v1", SAT + ["algorithm.rollout_correction.bypass_mode=true",
+                                                "actor_rollout_ref.rollout.calculate_log_probs=true"])  # as documented
     assert cfg.actor_rollout_ref.actor.policy_loss.sat_mu == "rollout"
     data, logp, mu = engine_gap(7)
     inp = {"B": B, "config": {"algorithm": OmegaConf.to_container(cfg.algorithm)},
