@@ -198,10 +198,12 @@ def test_trainers_whose_bypass_helper_rewrites_loss_mode_refuse_sat(monkeypatch,
     """Legacy ray_trainer and the separated-trainer recipes call apply_bypass_mode, which sets
     policy_loss.loss_mode=bypass_mode: resolving their config with loss_mode=sat fails with one line."""
     bypass = [] if trainer in RECIPES else ["algorithm.rollout_correction.bypass_mode=true"]  # recipes: default
-    with pytest.raises(Exception, match=rf"loss_mode=sat cannot run in the {trainer} trainer with "
-                                        r"algorithm.rollout_correction.bypass_mode=true") as info:
+    with pytest.raises(ValueError, match=rf"loss_mode=sat cannot run in the {trainer} trainer with "
+                                         r"algorithm.rollout_correction.bypass_mode=true") as info:
         verl_config(monkeypatch, trainer, SAT + bypass)
-    assert "\n" not in str(info.value).strip().splitlines()[-1] and "bypass_mode=false" in str(info.value)
+    lines = [line for line in str(info.value).splitlines() if "satrl: loss_mode=sat" in line]
+    fix = "trainer.use_v1=true" if trainer == "legacy" else "trainer.v1.trainer_mode=separate_async"
+    assert len(lines) == 1 and fix in lines[0] and "bypass_mode=false" in lines[0]  # one line, cause and fix
 
 
 @pytest.mark.parametrize("trainer", ["legacy", "fully_async", "one_step_off"])
