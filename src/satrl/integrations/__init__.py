@@ -2,9 +2,12 @@
 
 - ``satrl.integrations.verl`` (extra ``verl``): registers ``sat``, ``sat_gspo`` and their
   ``_invert``/``_prob_diff`` variants as verl policy losses, loaded by verl through the ``verl.plugins``
-  entry point; select one with ``actor_rollout_ref.actor.policy_loss.loss_mode=sat``.
+  entry point; select one with ``actor_rollout_ref.actor.policy_loss.loss_mode=sat``. SAT's mu is verl's
+  ``old_log_probs``: the rollout engine's log-probs in bypass mode; the driver declares which through the
+  ``${satrl_mu:}`` resolver (``_verl_mu``), and trainers that rewrite ``loss_mode`` are refused.
 - ``satrl.integrations.trl`` (extra ``trl``): ``SATGRPOTrainer`` / ``SATGRPOConfig``, TRL's
-  ``GRPOTrainer`` with SAT's clip interval (token level, or sequence level for GSPO).
+  ``GRPOTrainer`` with SAT's clip interval (token level, or sequence level for GSPO); mu is vLLM's sampling
+  log-probs when TRL has them (``mu_source``).
 
 Plug-ins are imported only on demand (each needs its framework installed). See docs/integrations.md.
 """
