@@ -207,6 +207,31 @@ def test_each_hypothesis_family_gets_its_own_holm_correction(tmp_path, make_run)
     assert "| H2 |" in md.split("## Declared hypotheses: mismatch")[1].split("## ")[0]
 
 
+def test_declared_repaired_fraction_by_hand(tmp_path, make_run):
+    """GRPO loses 4 or 5 points from lag 1 to lag 32; SAT at lag 32 gets back exactly half on every seed: R = 0.5
+    (repair 2.25 points, printed +2.3 as the float is a hair above),
+    and every bootstrap resample gives 0.5 too (the per-seed ratios are all 0.5 and the seed sets equal)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "grid.yaml").write_text(textwrap.dedent("""
+        cells: {grpo: {lags: [1, 32]}, sat: {lags: [32], label: SAT}}
+        repair: {method: sat, base: grpo, lag: 32, reference_lag: 1}
+    """))
+    for s in range(4):
+        g1, g32 = 0.80 + 0.01 * s, 0.76 + 0.01 * s - 0.01 * (s % 2)
+        make_run(out, "grpo", 1, s, {"late_test_avg_at_k": g1, "summary_version": 2})
+        make_run(out, "grpo", 32, s, {"late_test_avg_at_k": g32, "summary_version": 2})
+        make_run(out, "sat", 32, s, {"late_test_avg_at_k": g32 + (g1 - g32) / 2, "summary_version": 2})
+    md = build_report(out, n_resamples=300).read_text()
+    sec = md.split("## Declared: the share of grpo's staleness damage that SAT repairs")[1].split("## ")[0]
+    assert "- **R = 0.50 [0.50, 0.50]** (n = 4): repair +2.3 points of a damage of +4.5." in sec
+    assert "Per seed (repair/damage, points): s0 +2.0/+4.0, s1 +2.5/+5.0, s2 +2.0/+4.0, s3 +2.5/+5.0." in sec
+    bad = out / "bad.yaml"
+    bad.write_text("base: x.yaml\nlags: [1]\ncells: {a: {}}\nrepair: {method: a, base: a, lag: 1, reference_lag: 8}\n")
+    with pytest.raises(ValueError, match="repair.base: cell 'a' does not run lag 8"):
+        load_grid(bad, check_paths=False)
+
+
 def test_report_cli_seed_ranges(capsys):
     parser = argparse.ArgumentParser()
     add_report_args(parser)

@@ -34,6 +34,7 @@ from satrl.experiments.stats import (
     lag_table,
     paired_table,
     pairs_table,
+    repaired_fraction,
     verdict_words,
 )
 from satrl.experiments.store import GridResults, load_results
@@ -241,6 +242,28 @@ def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: 
         words.append(f"  Per seed ({res.label(r['cell'])} - {res.label(r['base'])}): "
                      + _per_seed(r["per_seed"], scale, fmt) + ".")
     return out + [""] + words + [""]
+
+
+def repair_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> list[str]:
+    """The grid's declared repaired fraction, with its bootstrap interval and the per-seed parts."""
+    r = res.meta.get("repair")
+    if not r:
+        return []
+    f = repaired_fraction(res.runs, r["method"], r["base"], int(r["lag"]), int(r["reference_lag"]),
+                          r.get("endpoint", "late_test_avg_at_k"), n_resamples, ci, seed)  # fmt: skip
+    m, b = res.label(r["method"]), res.label(r["base"])
+    head = [f"## Declared: the share of {b}'s staleness damage that {m} repairs", "",
+            f"R = mean({m} − {b} at lag {r['lag']}) / mean({b} at lag {r['reference_lag']} − {b} at lag {r['lag']}), "
+            f"on `{r.get('endpoint', 'late_test_avg_at_k')}`, over the seeds all three runs share (1: all of the damage "
+            f"repaired, 0: none, below 0: worse). Interval: {ci:.0%} percentile bootstrap over seeds "
+            f"({n_resamples} resamples, numerator and denominator together); a ratio has no exact sign-flip "
+            "interval, and this one is unreliable when the damage's own interval reaches 0.", ""]  # fmt: skip
+    if not f["n"]:
+        return head + ["No seed has all three runs yet.", ""]
+    parts = ", ".join(f"s{s} {x * PCT:+.1f}/{y * PCT:+.1f}" for s, (x, y) in f["per_seed"].items())
+    return head + [f"- **R = {f['fraction']:.2f} [{f['lo']:.2f}, {f['hi']:.2f}]** (n = {f['n']}): repair "
+                   f"{f['repair'] * PCT:+.1f} points of a damage of {f['damage'] * PCT:+.1f}.",
+                   f"  Per seed (repair/damage, points): {parts}.", ""]  # fmt: skip
 
 
 def _family_sentence(t: pd.DataFrame) -> str:
@@ -472,6 +495,7 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
     else:
         md += ["No finished runs yet: nothing to tabulate.", ""]
     md += hypotheses_md(res, n_resamples, ci, seed)
+    md += repair_md(res, n_resamples, ci, seed)
     seeds = res.runs["seed"]
     subsets = ([(f"seeds >= {sensitivity_min_seed}", seeds >= sensitivity_min_seed,
                  f"the seeds from {sensitivity_min_seed} on", "without seeds that earlier decisions saw")]

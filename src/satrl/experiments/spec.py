@@ -100,6 +100,18 @@ class HypothesisSpec(BaseModel):
         return v
 
 
+class RepairSpec(BaseModel):
+    """A declared repaired fraction: ``method`` vs ``base`` at ``lag`` as a share of the damage ``base`` takes
+    from ``reference_lag`` to ``lag`` (``satrl.experiments.stats.repaired_fraction``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: str
+    base: str
+    lag: int
+    reference_lag: int
+    endpoint: str = "late_test_avg_at_k"
+
+
 class GridSpec(BaseModel):
     """A grid file. `cells:` maps a name to a dict of overrides plus optional keys base/lags/lag_schedule/label."""
 
@@ -118,6 +130,8 @@ class GridSpec(BaseModel):
     pairs: dict[str, str] = Field(default_factory=dict)
     # name -> declared comparison (pre-registered); the report tests exactly these, Holm-corrected
     hypotheses: dict[str, HypothesisSpec] = Field(default_factory=dict)
+    # the share of a staleness damage a method repairs, reported with its interval (declared, like hypotheses)
+    repair: RepairSpec | None = None
     steps: int | None = Field(default=None, ge=1)
     # "cell": cell by cell (each cell's seeds together); "seed": seed 0 of every cell and lag, then seed 1, ...
     # so that a grid stopped part-way holds the same seeds in every cell (paired comparisons stay possible).
@@ -164,6 +178,11 @@ class GridSpec(BaseModel):
                     raise ValueError(f"hypotheses.{name}.{role}: {cell!r} is not a cell; cells: {sorted(self.cells)}")
                 if h.lag not in self.cell_lags(cell):
                     raise ValueError(f"hypotheses.{name}.lag: cell {cell!r} does not run lag {h.lag}")
+        r = self.repair
+        for role, cell, lag in ([("method", r.method, r.lag), ("base", r.base, r.lag), ("base", r.base, r.reference_lag)]
+                                if r else []):  # fmt: skip
+            if cell not in self.cells or lag not in self.cell_lags(cell):
+                raise ValueError(f"repair.{role}: cell {cell!r} does not run lag {lag}; cells: {sorted(self.cells)}")
         for name, cell in self.cells.items():
             if cell.base is None and self.base is None:
                 raise ValueError(f"cells.{name}: no base config; set `base:` on the grid or on the cell")

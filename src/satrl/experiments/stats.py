@@ -409,3 +409,38 @@ def iut_row(t: pd.DataFrame, lower: bool) -> pd.Series:
     row = order.iloc[0].drop("_wrong").copy()
     row["wrong_sign"], row["k"], row["sds"] = int(wrong.sum()), len(t), list(t["sd"])
     return row
+
+
+def repaired_fraction(runs: pd.DataFrame, method: str, base: str, lag: int, reference_lag: int,
+                      metric: str = "late_test_avg_at_k", n_resamples: int = 10_000, ci: float = 0.95,
+                      seed: int = 0) -> dict:  # fmt: skip
+    """How much of the base's staleness damage the method repairs, on the seeds all three runs share:
+
+        R = mean_s(method@lag − base@lag) / mean_s(base@reference_lag − base@lag)
+
+    (1: the damage is fully repaired; 0: none of it; < 0: made worse). A ratio has no exact sign-flip
+    interval; the ``ci`` interval here is the percentile bootstrap over seeds (numerator and denominator
+    resampled together), which is unreliable when the damage's own interval reaches 0 (the ratio is then
+    unbounded): read it next to the damage's sign-flip interval. Returns n, fraction, lo, hi, repair (the
+    numerator's mean), damage (the denominator's mean) and per_seed {seed: (repair, damage)}."""
+    fin = runs[runs["status"] == "finished"] if "status" in runs else runs
+
+    def values(cell: str, at: int) -> dict[int, float]:
+        g = fin[(fin["cell"] == cell) & (fin["lag"] == at)]
+        return {int(s): float(v) for s, v in zip(g["seed"], pd.to_numeric(g[metric], errors="coerce")) if np.isfinite(v)}
+
+    m, b, ref = values(method, lag), values(base, lag), values(base, reference_lag)
+    seeds = sorted(m.keys() & b.keys() & ref.keys())
+    num = np.array([m[s] - b[s] for s in seeds])
+    den = np.array([ref[s] - b[s] for s in seeds])
+    out = {"n": len(seeds), "per_seed": {s: (float(x), float(y)) for s, x, y in zip(seeds, num, den)}}
+    if not seeds:
+        return {**out, "fraction": float("nan"), "lo": float("nan"), "hi": float("nan"), "repair": float("nan"),
+                "damage": float("nan")}  # fmt: skip
+    idx = np.random.default_rng(seed).integers(0, len(seeds), size=(n_resamples, len(seeds)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot = num[idx].mean(axis=1) / den[idx].mean(axis=1)
+        frac = float(num.mean() / den.mean()) if den.mean() != 0 else float("nan")
+    lo, hi = np.nanpercentile(boot, [50 * (1 - ci), 100 - 50 * (1 - ci)]) if len(seeds) > 1 else (np.nan, np.nan)
+    return {**out, "fraction": frac, "lo": float(lo), "hi": float(hi), "repair": float(num.mean()),
+            "damage": float(den.mean())}  # fmt: skip
