@@ -5,11 +5,11 @@ Usage: ``python -m benchmarks.weight_sync [--quick] [--versions 3]`` (``--quick`
 Method. A randomly initialised Qwen3-0.6B-shaped model (local config, no hub; tied embeddings) stands for the
 trainer's policy and a second one for the engine's. Two paths, each timed over ``--versions`` versions (median):
 
-- **bytes (today's `inproc` path)**: the trainer's fp32 CPU copy of the state dict (`Trainer.weights`), pickled
-  into a rollout request, unpickled and loaded by the engine (`load_state_dict`). Timed in one process, so the
-  pipe between trainer and engine process is not counted (today's real cost is higher); the pickle is paid per
-  request, i.e. up to lag + 1 times per version under the broadcast schedule, and every queued request holds its
-  own copy.
+- **bytes (the `inproc` path)**: the trainer's fp32 CPU copy of the state dict (`Trainer.weights`), pickled,
+  unpickled and loaded by the engine (`load_state_dict`). Timed in one process, so the pipe between trainer and
+  engine process is not counted (the real cost is higher). Until 2026-12-02 every rollout request carried such a
+  copy (up to lag + 1 pickles per version under the broadcast schedule, one copy per queued request); since then
+  the local backend pickles each version once.
 - **dist**: the trainer's bucket stream (`satrl.weights.buckets`, bf16, 256 MiB buckets) broadcast over a gloo
   group to an engine process that loads it (`satrl.weights.dist`), once per version. Timed from the first bucket
   to the engine's loaded weights (a barrier after the load).
@@ -65,8 +65,7 @@ def _rss() -> int:
 
 
 def bytes_path(shape: dict, vocab: int, versions: int) -> dict:
-    """Today's path in one process: CPU copy, pickle into a request, unpickle, load."""
-    from satrl.pipeline.worker import RolloutRequest
+    """The bytes path in one process: CPU copy, pickle, unpickle, load."""
     from satrl.training.trainer import cpu_copy
 
     trainer, engine = random_qwen3(shape, shape["num_hidden_layers"], vocab), random_qwen3(shape, shape["num_hidden_layers"], vocab)
@@ -74,10 +73,10 @@ def bytes_path(shape: dict, vocab: int, versions: int) -> dict:
     for v in range(versions):
         with PeakRss() as mem:
             t0 = time.perf_counter()
-            blob = pickle.dumps(RolloutRequest(v, [v], {v: cpu_copy(trainer)}))
+            blob = pickle.dumps({v: cpu_copy(trainer)})
             t1 = time.perf_counter()
-            req = pickle.loads(blob)  # noqa: S301 - the benchmark measures the path it replaces
-            engine.load_state_dict(req.states[v])
+            got = pickle.loads(blob)  # noqa: S301 - the benchmark measures the path the dist transport replaces
+            engine.load_state_dict(got[v])
             t2 = time.perf_counter()
             del blob, req
         pack.append(t1 - t0)
@@ -142,16 +141,15 @@ def report(name: str, today: dict, new: dict, versions: int) -> str:
     rows = [
         "| path | per version, s | pack / send, s | load, s | peak host growth, GiB | x one bf16 copy |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
-        f"| bytes (today, one request) | {per_version:.2f} | {today['pack_s']:.2f} | {today['load_s']:.2f} | "
+        f"| bytes (inproc: pickled fp32 state dict) | {per_version:.2f} | {today['pack_s']:.2f} | {today['load_s']:.2f} | "
         f"{today['peak'] / GiB:.2f} | {today['peak'] / GiB / bf16:.1f} |",
         f"| dist (gloo, bf16 buckets) | {new['sync_s']:.2f} | — | — | {new['peak'] / GiB:.2f} | "
         f"{new['peak'] / GiB / bf16:.1f} |",
     ]
     return (f"{name}: fp32 state dict {today['bytes'] / GiB:.2f} GiB (tied head counted twice, as pickled), one bf16 "
             f"copy {bf16:.2f} GiB; median of {versions} versions.\n\n" + "\n".join(rows) + "\n\n"
-            f"Speed-up per version: {per_version / new['sync_s']:.1f}x for one request; under the broadcast "
-            "schedule at lag n today's path pickles once per request (up to n + 1 per version) and holds one pickled "
-            "copy per queued request.")  # fmt: skip
+            f"Speed-up per version: {per_version / new['sync_s']:.1f}x (the bytes path once per version; before "
+            "2026-12-02 it ran once per request, up to n + 1 times per version at lag n).")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

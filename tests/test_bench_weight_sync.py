@@ -9,7 +9,7 @@ def test_quick_run_reports_both_paths_and_writes_nothing(capsys):
     before = DOC.read_text() if DOC.exists() else None
     assert weight_sync.main(["--quick", "--versions", "1"]) == 0
     out = capsys.readouterr().out
-    assert "| bytes (today, one request) |" in out and "| dist (gloo, bf16 buckets) |" in out
+    assert "| bytes (inproc: pickled fp32 state dict) |" in out and "| dist (gloo, bf16 buckets) |" in out
     assert "Speed-up per version:" in out
     assert (DOC.read_text() if DOC.exists() else None) == before
 
