@@ -78,7 +78,7 @@ def bytes_path(shape: dict, vocab: int, versions: int) -> dict:
             got = pickle.loads(blob)  # noqa: S301 - the benchmark measures the path the dist transport replaces
             engine.load_state_dict(got[v])
             t2 = time.perf_counter()
-            del blob, req
+            del blob, got
         pack.append(t1 - t0)
         load.append(t2 - t1)
         peaks.append(mem.peak)
