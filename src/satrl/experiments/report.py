@@ -177,14 +177,19 @@ def hypotheses_md(res: GridResults, n_resamples: int, ci: float, seed: int,
     families: dict[str, dict] = {}
     for name, h in (res.meta.get("hypotheses") or {}).items():
         families.setdefault(h.get("family") or "", {})[name] = h
+    several = len(families) > 1 or bool(res.meta.get("repair"))
     out = []
-    for family, hyps in families.items():
-        out += _family_md(res, hyps, n_resamples, ci, seed, f"{title}: {family}" if family else title, note)
+    for i, (family, hyps) in enumerate(families.items()):
+        how = "" if i == 0 else "Tested as in the first declared section; Holm within this family only."
+        out += _family_md(res, hyps, n_resamples, ci, seed, f"{title}: {family}" if family else title, note,
+                          how, several)  # fmt: skip
     return out
 
 
-def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: int, title: str, note: str) -> list[str]:
-    """One Holm family of declared hypotheses, each with its endpoint and direction."""
+def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: int, title: str, note: str,
+               how: str = "", several: bool = False) -> list[str]:  # fmt: skip
+    """One Holm family of declared hypotheses, each with its endpoint and direction. ``how``: a short line in
+    place of the method paragraph (a later family); ``several``: the grid declares more than this section."""
     rows = []
     for name, h in hyps.items():
         bases = [h["base"]] if isinstance(h["base"], str) else list(h["base"])
@@ -197,7 +202,9 @@ def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: 
         rows.append((name, h, iut_row(t, lower)))
     done = [r for _, _, r in rows if r is not None]
     adjusted = holm([r["p"] for r in done])
-    out = [f"## {title}", "", *([note, ""] if note else []),
+    rest = ("The sections headed 'Declared' are pre-registered; everything else is exploratory." if several
+            else "Everything after this section is exploratory.")  # fmt: skip
+    out = [f"## {title}", "", *([note, ""] if note else []), *([how, ""] if how else [
            "Each hypothesis is tested with the exact two-sided paired sign-flip test on its endpoint; the p-values "
            "are Holm-corrected over these hypotheses only (one family), and the verdict follows the Holm p at 0.05 "
            "in the declared direction. A hypothesis over several bases is an intersection-union test: its p is the "
@@ -208,7 +215,7 @@ def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: 
            f"{1 - (1 - ci) / 2:.1%} bound. MDE: the smallest true difference the sign-flip test detects with 80 % "
            "power at this seed count (normal differences with the observed paired SD, simulated), at Holm's "
            "strictest level, 0.05 / the number of hypotheses; for a test over several bases, with all of its "
-           "comparisons rejecting. Everything after this section is exploratory.", "",
+           f"comparisons rejecting. {rest}", ""]),
            f"| hypothesis | comparison | endpoint | n | difference [{ci:.0%} sign-flip interval] | sign-flip p | Holm p | MDE | verdict |",
            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     words = []
@@ -261,7 +268,8 @@ def repair_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> list[
     if not f["n"]:
         return head + ["No seed has all three runs yet.", ""]
     parts = ", ".join(f"s{s} {x * PCT:+.1f}/{y * PCT:+.1f}" for s, (x, y) in f["per_seed"].items())
-    return head + [f"- **R = {f['fraction']:.2f} [{f['lo']:.2f}, {f['hi']:.2f}]** (n = {f['n']}): repair "
+    interval = f"[{f['lo']:.2f}, {f['hi']:.2f}]" if f["n"] > 1 else "(no interval from one seed)"
+    return head + [f"- **R = {f['fraction']:.2f} {interval}** (n = {f['n']}): repair "
                    f"{f['repair'] * PCT:+.1f} points of a damage of {f['damage'] * PCT:+.1f}.",
                    f"  Per seed (repair/damage, points): {parts}.", ""]  # fmt: skip
 
