@@ -134,6 +134,29 @@ class Task(Protocol):
     def reward(self, problem: Problem, completion_text: str) -> float: ...
 
 
+@dataclass(frozen=True)
+class Score:
+    """A graded answer: its reward, and whether grading hit the task's time limit (the reward is then 0)."""
+
+    reward: float
+    timed_out: bool = False
+
+
+@runtime_checkable
+class ScoringTask(Protocol):
+    """A task whose grader can run out of time says so per answer (``satrl.tasks.jsonl_math``); the rollout
+    worker records it on the sample (``meta["reward_timeout"]``), the loop counts it (``reward/timeouts``)."""
+
+    def score(self, problem: Problem, completion_text: str) -> Score: ...
+
+
+@runtime_checkable
+class SkipsRows(Protocol):
+    """A task that skips malformed dataset rows lists them, ``(line, why)``; the run summary counts them."""
+
+    skipped: list[tuple[int, str]]
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A rollout engine. It learns about new weights only through ``load_weights``."""
@@ -144,6 +167,13 @@ class Engine(Protocol):
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Completion]: ...
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """An engine with processes of its own (vLLM) stops them in ``close``; the torch engine has none."""
+
+    def close(self) -> None: ...
 
 
 class ContextLengthError(ValueError):

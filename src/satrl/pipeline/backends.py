@@ -34,6 +34,11 @@ READY = -2  # the batch number of the engine process's "started" message
 
 
 class Backend(Protocol):
+    """Where the rollout worker runs. ``restarts``: engine processes started again after a fault, over the run
+    (``perf/engine_restarts``)."""
+
+    restarts: int
+
     def submit(self, req: RolloutRequest) -> None: ...
 
     def result(self, b: int) -> list[Sample]: ...
@@ -51,6 +56,7 @@ class SequentialBackend:
     def __init__(self, spec: WorkerSpec) -> None:
         self.worker = RolloutWorker(spec)
         self.pending: dict[int, RolloutRequest] = {}
+        self.restarts = 0  # the engine runs in this process, which cannot restart itself
         self._busy = 0.0
 
     def submit(self, req: RolloutRequest) -> None:

@@ -126,6 +126,7 @@ class RayBackend:
         self.actors = [actor_cls.remote(spec) for _ in range(n)]
         self.restart_timeout_s, self.timeout_s, self.max_hang_restarts = restart_timeout_s, timeout_s, max_hang_restarts
         self.reissued = 0  # shards sent again after their actor died
+        self.restarts = 0  # Ray restarts dead actors itself; perf/engine_restarts stays 0 here (reissued counts)
         self._refs: dict[int, Any] = {}  # version -> object ref of its state dict
         self._pending: dict[Any, _Shard] = {}  # result ref -> shard in flight
         self._parts: dict[int, dict[int, list[Sample]]] = {}  # batch -> worker -> samples

@@ -15,7 +15,16 @@ from typing import Any
 import torch
 
 from satrl import faults
-from satrl.types import GenerationRequest, Problem, Sample, SamplingParams, request_seed
+from satrl.types import (
+    Closable,
+    GenerationRequest,
+    Problem,
+    Sample,
+    SamplingParams,
+    Score,
+    ScoringTask,
+    request_seed,
+)
 
 
 @dataclass(frozen=True)
@@ -67,9 +76,8 @@ class RolloutWorker:
 
     def close(self) -> None:
         """Stop the engine's own processes, if it has any (vLLM); a no-op for the torch engine."""
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        if isinstance(self.engine, Closable):
+            self.engine.close()
 
     def _problems(self, b: int) -> list[Problem]:
         P = self.spec.prompts_per_batch
@@ -121,8 +129,7 @@ class RolloutWorker:
         completions = self.engine.generate(requests, self.spec.sampling)
         out = []
         for c, (g, problem) in zip(completions, meta):
-            timeouts = getattr(self.task, "timeouts", 0)  # a task that bounds grading time counts its timeouts
-            reward = float(self.task.reward(problem, c.text))
+            score = self._score(problem, c.text)
             out.append(Sample(
                 id=c.request_id,
                 group_id=f"b{b:06d}-g{g:04d}",
@@ -130,8 +137,14 @@ class RolloutWorker:
                 response_ids=c.response_ids,
                 behavior_logp=c.behavior_logp,
                 version=c.version,
-                reward=reward,
+                reward=score.reward,
                 routing=c.routing,
-                meta={"reward_timeout": True} if getattr(self.task, "timeouts", 0) > timeouts else {},
+                meta={"reward_timeout": True} if score.timed_out else {},
             ))  # fmt: skip
         return out
+
+    def _score(self, problem: Problem, text: str) -> Score:
+        """The task's grade; only a :class:`~satrl.types.ScoringTask` can report a grading timeout."""
+        if isinstance(self.task, ScoringTask):
+            return self.task.score(problem, text)
+        return Score(float(self.task.reward(problem, text)))
