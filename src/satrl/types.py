@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -174,6 +174,29 @@ class Closable(Protocol):
     """An engine with processes of its own (vLLM) stops them in ``close``; the torch engine has none."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class TrainerLike(Protocol):
+    """What the pipeline reads of a trainer (``satrl.training.trainer.Trainer``, or a data-parallel one): the
+    policy ``model``, its ``version`` (optimizer-step slots), a CPU copy of its ``weights``, the state a checkpoint
+    saves besides them, and ``train_batch``, which trains one rollout batch and yields ``(metrics, rows)`` after
+    each optimizer step. ``snapshots(v)`` gives the kept weights of version v (the Δπ/Δimpl split)."""
+
+    model: torch.nn.Module
+    version: int
+
+    def weights(self) -> dict[str, torch.Tensor]: ...
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def train_batch(
+        self, batch: Batch, index: int, snapshots: Callable[[int], dict[str, torch.Tensor] | None], stop_at: int
+    ) -> Iterator[tuple[dict[str, float], torch.Tensor]]: ...
 
 
 class ContextLengthError(ValueError):

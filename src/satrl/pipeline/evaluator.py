@@ -7,7 +7,7 @@ and hands the result to the run directory (``eval.jsonl``).
 from __future__ import annotations
 
 from satrl import faults
-from satrl.types import SamplingParams
+from satrl.types import SamplingParams, TrainerLike
 
 
 class Evaluator:
@@ -66,7 +66,7 @@ class Evaluator:
         except ValueError as err:
             raise TaskError(str(err)) from None
 
-    def __call__(self, trainer) -> dict:
+    def __call__(self, trainer: TrainerLike) -> dict:
         from satrl.engines.registry import engine_for
         from satrl.tasks.evaluate import evaluate, part_scores
 

@@ -34,7 +34,7 @@ from satrl.pipeline.setup import (
 from satrl.provenance import record_session
 from satrl.tasks import make_task
 from satrl.training import checkpoint as ckpt
-from satrl.types import Batch, SkipsRows
+from satrl.types import Batch, SkipsRows, TrainerLike
 
 
 def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, dict | None], None] | None = None) -> dict:
@@ -92,13 +92,13 @@ def _versions(sched: Schedule, b: int, P: int) -> set[int]:
     return {sched.version(b, g) for g in range(P)}
 
 
-def _fresh(run: RunDir, trainer, rollouts: Rollouts) -> RunState:
+def _fresh(run: RunDir, trainer: TrainerLike, rollouts: Rollouts) -> RunState:
     state = run.fresh()
     rollouts.fresh(state, trainer.weights)
     return state
 
 
-def _resume(run: RunDir, trainer, rollouts: Rollouts, steps: int) -> RunState:
+def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, steps: int) -> RunState:
     """Apply the run's latest checkpoint (or start over if it has none), check that its settings can go on to
     ``steps``, and only then rewrite ``config.yaml``: a setting that cannot continue leaves it as it was."""
     loaded = run.load()
@@ -115,7 +115,7 @@ def _resume(run: RunDir, trainer, rollouts: Rollouts, steps: int) -> RunState:
     return rollouts.state
 
 
-def _payload(trainer, rollouts: Rollouts, state: RunState) -> dict:
+def _payload(trainer: TrainerLike, rollouts: Rollouts, state: RunState) -> dict:
     """What a checkpoint holds besides the policy weights (the run directory adds the wall clock)."""
     return {"trainer": trainer.state_dict(), "snapshots": rollouts.store.states, "rng": torch.get_rng_state(), "run": state}
 
