@@ -9,8 +9,9 @@ sample id. Samples equal the local backend's because sampling depends only on
 request (the torch engine's rows do not depend on the other rows of the call;
 ``tests/pipeline/test_ray_backend.py`` checks the whole run bit for bit). Settings: the ``ray:`` config section.
 
-Weights travel through the Ray object store: the driver ``ray.put``s each version's state dict once and
-passes object refs; an actor fetches a version only when its engine is not already on it.
+Weights travel through the Ray object store: the driver ``ray.put``s each version's state dict once, when the
+loop pushes it (:meth:`RayBackend.push`), and passes object refs with each shard; an actor fetches a version only
+when its engine is not already on it. Requests themselves name versions only.
 
 Fault tolerance: actors are created with ``max_restarts``; a shard whose actor died (crash, OOM kill,
 ``ray.kill(actor, no_restart=False)``) is re-issued to the restarted actor. A shard is merged at most once,
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 
 from satrl.pipeline.backends import EngineError
-from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
+from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
 from satrl.types import Sample
 
 try:
@@ -61,10 +62,17 @@ class EngineActor:
         return os.getpid()
 
     def rollout(
-        self, b: int, versions: list[int], groups: list[int], states: dict[int, Any]
+        self, b: int, versions: list[int], groups: list[int], refs: dict[int, Any]
     ) -> tuple[list[Sample], float]:
+        """Groups ``groups`` of batch b; ``refs``: object refs of the versions they need (fetched only when the
+        engine is not on that version). The driver owns the refs; the actor holds none between calls."""
         t0 = time.perf_counter()
-        samples = self.worker.rollout(RolloutRequest(b, versions, states), groups, fetch=_fetch)
+        for v, ref in refs.items():
+            self.worker.put(v, ref)
+        try:
+            samples = self.worker.rollout(RolloutRequest(b, versions), groups, fetch=_fetch)
+        finally:
+            self.worker.keep(set())
         return samples, time.perf_counter() - t0
 
 
@@ -135,16 +143,21 @@ class RayBackend:
         self._wait_ready(restart_timeout_s, f"num_cpus={spec.threads}, num_gpus={gpus}")
 
     # ------------------------------------------------------------------ Backend protocol
+    def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Put the weights of ``version`` into the object store once; shards pass its ref."""
+        self._refs[version] = ray.put(state)
+
+    def keep(self, versions: set[int]) -> None:
+        """Drop the driver's refs to other versions; shards in flight keep their own refs alive."""
+        self._refs = {v: r for v, r in self._refs.items() if v in versions}
+
     def submit(self, req: RolloutRequest) -> None:
         if req.b in self._expected:
             raise RuntimeError(f"batch {req.b} is already in flight on the Ray backend")
-        # Versions only grow with the batch index (except async's random draws, which then re-put):
-        # drop the driver's refs to older ones; shards in flight keep their own refs alive.
-        low = min(req.versions)
-        self._refs = {v: r for v, r in self._refs.items() if v >= low}
-        for v in set(req.versions):
-            if v not in self._refs:
-                self._refs[v] = ray.put(req.states[v])
+        missing = sorted(set(req.versions) - set(self._refs))
+        if missing:
+            raise WeightsMissing(f"batch {req.b} is generated with version(s) {missing}, never pushed to the Ray backend "
+                                 f"(it holds {sorted(self._refs)})")  # fmt: skip
         shards = split_groups(len(req.versions), len(self.actors))
         self._expected[req.b], self._parts[req.b] = len(shards), {}
         for i, groups in enumerate(shards):

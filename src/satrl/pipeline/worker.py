@@ -47,11 +47,16 @@ class WorkerSpec:
 
 @dataclass
 class RolloutRequest:
-    """Generate batch ``b``; group ``g`` with the weights of ``versions[g]``, given in ``states``."""
+    """Generate batch ``b``; group ``g`` with the weights of version ``versions[g]``. A request names versions
+    only: the weights reach the worker once per version (:meth:`RolloutWorker.put`, ``pipeline.weights``)."""
 
     b: int
     versions: list[int]
-    states: dict[int, dict[str, torch.Tensor]]
+
+
+class WeightsMissing(RuntimeError):
+    """A batch needs a version the engine side does not hold: a bug in who pushes or forgets weights, never
+    something to paper over by generating with other weights."""
 
 
 class RolloutWorker:
@@ -73,6 +78,15 @@ class RolloutWorker:
         self.task = make_task(spec.task, **spec.task_kwargs)
         self._stream = self.task.problems("train", spec.seed)
         self._cursor = 0  # index of the next batch the stream will serve
+        self.weights: dict[int, Any] = {}  # version -> state dict (or a handle ``fetch`` turns into one)
+
+    def put(self, version: int, state: Any) -> None:
+        """Hold the weights of ``version`` until :meth:`keep` no longer lists it."""
+        self.weights[version] = state
+
+    def keep(self, versions: set[int]) -> None:
+        """Forget every held version not in ``versions`` (no pending batch is generated with it)."""
+        self.weights = {v: w for v, w in self.weights.items() if v in versions}
 
     def close(self) -> None:
         """Stop the engine's own processes, if it has any (vLLM); a no-op for the torch engine."""
@@ -97,7 +111,7 @@ class RolloutWorker:
 
         The one rollout body of every backend. ``groups``: only these prompt groups (a Ray actor's shard;
         default all). The worker still reads the whole batch's problems from its stream, since group g's
-        prompt is the g-th problem of batch b. ``fetch`` turns an entry of ``req.states`` into a state dict
+        prompt is the g-th problem of batch b. ``fetch`` turns a held entry (:meth:`put`) into a state dict
         (Ray: ``ray.get`` of an object ref), called only when the engine is not on that version yet.
         """
         faults.point("worker.rollout")
@@ -110,12 +124,18 @@ class RolloutWorker:
             for version in sorted({req.versions[g] for g in groups}):
                 if self.engine.version != version:
                     faults.point("engine.load_weights")
-                    state = req.states[version]
+                    state = self._held(req.b, version)
                     self.engine.load_weights(state if fetch is None else fetch(state), version)
                 out += self._generate(req.b, [g for g in groups if req.versions[g] == version], problems)
         finally:
             torch.set_num_threads(threads)
         return sorted(out, key=lambda s: s.id)
+
+    def _held(self, b: int, version: int) -> Any:
+        if version not in self.weights:
+            raise WeightsMissing(f"batch {b} is generated with version {version}, whose weights the engine does not "
+                                 f"hold (it holds {sorted(self.weights)}, and its engine is on {self.engine.version})")  # fmt: skip
+        return self.weights[version]
 
     def _generate(self, b: int, groups: list[int], problems: list[Problem]) -> list[Sample]:
         G, seed = self.spec.group_size, self.spec.seed
