@@ -78,13 +78,13 @@ class EngineActor:
 
 @dataclass
 class _Shard:
-    """Groups ``groups`` of batch ``b`` on actor ``worker``; ``states`` holds refs for their versions only."""
+    """Groups ``groups`` of batch ``b`` on actor ``worker``; ``refs`` holds object refs for their versions only."""
 
     b: int
     worker: int
     groups: list[int]
     versions: list[int]
-    states: dict[int, Any]
+    refs: dict[int, Any]
     failed_at: float | None = None  # first time its actor was found dead (bounds the restart wait)
 
 
@@ -161,8 +161,8 @@ class RayBackend:
         shards = split_groups(len(req.versions), len(self.actors))
         self._expected[req.b], self._parts[req.b] = len(shards), {}
         for i, groups in enumerate(shards):
-            states = {v: self._refs[v] for v in {req.versions[g] for g in groups}}
-            self._launch(_Shard(req.b, i, groups, list(req.versions), states))
+            refs = {v: self._refs[v] for v in {req.versions[g] for g in groups}}
+            self._launch(_Shard(req.b, i, groups, list(req.versions), refs))
 
     def result(self, b: int) -> list[Sample]:
         if b not in self._expected:
@@ -219,7 +219,7 @@ class RayBackend:
             raise RuntimeError(msg) from None
 
     def _launch(self, shard: _Shard) -> None:
-        ref = self.actors[shard.worker].rollout.remote(shard.b, shard.versions, shard.groups, shard.states)
+        ref = self.actors[shard.worker].rollout.remote(shard.b, shard.versions, shard.groups, shard.refs)
         self._pending[ref] = shard
 
     def _collect(self, timeout: float) -> None:
