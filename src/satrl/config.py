@@ -114,7 +114,14 @@ class LagConfig(_Strict):
         "broadcast", description="Lag schedule (satrl.pipeline.schedules.SCHEDULES; docs/design.md, 'Versions and lag')."
     )
     n: int = Field(1, ge=0, description="broadcast: weight-broadcast interval; fixed: exact lag (opt. steps).")
-    max_staleness: int = Field(8, ge=0, description="async: samples older than this are dropped and counted.")
+    max_staleness: int = Field(
+        8, ge=0, description="Bound on a sample's lag at its batch's last optimizer step; what happens past it: on_stale."
+    )
+    on_stale: Literal["drop", "hold"] = Field(
+        "drop", description="drop: async drops samples past max_staleness (async/dropped), other schedules ignore the "
+        "bound; hold: every schedule holds generation back until weights fresh enough exist, nothing is dropped "
+        "(async/held counts the held samples; needs max_staleness >= steps per batch - 1).",
+    )  # fmt: skip
 
 
 class TrainConfig(_Strict):

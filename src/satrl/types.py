@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -134,6 +134,29 @@ class Task(Protocol):
     def reward(self, problem: Problem, completion_text: str) -> float: ...
 
 
+@dataclass(frozen=True)
+class Score:
+    """A graded answer: its reward, and whether grading hit the task's time limit (the reward is then 0)."""
+
+    reward: float
+    timed_out: bool = False
+
+
+@runtime_checkable
+class ScoringTask(Protocol):
+    """A task whose grader can run out of time says so per answer (``satrl.tasks.jsonl_math``); the rollout
+    worker records it on the sample (``meta["reward_timeout"]``), the loop counts it (``reward/timeouts``)."""
+
+    def score(self, problem: Problem, completion_text: str) -> Score: ...
+
+
+@runtime_checkable
+class SkipsRows(Protocol):
+    """A task that skips malformed dataset rows lists them, ``(line, why)``; the run summary counts them."""
+
+    skipped: list[tuple[int, str]]
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A rollout engine. It learns about new weights only through ``load_weights``."""
@@ -144,6 +167,36 @@ class Engine(Protocol):
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Completion]: ...
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """An engine with processes of its own (vLLM) stops them in ``close``; the torch engine has none."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class TrainerLike(Protocol):
+    """What the pipeline reads of a trainer (``satrl.training.trainer.Trainer``, or a data-parallel one): the
+    policy ``model``, its ``version`` (optimizer-step slots), a CPU copy of its ``weights``, the state a checkpoint
+    saves besides them, and ``train_batch``, which trains one rollout batch and yields ``(metrics, rows)`` after
+    each optimizer step. ``snapshots(v)`` gives the kept weights of version v (the Δπ/Δimpl split)."""
+
+    model: torch.nn.Module
+    version: int
+
+    def weights(self) -> dict[str, torch.Tensor]: ...
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def train_batch(
+        self, batch: Batch, index: int, snapshots: Callable[[int], dict[str, torch.Tensor] | None], stop_at: int
+    ) -> Iterator[tuple[dict[str, float], torch.Tensor]]: ...
 
 
 class ContextLengthError(ValueError):

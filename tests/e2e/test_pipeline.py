@@ -92,7 +92,7 @@ def test_engine_process_start_failure_is_reported_with_its_cause():
 
     backend = ProcessBackend(WorkerSpec(model="tiny-arith", task="no-such-task"), timeout_s=120)
     try:
-        backend.submit(RolloutRequest(b=0, versions=[0], states={}))
+        backend.submit(RolloutRequest(b=0, versions=[0]))
         with pytest.raises(TaskError, match=r"unknown task 'no-such-task'"):
             backend.result(0)
     finally:

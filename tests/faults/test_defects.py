@@ -148,7 +148,7 @@ def test_local_backend_surfaces_a_failed_engine_child(tiny_cfg):
 
     spec = worker_spec(tiny_cfg("engine.kwargs={bogus: 1}"))
     backend = ProcessBackend(spec, timeout_s=60)
-    backend.submit(RolloutRequest(0, [0] * 4, {0: {}}))
+    backend.submit(RolloutRequest(0, [0] * 4))
     with pytest.raises(Exception, match="engine"):
         backend.result(0)
     backend.close()

@@ -18,7 +18,10 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Protocol
 
+import torch
+
 from satrl.models.loading import PolicyLoadError
+from satrl.pipeline.weights import InprocTransport, receive
 from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
 from satrl.registry import Registry
 from satrl.tasks import TaskError
@@ -34,6 +37,17 @@ READY = -2  # the batch number of the engine process's "started" message
 
 
 class Backend(Protocol):
+    """Where the rollout worker runs. ``restarts``: engine processes started again after a fault, over the run
+    (``perf/engine_restarts``)."""
+
+    restarts: int
+
+    def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Hand the engine side the weights of ``version``, once; it holds them until :meth:`keep` drops them."""
+
+    def keep(self, versions: set[int]) -> None:
+        """The engine side may forget every version not in ``versions``."""
+
     def submit(self, req: RolloutRequest) -> None: ...
 
     def result(self, b: int) -> list[Sample]: ...
@@ -50,8 +64,16 @@ class SequentialBackend:
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.worker = RolloutWorker(spec)
+        self.transport = InprocTransport(lambda message: receive(self.worker, message))
         self.pending: dict[int, RolloutRequest] = {}
+        self.restarts = 0  # the engine runs in this process, which cannot restart itself
         self._busy = 0.0
+
+    def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        self.transport.push(version, state)
+
+    def keep(self, versions: set[int]) -> None:
+        self.transport.keep(versions)
 
     def submit(self, req: RolloutRequest) -> None:
         self.pending[req.b] = req
@@ -119,7 +141,9 @@ def _serve_loop(worker: RolloutWorker, requests: mp.Queue, outbox: queue.Queue) 
             continue
         if payload is None:
             return
-        req: RolloutRequest = pickle.loads(payload)
+        req = receive(worker, pickle.loads(payload))
+        if req is None:  # weights to hold, or versions to forget
+            continue
         t0 = time.perf_counter()
         try:
             out: object = worker.rollout(req)
@@ -158,7 +182,17 @@ class ProcessBackend:
         self.restarts = 0  # engine processes started after a death or hang, over the run
         self._deaths = 0  # faults since the last result
         self._busy = 0.0
+        self.transport = InprocTransport(self._send)  # each version pickled once, on this (the trainer's) thread
         self._start()
+
+    def _send(self, message: tuple) -> None:
+        self.requests.put(pickle.dumps(message))
+
+    def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        self.transport.push(version, state)
+
+    def keep(self, versions: set[int]) -> None:
+        self.transport.keep(versions)
 
     def _start(self) -> None:
         self.requests = self.ctx.Queue()
@@ -189,14 +223,15 @@ class ProcessBackend:
         self.restarts += 1
         print(f"satrl: engine process {why}; restarted it ({self._deaths}/{self.max_restarts}), "
               f"re-issuing batches {sorted(self.in_flight)}", file=sys.stderr)  # fmt: skip
+        self.transport.replay()  # the weights the lost engine held, then its requests
         for b in sorted(self.in_flight):
-            self.requests.put(pickle.dumps(self.in_flight[b]))
+            self._send(("rollout", self.in_flight[b]))
 
     def submit(self, req: RolloutRequest) -> None:
         if not self.in_flight and self._started:  # an idle engine: this request's deadline starts now
             self._since = time.monotonic()
         self.in_flight[req.b] = req
-        self.requests.put(pickle.dumps(req))
+        self._send(("rollout", req))
 
     def _overdue(self) -> bool:
         limit = self.timeout_s if self._started else self.start_timeout_s

@@ -9,8 +9,9 @@ sample id. Samples equal the local backend's because sampling depends only on
 request (the torch engine's rows do not depend on the other rows of the call;
 ``tests/pipeline/test_ray_backend.py`` checks the whole run bit for bit). Settings: the ``ray:`` config section.
 
-Weights travel through the Ray object store: the driver ``ray.put``s each version's state dict once and
-passes object refs; an actor fetches a version only when its engine is not already on it.
+Weights travel through the Ray object store: the driver ``ray.put``s each version's state dict once, when the
+loop pushes it (:meth:`RayBackend.push`), and passes object refs with each shard; an actor fetches a version only
+when its engine is not already on it. Requests themselves name versions only.
 
 Fault tolerance: actors are created with ``max_restarts``; a shard whose actor died (crash, OOM kill,
 ``ray.kill(actor, no_restart=False)``) is re-issued to the restarted actor. A shard is merged at most once,
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 
 from satrl.pipeline.backends import EngineError
-from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
+from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
 from satrl.types import Sample
 
 try:
@@ -61,22 +62,29 @@ class EngineActor:
         return os.getpid()
 
     def rollout(
-        self, b: int, versions: list[int], groups: list[int], states: dict[int, Any]
+        self, b: int, versions: list[int], groups: list[int], refs: dict[int, Any]
     ) -> tuple[list[Sample], float]:
+        """Groups ``groups`` of batch b; ``refs``: object refs of the versions they need (fetched only when the
+        engine is not on that version). The driver owns the refs; the actor holds none between calls."""
         t0 = time.perf_counter()
-        samples = self.worker.rollout(RolloutRequest(b, versions, states), groups, fetch=_fetch)
+        for v, ref in refs.items():
+            self.worker.put(v, ref)
+        try:
+            samples = self.worker.rollout(RolloutRequest(b, versions), groups, fetch=_fetch)
+        finally:
+            self.worker.keep(set())
         return samples, time.perf_counter() - t0
 
 
 @dataclass
 class _Shard:
-    """Groups ``groups`` of batch ``b`` on actor ``worker``; ``states`` holds refs for their versions only."""
+    """Groups ``groups`` of batch ``b`` on actor ``worker``; ``refs`` holds object refs for their versions only."""
 
     b: int
     worker: int
     groups: list[int]
     versions: list[int]
-    states: dict[int, Any]
+    refs: dict[int, Any]
     failed_at: float | None = None  # first time its actor was found dead (bounds the restart wait)
 
 
@@ -126,6 +134,7 @@ class RayBackend:
         self.actors = [actor_cls.remote(spec) for _ in range(n)]
         self.restart_timeout_s, self.timeout_s, self.max_hang_restarts = restart_timeout_s, timeout_s, max_hang_restarts
         self.reissued = 0  # shards sent again after their actor died
+        self.restarts = 0  # Ray restarts dead actors itself; perf/engine_restarts stays 0 here (reissued counts)
         self._refs: dict[int, Any] = {}  # version -> object ref of its state dict
         self._pending: dict[Any, _Shard] = {}  # result ref -> shard in flight
         self._parts: dict[int, dict[int, list[Sample]]] = {}  # batch -> worker -> samples
@@ -134,21 +143,26 @@ class RayBackend:
         self._wait_ready(restart_timeout_s, f"num_cpus={spec.threads}, num_gpus={gpus}")
 
     # ------------------------------------------------------------------ Backend protocol
+    def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Put the weights of ``version`` into the object store once; shards pass its ref."""
+        self._refs[version] = ray.put(state)
+
+    def keep(self, versions: set[int]) -> None:
+        """Drop the driver's refs to other versions; shards in flight keep their own refs alive."""
+        self._refs = {v: r for v, r in self._refs.items() if v in versions}
+
     def submit(self, req: RolloutRequest) -> None:
         if req.b in self._expected:
             raise RuntimeError(f"batch {req.b} is already in flight on the Ray backend")
-        # Versions only grow with the batch index (except async's random draws, which then re-put):
-        # drop the driver's refs to older ones; shards in flight keep their own refs alive.
-        low = min(req.versions)
-        self._refs = {v: r for v, r in self._refs.items() if v >= low}
-        for v in set(req.versions):
-            if v not in self._refs:
-                self._refs[v] = ray.put(req.states[v])
+        missing = sorted(set(req.versions) - set(self._refs))
+        if missing:
+            raise WeightsMissing(f"batch {req.b} is generated with version(s) {missing}, never pushed to the Ray backend "
+                                 f"(it holds {sorted(self._refs)})")  # fmt: skip
         shards = split_groups(len(req.versions), len(self.actors))
         self._expected[req.b], self._parts[req.b] = len(shards), {}
         for i, groups in enumerate(shards):
-            states = {v: self._refs[v] for v in {req.versions[g] for g in groups}}
-            self._launch(_Shard(req.b, i, groups, list(req.versions), states))
+            refs = {v: self._refs[v] for v in {req.versions[g] for g in groups}}
+            self._launch(_Shard(req.b, i, groups, list(req.versions), refs))
 
     def result(self, b: int) -> list[Sample]:
         if b not in self._expected:
@@ -205,7 +219,7 @@ class RayBackend:
             raise RuntimeError(msg) from None
 
     def _launch(self, shard: _Shard) -> None:
-        ref = self.actors[shard.worker].rollout.remote(shard.b, shard.versions, shard.groups, shard.states)
+        ref = self.actors[shard.worker].rollout.remote(shard.b, shard.versions, shard.groups, shard.refs)
         self._pending[ref] = shard
 
     def _collect(self, timeout: float) -> None:

@@ -23,9 +23,8 @@ from satrl.config import ConfigError, RunConfig, load_config
 from satrl.diagnostics import summarize_run
 from satrl.diagnostics.collapse import CollapseConfig
 from satrl.jsonl import append_jsonl, dumps, numbered_rows, read_jsonl, strict, write_jsonl
-from satrl.pipeline.buffer import SnapshotStore
 from satrl.training import checkpoint as ckpt
-from satrl.types import Batch, Sample, SamplingParams
+from satrl.types import Sample
 
 
 @dataclass
@@ -36,6 +35,20 @@ class RunState:
     next_submit: int = 0
     ready: dict[int, list[Sample]] = field(default_factory=dict)  # generated, not yet trained
     best: float = -math.inf  # the best val score so far (the best checkpoint's)
+
+
+@dataclass
+class Loaded:
+    """A checkpoint as read from disk, for the loop to apply: the policy ``weights``, the trainer's state, the
+    kept weight ``snapshots`` by version, the torch RNG state, the loop's cursor and the wall clock so far."""
+
+    path: Path
+    weights: dict[str, torch.Tensor]
+    trainer: dict
+    snapshots: dict[int, dict[str, torch.Tensor]]
+    rng: torch.Tensor
+    run: RunState
+    wall_s: float
 
 
 class RunDirError(ValueError):
@@ -176,33 +189,31 @@ class RunDir:
         return load_config(Path(path) / "config.yaml", [*overrides, f"out={path}"])
 
     # -- start -------------------------------------------------------------------------------------
-    def fresh(self, trainer, store: SnapshotStore) -> RunState:
+    def fresh(self) -> RunState:
+        """Start over: the logs of an earlier attempt go; the cursor is at batch 0."""
         for name in ("metrics.jsonl", "eval.jsonl", "summary.json"):
             (self.path / name).unlink(missing_ok=True)
-        store.offer(0, trainer.weights, 0)
         return self.state
 
-    def restore(self, trainer, store: SnapshotStore) -> RunState:
+    def load(self) -> Loaded | None:
+        """The latest complete checkpoint, for the loop to apply (:meth:`resume_at` then cuts the logs to it);
+        None, with one line, if the run was killed before (or while writing) its first checkpoint: the same
+        command then starts over."""
         path = ckpt.latest_checkpoint(self.ckpt_dir)
-        if path is None:  # killed before (or while writing) its first checkpoint: the same command starts over
+        if path is None:
             print(f"satrl: no complete checkpoint in {self.ckpt_dir}; starting from step 0", file=sys.stderr)
-            return self.fresh(trainer, store)
+            return None
         weights, state = ckpt.load_checkpoint(path, {"RunState": RunState, "Sample": Sample})
         with ckpt.applying(path):
-            trainer.load_weights(weights)
-            trainer.load_state_dict(state["trainer"])
-            store.states = dict(state["snapshots"])
-            torch.set_rng_state(state["rng"])
-            self.state = _checked(state["run"])
-            # Batches submitted to the dead backend but not saved as ready must be submitted again.
-            self.state.next_submit = self.state.next_batch
-            self.wall_before = float(state["wall_s"])
-            if trainer.version in store.wanted(self.state.next_batch) and trainer.version not in store.states:
-                store.states[trainer.version] = trainer.weights()  # the checkpoint's own weights, if a batch needs them
-        step = trainer.version  # drop log lines written after the checkpoint: they will be redone
+            return Loaded(path, weights, state["trainer"], dict(state["snapshots"]), state["rng"],
+                          _checked(state["run"]), float(state["wall_s"]))  # fmt: skip
+
+    def resume_at(self, step: int, state: RunState, wall_s: float) -> None:
+        """Continue the run from a loaded checkpoint at ``step``: log lines written after it are dropped (they
+        will be redone), so the logs of a resumed run equal an uninterrupted one's."""
+        self.state, self.wall_before = state, wall_s
         for name in ("metrics.jsonl", "eval.jsonl"):
             write_jsonl(self.path / name, self._rows_upto(name, step))
-        return self.state
 
     def _rows_upto(self, name: str, step: int) -> list[dict]:
         """The rows of log ``name`` up to ``step``. A torn last line (killed mid-append) is dropped with a
@@ -235,7 +246,7 @@ class RunDir:
             for k, v in metrics.items():
                 self.tb.add_scalar(k, v, step)
 
-    def log_eval(self, step: int, result: dict, trainer) -> None:
+    def log_eval(self, step: int, result: dict) -> None:
         append_jsonl(self.path / "eval.jsonl", {"step": step, **result})
         if self.tb is not None:
             for k in ("avg_at_k", "greedy_acc", "val_avg_at_k", "test_avg_at_k"):
@@ -246,19 +257,15 @@ class RunDir:
             self.state.best = score
             self._best_pending = True
 
-    def checkpoint(self, trainer, store: SnapshotStore, state: RunState) -> None:
-        payload = {
-            "trainer": trainer.state_dict(),
-            "snapshots": store.states,
-            "rng": torch.get_rng_state(),
-            "run": state,
-            "wall_s": self.wall(),
-        }
+    def checkpoint(self, step: int, weights: dict[str, torch.Tensor], payload: dict) -> None:
+        """Save checkpoint ``step`` (the policy ``weights``, the loop's ``payload`` plus the wall clock); the
+        best one so far (on val) is kept by every later save."""
+        payload = {**payload, "wall_s": self.wall()}
         best = (self.ckpt_dir / "best").read_text().strip() if (self.ckpt_dir / "best").exists() else None
-        name = f"step-{trainer.version:06d}"
+        name = f"step-{step:06d}"
         if getattr(self, "_best_pending", False):
             best, self._best_pending = name, False
-        ckpt.save_checkpoint(self.ckpt_dir, trainer.version, trainer.weights(), payload, keep={best} if best else set())
+        ckpt.save_checkpoint(self.ckpt_dir, step, weights, payload, keep={best} if best else set())
         if best == name:
             ckpt.mark_best(self.ckpt_dir, name)
 
@@ -293,103 +300,3 @@ def _check_steps(path: Path, numbered: list[tuple[int, dict]], last: int) -> Non
         where = f"{path}:{numbered[-1][0]}" if numbered else str(path)
         raise RunDirError(f"{where}: the log ends at step {len(numbered)} but the run is at step {last} (rows "
                           "missing); restore the log, or start the run again with a new out=")  # fmt: skip
-
-
-class Evaluator:
-    """avg@k and greedy accuracy of the trainer's current weights, with the engine's numerics, on the
-    val and test parts of the eval problems (one generation pass over both; scores per part and pooled).
-    Plain arguments (:func:`satrl.pipeline.setup.build_evaluator` builds them from the config):
-
-    Args:
-        tokenizer, task: the run's tokenizer and task (its ``eval`` split is scored).
-        engine, engine_kwargs, model_path, numerics: how to build the evaluation engine (:func:`satrl.engines.registry.engine_for`).
-        sampling, k, seed: sampling settings, samples per problem, the run seed (request seeds derive from it).
-        every, at_start: evaluate every this many optimizer steps (0: only at the end), and at step 0.
-        val_problems, test_problems: problems of each part per evaluation.
-    """
-
-    def __init__(
-        self,
-        tokenizer,
-        task,
-        *,
-        engine: str,
-        engine_kwargs: dict,
-        model_path: str,
-        numerics: str,
-        sampling: SamplingParams,
-        k: int,
-        seed: int,
-        every: int,
-        at_start: bool,
-        val_problems: int,
-        test_problems: int,
-    ) -> None:
-        self.tokenizer, self.task, self.engine = tokenizer, task, None
-        self.engine_name, self.engine_kwargs, self.model_path, self.numerics = engine, engine_kwargs, model_path, numerics
-        self.sampling, self.k, self.seed = sampling, k, seed
-        self.every, self.at_start = every, at_start
-        self.val_problems, self.test_problems = val_problems, test_problems
-
-    def due(self, step: int, last: int) -> bool:
-        if step == 0:
-            return self.at_start
-        return step == last or (self.every > 0 and step % self.every == 0)
-
-    def prepare(self) -> None:
-        """Choose the val and test problems (once). Called before training, so that an eval split too small
-        for ``eval.*`` fails at once with a one-line TaskError, not at the first evaluation."""
-        from satrl.tasks import TaskError
-        from satrl.tasks.evaluate import split_val_test
-
-        if hasattr(self, "pool"):
-            return
-        try:
-            self.pool, self.val_idx, self.test_idx = split_val_test(
-                self.task.problems("eval", 0), self.val_problems, self.test_problems
-            )
-        except ValueError as err:
-            raise TaskError(str(err)) from None
-
-    def __call__(self, trainer) -> dict:
-        from satrl.engines.registry import engine_for
-        from satrl.tasks.evaluate import evaluate, part_scores
-
-        faults.point("eval.start")
-        if self.engine is None:
-            self.engine = engine_for(
-                self.engine_name,
-                self.tokenizer,
-                model=trainer.model,
-                model_path=self.model_path,
-                numerics=self.numerics,
-                **self.engine_kwargs,
-            )
-            self.prepare()
-        self.engine.load_weights(trainer.weights(), trainer.version)
-        res = evaluate(
-            self.engine, self.tokenizer, self.task, k=self.k, sampling=self.sampling, seed=self.seed,
-            problems=self.pool,
-        )
-        out = {"avg_at_k": res.avg_at_k, "greedy_acc": res.greedy_acc, "k": res.k}
-        for part, idx in (("val", self.val_idx), ("test", self.test_idx)):
-            if idx:
-                out.update({f"{part}_{k}": v for k, v in part_scores(res, idx).items()})
-                out[f"{part}_n"] = len(idx)
-        return out
-
-
-def batch_metrics(batch: Batch, rows: torch.Tensor, step_s: float, waited_s: float, dropped: int, backend) -> dict:
-    """Reward and throughput numbers for one optimizer step."""
-    mask = batch.mask[rows]
-    return {
-        "train/reward": float(batch.rewards[rows].mean()),
-        "train/acc": float((batch.rewards[rows] > 0.5).float().mean()),
-        "train/response_len": float(mask.sum(1).float().mean()),
-        "train/tokens": float(mask.sum()),
-        "async/dropped": float(dropped),
-        "perf/trainer_tok_s": float(mask.sum()) / max(step_s, 1e-9),
-        "perf/trainer_wait_s": waited_s,
-        "perf/engine_busy_s": backend.busy_seconds(),
-        "perf/engine_restarts": float(getattr(backend, "restarts", 0)),
-    }

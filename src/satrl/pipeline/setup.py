@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from satrl.config import ConfigError, RunConfig
 from satrl.models import load_policy
-from satrl.pipeline.rundir import Evaluator, RunDir
+from satrl.pipeline.evaluator import Evaluator
+from satrl.pipeline.rundir import RunDir
 from satrl.pipeline.worker import WorkerSpec
 from satrl.training.trainer import Trainer
 from satrl.types import SamplingParams

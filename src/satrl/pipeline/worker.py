@@ -15,7 +15,16 @@ from typing import Any
 import torch
 
 from satrl import faults
-from satrl.types import GenerationRequest, Problem, Sample, SamplingParams, request_seed
+from satrl.types import (
+    Closable,
+    GenerationRequest,
+    Problem,
+    Sample,
+    SamplingParams,
+    Score,
+    ScoringTask,
+    request_seed,
+)
 
 
 @dataclass(frozen=True)
@@ -38,11 +47,16 @@ class WorkerSpec:
 
 @dataclass
 class RolloutRequest:
-    """Generate batch ``b``; group ``g`` with the weights of ``versions[g]``, given in ``states``."""
+    """Generate batch ``b``; group ``g`` with the weights of version ``versions[g]``. A request names versions
+    only: the weights reach the worker once per version (:meth:`RolloutWorker.put`, ``pipeline.weights``)."""
 
     b: int
     versions: list[int]
-    states: dict[int, dict[str, torch.Tensor]]
+
+
+class WeightsMissing(RuntimeError):
+    """A batch needs a version the engine side does not hold: a bug in who pushes or forgets weights, never
+    something to paper over by generating with other weights."""
 
 
 class RolloutWorker:
@@ -64,12 +78,20 @@ class RolloutWorker:
         self.task = make_task(spec.task, **spec.task_kwargs)
         self._stream = self.task.problems("train", spec.seed)
         self._cursor = 0  # index of the next batch the stream will serve
+        self.weights: dict[int, Any] = {}  # version -> state dict (or a handle ``fetch`` turns into one)
+
+    def put(self, version: int, state: Any) -> None:
+        """Hold the weights of ``version`` until :meth:`keep` no longer lists it."""
+        self.weights[version] = state
+
+    def keep(self, versions: set[int]) -> None:
+        """Forget every held version not in ``versions`` (no pending batch is generated with it)."""
+        self.weights = {v: w for v, w in self.weights.items() if v in versions}
 
     def close(self) -> None:
         """Stop the engine's own processes, if it has any (vLLM); a no-op for the torch engine."""
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        if isinstance(self.engine, Closable):
+            self.engine.close()
 
     def _problems(self, b: int) -> list[Problem]:
         P = self.spec.prompts_per_batch
@@ -89,7 +111,7 @@ class RolloutWorker:
 
         The one rollout body of every backend. ``groups``: only these prompt groups (a Ray actor's shard;
         default all). The worker still reads the whole batch's problems from its stream, since group g's
-        prompt is the g-th problem of batch b. ``fetch`` turns an entry of ``req.states`` into a state dict
+        prompt is the g-th problem of batch b. ``fetch`` turns a held entry (:meth:`put`) into a state dict
         (Ray: ``ray.get`` of an object ref), called only when the engine is not on that version yet.
         """
         faults.point("worker.rollout")
@@ -102,12 +124,18 @@ class RolloutWorker:
             for version in sorted({req.versions[g] for g in groups}):
                 if self.engine.version != version:
                     faults.point("engine.load_weights")
-                    state = req.states[version]
+                    state = self._held(req.b, version)
                     self.engine.load_weights(state if fetch is None else fetch(state), version)
                 out += self._generate(req.b, [g for g in groups if req.versions[g] == version], problems)
         finally:
             torch.set_num_threads(threads)
         return sorted(out, key=lambda s: s.id)
+
+    def _held(self, b: int, version: int) -> Any:
+        if version not in self.weights:
+            raise WeightsMissing(f"batch {b} is generated with version {version}, whose weights the engine does not "
+                                 f"hold (it holds {sorted(self.weights)}, and its engine is on {self.engine.version})")  # fmt: skip
+        return self.weights[version]
 
     def _generate(self, b: int, groups: list[int], problems: list[Problem]) -> list[Sample]:
         G, seed = self.spec.group_size, self.spec.seed
@@ -121,8 +149,7 @@ class RolloutWorker:
         completions = self.engine.generate(requests, self.spec.sampling)
         out = []
         for c, (g, problem) in zip(completions, meta):
-            timeouts = getattr(self.task, "timeouts", 0)  # a task that bounds grading time counts its timeouts
-            reward = float(self.task.reward(problem, c.text))
+            score = self._score(problem, c.text)
             out.append(Sample(
                 id=c.request_id,
                 group_id=f"b{b:06d}-g{g:04d}",
@@ -130,8 +157,14 @@ class RolloutWorker:
                 response_ids=c.response_ids,
                 behavior_logp=c.behavior_logp,
                 version=c.version,
-                reward=reward,
+                reward=score.reward,
                 routing=c.routing,
-                meta={"reward_timeout": True} if getattr(self.task, "timeouts", 0) > timeouts else {},
+                meta={"reward_timeout": True} if score.timed_out else {},
             ))  # fmt: skip
         return out
+
+    def _score(self, problem: Problem, text: str) -> Score:
+        """The task's grade; only a :class:`~satrl.types.ScoringTask` can report a grading timeout."""
+        if isinstance(self.task, ScoringTask):
+            return self.task.score(problem, text)
+        return Score(float(self.task.reward(problem, text)))

@@ -35,7 +35,7 @@ from typing import Any
 
 from math_verify import parse, verify
 
-from satrl.types import Problem
+from satrl.types import Problem, Score
 
 DEFAULT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 _TIMEOUT_S = 5  # math-verify's own default
@@ -277,10 +277,15 @@ class JsonlMathTask:
             epoch += 1
 
     def reward(self, problem: Problem, completion_text: str) -> float:
+        return self.score(problem, completion_text).reward
+
+    def score(self, problem: Problem, completion_text: str) -> Score:
+        """The reward, and whether grading hit ``verify_timeout_s`` (then the reward is 0)."""
         gold = self._gold.get(problem.id)
         if gold is None:  # a Problem built elsewhere: parse its answer now
             gold = parse_gold(problem.answer)
         before = TIMEOUTS.count
         ok = math_equal(gold, completion_text, self.verify_timeout_s)
+        timed_out = TIMEOUTS.count > before
         self.timeouts += TIMEOUTS.count - before
-        return 1.0 if ok else 0.0
+        return Score(1.0 if ok else 0.0, timed_out)

@@ -1,0 +1,94 @@
+"""The evaluator: avg@k and greedy accuracy of the trainer's current weights on the val and test problems.
+
+Its own engine (built on first use) with the rollout engine's numerics; the loop calls it when :meth:`Evaluator.due`
+and hands the result to the run directory (``eval.jsonl``).
+"""
+
+from __future__ import annotations
+
+from satrl import faults
+from satrl.types import SamplingParams, TrainerLike
+
+
+class Evaluator:
+    """avg@k and greedy accuracy of the trainer's current weights, with the engine's numerics, on the
+    val and test parts of the eval problems (one generation pass over both; scores per part and pooled).
+    Plain arguments (:func:`satrl.pipeline.setup.build_evaluator` builds them from the config):
+
+    Args:
+        tokenizer, task: the run's tokenizer and task (its ``eval`` split is scored).
+        engine, engine_kwargs, model_path, numerics: how to build the evaluation engine (:func:`satrl.engines.registry.engine_for`).
+        sampling, k, seed: sampling settings, samples per problem, the run seed (request seeds derive from it).
+        every, at_start: evaluate every this many optimizer steps (0: only at the end), and at step 0.
+        val_problems, test_problems: problems of each part per evaluation.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        task,
+        *,
+        engine: str,
+        engine_kwargs: dict,
+        model_path: str,
+        numerics: str,
+        sampling: SamplingParams,
+        k: int,
+        seed: int,
+        every: int,
+        at_start: bool,
+        val_problems: int,
+        test_problems: int,
+    ) -> None:
+        self.tokenizer, self.task, self.engine = tokenizer, task, None
+        self.engine_name, self.engine_kwargs, self.model_path, self.numerics = engine, engine_kwargs, model_path, numerics
+        self.sampling, self.k, self.seed = sampling, k, seed
+        self.every, self.at_start = every, at_start
+        self.val_problems, self.test_problems = val_problems, test_problems
+
+    def due(self, step: int, last: int) -> bool:
+        if step == 0:
+            return self.at_start
+        return step == last or (self.every > 0 and step % self.every == 0)
+
+    def prepare(self) -> None:
+        """Choose the val and test problems (once). Called before training, so that an eval split too small
+        for ``eval.*`` fails at once with a one-line TaskError, not at the first evaluation."""
+        from satrl.tasks import TaskError
+        from satrl.tasks.evaluate import split_val_test
+
+        if hasattr(self, "pool"):
+            return
+        try:
+            self.pool, self.val_idx, self.test_idx = split_val_test(
+                self.task.problems("eval", 0), self.val_problems, self.test_problems
+            )
+        except ValueError as err:
+            raise TaskError(str(err)) from None
+
+    def __call__(self, trainer: TrainerLike) -> dict:
+        from satrl.engines.registry import engine_for
+        from satrl.tasks.evaluate import evaluate, part_scores
+
+        faults.point("eval.start")
+        if self.engine is None:
+            self.engine = engine_for(
+                self.engine_name,
+                self.tokenizer,
+                model=trainer.model,
+                model_path=self.model_path,
+                numerics=self.numerics,
+                **self.engine_kwargs,
+            )
+            self.prepare()
+        self.engine.load_weights(trainer.weights(), trainer.version)
+        res = evaluate(
+            self.engine, self.tokenizer, self.task, k=self.k, sampling=self.sampling, seed=self.seed,
+            problems=self.pool,
+        )
+        out = {"avg_at_k": res.avg_at_k, "greedy_acc": res.greedy_acc, "k": res.k}
+        for part, idx in (("val", self.val_idx), ("test", self.test_idx)):
+            if idx:
+                out.update({f"{part}_{k}": v for k, v in part_scores(res, idx).items()})
+                out[f"{part}_n"] = len(idx)
+        return out
