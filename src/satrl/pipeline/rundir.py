@@ -191,6 +191,7 @@ class RunDir:
         with ckpt.applying(path):
             trainer.load_weights(weights)
             trainer.load_state_dict(state["trainer"])
+            trainer.read_shards(path)  # data parallel: model and optimizer shards (DCP); nothing on one device
             store.states = dict(state["snapshots"])
             torch.set_rng_state(state["rng"])
             self.state = _checked(state["run"])
@@ -258,7 +259,8 @@ class RunDir:
         name = f"step-{trainer.version:06d}"
         if getattr(self, "_best_pending", False):
             best, self._best_pending = name, False
-        ckpt.save_checkpoint(self.ckpt_dir, trainer.version, trainer.weights(), payload, keep={best} if best else set())
+        ckpt.save_checkpoint(self.ckpt_dir, trainer.version, trainer.weights(), payload, keep={best} if best else set(),
+                             write_extra=trainer.write_shards)  # fmt: skip
         if best == name:
             ckpt.mark_best(self.ckpt_dir, name)
 
@@ -360,7 +362,7 @@ class Evaluator:
             self.engine = engine_for(
                 self.engine_name,
                 self.tokenizer,
-                model=trainer.model,
+                model=trainer.engine_model(),
                 model_path=self.model_path,
                 numerics=self.numerics,
                 **self.engine_kwargs,

@@ -211,6 +211,8 @@ class Trainer:
         return {"opt": self.opt.state_dict(), "version": self.version, "skipped": self.skipped}
 
     def load_state_dict(self, state: dict) -> None:
+        if "opt" not in state:  # its optimizer state is in DCP shards (satrl.training.dp_trainer)
+            raise ValueError("written by a data-parallel run: resume it under torchrun")
         self.opt.load_state_dict(state["opt"])
         self.version, self.skipped = state["version"], state["skipped"]
         self._weights = None
@@ -340,8 +342,6 @@ class Trainer:
             if not real:  # data parallel's padding microbatch: it runs for the collectives and adds nothing
                 loss = loss * 0.0
             loss.backward()
-            if not real:
-                continue
             losses.append(loss.detach().to(torch.float64))
             per_mb.append(out.metrics)
             for k in ("gate", "clipped", "d"):
@@ -377,8 +377,19 @@ class Trainer:
         return [(p, True) for p in plan]
 
     def _gathered(self, plan: list, rows: int, losses: list, per_mb: list, tok: dict) -> tuple[list, list, dict]:
-        """Every microbatch's loss and metrics in plan order, and the per-token tensors of all ``rows``."""
+        """Every microbatch's loss and metrics in plan order, and the per-token tensors of all ``rows``, from
+        the pieces this process ran (in :meth:`_assigned`'s order, padding included)."""
         return losses, per_mb, {k: torch.cat(v) for k, v in tok.items() if v}
+
+    def engine_model(self) -> torch.nn.Module:
+        """The policy as one module, for an engine to copy (its weights then come from :meth:`weights`)."""
+        return self.model
+
+    def write_shards(self, path) -> None:
+        """Write the state kept in shards across processes into checkpoint folder ``path`` (none on one device)."""
+
+    def read_shards(self, path) -> None:
+        """Read what :meth:`write_shards` wrote (nothing on one device)."""
 
     def _grads_finite(self) -> torch.Tensor:
         """Whether every gradient is finite, as a 0-dim bool tensor (no sync)."""
