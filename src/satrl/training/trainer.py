@@ -348,6 +348,7 @@ class Trainer:
                 tok[k].append(getattr(out.tokens, k))
             tok["logp"].append(logp.detach())
         losses, per_mb, tok = self._gathered(plan, mb.mask.shape[0], losses, per_mb, tok)
+        self.microbatch_metrics = per_mb  # the last step's, per microbatch in plan order (0-dim tensors; tests)
         total = torch.zeros((), dtype=torch.float64, device=dev)
         for loss in losses:  # in microbatch order, as one device sums them
             total = total + loss
