@@ -19,9 +19,6 @@ from satrl.training.dist_channel import Message
 
 def check_supported(cfg: RunConfig) -> None:
     """Refuse (one line naming the setting) what data parallel does not do yet."""
-    if cfg.diagnostics.decompose:
-        raise ConfigError("diagnostics.decompose=true is not supported under data parallel (torchrun) yet: its "
-                          "forward under snapshot weights runs on one device; set diagnostics.decompose=false")  # fmt: skip
     if cfg.r3:
         raise ConfigError("r3=true is not supported under data parallel (torchrun) yet; run it on one process")
     if not (cfg.train.device == "cpu" or cfg.train.device.startswith("cuda")):

@@ -77,7 +77,8 @@ class DPTrainer(Trainer):
             self.version = msg.ints[0]
             Trainer.step(self, mb, adv, old, vlogp)
         elif msg.op == dpm.LOGP:
-            Trainer.logp_with(self, None, _batch_of(msg.tensors))
+            mb = _batch_of(msg.tensors)
+            self._under_snapshot({}, mb) if msg.ints[0] else Trainer.logp_with(self, None, mb)
         elif msg.op == dpm.GATHER:
             self.version = msg.ints[0]
             self.weights()
@@ -103,10 +104,52 @@ class DPTrainer(Trainer):
         return out
 
     def logp_with(self, state, mb: Batch) -> torch.Tensor:
-        if state is not None:
-            raise ValueError("data parallel: log-probs under snapshot weights are not supported (diagnostics.decompose)")
-        self._announce(dpm.LOGP, _batch_tensors(mb))
-        return super().logp_with(None, mb)  # every rank runs every microbatch: the FSDP forwards line up
+        """Log-probs under the current weights, or under a snapshot's (rank 0's ``state``; the decomposition):
+        every rank runs every microbatch, so the FSDP forwards line up and every rank gets the result."""
+        self._announce(dpm.LOGP, _batch_tensors(mb), ints=[state is not None])
+        if state is None:
+            return super().logp_with(None, mb)
+        return self._under_snapshot(state, mb)
+
+    @torch.no_grad()
+    def _under_snapshot(self, state: dict[str, torch.Tensor], mb: Batch) -> torch.Tensor:
+        """The snapshot's weights go into the shards for this forward only (from rank 0), and the current
+        ones come back bit for bit from a copy of this rank's shards: no unsharded second model."""
+        self._reshard()
+        kept = [p.to_local().clone() for p in self.model.parameters()]
+        try:
+            self._set_full(state)
+            return super().logp_with(None, mb)
+        finally:
+            self._reshard()
+            for p, k in zip(self.model.parameters(), kept):
+                p.to_local().copy_(k)
+
+    def _reshard(self) -> None:
+        """Back to sharded parameters (FSDP keeps the root's gathered after a forward)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for m in self.model.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
+
+    @torch.no_grad()
+    def _set_full(self, state: dict[str, torch.Tensor]) -> None:
+        """Put rank 0's full ``state`` (ignored elsewhere) into the parameters in place, one tensor at a time,
+        each rank receiving its shard: the optimizer keeps holding the same parameters."""
+        from torch.distributed.tensor import distribute_tensor
+
+        lead = self.dp.leader
+        self._reshard()
+        for name, p in self.model.named_parameters():
+            full = state[name].to(self.device, p.dtype) if lead else torch.empty(p.shape, dtype=p.dtype, device=self.device)
+            p.to_local().copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=0).to_local())
+        kept = set(self.model.state_dict())
+        for name, b in self.model.named_buffers():  # persistent buffers are not sharded: rank 0's copy
+            if name in kept:
+                if lead:
+                    b.copy_(state[name])
+                dist.broadcast(b, src=0, group=self.dp.group)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The full weights on CPU, gathered from the shards: on rank 0; an empty dict elsewhere."""
@@ -125,11 +168,8 @@ class DPTrainer(Trainer):
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Set the policy's weights from rank 0's full ``weights`` (ignored elsewhere)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
         self._announce(dpm.LOAD_WEIGHTS)
-        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(self.model, weights if self.dp.leader else {}, options=opts)
+        self._set_full(weights)
         self._weights = None
 
     def engine_model(self) -> torch.nn.Module:
