@@ -8,9 +8,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # test_trainer's make_batch
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # make_batch, the op recorder
 
 from test_trainer import make_batch  # noqa: E402
+from test_trainer_no_host_sync import SYNCING, OrderedRecorder  # noqa: E402
 
 from satrl.models import build_char_tokenizer, build_tiny_model  # noqa: E402
 from satrl.objectives import resolve_objective  # noqa: E402
@@ -20,6 +21,13 @@ from satrl.training.dp_trainer import DPTrainer  # noqa: E402
 from satrl.training.trainer import Trainer, cpu_copy, plan_microbatches  # noqa: E402
 
 CASES = [40, 60, 1 << 20]  # microbatch token budgets: 3+ microbatches (odd: padding), several, one (padding only)
+
+
+def loop_syncs(ops: list[str]) -> list[str]:
+    """Syncing ops between the first forward's embedding and the last backward's embedding gradient."""
+    first = ops.index("embedding")
+    last = len(ops) - 1 - ops[::-1].index("embedding_dense_backward")
+    return [op for op in ops[first:last] if op in SYNCING]
 
 
 def main(out: str) -> None:
@@ -41,7 +49,10 @@ def main(out: str) -> None:
                 trainer.follow(msg)
             continue
         one = Trainer(copy.deepcopy(model), obj, **kw)
-        got, want = trainer.step(batch, adv), one.step(batch, adv)
+        rec = OrderedRecorder()
+        with rec:  # FSDP's collectives included: nothing in the microbatch loop may wait for the device
+            got = trainer.step(batch, adv)
+        want = one.step(batch, adv)
         per_mb = [[{k: float(v) for k, v in m.items()} for m in t.microbatch_metrics] for t in (trainer, one)]
         full, ref = trainer.weights(), cpu_copy(one.model)
         ctx.channel.send(Message(dp.STOP))
@@ -50,6 +61,7 @@ def main(out: str) -> None:
             "per_mb": per_mb, "metrics": [got, want],
             "max_weight_diff": max(float((full[k] - ref[k]).abs().max()) for k in ref),
             "keys_equal": sorted(full) == sorted(ref),
+            "loop_syncs": loop_syncs(rec.ops),
         })  # fmt: skip
     if ctx.leader:
         Path(out).write_text(json.dumps(results))

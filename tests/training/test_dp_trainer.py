@@ -1,7 +1,8 @@
 """The data-parallel trainer (FSDP2, 2 processes on CPU with gloo) takes the same step as one device: the same
 microbatches, each microbatch's SAT quantile q and every metric bit for bit, the weights after the step to
 rounding (only the order of the gradient sum across ranks differs). Cases: an even number of microbatches,
-an odd one (rank 1 runs a zero-weight padding microbatch), and one microbatch (rank 1 runs only padding)."""
+an odd one (rank 1 runs a zero-weight padding microbatch), and one microbatch (rank 1 runs only padding). And no
+host sync inside the step's microbatch loop."""
 
 import json
 import os
@@ -48,3 +49,8 @@ def test_step_metrics_equal_and_weights_close(steps):
         }
         assert dp_row["obj/grad_norm"] == pytest.approx(one_row["obj/grad_norm"], rel=1e-5)
         assert case["keys_equal"] and case["max_weight_diff"] < 1e-5
+
+
+def test_microbatch_loop_has_no_host_sync(steps):
+    """As on one device (test_trainer_no_host_sync.py), with FSDP's gathers and reductions in the loop."""
+    assert [c["loop_syncs"] for c in steps] == [[], [], []]
