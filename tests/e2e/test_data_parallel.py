@@ -90,3 +90,17 @@ def test_killed_dp2_run_resumes_exactly(runs):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert stable(read_jsonl(out / "metrics.jsonl")) == stable(read_jsonl(runs["dp"] / "metrics.jsonl"))
     assert read_jsonl(out / "eval.jsonl") == read_jsonl(runs["dp"] / "eval.jsonl")
+
+
+def test_one_process_refuses_a_dp_checkpoint(runs, tmp_path):
+    """Its optimizer state is in DCP shards: one line naming the way on (exit 2), nothing rewritten."""
+    import shutil
+
+    out = tmp_path / "dp"
+    shutil.copytree(runs["dp"], out)
+    before = (out / "metrics.jsonl").read_text()
+    cmd = [sys.executable, "-m", "satrl", "train", "--resume", str(out), "--no-progress"]
+    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "resume it under torchrun" in done.stderr, done.stderr[-2000:]
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert (out / "metrics.jsonl").read_text() == before

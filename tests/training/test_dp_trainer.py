@@ -54,3 +54,13 @@ def test_step_metrics_equal_and_weights_close(steps):
 def test_microbatch_loop_has_no_host_sync(steps):
     """As on one device (test_trainer_no_host_sync.py), with FSDP's gathers and reductions in the loop."""
     assert [c["loop_syncs"] for c in steps] == [[], [], []]
+
+
+def test_unsupported_settings_are_refused_in_one_line():
+    from satrl.config import ConfigError, load_config
+    from satrl.pipeline.data_parallel import check_supported
+
+    check_supported(load_config(None, []))  # the defaults run
+    for overrides, key in ((["r3=true", "model.name=tiny-arith-moe"], "r3"), (["train.device=mps"], "train.device")):
+        with pytest.raises(ConfigError, match=key):
+            check_supported(load_config(None, overrides))
