@@ -16,6 +16,7 @@ others receive it in :meth:`DPTrainer.follow`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -70,6 +71,15 @@ class DPTrainer(Trainer):
         if self.dp.leader:
             self.dp.channel.send(Message(op, list(ints), text, list(tensors)))
 
+    @contextlib.contextmanager
+    def _joined(self, op: int, tensors=(), ints=(), text: str = ""):
+        """Around a call the other ranks join: announced first; while inside, an error on rank 0 must not
+        release them with a STOP (they are in a collective), so ``dp.busy`` stays set if it raises."""
+        self._announce(op, tensors, ints, text)
+        self.dp.busy = True
+        yield
+        self.dp.busy = False
+
     def follow(self, msg: Message) -> None:
         """Ranks > 0: join the call rank 0 announced."""
         if msg.op == dpm.STEP:
@@ -92,24 +102,16 @@ class DPTrainer(Trainer):
         else:
             raise RuntimeError(f"data parallel: unknown op {msg.op} from rank 0")
 
-    def _busy(self, on: bool) -> None:
-        self.dp.busy = on  # inside a collective call: rank 0 cannot release the others if it fails now
-
     # -- calls the others join ---------------------------------------------------------------------
     def step(self, mb: Batch, adv, old_logp=None, version_logp=None) -> dict[str, float]:
-        self._announce(dpm.STEP, [*_batch_tensors(mb), adv, old_logp, version_logp], [self.version])
-        self._busy(True)
-        out = super().step(mb, adv, old_logp, version_logp)
-        self._busy(False)
-        return out
+        with self._joined(dpm.STEP, [*_batch_tensors(mb), adv, old_logp, version_logp], [self.version]):
+            return super().step(mb, adv, old_logp, version_logp)
 
     def logp_with(self, state, mb: Batch) -> torch.Tensor:
         """Log-probs under the current weights, or under a snapshot's (rank 0's ``state``; the decomposition):
         every rank runs every microbatch, so the FSDP forwards line up and every rank gets the result."""
-        self._announce(dpm.LOGP, _batch_tensors(mb), ints=[state is not None])
-        if state is None:
-            return super().logp_with(None, mb)
-        return self._under_snapshot(state, mb)
+        with self._joined(dpm.LOGP, _batch_tensors(mb), ints=[state is not None]):
+            return super().logp_with(None, mb) if state is None else self._under_snapshot(state, mb)
 
     @torch.no_grad()
     def _under_snapshot(self, state: dict[str, torch.Tensor], mb: Batch) -> torch.Tensor:
@@ -156,9 +158,9 @@ class DPTrainer(Trainer):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         if self._weights is None or self._weights[0] != self.version:
-            self._announce(dpm.GATHER, ints=[self.version])
             opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            full, seen = get_model_state_dict(self.model, options=opts), set()
+            with self._joined(dpm.GATHER, ints=[self.version]):
+                full, seen = get_model_state_dict(self.model, options=opts), set()
             for k, v in full.items():  # a tied weight may come back as one tensor twice: give each key its own
                 if v.data_ptr() in seen:
                     full[k] = v.clone()
@@ -168,8 +170,8 @@ class DPTrainer(Trainer):
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Set the policy's weights from rank 0's full ``weights`` (ignored elsewhere)."""
-        self._announce(dpm.LOAD_WEIGHTS)
-        self._set_full(weights)
+        with self._joined(dpm.LOAD_WEIGHTS):
+            self._set_full(weights)
         self._weights = None
 
     def engine_model(self) -> torch.nn.Module:
@@ -189,8 +191,9 @@ class DPTrainer(Trainer):
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
-        self._announce(dpm.SAVE, text=str(path))
-        dcp.save(self._dcp_state(), storage_writer=HuggingFaceStorageWriter(str(path / SHARDS), save_distributed=True))
+        with self._joined(dpm.SAVE, text=str(path)):
+            writer = HuggingFaceStorageWriter(str(path / SHARDS), save_distributed=True)
+            dcp.save(self._dcp_state(), storage_writer=writer)
 
     def read_shards(self, path: Path) -> None:
         """Load the policy and AdamW's state from ``path/shards``, each rank the slices of its own shards (DCP
@@ -199,12 +202,12 @@ class DPTrainer(Trainer):
         from torch.distributed.checkpoint import HuggingFaceStorageReader
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        self._announce(dpm.LOAD, ints=[self.version, self.skipped], text=str(path))
-        flat, groups = self._dcp_state(with_groups=True)
-        dcp.load(flat, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)))
-        optim = {"state": _unflatten(flat, "optim."), "param_groups": groups}
-        set_state_dict(self.model, self.opt, model_state_dict=_unflatten(flat, "model.", nested=False),
-                       optim_state_dict=optim, options=StateDictOptions(strict=False))  # a tied weight comes once
+        with self._joined(dpm.LOAD, ints=[self.version, self.skipped], text=str(path)):
+            flat, groups = self._dcp_state(with_groups=True)
+            dcp.load(flat, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)))
+            optim = {"state": _unflatten(flat, "optim."), "param_groups": groups}
+            set_state_dict(self.model, self.opt, model_state_dict=_unflatten(flat, "model.", nested=False),
+                           optim_state_dict=optim, options=StateDictOptions(strict=False))  # a tied weight comes once
         self._weights = None
 
     def _dcp_state(self, with_groups: bool = False):
