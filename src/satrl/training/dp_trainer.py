@@ -161,7 +161,11 @@ class DPTrainer(Trainer):
             opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
             with self._joined(dpm.GATHER, ints=[self.version]):
                 full, seen = get_model_state_dict(self.model, options=opts), set()
-            for k, v in full.items():  # a tied weight may come back as one tensor twice: give each key its own
+            # On one CPU rank the "gathered" tensors are the live parameters, and a tied weight comes back as one
+            # tensor twice: copy those, so that the dict is a snapshot with one tensor per key.
+            seen |= {t.to_local().data_ptr() if hasattr(t, "to_local") else t.data_ptr()
+                     for t in [*self.model.parameters(), *self.model.buffers()]}  # fmt: skip
+            for k, v in full.items():
                 if v.data_ptr() in seen:
                     full[k] = v.clone()
                 seen.add(v.data_ptr())
