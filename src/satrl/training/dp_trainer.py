@@ -88,7 +88,10 @@ class DPTrainer(Trainer):
             Trainer.step(self, mb, adv, old, vlogp)
         elif msg.op == dpm.LOGP:
             mb = _batch_of(msg.tensors)
-            self._under_snapshot({}, mb) if msg.ints[0] else Trainer.logp_with(self, None, mb)
+            if msg.ints[0]:  # under a snapshot: rank 0 sends its weights
+                self._under_snapshot({}, mb)
+            else:
+                Trainer.logp_with(self, None, mb)
         elif msg.op == dpm.GATHER:
             self.version = msg.ints[0]
             self.weights()
