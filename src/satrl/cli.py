@@ -92,7 +92,7 @@ def run_train(args: argparse.Namespace) -> int:
     bad_input = (TaskError, PolicyLoadError, CheckpointError, FileExistsError, ConfigError, ContextLengthError,
                  RunDirError)
     try:
-        summary = train_with_progress(cfg, resume=bool(args.resume), progress=not args.no_progress)
+        summary = _train(cfg, args, train_with_progress)
     except bad_input as err:  # bad input: one line, exit 2
         print(f"satrl train: {_first_line(err)}", file=sys.stderr)
         return 2
@@ -109,10 +109,25 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"satrl train: disk full ({_first_line(err)}); free space, then continue with "
               f"satrl train --resume {cfg.run_dir()}", file=sys.stderr)  # fmt: skip
         return 1
+    if summary is None:  # a data-parallel rank other than 0: rank 0 reports
+        return 0
     k, late, best = cfg.eval.k, summary.get("late_test_avg_at_k"), summary.get("best_test_avg_at_k")
     print(f"run: {cfg.run_dir()}  late test avg@{k} = {_num(late)}  test avg@{k} at the val-best eval "
           f"(step {summary.get('best_step')}) = {_num(best)}  collapse = {summary.get('collapse_step')}")
     return 0
+
+
+def _train(cfg, args: argparse.Namespace, train_with_progress) -> dict | None:
+    """The run on one process, or this process's part of a data-parallel one when torchrun launched it
+    (its WORLD_SIZE/RANK protocol, read here at the edge; None on ranks other than 0)."""
+    run = lambda: train_with_progress(cfg, resume=bool(args.resume), progress=not args.no_progress)  # noqa: E731
+    from satrl.training.dp import launched
+
+    if not launched():
+        return run()
+    from satrl.pipeline.data_parallel import run as run_data_parallel
+
+    return run_data_parallel(cfg, run)
 
 
 def _num(x) -> str:

@@ -11,6 +11,7 @@ import hashlib
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -193,6 +194,12 @@ class TrainerLike(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    def write_shards(self, path: Path) -> None: ...
+
+    def read_shards(self, path: Path) -> None: ...
+
+    def engine_model(self) -> torch.nn.Module: ...
 
     def train_batch(
         self, batch: Batch, index: int, snapshots: Callable[[int], dict[str, torch.Tensor] | None], stop_at: int

@@ -75,7 +75,7 @@ class Evaluator:
             self.engine = engine_for(
                 self.engine_name,
                 self.tokenizer,
-                model=trainer.model,
+                model=trainer.engine_model(),
                 model_path=self.model_path,
                 numerics=self.numerics,
                 **self.engine_kwargs,

@@ -84,7 +84,8 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
             state.next_batch = b + 1
             rollouts.collect()
             if (b + 1) % cfg.checkpoint.every == 0 or b + 1 == n_batches:  # checkpoint
-                run.checkpoint(trainer.version, trainer.weights(), _payload(trainer, rollouts, state))
+                run.checkpoint(trainer.version, trainer.weights(), _payload(trainer, rollouts, state),
+                               write_extra=trainer.write_shards)  # fmt: skip
     return run.finish(trainer.version)
 
 
@@ -107,6 +108,7 @@ def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, steps: int) -
     with ckpt.applying(loaded.path):  # a state of the wrong structure is one line naming the checkpoint
         trainer.load_weights(loaded.weights)
         trainer.load_state_dict(loaded.trainer)
+        trainer.read_shards(loaded.path)  # data parallel: model and optimizer shards (DCP); nothing on one device
         torch.set_rng_state(loaded.rng)
         rollouts.restore(loaded, trainer.version, trainer.weights)
     run.resume_at(trainer.version, rollouts.state, loaded.wall_s)

@@ -257,15 +257,17 @@ class RunDir:
             self.state.best = score
             self._best_pending = True
 
-    def checkpoint(self, step: int, weights: dict[str, torch.Tensor], payload: dict) -> None:
+    def checkpoint(self, step: int, weights: dict[str, torch.Tensor], payload: dict, write_extra=None) -> None:
         """Save checkpoint ``step`` (the policy ``weights``, the loop's ``payload`` plus the wall clock); the
-        best one so far (on val) is kept by every later save."""
+        best one so far (on val) is kept by every later save. ``write_extra(dir)`` adds files to the checkpoint
+        before it is marked complete (data parallel: the model and optimizer shards)."""
         payload = {**payload, "wall_s": self.wall()}
         best = (self.ckpt_dir / "best").read_text().strip() if (self.ckpt_dir / "best").exists() else None
         name = f"step-{step:06d}"
         if getattr(self, "_best_pending", False):
             best, self._best_pending = name, False
-        ckpt.save_checkpoint(self.ckpt_dir, step, weights, payload, keep={best} if best else set())
+        ckpt.save_checkpoint(self.ckpt_dir, step, weights, payload, keep={best} if best else set(),
+                             write_extra=write_extra)  # fmt: skip
         if best == name:
             ckpt.mark_best(self.ckpt_dir, name)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from satrl.config import ConfigError, RunConfig
 from satrl.models import load_policy
+from satrl.pipeline.data_parallel import trainer_factory
 from satrl.pipeline.evaluator import Evaluator
 from satrl.pipeline.rundir import RunDir
 from satrl.pipeline.worker import WorkerSpec
@@ -101,7 +102,8 @@ def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
 
         if moe_num_layers(model) == 0:
             raise ValueError(f"r3=true needs an MoE policy; {cfg.model.source!r} is dense (try model.name=tiny-arith-moe)")
-    trainer = Trainer(
+    make, extra = trainer_factory(cfg)  # Trainer, or the data-parallel one under torchrun
+    trainer = make(
         model,
         cfg.objective,
         aggregation=cfg.objective.aggregation,
@@ -124,5 +126,6 @@ def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
         tf32=cfg.train.tf32,
         activation_checkpointing=cfg.train.activation_checkpointing,
         logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
+        **extra,
     )
     return trainer, tokenizer

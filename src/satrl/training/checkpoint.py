@@ -15,7 +15,7 @@ import errno
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -41,11 +41,13 @@ def _atomic_text(path: Path, text: str) -> None:
 
 
 def save_checkpoint(
-    root: Path, step: int, weights: dict[str, torch.Tensor], state: dict[str, Any], keep: set[str] = frozenset()
+    root: Path, step: int, weights: dict[str, torch.Tensor], state: dict[str, Any], keep: set[str] = frozenset(),
+    write_extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write ``root/step-{step}`` atomically and point ``root/latest`` at it. Older checkpoints are removed,
     except those named in ``keep`` (e.g. the best-eval one). On a failed write (disk full) the temporary
-    directory is removed and the previous checkpoint stays the latest."""
+    directory is removed and the previous checkpoint stays the latest. ``write_extra(folder)`` adds files
+    before the rename (data parallel: every rank's shards)."""
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:06d}"
     final = root / name
@@ -58,6 +60,8 @@ def save_checkpoint(
         save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
         faults.point("checkpoint.weights")
         save_file(tensors, str(tmp / "state.safetensors"))
+        if write_extra is not None:
+            write_extra(tmp)
         (tmp / "state.json").write_text(json.dumps(tree, allow_nan=False))
         faults.point("checkpoint.state")
         if final.exists():

@@ -91,18 +91,22 @@ def chunked_token_logp(
 
 
 def _scoring_hidden(model: torch.nn.Module, ids, mask, pos: torch.Tensor) -> torch.Tensor:
-    """The final norm's output at the scoring positions only, [B, T, H] (the decoder without its LM head)."""
-    decoder = model.get_decoder()
+    """The final norm's output at the scoring positions only, [B, T, H]: the model's own forward with its LM
+    head passed through. Through the root forward, not the decoder's, so that a wrapper of the whole model
+    (FSDP2 under data parallel, which gathers the embeddings, the norm and the head there) sees the call."""
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
 
     def keep_scoring_positions(_norm: torch.nn.Module, args: tuple) -> tuple:
         h = args[0]
         return (h.gather(1, pos[..., None].expand(-1, -1, h.shape[-1])), *args[1:])
 
     handle = decoder.norm.register_forward_pre_hook(keep_scoring_positions)
+    head.forward = lambda h: h  # for this call only: the chunks apply the head (an instance attribute, deleted below)
     try:
-        return decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
     finally:
         handle.remove()
+        del head.forward
 
 
 def response_logp(

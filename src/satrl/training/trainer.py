@@ -211,6 +211,8 @@ class Trainer:
         return {"opt": self.opt.state_dict(), "version": self.version, "skipped": self.skipped}
 
     def load_state_dict(self, state: dict) -> None:
+        if "opt" not in state:  # its optimizer state is in DCP shards (satrl.training.dp_trainer)
+            raise ValueError("written by a data-parallel run: resume it under torchrun")
         self.opt.load_state_dict(state["opt"])
         self.version, self.skipped = state["version"], state["skipped"]
         self._weights = None
@@ -313,10 +315,10 @@ class Trainer:
         lag = (self.version - mb.versions).clamp(min=0)  # [B, T]
         seq_mode = share_unit(self.aggregation) == "sequence"
         tok = {"logp": [], "gate": [], "clipped": [], "d": [], "routing": []}
-        total = torch.zeros((), dtype=torch.float64, device=dev)  # the loss, summed without a sync per microbatch
+        losses: list[torch.Tensor] = []  # each microbatch's share of the loss, summed after the loop (no sync)
         per_mb: list[dict[str, torch.Tensor]] = []
         weights = [k / max(n_tok, 1) for k in mb_tok]  # host-side: counted on the CPU batch
-        for p in plan:
+        for p, real in self._assigned(plan, mb):
             sl = slice(p[0], p[1])
             m = row_slice(mb, p[0], p[1])
             logp, used = self._logp(self.model, m, p, capture=self.is_moe and m.routing is not None)
@@ -337,32 +339,66 @@ class Trainer:
             )
             share = (m.mask.any(1).sum() / max(n_seq, 1)) if seq_mode else (m.mask.sum() / max(n_tok, 1))
             loss = aggregate(out.loss, m.mask, self.aggregation) * share
+            if not real:  # data parallel's padding microbatch: it runs for the collectives and adds nothing
+                loss = loss * 0.0
             loss.backward()
-            total = total + loss.detach().to(torch.float64)
+            losses.append(loss.detach().to(torch.float64))
             per_mb.append(out.metrics)
             for k in ("gate", "clipped", "d"):
                 tok[k].append(getattr(out.tokens, k))
             tok["logp"].append(logp.detach())
+        losses, per_mb, tok = self._gathered(plan, mb.mask.shape[0], losses, per_mb, tok)
+        self.microbatch_metrics = per_mb  # the last step's, per microbatch in plan order (0-dim tensors; tests)
+        total = torch.zeros((), dtype=torch.float64, device=dev)
+        for loss in losses:  # in microbatch order, as one device sums them
+            total = total + loss
         # One device sync for the guard, the loss and every metric: the metrics combine as each declares
         # (token mean, min or max; satrl.objectives.reductions), as tensors, then come to the host together.
-        grads = [torch.isfinite(p.grad).all() for p in self.model.parameters() if p.grad is not None]
         reduced = reduce_metrics(per_mb, weights)
         keys = list(reduced)
-        flags = torch.stack([torch.isfinite(total), *grads]).all() if grads else torch.isfinite(total)
+        flags = torch.stack([torch.isfinite(total), self._grads_finite()]).all()
         host = torch.stack([flags.to(torch.float64), total, *(reduced[k] for k in keys)]).tolist()
         finite, total = bool(host[0]), host[1]
         scalars = dict(zip(keys, host[2:]))
         if finite:
             if self.grad_clip is not None:
-                scalars["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+                scalars["grad_norm"] = self._clip_grads()
             self.opt.step()
         else:  # never poison the model: weights and optimizer state stay untouched
             self.skipped += 1
         self.opt.zero_grad(set_to_none=True)
         self.version += 1
         out = {"loss": total, "skipped": float(not finite), **{f"obj/{k}": v for k, v in scalars.items()}}
-        out.update(self._diagnostics(mb, lag, {k: torch.cat(v) for k, v in tok.items() if v}, version_logp))
+        out.update(self._diagnostics(mb, lag, tok, version_logp))
         return out
+
+    # -- how a step's microbatches are spread (one device: all here; satrl.training.dp overrides these) --
+    def _assigned(self, plan: list, mb: Batch) -> list[tuple[tuple[int, int, int, bool], bool]]:
+        """The microbatches this process runs, each with whether it is real (False: zero-weight padding)."""
+        return [(p, True) for p in plan]
+
+    def _gathered(self, plan: list, rows: int, losses: list, per_mb: list, tok: dict) -> tuple[list, list, dict]:
+        """Every microbatch's loss and metrics in plan order, and the per-token tensors of all ``rows``, from
+        the pieces this process ran (in :meth:`_assigned`'s order, padding included)."""
+        return losses, per_mb, {k: torch.cat(v) for k, v in tok.items() if v}
+
+    def engine_model(self) -> torch.nn.Module:
+        """The policy as one module, for an engine to copy (its weights then come from :meth:`weights`)."""
+        return self.model
+
+    def write_shards(self, path) -> None:
+        """Write the state kept in shards across processes into checkpoint folder ``path`` (none on one device)."""
+
+    def read_shards(self, path) -> None:
+        """Read what :meth:`write_shards` wrote (nothing on one device)."""
+
+    def _grads_finite(self) -> torch.Tensor:
+        """Whether every gradient is finite, as a 0-dim bool tensor (no sync)."""
+        grads = [torch.isfinite(p.grad).all() for p in self.model.parameters() if p.grad is not None]
+        return torch.stack(grads).all() if grads else torch.ones((), dtype=torch.bool, device=self.device)
+
+    def _clip_grads(self) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
 
     def _diagnostics(self, mb: Batch, lag: torch.Tensor, tok: dict, version_logp: torch.Tensor | None) -> dict:
         engine_routing = None

@@ -1,0 +1,72 @@
+"""Run by test_dp_trainer.py under torchrun: one optimizer step of the data-parallel trainer against the
+one-device trainer, on the same tiny policy and batch. Rank 0 writes what it saw to the JSON file argv[1]."""
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # make_batch, the op recorder
+
+from test_trainer import make_batch  # noqa: E402
+from test_trainer_no_host_sync import SYNCING, OrderedRecorder  # noqa: E402
+
+from satrl.models import build_char_tokenizer, build_tiny_model  # noqa: E402
+from satrl.objectives import resolve_objective  # noqa: E402
+from satrl.training import dp  # noqa: E402
+from satrl.training.dist_channel import Message  # noqa: E402
+from satrl.training.dp_trainer import DPTrainer  # noqa: E402
+from satrl.training.trainer import Trainer, cpu_copy, plan_microbatches  # noqa: E402
+
+CASES = [40, 60, 1 << 20]  # microbatch token budgets: 3+ microbatches (odd: padding), several, one (padding only)
+
+
+def loop_syncs(ops: list[str]) -> list[str]:
+    """Syncing ops between the first forward's embedding and the last backward's embedding gradient."""
+    first = ops.index("embedding")
+    last = len(ops) - 1 - ops[::-1].index("embedding_dense_backward")
+    return [op for op in ops[first:last] if op in SYNCING]
+
+
+def main(out: str) -> None:
+    torch.set_num_threads(1)
+    ctx = dp.init("cpu")
+    tok = build_char_tokenizer()
+    model = build_tiny_model("dense", vocab_size=len(tok), seed=0, num_hidden_layers=2)
+    batch = make_batch(tok, n=12, seed=1)
+    adv = torch.linspace(-1, 1, 12)
+    results = []
+    for budget in CASES:
+        kw = {"lr": 1e-2, "microbatch_tokens": budget}
+        obj = resolve_objective("sat_grpo", kl_coef=1e-3)  # with a sharded reference model too
+        if not ctx.leader:
+            assert ctx.channel.recv().op == dp.START
+        trainer = DPTrainer(copy.deepcopy(model), obj, dp=ctx, template=lambda: None, **kw)
+        if not ctx.leader:
+            while (msg := ctx.channel.recv()).op != dp.STOP:
+                trainer.follow(msg)
+            continue
+        one = Trainer(copy.deepcopy(model), obj, **kw)
+        rec = OrderedRecorder()
+        with rec:  # FSDP's collectives included: nothing in the microbatch loop may wait for the device
+            got = trainer.step(batch, adv)
+        want = one.step(batch, adv)
+        per_mb = [[{k: float(v) for k, v in m.items()} for m in t.microbatch_metrics] for t in (trainer, one)]
+        full, ref = trainer.weights(), cpu_copy(one.model)
+        ctx.channel.send(Message(dp.STOP))
+        results.append({
+            "microbatches": len(plan_microbatches(batch, budget)),
+            "per_mb": per_mb, "metrics": [got, want],
+            "max_weight_diff": max(float((full[k] - ref[k]).abs().max()) for k in ref),
+            "keys_equal": sorted(full) == sorted(ref),
+            "loop_syncs": loop_syncs(rec.ops),
+        })  # fmt: skip
+    if ctx.leader:
+        Path(out).write_text(json.dumps(results))
+    dp.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,66 @@
+"""The data-parallel trainer (FSDP2, 2 processes on CPU with gloo) takes the same step as one device: the same
+microbatches, each microbatch's SAT quantile q and every metric bit for bit, the weights after the step to
+rounding (only the order of the gradient sum across ranks differs). Cases: an even number of microbatches,
+an odd one (rank 1 runs a zero-weight padding microbatch), and one microbatch (rank 1 runs only padding). And no
+host sync inside the step's microbatch loop."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from run_helpers import REPO
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+WORKER = Path(__file__).with_name("dp_step_worker.py")
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dp") / "steps.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(WORKER), str(out)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_cases_cover_padding(steps):
+    assert [c["microbatches"] for c in steps] == [4, 3, 1]
+
+
+def test_each_microbatch_equals_one_device(steps):
+    for case in steps:
+        dp_mbs, one_mbs = case["per_mb"]
+        assert len(dp_mbs) == case["microbatches"]
+        assert [m["q"] for m in dp_mbs] == [m["q"] for m in one_mbs]  # SAT's quantile, bit for bit
+        assert dp_mbs == one_mbs  # every metric of every microbatch
+
+
+def test_step_metrics_equal_and_weights_close(steps):
+    for case in steps:
+        dp_row, one_row = case["metrics"]
+        assert set(dp_row) == set(one_row)
+        assert {k: v for k, v in dp_row.items() if k != "obj/grad_norm"} == {
+            k: v for k, v in one_row.items() if k != "obj/grad_norm"
+        }
+        assert dp_row["obj/grad_norm"] == pytest.approx(one_row["obj/grad_norm"], rel=1e-5)
+        assert case["keys_equal"] and case["max_weight_diff"] < 1e-5
+
+
+def test_microbatch_loop_has_no_host_sync(steps):
+    """As on one device (test_trainer_no_host_sync.py), with FSDP's gathers and reductions in the loop."""
+    assert [c["loop_syncs"] for c in steps] == [[], [], []]
+
+
+def test_unsupported_settings_are_refused_in_one_line():
+    from satrl.config import ConfigError, load_config
+    from satrl.pipeline.data_parallel import check_supported
+
+    check_supported(load_config(None, []))  # the defaults run
+    for overrides, key in ((["r3=true", "model.name=tiny-arith-moe"], "r3"), (["train.device=mps"], "train.device")):
+        with pytest.raises(ConfigError, match=key):
+            check_supported(load_config(None, overrides))
