@@ -34,10 +34,8 @@ try:
     from omegaconf import OmegaConf
     from test_verl_actor import B, actor_step, rollout
     from verl.protocol import DataProto
-    from verl.trainer.ppo.rollout_corr_helper import (
-        apply_bypass_mode,
-        compute_rollout_correction_and_add_to_batch,
-    )
+    from verl.trainer.ppo import rollout_corr_helper as rch
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
     from verl.utils.config import omega_conf_to_dataclass
     from verl.utils.metric import AggregationType, Metric, reduce_metrics
 
@@ -218,8 +216,24 @@ def test_the_reason_verls_bypass_helper_rewrites_loss_mode():
     data, _, mu = engine_gap(9)
     batch = DataProto.from_single_dict({"old_log_probs": data["old_log_probs"], "rollout_log_probs": mu})
     policy_loss = OmegaConf.create({"loss_mode": "sat"})
-    apply_bypass_mode(batch, OmegaConf.create({"bypass_mode": True}), policy_loss)
+    verls_own = rch.apply_bypass_mode.__wrapped__  # satrl guards it (next test); this is verl's function
+    verls_own(batch, OmegaConf.create({"bypass_mode": True}), policy_loss)
     assert policy_loss.loss_mode == "bypass_mode" and torch.equal(batch.batch["old_log_probs"], mu)
+
+
+def test_the_guarded_bypass_helper_refuses_sat_without_a_declared_mu():
+    """No sat_mu override: verl's trainer reaches apply_bypass_mode (imported at its call site, as verl does)
+    and gets one line instead of a silent replacement; other loss modes pass through to verl's function."""
+    data, _, mu = engine_gap(9)
+    batch = DataProto.from_single_dict({"old_log_probs": data["old_log_probs"], "rollout_log_probs": mu})
+    from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode as at_call_site
+
+    with pytest.raises(ValueError, match=r"^satrl: loss_mode=sat_gspo cannot run where verl's apply_bypass_mode") as e:
+        at_call_site(batch, OmegaConf.create({"bypass_mode": True}), OmegaConf.create({"loss_mode": "sat_gspo"}))
+    assert "\n" not in str(e.value)
+    vanilla = OmegaConf.create({"loss_mode": "vanilla"})
+    at_call_site(batch, OmegaConf.create({"bypass_mode": True}), vanilla)
+    assert vanilla.loss_mode == "bypass_mode"
 
 
 def test_undeclared_mu_is_logged_as_unknown_and_warned(monkeypatch):

@@ -20,6 +20,7 @@ config, and leaves ``"rollout"`` or ``"old_policy"`` in the actor's config (or r
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -108,3 +109,36 @@ def mu_flag(sat_mu: Any, loss_mode: str) -> float:
             stacklevel=4,
         )
     return 0.0 if sat_mu == "old_policy" else -1.0
+
+
+def guard_bypass_helper() -> None:
+    """Make verl's ``apply_bypass_mode`` refuse a SAT loss_mode instead of silently replacing it.
+
+    The legacy and separated trainers (fully-async, one-step-off) call it on the driver at every step in
+    bypass mode, and it sets ``policy_loss.loss_mode = "bypass_mode"``: SAT would vanish without a word when
+    the user did not declare ``sat_mu`` (which refuses earlier, at config time). The guard raises the same
+    one line instead; any other loss_mode goes through to verl's function unchanged. Idempotent."""
+    try:
+        from verl.trainer.ppo import rollout_corr_helper as helper
+    except ImportError:  # a verl without the helper has nothing to rewrite loss_mode
+        return
+    original = helper.apply_bypass_mode
+    if getattr(original, "_satrl_guard", False):
+        return
+
+    @functools.wraps(original)
+    def guarded(batch, rollout_corr_config=None, policy_loss_config=None):
+        from satrl.integrations.verl import VARIANTS
+
+        loss_mode = policy_loss_config.get("loss_mode") if policy_loss_config is not None else None
+        if loss_mode in VARIANTS:
+            raise ValueError(
+                f"satrl: loss_mode={loss_mode} cannot run where verl's apply_bypass_mode rewrites loss_mode to "
+                "bypass_mode (legacy trainer, fully-async and one-step-off recipes with "
+                "algorithm.rollout_correction.bypass_mode=true): use trainer.use_v1=true, or set "
+                "algorithm.rollout_correction.bypass_mode=false (SAT then gates on pi_old)"
+            )
+        return original(batch, rollout_corr_config, policy_loss_config)
+
+    guarded._satrl_guard = True
+    helper.apply_bypass_mode = guarded

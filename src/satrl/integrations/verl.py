@@ -57,7 +57,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from satrl.integrations._gate import composition, gate_capacity, warn_gate_cannot_fire
-from satrl.integrations._verl_mu import MU_OVERRIDE, MU_VALUES, mu_flag, register_resolver
+from satrl.integrations._verl_mu import (
+    MU_OVERRIDE,
+    MU_VALUES,
+    guard_bypass_helper,
+    mu_flag,
+    register_resolver,
+)
 from satrl.objectives import ObjectiveOutput, ObjectiveSpec, resolve_objective
 from satrl.objectives.sat import LAG_FREE_PROXIES
 from satrl.registry import Registry
@@ -311,6 +317,7 @@ def register() -> list[str]:
 
 register()
 register_resolver()  # ${satrl_mu:}, resolved on verl's driver (import verl loads this module there too)
+guard_bypass_helper()  # no silent replacement of SAT by verl's bypass helper, declared sat_mu or not
 
 __all__ = [
     "MU_METRIC",
