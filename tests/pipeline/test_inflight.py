@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from run_helpers import SAMPLE_KEYS, TINY, read_jsonl, stable
+from run_helpers import SAMPLE_KEYS, TINY, engine_signaller, read_jsonl, stable
 from satrl.config import ConfigError, load_config
 from satrl.pipeline import orchestrator
 from satrl.pipeline.buffer import collate
@@ -80,6 +80,19 @@ def test_per_token_lag_in_metrics_matches_token_versions(traced):
 
 def test_concurrent_run_equals_sequential_replay(tmp_path, traced):
     _, local = _run(tmp_path, "local", "backend=local")
+    assert stable(local) == stable(traced[3])
+
+
+def test_killed_engine_waiting_mid_rollout_redoes_the_same_samples(tmp_path, traced, monkeypatch):
+    """SIGKILL the engine child (often while it waits for a version mid-response): the new one is fed the held
+    versions again, redoes the batch and waits the same way; nothing changes."""
+    import signal
+
+    made, original = [], orchestrator.make_backend
+    monkeypatch.setattr(orchestrator, "make_backend", lambda *a, **kw: made.append(original(*a, **kw)) or made[-1])
+    on_step, killed = engine_signaller(made, signal.SIGKILL, 2)
+    _, local = _run(tmp_path, "killed", "backend=local", on_step=on_step)
+    assert len(set(killed)) == 2
     assert stable(local) == stable(traced[3])
 
 
