@@ -48,8 +48,9 @@ class WorkerSpec:
 
 @dataclass
 class RolloutRequest:
-    """Generate batch ``b``; group ``g`` with the weights of version ``versions[g]``. A request names versions
-    only: the weights reach the worker once per version (:meth:`RolloutWorker.put`, ``pipeline.weights``)."""
+    """Generate batch ``b``; group ``g`` starting with the weights of version ``versions[g]``. A request names
+    versions only: the weights reach the worker once per version (:meth:`RolloutWorker.put`, ``pipeline.weights``),
+    under in-flight updates possibly after the request (the worker then waits for them, :attr:`RolloutWorker.wait`)."""
 
     b: int
     versions: list[int]
