@@ -8,6 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from run_helpers import SAMPLE_KEYS, TINY, engine_signaller, read_jsonl, stable
 from satrl.config import ConfigError, load_config
@@ -15,7 +17,7 @@ from satrl.pipeline import orchestrator
 from satrl.pipeline.buffer import collate
 from satrl.pipeline.orchestrator import train
 from satrl.pipeline.rundir import RunDir
-from satrl.pipeline.schedules import inflight_version
+from satrl.pipeline.schedules import inflight_version, inflight_versions
 from satrl.training.trainer import Trainer
 from satrl.types import Sample
 
@@ -94,6 +96,27 @@ def test_killed_engine_waiting_mid_rollout_redoes_the_same_samples(tmp_path, tra
     _, local = _run(tmp_path, "killed", "backend=local", on_step=on_step)
     assert len(set(killed)) == 2
     assert stable(local) == stable(traced[3])
+
+
+def test_async_hold_with_inflight_updates_replays_too(tmp_path):
+    """Per-group start versions (async) held back for fresher weights (hold), then moving on in flight."""
+    setting = ["lag.schedule=async", "lag.max_staleness=2", "lag.on_stale=hold", "seed=5", "steps=6"]
+    _, sequential = _run(tmp_path, "sequential", *setting)
+    _, local = _run(tmp_path, "local", *setting, "backend=local")
+    assert stable(local) == stable(sequential)
+    assert sum(r["lag/multi_version_frac"] for r in sequential) > 0
+    assert all(r["async/dropped"] == 0 for r in sequential) and max(r["lag/max"] for r in sequential) <= 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=st.integers(0, 50), ahead=st.integers(0, 20), every=st.integers(0, 9), tokens=st.integers(1, 40))
+def test_rule_is_monotone_bounded_and_one_version_per_period(start, ahead, every, tokens):
+    cap = start + ahead
+    v = [inflight_version(start, cap, every, t) for t in range(tokens)]
+    assert v[0] == start and all(start <= x <= cap for x in v)
+    assert all(0 <= b - a <= 1 for a, b in zip(v, v[1:]))
+    assert all(v[t] == v[t - 1] for t in range(1, tokens) if every == 0 or t % every)
+    assert inflight_versions(start, cap, every, tokens) == set(v)
 
 
 @pytest.mark.parametrize("backend", ["sequential", "local"])  # local: finished batches saved with their versions
