@@ -122,6 +122,11 @@ class LagConfig(_Strict):
         "bound; hold: every schedule holds generation back until weights fresh enough exist, nothing is dropped "
         "(async/held counts the held samples; needs max_staleness >= steps per batch - 1).",
     )  # fmt: skip
+    inflight_every: int = Field(
+        0, ge=0, description="In-flight weight updates: every this many decoded tokens a response moves on one version, "
+        "up to the first step of its batch (docs/design.md, 'In-flight updates'); each token records its version. "
+        "0 = off. Needs engine=torch and backend sequential or local.",
+    )  # fmt: skip
 
 
 class TrainConfig(_Strict):
@@ -300,11 +305,24 @@ def _section_for(loc: tuple) -> type[BaseModel]:
 
 def build_config(data: dict[str, Any]) -> RunConfig:
     try:
-        return RunConfig.model_validate(data)
+        cfg = RunConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_error(err)) from None
     except ValueError as err:  # registry errors raised inside validators
         raise ConfigError(f"invalid config: {err}") from None
+    _check_inflight(cfg)
+    return cfg
+
+
+def _check_inflight(cfg: RunConfig) -> None:
+    """In-flight updates switch weights inside the torch engine's decoding loop, and wait for a version on the
+    sequential and local backends' message paths: refuse the rest in one line rather than ignore the setting."""
+    K = cfg.lag.inflight_every
+    if K and cfg.engine.name != "torch":
+        raise ConfigError(f"lag.inflight_every={K} needs engine.name=torch (got {cfg.engine.name}); set lag.inflight_every=0")
+    if K and cfg.backend not in ("sequential", "local"):
+        raise ConfigError(f"lag.inflight_every={K} needs backend sequential or local (got {cfg.backend}); "
+                          "set lag.inflight_every=0")  # fmt: skip
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:

@@ -84,8 +84,9 @@ class Completion:
     text: str  # decoded response, special tokens removed
     behavior_logp: torch.Tensor  # [T] float32, log mu(y_t | s_t) under the sampling distribution
     finish_reason: str  # "stop" (EOS) or "length"
-    version: int  # policy version of the weights that generated it
+    version: int  # policy version of the weights that generated it (its first token, under in-flight updates)
     routing: torch.Tensor | None = None  # [T, layers, top_k] int64 experts used, MoE models only
+    token_versions: torch.Tensor | None = None  # [T] int64 version per token; None: all ``version``
 
 
 @dataclass
@@ -97,10 +98,18 @@ class Sample:
     prompt_ids: list[int]
     response_ids: list[int]
     behavior_logp: torch.Tensor  # [T]
-    version: int
+    version: int  # the version of the first token (the oldest): drops and held counts read it
     reward: float
     routing: torch.Tensor | None = None  # [T, layers, top_k]
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. {"reward_timeout": True}
+    # [T] int64 version that sampled each token, when in-flight updates switched weights mid-response
+    # (``lag.inflight_every``); None: every token is ``version`` (and old checkpoints, which lack the field)
+    token_versions: torch.Tensor | None = None
+
+    def versions(self) -> torch.Tensor:  # [T] int64
+        if self.token_versions is None:
+            return torch.full((len(self.response_ids),), self.version, dtype=torch.long)
+        return self.token_versions.long()
 
 
 @dataclass

@@ -11,7 +11,7 @@ import torch
 
 from satrl.tensors import as_bool_mask, wide_dtype
 
-__all__ = ["by_lag", "lag_stats"]
+__all__ = ["by_lag", "lag_stats", "multi_version"]
 
 
 def _lag_2d(lag: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -82,3 +82,17 @@ def by_lag(lag: torch.Tensor, mask: torch.Tensor, **per_token: torch.Tensor) -> 
         for name, x in clean.items():
             out[f"{k}/{name}"] = torch.where(sel, x, zero).sum() / n_k
     return out
+
+
+def multi_version(versions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B] bool: whether a row's active tokens were sampled by more than one policy version (in-flight weight
+    updates switched weights mid-response, ``lag.inflight_every``).
+
+    Args:
+        versions: [B, T] int policy version per token.
+        mask: [B, T] active tokens.
+    """
+    m = as_bool_mask(mask)
+    newest = torch.where(m, versions, torch.iinfo(versions.dtype).min).max(1).values
+    oldest = torch.where(m, versions, torch.iinfo(versions.dtype).max).min(1).values
+    return m.any(1) & (newest > oldest)

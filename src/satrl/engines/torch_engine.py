@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -153,32 +153,44 @@ class TorchEngine:
                     f"(max_position_embeddings={self.max_positions}); shorten the prompt or engine.max_new_tokens"
                 )
 
-    def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Completion]:
+    def generate(
+        self, requests: list[GenerationRequest], sampling: SamplingParams, switch: Callable[[int], None] | None = None
+    ) -> list[Completion]:
         """Complete every request; result i answers ``requests[i]``. Each request's tokens depend only on
-        its prompt, its seed, the weights and ``sampling``, not on the other requests in the call."""
+        its prompt, its seed, the weights and ``sampling``, not on the other requests in the call.
+
+        ``switch`` (in-flight weight updates): called with decode step t before the forward that samples token
+        t, for every t from 0, so that it can :meth:`load_weights` the version step t is fixed to; the KV cache
+        of earlier tokens is kept, as in every peer. Each completion then records ``token_versions``."""
         self._check(requests, sampling)
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
         out: list[Completion | None] = [None] * len(requests)
         for start in range(0, len(order), self.max_batch_size):
             chunk = order[start : start + self.max_batch_size]
-            for i, c in zip(chunk, self._generate_batch([requests[i] for i in chunk], sampling)):
+            for i, c in zip(chunk, self._generate_batch([requests[i] for i in chunk], sampling, switch)):
                 out[i] = c
         return out  # type: ignore[return-value]
 
-    def _generate_batch(self, reqs: list[GenerationRequest], sampling: SamplingParams) -> list[Completion]:
-        tokens, logps, length, stopped, routing = self._decode(reqs, sampling)
+    def _generate_batch(self, reqs: list[GenerationRequest], sampling: SamplingParams, switch=None) -> list[Completion]:
+        tokens, logps, length, stopped, routing, versions = self._decode(reqs, sampling, switch)
         # built outside inference mode: clones of inference tensors are ordinary tensors, safe for autograd
-        return [
+        out = [
             self._completion(
                 r, tokens[b], logps[b], length[b], stopped[b], None if routing is None else routing[b]
             )
             for b, r in enumerate(reqs)
         ]
+        if versions is not None:  # the first token's version is the completion's, as without switching
+            for b, c in enumerate(out):
+                c.token_versions = versions[b, : length[b]].clone()
+                c.version = int(versions[b, 0])
+        return out
 
     @torch.inference_mode()  # ~5% faster than no_grad on the tiny CPU models: no version-counter bookkeeping
-    def _decode(self, reqs: list[GenerationRequest], sampling: SamplingParams):
+    def _decode(self, reqs: list[GenerationRequest], sampling: SamplingParams, switch=None):
         """The decoding loop. Returns CPU tensors tokens [B, N], logps [B, N], and lists length [B],
-        stopped [B], and routing [B, N, layers, k] or None."""
+        stopped [B], routing [B, N, layers, k] or None, and the version per token [B, N] (None without
+        ``switch``)."""
         dev, B, N = self.device, len(reqs), sampling.max_new_tokens
         P = max(len(r.prompt_ids) for r in reqs)
         ids = torch.full((B, P), self.pad_token_id, dtype=torch.int64)
@@ -198,11 +210,15 @@ class TorchEngine:
             if self.capture_routing
             else None
         )
+        versions = None if switch is None else torch.full((B, N), -1, dtype=torch.int64)
         alive = torch.arange(B, device=dev)  # original rows still decoding
         cache = DynamicCache(config=self.model.config)
         step_ids = ids
         with _capture_routing(self.model) if routing is not None else nullcontext() as rec:
             for t in range(N):
+                if switch is not None:
+                    switch(t)
+                    versions[alive.cpu(), t] = self._version
                 logits = self.model(
                     input_ids=step_ids,
                     attention_mask=attn,
@@ -236,6 +252,7 @@ class TorchEngine:
             length.tolist(),
             stopped.tolist(),
             routing.cpu() if routing is not None else None,
+            versions,
         )
 
     def _completion(self, req, tokens, logps, n: int, stopped: bool, routing) -> Completion:

@@ -7,6 +7,7 @@ main process, where ``breakpoint()`` works.
 
 from __future__ import annotations
 
+import collections
 import multiprocessing as mp
 import pickle
 import queue
@@ -130,28 +131,51 @@ def _serve(spec: WorkerSpec, requests: mp.Queue, results: Connection) -> None:
         sender.join(timeout=60)
 
 
+class _Stop(Exception):
+    """The parent said stop (or is gone) while an in-flight rollout waited for weights."""
+
+
 def _serve_loop(worker: RolloutWorker, requests: mp.Queue, outbox: queue.Queue) -> None:
     parent = mp.parent_process()
+    pending: collections.deque[RolloutRequest] = collections.deque()
+
+    def take() -> None:  # one message: weights and keeps apply now, rollouts queue up in order
+        while True:
+            try:
+                payload = requests.get(timeout=5.0)
+                break
+            except queue.Empty:  # not a daemon (engines such as vLLM spawn processes), so leave with the parent
+                if parent is not None and not parent.is_alive():
+                    raise _Stop from None
+        if payload is None:
+            raise _Stop
+        req = receive(worker, pickle.loads(payload))
+        if req is not None:
+            pending.append(req)
+
+    worker.wait = take  # an in-flight rollout reads weights pushed after it started (lag.inflight_every)
     while True:
         try:
-            payload = requests.get(timeout=5.0)
-        except queue.Empty:  # not a daemon (engines such as vLLM spawn processes), so leave with the parent
-            if parent is not None and not parent.is_alive():
-                return
-            continue
-        if payload is None:
+            while not pending:
+                take()
+            req = pending.popleft()
+            t0 = time.perf_counter()
+            out: object = _rollout(worker, req)
+        except _Stop:
             return
-        req = receive(worker, pickle.loads(payload))
-        if req is None:  # weights to hold, or versions to forget
-            continue
-        t0 = time.perf_counter()
-        try:
-            out: object = worker.rollout(req)
-        except (TaskError, ContextLengthError) as e:  # bad user input: the parent raises it as it is (one line)
-            out = e
-        except Exception:  # the parent re-raises it with the child's traceback
-            out = RuntimeError(f"rollout of batch {req.b} failed in the engine process:\n{traceback.format_exc()}")
         outbox.put(pickle.dumps((req.b, time.perf_counter() - t0, out)))
+
+
+def _rollout(worker: RolloutWorker, req: RolloutRequest) -> object:
+    """The samples of ``req``, or the exception the parent raises (user errors as they are, one line)."""
+    try:
+        return worker.rollout(req)
+    except _Stop:  # not a failure of this batch: the loop ends
+        raise
+    except (TaskError, ContextLengthError) as e:  # bad user input: the parent raises it as it is (one line)
+        return e
+    except Exception:  # the parent re-raises it with the child's traceback
+        return RuntimeError(f"rollout of batch {req.b} failed in the engine process:\n{traceback.format_exc()}")
 
 
 class ProcessBackend:

@@ -35,7 +35,7 @@ def collate(samples: list[Sample], pad_id: int) -> Batch:
         mask[i, :t] = True
         response[i, :t] = torch.tensor(s.response_ids, dtype=torch.long)
         blp[i, :t] = s.behavior_logp.float()
-        versions[i, :t] = s.version
+        versions[i, :t] = s.versions() if s.token_versions is not None else s.version
         if routing is not None and s.routing is not None:
             routing[i, scoring_slice(p, t)] = s.routing.long()
     first_seen: dict[str, int] = {}

@@ -17,12 +17,13 @@ from collections.abc import Callable
 import torch
 
 from satrl.config import RunConfig
+from satrl.diagnostics.lag import multi_version
 from satrl.engines.registry import pad_id
 from satrl.pipeline.backends import make_backend
 from satrl.pipeline.buffer import collate
 from satrl.pipeline.rollouts import Rollouts, Taken
 from satrl.pipeline.rundir import RunDir, RunState
-from satrl.pipeline.schedules import Schedule, make_schedule
+from satrl.pipeline.schedules import Schedule, inflight_versions, make_schedule
 from satrl.pipeline.setup import (
     backend_options,
     build_evaluator,
@@ -56,7 +57,8 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
     S, P = cfg.steps_per_batch, cfg.train.prompts_per_batch
     n_batches = math.ceil(cfg.steps / S)
     sched = make_schedule(cfg.lag.schedule, S, cfg.lag.n, cfg.lag.max_staleness, cfg.seed, cfg.lag.on_stale)
-    rollouts = Rollouts(sched, lambda b: _versions(sched, b, P), P, n_batches)
+    K, N = cfg.lag.inflight_every, cfg.engine.max_new_tokens
+    rollouts = Rollouts(sched, lambda b: _versions(sched, b, P, K, N), P, n_batches, inflight_every=K)
     state = _resume(run, trainer, rollouts, cfg.steps) if resume else _fresh(run, trainer, rollouts)
     record_session(run.path, trainer.version, cfg.trainer_threads)  # environment.json: code and machine kind
     evaluator = build_evaluator(cfg, tokenizer, task)
@@ -89,8 +91,13 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
     return run.finish(trainer.version)
 
 
-def _versions(sched: Schedule, b: int, P: int) -> set[int]:
-    return {sched.version(b, g) for g in range(P)}
+def _versions(sched: Schedule, b: int, P: int, every: int = 0, tokens: int = 1) -> set[int]:
+    """Every version that samples a token of batch b: each group's start, and under in-flight updates
+    (``every`` > 0) the versions its ``tokens`` decode steps move on to (``schedules.inflight_versions``)."""
+    if every <= 0:
+        return {sched.version(b, g) for g in range(P)}
+    cap = sched.first_step(b)
+    return set().union(*(inflight_versions(sched.version(b, g), cap, every, tokens) for g in range(P)))
 
 
 def _fresh(run: RunDir, trainer: TrainerLike, rollouts: Rollouts) -> RunState:
@@ -130,6 +137,7 @@ def _batch_metrics(batch: Batch, rows: torch.Tensor, step_s: float, got: Taken, 
         "train/acc": float((batch.rewards[rows] > 0.5).float().mean()),
         "train/response_len": float(mask.sum(1).float().mean()),
         "train/tokens": float(mask.sum()),
+        "lag/multi_version_frac": float(multi_version(batch.versions[rows], mask).float().mean()),
         "async/dropped": float(got.dropped),
         "async/held": float(got.held),
         "perf/trainer_tok_s": float(mask.sum()) / max(step_s, 1e-9),

@@ -52,8 +52,10 @@ class Rollouts:
     weights an extension needs (``satrl train --resume DIR steps=<more>``); the runs themselves are unchanged.
     """
 
-    def __init__(self, sched: Schedule, needed: Callable[[int], set[int]], prompts: int, n_batches: int) -> None:
-        self.sched, self.P, self.n_batches = sched, prompts, n_batches
+    def __init__(
+        self, sched: Schedule, needed: Callable[[int], set[int]], prompts: int, n_batches: int, inflight_every: int = 0
+    ) -> None:
+        self.sched, self.P, self.n_batches, self.inflight_every = sched, prompts, n_batches, inflight_every
         self.horizon = horizon(sched)
         self.store = SnapshotStore(needed, self.horizon)
         self.state = RunState()
@@ -84,9 +86,9 @@ class Rollouts:
             raise RunDirError(f"steps={steps}: the run ended inside batch {state.next_batch - 1} (its steps are not a "
                               f"multiple of the {S} optimizer steps per batch), so it cannot be extended; {again}")  # fmt: skip
         for b in range(state.next_submit, min(self.n_batches, state.next_batch + self.horizon + 1)):
-            versions = set(self._versions(b))
-            if max(versions) > version:
+            if max(self._versions(b)) > version:
                 return
+            versions = {v for v in self.store.needed(b) if v <= version}  # in flight: the newer ones come later
             missing = sorted(v for v in versions if self.store.get(v) is None)
             if b not in state.ready and missing:
                 raise RunDirError(f"steps={steps}: the weights of version(s) {missing} that batch {b} is generated "
@@ -105,7 +107,7 @@ class Rollouts:
     def submit_ready(self, version: int, b_now: int) -> None:
         """Submit, in order, every batch whose generating versions the trainer (at ``version``, training batch
         ``b_now``) has reached. Requests name versions only: a version's weights go ahead of the first request
-        that needs it, once."""
+        that needs it, once; under in-flight updates, later versions follow as the trainer makes them (:meth:`offer`)."""
         last = min(self.n_batches, b_now + self.horizon + 1)
         while self.state.next_submit < last:
             b = self.state.next_submit
@@ -113,8 +115,8 @@ class Rollouts:
             if max(versions) > version:
                 return
             if b not in self.state.ready:
-                self._push(b, set(versions) - self.pushed)
-                self.backend.submit(RolloutRequest(b, versions))
+                self._push(b, {v for v in self.store.needed(b) if v <= version} - self.pushed)
+                self.backend.submit(self._request(b, versions))
             self.state.next_submit += 1
 
     def offer(self, version: int, weights: Callable[[], dict[str, torch.Tensor]], b_training: int) -> None:
@@ -124,7 +126,21 @@ class Rollouts:
         if self.pushed - set(self.store.states):  # every batch submitted and not yet taken needs a kept version
             self.pushed &= set(self.store.states)
             self.backend.keep(self.pushed)
+        if version not in self.pushed and self._in_flight_need(version, b_training):
+            self._push(b_training, {version})  # a batch already submitted switches to it mid-response
         self.submit_ready(version, b_training)
+
+    def _request(self, b: int, versions: list[int]) -> RolloutRequest:
+        if self.inflight_every <= 0:
+            return RolloutRequest(b, versions)
+        return RolloutRequest(b, versions, self.inflight_every, self.sched.first_step(b))
+
+    def _in_flight_need(self, version: int, b_training: int) -> bool:
+        """Whether a batch submitted and not yet generated needs ``version`` (in-flight updates only)."""
+        if self.inflight_every <= 0:
+            return False
+        return any(version in self.store.needed(b) for b in range(b_training, self.state.next_submit)
+                   if b not in self.state.ready)  # fmt: skip
 
     def _push(self, b: int, versions: set[int]) -> None:
         """Send the engine side the weights of ``versions`` (which batch ``b`` needs and it does not hold yet)."""

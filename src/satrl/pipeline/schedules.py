@@ -80,6 +80,22 @@ def _async(S: int, n: int, k: int, seed: int) -> Schedule:
     return Schedule("async", S, version, max_lag=k, max_staleness=k)
 
 
+def inflight_version(start: int, cap: int, every: int, t: int) -> int:
+    """The version that samples decode step ``t`` (0-based) of a group the schedule starts at ``start``, under
+    in-flight updates every ``every`` tokens (``lag.inflight_every``; 0 = off): one version newer per ``every``
+    tokens, never past ``cap`` (:meth:`Schedule.first_step` of the batch: the newest version that exists before
+    the batch trains, so the engine never waits on the batch's own training). A pure function of the schedule,
+    never of timing, so a concurrent run equals its sequential replay (docs/design.md, "In-flight updates")."""
+    if every <= 0 or start >= cap:
+        return start
+    return min(start + t // every, cap)
+
+
+def inflight_versions(start: int, cap: int, every: int, tokens: int) -> set[int]:
+    """Every version that may sample one of ``tokens`` decode steps of a group started at ``start``."""
+    return set(range(start, inflight_version(start, cap, every, tokens - 1) + 1))
+
+
 def make_schedule(
     name: str, steps_per_batch: int, n: int = 1, max_staleness: int = 8, seed: int = 0, on_stale: str = "drop"
 ) -> Schedule:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from satrl import faults
+from satrl.pipeline.schedules import inflight_version
 from satrl.types import (
     Closable,
     GenerationRequest,
@@ -47,11 +48,16 @@ class WorkerSpec:
 
 @dataclass
 class RolloutRequest:
-    """Generate batch ``b``; group ``g`` with the weights of version ``versions[g]``. A request names versions
-    only: the weights reach the worker once per version (:meth:`RolloutWorker.put`, ``pipeline.weights``)."""
+    """Generate batch ``b``; group ``g`` starting with the weights of version ``versions[g]``. A request names
+    versions only: the weights reach the worker once per version (:meth:`RolloutWorker.put`, ``pipeline.weights``),
+    under in-flight updates possibly after the request (the worker then waits for them, :attr:`RolloutWorker.wait`)."""
 
     b: int
     versions: list[int]
+    # In-flight updates (``lag.inflight_every``): every this many decoded tokens a group moves one version on,
+    # up to ``cap`` (schedules.inflight_version). 0: each group keeps its version to the end.
+    inflight_every: int = 0
+    cap: int = 0
 
 
 class WeightsMissing(RuntimeError):
@@ -79,6 +85,9 @@ class RolloutWorker:
         self._stream = self.task.problems("train", spec.seed)
         self._cursor = 0  # index of the next batch the stream will serve
         self.weights: dict[int, Any] = {}  # version -> state dict (or a handle ``fetch`` turns into one)
+        # Takes the next weight-sync message (local backend): how an in-flight rollout waits for a version the
+        # trainer has not made yet. None: every version must be held already (sequential backend).
+        self.wait: Callable[[], None] | None = None
 
     def put(self, version: int, state: Any) -> None:
         """Hold the weights of ``version`` until :meth:`keep` no longer lists it."""
@@ -122,22 +131,37 @@ class RolloutWorker:
         torch.set_num_threads(self.spec.threads)  # fixed thread count: bitwise-stable numerics
         try:
             for version in sorted({req.versions[g] for g in groups}):
-                if self.engine.version != version:
-                    faults.point("engine.load_weights")
-                    state = self._held(req.b, version)
-                    self.engine.load_weights(state if fetch is None else fetch(state), version)
-                out += self._generate(req.b, [g for g in groups if req.versions[g] == version], problems)
+                self._use(req.b, version, fetch)
+                switch = self._switch(req, version, fetch) if req.inflight_every > 0 else None
+                out += self._generate(req.b, [g for g in groups if req.versions[g] == version], problems, switch)
         finally:
             torch.set_num_threads(threads)
         return sorted(out, key=lambda s: s.id)
 
-    def _held(self, b: int, version: int) -> Any:
+    def _use(self, b: int, version: int, fetch: Callable[[Any], dict] | None, wait: bool = False) -> None:
+        """Put the engine on ``version`` (a no-op if it is on it already)."""
+        if self.engine.version != version:
+            faults.point("engine.load_weights")
+            state = self._held(b, version, wait)
+            self.engine.load_weights(state if fetch is None else fetch(state), version)
+
+    def _switch(self, req: RolloutRequest, start: int, fetch: Callable[[Any], dict] | None) -> Callable[[int], None]:
+        """The engine's hook for in-flight updates: before decode step t, the version the schedule fixes for it
+        (waiting for the trainer to make it, on the local backend)."""
+        def switch(t: int) -> None:
+            self._use(req.b, inflight_version(start, req.cap, req.inflight_every, t), fetch, wait=True)
+
+        return switch
+
+    def _held(self, b: int, version: int, wait: bool = False) -> Any:
+        while wait and self.wait is not None and version not in self.weights:
+            self.wait()  # in flight: the trainer pushes this version once it has made it
         if version not in self.weights:
             raise WeightsMissing(f"batch {b} is generated with version {version}, whose weights the engine does not "
                                  f"hold (it holds {sorted(self.weights)}, and its engine is on {self.engine.version})")  # fmt: skip
         return self.weights[version]
 
-    def _generate(self, b: int, groups: list[int], problems: list[Problem]) -> list[Sample]:
+    def _generate(self, b: int, groups: list[int], problems: list[Problem], switch=None) -> list[Sample]:
         G, seed = self.spec.group_size, self.spec.seed
         requests, meta = [], []
         for g in groups:
@@ -146,7 +170,8 @@ class RolloutWorker:
                 rid = f"b{b:06d}-g{g:04d}-i{i:03d}"
                 requests.append(GenerationRequest(rid, list(prompt_ids), request_seed("rollout", seed, b, g, i)))
                 meta.append((g, problems[g]))
-        completions = self.engine.generate(requests, self.spec.sampling)
+        extra = {} if switch is None else {"switch": switch}  # only the torch engine switches (config refuses others)
+        completions = self.engine.generate(requests, self.spec.sampling, **extra)
         out = []
         for c, (g, problem) in zip(completions, meta):
             score = self._score(problem, c.text)
@@ -160,6 +185,7 @@ class RolloutWorker:
                 reward=score.reward,
                 routing=c.routing,
                 meta={"reward_timeout": True} if score.timed_out else {},
+                token_versions=c.token_versions,
             ))  # fmt: skip
         return out
 

@@ -251,15 +251,19 @@ class Trainer:
 
     @torch.no_grad()
     def version_logp(self, mb: Batch, snapshots: Snapshots) -> torch.Tensor | None:  # [B, T]
-        """log pi^(l) for each row's own version l (for the d = Delta_pi + Delta_impl split)."""
+        """log pi^(l) for each token's own version l (for the d = Delta_pi + Delta_impl split): one forward per
+        version present, each token picking its own. A row sampled by one version takes that forward whole, as
+        before in-flight updates; padding counts as the row's newest version."""
         out = torch.zeros(mb.mask.shape)
         row_version = torch.where(mb.mask, mb.versions, mb.versions.min()).max(1).values
-        for v in row_version.unique().tolist():
+        token_version = torch.where(mb.mask, mb.versions, row_version[:, None])  # [B, T]
+        for v in token_version.unique().tolist():
             state = snapshots(int(v))
             if state is None:
                 return None
-            rows = (row_version == v).nonzero().squeeze(1)
-            out[rows] = self.logp_with(state, split_rows(mb, rows))
+            rows = (token_version == v).any(1).nonzero().squeeze(1)
+            lp = self.logp_with(state, split_rows(mb, rows))
+            out[rows] = torch.where(token_version[rows] == v, lp, out[rows])
         return out
 
     # -- one rollout batch -------------------------------------------------------------------------
