@@ -69,7 +69,8 @@ def backend_options(cfg: RunConfig) -> dict:
     in this process, which cannot restart itself)."""
     e = cfg.engine
     if cfg.backend == "local":
-        return {"timeout_s": e.timeout_s, "start_timeout_s": e.start_timeout_s, "max_restarts": e.max_restarts}
+        return {"timeout_s": e.timeout_s, "start_timeout_s": e.start_timeout_s, "max_restarts": e.max_restarts,
+                "transport": cfg.weights.transport, "bucket_bytes": cfg.weights.bucket_mb * 2**20}  # fmt: skip
     if cfg.backend == "ray":
         return {"num_workers": cfg.ray.workers, "address": cfg.ray.address, "num_gpus": cfg.ray.gpus,
                 "timeout_s": e.timeout_s, "max_hang_restarts": e.max_restarts}  # fmt: skip

@@ -27,9 +27,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def _backend(group) -> str:
     """The group's backend name; a standalone group (a ``ProcessGroupGloo`` built on its own store, as the local
     backend's trainer-engine link is) is not in torch's registry of groups, and names itself."""
-    if isinstance(group, dist.ProcessGroup) and group not in dist.distributed_c10d._world.pg_map:
+    try:
+        return dist.get_backend(group)
+    except ValueError:  # "not initialized in the world group map"
+        if group is None:
+            raise
         return group.name()
-    return dist.get_backend(group)
 
 
 def _device(group) -> torch.device:
