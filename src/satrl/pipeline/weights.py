@@ -32,9 +32,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from satrl.config import ConfigError
 from satrl.pipeline.worker import RolloutRequest, RolloutWorker
 from satrl.weights import dist as wdist
-from satrl.weights.buckets import DEFAULT_BUCKET_BYTES, state_aliases, state_buckets
+from satrl.weights.buckets import DEFAULT_BUCKET_BYTES, aliases, state_aliases, state_buckets, unpack
 
 # ("weights", version, state) | ("dist", version) | ("keep", [versions]) | ("rollout", RolloutRequest)
 Message = tuple
@@ -78,6 +79,28 @@ def receive(worker: RolloutWorker, message: Message, inbox: Inbox | None = None)
     else:
         raise ValueError(f"unknown weight-sync message {kind!r}")
     return None
+
+
+def snapshot_source(trainer, transport: str, dtype: torch.dtype, bucket_bytes: int,
+                    decompose: bool) -> Callable[[], dict[str, torch.Tensor]]:  # fmt: skip
+    """What the snapshot store keeps of a version that pending batches need (``Rollouts.offer``): the trainer's
+    full fp32 CPU copy (``Trainer.weights``) under ``inproc``, and whenever the Δπ/Δimpl split
+    (``diagnostics.decompose``) reads it, since its log-probs must be today's; otherwise (``dist``) one copy in
+    the engine's ``dtype``, assembled from the trainer's bucket stream (``Trainer.weight_buckets``, gathered from
+    the shards under data parallel) without ever building an fp32 one. The engine rounds to ``dtype`` anyway, so
+    it generates with the same weights either way."""
+    if transport == "inproc" or decompose:
+        return trainer.weights
+    return lambda: unpack(trainer.weight_buckets(dtype, bucket_bytes), aliases(trainer.model))
+
+
+def check_snapshots(snapshots: dict[int, dict[str, torch.Tensor]], decompose: bool) -> None:
+    """Refuse (one line) to resume with ``diagnostics.decompose`` on from a checkpoint whose kept snapshots are
+    engine-dtype copies (written by a ``dist`` run without it): the split needs the exact fp32 weights."""
+    low = sorted(v for v, s in snapshots.items() if any(t.dtype != torch.float32 for t in s.values() if t.is_floating_point()))
+    if decompose and low:
+        raise ConfigError(f"diagnostics.decompose=true: the checkpoint keeps versions {low} in the engine's dtype only "
+                         f"(saved by a weights.transport=dist run without it); resume with diagnostics.decompose=false")  # fmt: skip
 
 
 def payload_weights(obj: Any) -> bool:

@@ -1,0 +1,115 @@
+"""`weights.transport`: `dist` (the trainer and the engine process in a two-process gloo group, each version
+broadcast once in the engine's dtype) gives the same samples and metrics as `inproc`, with fp32, bf16-weights
+and bf16 engines; a killed engine process re-joins and is fed again; what the snapshot store keeps; the refusals."""
+
+import signal
+
+import pytest
+import torch
+
+from run_helpers import TINY, engine_signaller, read_jsonl, stable
+from satrl.config import ConfigError, load_config
+from satrl.pipeline import orchestrator
+
+ARGS = ["steps=6", "lag.schedule=broadcast", "lag.n=3", "seed=2", "backend=local"]
+
+
+def _run(tmp_path, name: str, *overrides: str, on_step=None) -> tuple[list[dict], list[str]]:
+    """The run's stable metrics and the ids of the samples it trained on, in order."""
+    from satrl.training.trainer import Trainer
+
+    ids: list[str] = []
+    original = Trainer.step
+
+    def spy(self, mb, *args, **kwargs):
+        ids.extend(mb.sample_ids)
+        return original(self, mb, *args, **kwargs)
+
+    Trainer.step = spy
+    try:
+        cfg = load_config(None, [*TINY, *ARGS, *overrides, f"out={tmp_path / name}"])
+        orchestrator.train(cfg, on_step=on_step)
+    finally:
+        Trainer.step = original
+    return stable(read_jsonl(tmp_path / name / "metrics.jsonl")), ids
+
+
+@pytest.mark.parametrize("numerics", ["fp32", "bf16-weights"])
+def test_dist_equals_inproc(tmp_path, numerics):
+    """fp32 engine: fp32 buckets; bf16-weights (the default): bf16 buckets, which the engine rounds to anyway.
+    The Δπ/Δimpl split is on (the default), so the snapshot store keeps today's fp32 copies."""
+    inproc = _run(tmp_path, "inproc", f"engine.numerics={numerics}")
+    dist = _run(tmp_path, "dist", f"engine.numerics={numerics}", "weights.transport=dist", "weights.bucket_mb=1")
+    assert dist[1] == inproc[1] and len(dist[1]) > 0  # the same samples, in the same order
+    assert dist[0] == inproc[0]  # every metric, bit for bit
+
+
+def test_dist_with_a_bf16_moe_engine_and_engine_dtype_snapshots(tmp_path):
+    """A bf16 engine on the MoE policy, the split off: the snapshot store keeps bf16 copies built from the
+    trainer's bucket stream, and the run still equals inproc (which keeps fp32 copies)."""
+    common = ("engine.numerics=bf16", "model.name=tiny-arith-moe", "diagnostics.decompose=false")
+    inproc = _run(tmp_path, "inproc", *common)
+    dist = _run(tmp_path, "dist", *common, "weights.transport=dist")
+    assert dist == inproc
+    from satrl.pipeline.rundir import RunState
+    from satrl.training.checkpoint import load_checkpoint
+    from satrl.types import Sample
+
+    last = sorted((tmp_path / "dist" / "checkpoints").glob("step-*"))[-1]
+    _, state = load_checkpoint(last, {"RunState": RunState, "Sample": Sample})
+    kept = [t for s in state["snapshots"].values() for t in s.values() if t.is_floating_point()]
+    assert kept and all(t.dtype == torch.bfloat16 for t in kept)  # one bf16 copy per kept version, no fp32 one
+
+
+def test_a_killed_engine_rejoins_and_is_fed_again(tmp_path, monkeypatch):
+    ref = _run(tmp_path, "ref", "steps=8")
+    made = []
+    make = orchestrator.make_backend
+    monkeypatch.setattr(orchestrator, "make_backend", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
+    on_step, killed = engine_signaller(made, signal.SIGKILL, 2)
+    got = _run(tmp_path, "killed", "steps=8", "weights.transport=dist", on_step=on_step)
+    assert len(set(killed)) == 2 and made[0].restarts >= 2
+    assert got == ref
+
+
+def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32():
+    from satrl.models import load_policy
+    from satrl.objectives import resolve_objective
+    from satrl.pipeline.weights import snapshot_source
+    from satrl.training.trainer import Trainer
+
+    model, _ = load_policy("tiny-arith")
+    trainer = Trainer(model, resolve_objective("grpo"), lr=1e-4)
+    assert snapshot_source(trainer, "dist", torch.bfloat16, 1 << 20, decompose=True) == trainer.weights
+    assert snapshot_source(trainer, "inproc", torch.bfloat16, 1 << 20, decompose=False) == trainer.weights
+    copy = snapshot_source(trainer, "dist", torch.bfloat16, 4096, decompose=False)()
+    want = trainer.model.state_dict()
+    assert copy.keys() == want.keys()
+    assert all(torch.equal(copy[k], v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in want.items())
+
+
+def test_resuming_the_split_from_engine_dtype_snapshots_is_refused():
+    from satrl.pipeline.weights import check_snapshots
+
+    bf16 = {3: {"w": torch.zeros(2, dtype=torch.bfloat16)}}
+    check_snapshots(bf16, decompose=False)
+    check_snapshots({3: {"w": torch.zeros(2)}}, decompose=True)
+    with pytest.raises(ConfigError, match=r"diagnostics.decompose=true: .* versions \[3\] in the engine's dtype"):
+        check_snapshots(bf16, decompose=True)
+
+
+@pytest.mark.parametrize("backend", ["sequential", "ray"])
+def test_dist_on_another_backend_is_one_config_line(backend):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"backend={backend}", "weights.transport=dist"])
+    assert str(err.value) == (f"invalid config: weights.transport=dist: only backend=local supports it "
+                              f"(got backend={backend}); use weights.transport=inproc")  # fmt: skip
+
+
+def test_cli_exits_2_on_it(tmp_path, capsys):
+    from satrl.cli import main
+
+    code = main(["train", f"out={tmp_path / 'x'}", "backend=sequential", "weights.transport=dist"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "weights.transport=dist" in err[0]
