@@ -113,3 +113,29 @@ def test_cli_exits_2_on_it(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "weights.transport=dist" in err[0]
+
+
+@pytest.mark.slow
+def test_data_parallel_dist_equals_one_process(tmp_path):
+    """torchrun, 2 ranks, rank 0's engine process fed over `dist` from the ranks' joint bucket stream (the split
+    off, so the store keeps bf16 copies): the same samples as one process on `inproc`, every other metric
+    within data parallel's tolerance (docs/design.md, "Data parallel"). About 50 s on 2 cores."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from run_helpers import REPO, same_samples_diff
+
+    args = [*TINY, "steps=6", "lag.n=2", "seed=5", "eval.every=3", "train.microbatch_tokens=40", "backend=local",
+            "diagnostics.decompose=false"]  # fmt: skip
+    config = REPO / "configs" / "sat_grpo.yaml"
+    orchestrator.train(load_config(config, [*args, f"out={tmp_path / 'one'}"]))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "satrl", "train", str(config), *args,
+           "weights.transport=dist", f"out={tmp_path / 'dp'}", "--no-progress"]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, dp = (read_jsonl(tmp_path / n / "metrics.jsonl") for n in ("one", "dp"))
+    assert len(one) == 6 and same_samples_diff(one, dp, rtol=1e-5, atol=1e-9) == []
