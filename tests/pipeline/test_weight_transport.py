@@ -72,6 +72,21 @@ def test_a_killed_engine_rejoins_and_is_fed_again(tmp_path, monkeypatch):
     assert got == ref
 
 
+@pytest.mark.slow  # about a minute: two hangs of 3 s, one of them in start-up (30 s)
+def test_a_stopped_engine_is_replaced_and_fed_again(tmp_path, monkeypatch):
+    """SIGSTOP: the engine process neither rolls out nor receives; past engine.timeout_s (a rollout's deadline, or
+    a broadcast's send timeout) it is killed, and the new one joins its own group and gets the held versions."""
+    ref = _run(tmp_path, "ref", "steps=8")
+    made = []
+    make = orchestrator.make_backend
+    monkeypatch.setattr(orchestrator, "make_backend", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
+    on_step, stopped = engine_signaller(made, signal.SIGSTOP, 2)
+    got = _run(tmp_path, "hung", "steps=8", "weights.transport=dist", "engine.timeout_s=3", "engine.start_timeout_s=30",
+               on_step=on_step)  # the second stop may catch the new process while it starts
+    assert len(set(stopped)) == 2 and made[0].restarts == 2
+    assert got == ref
+
+
 def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32():
     from satrl.models import load_policy
     from satrl.objectives import resolve_objective
