@@ -154,3 +154,21 @@ def test_data_parallel_dist_equals_one_process(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     one, dp = (read_jsonl(tmp_path / n / "metrics.jsonl") for n in ("one", "dp"))
     assert len(one) == 6 and same_samples_diff(one, dp, rtol=1e-5, atol=1e-9) == []
+
+
+def test_an_engine_that_fails_to_start_is_an_error_not_a_hang(tmp_path):
+    """Under dist the first push waits for the engine process to join: one that fails at start-up is its
+    error in the parent (read from the results pipe), never a wait for the group."""
+    from satrl.pipeline.backends import ProcessBackend
+    from satrl.pipeline.setup import worker_spec
+    from satrl.pipeline.worker import RolloutRequest
+
+    spec = worker_spec(load_config(None, [*TINY, "engine.kwargs={bogus: 1}", f"out={tmp_path / 'run'}"]))
+    backend = ProcessBackend(spec, timeout_s=60, start_timeout_s=120, transport="dist")
+    try:
+        with pytest.raises(Exception, match="engine"):
+            backend.push(0, {"w": torch.zeros(2)})
+            backend.submit(RolloutRequest(0, [0] * 4))
+            backend.result(0)
+    finally:
+        backend.close()
