@@ -10,9 +10,11 @@ trainer's policy and a second one for the engine's. Two paths, each timed over `
   engine process is not counted (the real cost is higher). Until 2026-12-02 every rollout request carried such a
   copy (up to lag + 1 pickles per version under the broadcast schedule, one copy per queued request); since then
   the local backend pickles each version once.
-- **dist**: the trainer's bucket stream (`satrl.weights.buckets`, bf16, 256 MiB buckets) broadcast over a gloo
-  group to an engine process that loads it (`satrl.weights.dist`), once per version. Timed from the first bucket
-  to the engine's loaded weights (a barrier after the load).
+- **dist** (`weights.transport=dist`, the local backend's real path): per version, the copy the snapshot store
+  keeps, then `DistTransport.push` (bf16 buckets of 256 MiB over the trainer's own two-process gloo group) to an
+  engine process that receives on its inbox thread and loads it. With `diagnostics.decompose` off the store keeps
+  a bf16 copy built from the trainer's bucket stream (`Trainer.weight_buckets`); with it on (row "split on") the
+  trainer's fp32 copy, as inproc does. Timed from the start of the copy to the engine's "loaded" message.
 
 Peak host memory: the largest resident-set growth of the trainer's process over its size before the transfer
 (sampled every 2 ms), in GiB, next to the size of one bf16 copy of the weights.
@@ -23,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
-import socket
 import statistics
 import threading
 import time
@@ -86,56 +87,56 @@ def bytes_path(shape: dict, vocab: int, versions: int) -> dict:
             "bytes": sum(t.numel() * t.element_size() for t in trainer.state_dict().values())}  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _engine(link, shape: dict, vocab: int, versions: int, loaded) -> None:
+    """The engine process of the local backend's ``dist`` transport: joins the trainer's group, receives each
+    version on its inbox thread and loads it; says so on ``loaded``."""
+    from satrl.pipeline.weights import Inbox
 
-
-def _dist_rank(rank: int, port: int, shape: dict, vocab: int, versions: int, out) -> None:
-    import torch.distributed as dist
-
-    from satrl.weights.buckets import aliases, buckets
-    from satrl.weights.dist import receive, send
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
     model = random_qwen3(shape, shape["num_hidden_layers"], vocab)
-    times, peaks = [], []
+    inbox = Inbox(link)
     for v in range(versions):
-        dist.barrier()
+        state = inbox.take(v)
+        model.load_state_dict(state)
+        del state
+        loaded.put(v)
+
+
+def dist_path(shape: dict, vocab: int, versions: int, keep: str = "bf16") -> dict:
+    """The real ``dist`` path of the local backend, per version: what the snapshot store keeps (``keep="bf16"``:
+    a bf16 copy built from the trainer's bucket stream, ``Trainer.weight_buckets``, when the split is off;
+    ``"fp32"``: ``Trainer.weights``' fp32 copy, when it is on), then ``DistTransport.push`` (bf16 buckets over
+    a standalone gloo group) to an engine process that loads it. Timed to the engine's "loaded"."""
+    from satrl.pipeline.weights import DistTransport
+    from satrl.training.trainer import cpu_copy
+    from satrl.weights.buckets import aliases, buckets, unpack
+
+    ctx = torch.multiprocessing.get_context("spawn")
+    loaded = ctx.Queue()
+    trainer = random_qwen3(shape, shape["num_hidden_layers"], vocab)
+    transport = DistTransport(lambda message: None, torch.bfloat16)  # markers order the queue: none here
+    link = transport.open(lambda: proc.is_alive())
+    proc = ctx.Process(target=_engine, args=(link, shape, vocab, versions + 1, loaded))
+    proc.start()
+    times, peaks = [], []
+    for v in range(versions + 1):  # version 0 waits for the engine process to start and join: not counted
         with PeakRss() as mem:
             t0 = time.perf_counter()
-            if rank == 0:
-                send(v, buckets(model), aliases(model))
-            else:
-                version, state = receive()
-                model.load_state_dict(state)
-                del state
-            dist.barrier()  # the version is loaded on the engine side
+            kept = cpu_copy(trainer) if keep == "fp32" else unpack(buckets(trainer, torch.bfloat16), aliases(trainer))
+            transport.push(v, kept)
+            assert loaded.get(timeout=1800) == v
             times.append(time.perf_counter() - t0)
+            transport.keep(set())
+            del kept
         peaks.append(mem.peak)
-    if rank == 0:
-        out.put({"sync_s": statistics.median(times), "peak": max(peaks)})
-    dist.destroy_process_group()
+    times, peaks = times[1:], peaks[1:]
+    proc.join(timeout=60)
+    if proc.exitcode:
+        raise RuntimeError(f"engine process exited with {proc.exitcode}")
+    return {"sync_s": statistics.median(times), "peak": max(peaks)}
 
 
-def dist_path(shape: dict, vocab: int, versions: int) -> dict:
-    ctx = torch.multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_dist_rank, args=(r, port, shape, vocab, versions, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    res = out.get(timeout=1800)
-    for p in procs:
-        p.join()
-        if p.exitcode:
-            raise RuntimeError(f"dist rank exited with {p.exitcode}")
-    return res
-
-
-def report(name: str, today: dict, new: dict, versions: int) -> str:
+def report(name: str, today: dict, new: dict, versions: int, split_on: dict | None = None) -> str:
     bf16 = today["bytes"] / 2 / GiB
     per_version = today["pack_s"] + today["load_s"]
     rows = [
@@ -146,6 +147,9 @@ def report(name: str, today: dict, new: dict, versions: int) -> str:
         f"| dist (gloo, bf16 buckets) | {new['sync_s']:.2f} | — | — | {new['peak'] / GiB:.2f} | "
         f"{new['peak'] / GiB / bf16:.1f} |",
     ]
+    if split_on is not None:
+        rows.append(f"| dist, split on (store keeps fp32, bf16 buckets) | {split_on['sync_s']:.2f} | — | — | "
+                    f"{split_on['peak'] / GiB:.2f} | {split_on['peak'] / GiB / bf16:.1f} |")  # fmt: skip
     return (f"{name}: fp32 state dict {today['bytes'] / GiB:.2f} GiB (tied head counted twice, as pickled), one bf16 "
             f"copy {bf16:.2f} GiB; median of {versions} versions.\n\n" + "\n".join(rows) + "\n\n"
             f"Speed-up per version: {per_version / new['sync_s']:.1f}x (the bytes path once per version; before "
@@ -160,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     name, shape, vocab = ("tiny", QUICK_SHAPES["tiny"], 1000) if args.quick else ("Qwen3-0.6B", SHAPES["0.6B"], VOCAB)
     today = bytes_path(shape, vocab, args.versions)
-    new = dist_path(shape, vocab, args.versions)
-    body = report(name, today, new, args.versions)
+    new = dist_path(shape, vocab, args.versions, keep="bf16")
+    split_on = dist_path(shape, vocab, args.versions, keep="fp32")
+    body = report(name, today, new, args.versions, split_on)
     print(body)
     if not args.quick:
         from benchmarks._report import write_section

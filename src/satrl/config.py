@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from satrl.diagnostics.collapse import CollapseConfig
 from satrl.objectives.presets import PRESETS, SLOTS, ObjectiveSpec
@@ -196,6 +196,19 @@ class DiagnosticsConfig(_Strict):
     decompose: bool = Field(True, description="Split d into policy lag and implementation mismatch (extra forward).")
 
 
+class WeightsConfig(_Strict):
+    """How each version's weights reach the engine side (docs/design.md, "Weights travel once per version").
+    Either way every version travels once and the engine side holds exactly the versions pending batches need."""
+
+    transport: Literal["inproc", "dist"] = Field(
+        "inproc", description="inproc: a call (sequential), one pickled state dict per version on the local "
+        "backend's queue, Ray's object store; dist: backend=local only, a 2-process torch.distributed group (gloo) "
+        "between the trainer and the engine process, each version broadcast once as buckets in the engine's dtype.",
+    )  # fmt: skip
+    bucket_mb: int = Field(256, ge=1, le=2**20, description="dist: the most MiB per broadcast bucket (a larger "
+                           "single tensor gets a bucket of its own).")  # fmt: skip
+
+
 class CheckpointConfig(_Strict):
     every: int = Field(10, ge=1, description="Checkpoint every this many rollout batches.")
 
@@ -220,6 +233,14 @@ class RunConfig(_Strict):
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     collapse: CollapseConfig = Field(default_factory=CollapseConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+
+    @model_validator(mode="after")
+    def _transport_fits_backend(self) -> RunConfig:
+        if self.weights.transport == "dist" and self.backend != "local":
+            raise ValueError(f"weights.transport=dist: only backend=local supports it (got backend={self.backend}); "
+                             f"use weights.transport=inproc")  # fmt: skip
+        return self
 
     @property
     def trainer_threads(self) -> int:
@@ -281,7 +302,7 @@ def _one_line(err: BaseException) -> str:
 
 def _format_error(err: ValidationError) -> str:
     first = err.errors()[0]
-    field = ".".join(_show(p) for p in first["loc"]) or "config"
+    field = ".".join(_show(p) for p in first["loc"])
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         section = _section_for(first["loc"][:-1])
@@ -290,7 +311,7 @@ def _format_error(err: ValidationError) -> str:
         msg = str(first["ctx"]["error"])  # our own message (e.g. a registry's), without pydantic's "Value error, "
     elif first["type"] == "literal_error":
         msg = f"got {first.get('input')!r}; {msg}"
-    return f"invalid config: {field}: {msg}"
+    return f"invalid config: {field}: {msg}" if field else f"invalid config: {msg}"  # a check across sections
 
 
 def _section_for(loc: tuple) -> type[BaseModel]:

@@ -118,3 +118,24 @@ def _sharded_stream(rank: int) -> None:
 
 def test_a_sharded_model_streams_its_full_weights():
     _spawn(_sharded_stream)
+
+
+def test_the_data_parallel_trainer_streams_its_full_weights(tmp_path):
+    """``DPTrainer.weight_buckets`` under torchrun (2 ranks): rank 0 drives, the other joins the announced call."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from run_helpers import REPO
+
+    out = tmp_path / "report.json"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    worker = Path(__file__).with_name("dp_buckets_worker.py")
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", str(worker), str(out)], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["keys_equal"] and got["max_diff"] < 1e-5 and got["bf16_is_rounded_fp32"]
+    assert got["bf16_dtypes"] == ["torch.bfloat16"]

@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 
 from satrl.models.loading import PolicyLoadError
-from satrl.pipeline.weights import InprocTransport, receive
+from satrl.pipeline.weights import DistTransport, Inbox, InprocTransport, Link, LinkDown, receive
 from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
 from satrl.registry import Registry
 from satrl.tasks import TaskError
@@ -96,11 +96,13 @@ class SequentialBackend:
         self.worker.close()
 
 
-def _serve(spec: WorkerSpec, requests: mp.Queue, results: Connection) -> None:
+def _serve(spec: WorkerSpec, requests: mp.Queue, results: Connection, link: Link | None = None) -> None:
     """Child-process loop. Payloads are pickled by hand so tensors are copied, never fd-shared. Results go
     back over a pipe whose only writer is this process, so the parent sees this process's death as EOF
     (even mid-message) instead of waiting forever; a sender thread keeps generation from waiting on the
-    parent to read."""
+    parent to read. ``link``: transport ``dist``, join the trainer's group first (weights arrive there while
+    the engine loads)."""
+    inbox = Inbox(link) if link is not None else None
     outbox: queue.Queue = queue.Queue()
 
     def send() -> None:
@@ -123,7 +125,7 @@ def _serve(spec: WorkerSpec, requests: mp.Queue, results: Connection) -> None:
             return
         outbox.put(pickle.dumps((READY, 0.0, None)))  # start-up is over: the rollout deadline starts now
         try:
-            _serve_loop(worker, requests, outbox)
+            _serve_loop(worker, requests, outbox, inbox)
         finally:  # a child process skips atexit handlers: stop the engine's own processes (vLLM) here
             worker.close()
     finally:
@@ -135,7 +137,7 @@ class _Stop(Exception):
     """The parent said stop (or is gone) while an in-flight rollout waited for weights."""
 
 
-def _serve_loop(worker: RolloutWorker, requests: mp.Queue, outbox: queue.Queue) -> None:
+def _serve_loop(worker: RolloutWorker, requests: mp.Queue, outbox: queue.Queue, inbox: Inbox | None) -> None:
     parent = mp.parent_process()
     pending: collections.deque[RolloutRequest] = collections.deque()
 
@@ -149,7 +151,7 @@ def _serve_loop(worker: RolloutWorker, requests: mp.Queue, outbox: queue.Queue) 
                     raise _Stop from None
         if payload is None:
             raise _Stop
-        req = receive(worker, pickle.loads(payload))
+        req = receive(worker, pickle.loads(payload), inbox)  # a dist marker waits for its broadcast
         if req is not None:
             pending.append(req)
 
@@ -193,10 +195,14 @@ class ProcessBackend:
             (config ``engine.timeout_s``); the clock restarts at each result and when an idle engine gets work.
         start_timeout_s: the most seconds an engine process may take to start (``engine.start_timeout_s``).
         max_restarts: engine faults in a row tolerated (``engine.max_restarts``).
+        transport: ``inproc`` (each version pickled onto the request queue) or ``dist`` (broadcast over a gloo
+            group with the engine process, ``pipeline.weights.DistTransport``; ``weights.transport``).
+        bucket_bytes: ``dist``'s most bytes per bucket (``weights.bucket_mb``).
     """
 
     def __init__(
-        self, spec: WorkerSpec, timeout_s: float = 1800.0, max_restarts: int = 3, start_timeout_s: float = 1800.0
+        self, spec: WorkerSpec, timeout_s: float = 1800.0, max_restarts: int = 3, start_timeout_s: float = 1800.0,
+        transport: str = "inproc", bucket_bytes: int = 256 * 2**20,
     ) -> None:
         self.spec, self.timeout_s, self.max_restarts = spec, timeout_s, max_restarts
         self.start_timeout_s = start_timeout_s
@@ -206,24 +212,45 @@ class ProcessBackend:
         self.restarts = 0  # engine processes started after a death or hang, over the run
         self._deaths = 0  # faults since the last result
         self._busy = 0.0
-        self.transport = InprocTransport(self._send)  # each version pickled once, on this (the trainer's) thread
+        self.transport = self._transport(transport, bucket_bytes)
         self._start()
+
+    def _transport(self, name: str, bucket_bytes: int) -> InprocTransport | DistTransport:
+        if name == "inproc":
+            return InprocTransport(self._send)  # each version pickled once, on this (the trainer's) thread
+        if name != "dist":
+            raise ValueError(f"weights.transport: unknown transport {name!r}")
+        from satrl.engines.torch_engine import resolve_numerics
+
+        dtype = resolve_numerics(self.spec.numerics).weights  # the engine rounds to it anyway: same weights, fewer bytes
+        return DistTransport(self._send, dtype, bucket_bytes, self.timeout_s, self.start_timeout_s)
 
     def _send(self, message: tuple) -> None:
         self.requests.put(pickle.dumps(message))
 
     def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
-        self.transport.push(version, state)
+        try:
+            self.transport.push(version, state)
+        except LinkDown:  # dist: the engine died or hung; the restart feeds the new one this version too
+            self._link_down()
 
     def keep(self, versions: set[int]) -> None:
         self.transport.keep(versions)
 
+    def _link_down(self) -> None:
+        """A broadcast failed: raise what a dead engine reported (bad input), else restart it (dead or hung)."""
+        restarts = self.restarts
+        self._drain(block=False)  # reads a reported error (raises it) or the dead child's EOF (restarts it)
+        if self.restarts == restarts:
+            self._restart(hung=self.proc.is_alive())
+
     def _start(self) -> None:
         self.requests = self.ctx.Queue()
         self.results, child_end = self.ctx.Pipe(duplex=False)
+        link = self.transport.open(lambda: self.proc.is_alive()) if isinstance(self.transport, DistTransport) else None
         # Not a daemon: daemonic processes may not have children, and vLLM starts its own. The child exits
         # when told (close), or by itself when this process is gone.
-        self.proc = self.ctx.Process(target=_serve, args=(self.spec, self.requests, child_end), daemon=False)
+        self.proc = self.ctx.Process(target=_serve, args=(self.spec, self.requests, child_end, link), daemon=False)
         self.proc.start()
         child_end.close()  # the child now holds the only write end: its death reads as EOF here
         self._started, self._since = False, time.monotonic()  # the deadline's clock: start-up first
@@ -247,7 +274,10 @@ class ProcessBackend:
         self.restarts += 1
         print(f"satrl: engine process {why}; restarted it ({self._deaths}/{self.max_restarts}), "
               f"re-issuing batches {sorted(self.in_flight)}", file=sys.stderr)  # fmt: skip
-        self.transport.replay()  # the weights the lost engine held, then its requests
+        try:
+            self.transport.replay()  # the weights the lost engine held, then its requests
+        except LinkDown:  # the new one failed too: the next restart (counted) re-issues everything
+            return self._link_down()
         for b in sorted(self.in_flight):
             self._send(("rollout", self.in_flight[b]))
 
@@ -316,6 +346,8 @@ class ProcessBackend:
         self.requests.cancel_join_thread()
         self.requests.close()
         self.results.close()
+        if isinstance(self.transport, DistTransport):
+            self.transport.close()
 
     def close(self) -> None:
         self._stop()

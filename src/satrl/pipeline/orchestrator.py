@@ -30,8 +30,10 @@ from satrl.pipeline.setup import (
     build_run_dir,
     build_trainer,
     check_context,
+    snapshot_weights,
     worker_spec,
 )
+from satrl.pipeline.weights import check_snapshots
 from satrl.provenance import record_session
 from satrl.tasks import make_task
 from satrl.training import checkpoint as ckpt
@@ -59,7 +61,8 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
     sched = make_schedule(cfg.lag.schedule, S, cfg.lag.n, cfg.lag.max_staleness, cfg.seed, cfg.lag.on_stale)
     K, N = cfg.lag.inflight_every, cfg.engine.max_new_tokens
     rollouts = Rollouts(sched, lambda b: _versions(sched, b, P, K, N), P, n_batches, inflight_every=K)
-    state = _resume(run, trainer, rollouts, cfg.steps) if resume else _fresh(run, trainer, rollouts)
+    keep = snapshot_weights(cfg, trainer)  # what the snapshot store keeps of a version (fp32, or the engine's dtype)
+    state = _resume(run, trainer, rollouts, cfg, keep) if resume else _fresh(run, rollouts, keep)
     record_session(run.path, trainer.version, cfg.trainer_threads)  # environment.json: code and machine kind
     evaluator = build_evaluator(cfg, tokenizer, task)
     evaluator.prepare()
@@ -73,7 +76,7 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
             batch = collate(got.samples, pad_id(tokenizer))
             t0 = time.perf_counter()
             for metrics, rows in trainer.train_batch(batch, b, rollouts.store.get, stop_at=cfg.steps):  # train it
-                rollouts.offer(trainer.version, trainer.weights, b)  # push the new weights
+                rollouts.offer(trainer.version, keep, b)  # push the new weights
                 metrics.update(_batch_metrics(batch, rows, time.perf_counter() - t0, got, rollouts))
                 got = Taken(got.samples, 0.0, 0, 0, 0)  # waits, drops, holds, timeouts: logged on the first step
                 run.log_step(trainer.version, metrics)
@@ -100,24 +103,25 @@ def _versions(sched: Schedule, b: int, P: int, every: int = 0, tokens: int = 1) 
     return set().union(*(inflight_versions(sched.version(b, g), cap, every, tokens) for g in range(P)))
 
 
-def _fresh(run: RunDir, trainer: TrainerLike, rollouts: Rollouts) -> RunState:
+def _fresh(run: RunDir, rollouts: Rollouts, keep: Callable[[], dict]) -> RunState:
     state = run.fresh()
-    rollouts.fresh(state, trainer.weights)
+    rollouts.fresh(state, keep)
     return state
 
 
-def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, steps: int) -> RunState:
+def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfig, keep: Callable[[], dict]) -> RunState:
     """Apply the run's latest checkpoint (or start over if it has none), check that its settings can go on to
     ``steps``, and only then rewrite ``config.yaml``: a setting that cannot continue leaves it as it was."""
-    loaded = run.load()
+    loaded, steps = run.load(), cfg.steps
     if loaded is None:
-        return _fresh(run, trainer, rollouts)
+        return _fresh(run, rollouts, keep)
+    check_snapshots(loaded.snapshots, cfg.diagnostics.decompose)
     with ckpt.applying(loaded.path):  # a state of the wrong structure is one line naming the checkpoint
         trainer.load_weights(loaded.weights)
         trainer.load_state_dict(loaded.trainer)
         trainer.read_shards(loaded.path)  # data parallel: model and optimizer shards (DCP); nothing on one device
         torch.set_rng_state(loaded.rng)
-        rollouts.restore(loaded, trainer.version, trainer.weights)
+        rollouts.restore(loaded, trainer.version, keep)
     run.resume_at(trainer.version, rollouts.state, loaded.wall_s)
     rollouts.check_continuable(trainer.version, steps)
     run.save_config()

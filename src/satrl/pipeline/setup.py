@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from satrl.config import ConfigError, RunConfig
 from satrl.models import load_policy
 from satrl.pipeline.data_parallel import trainer_factory
@@ -69,11 +71,21 @@ def backend_options(cfg: RunConfig) -> dict:
     in this process, which cannot restart itself)."""
     e = cfg.engine
     if cfg.backend == "local":
-        return {"timeout_s": e.timeout_s, "start_timeout_s": e.start_timeout_s, "max_restarts": e.max_restarts}
+        return {"timeout_s": e.timeout_s, "start_timeout_s": e.start_timeout_s, "max_restarts": e.max_restarts,
+                "transport": cfg.weights.transport, "bucket_bytes": cfg.weights.bucket_mb * 2**20}  # fmt: skip
     if cfg.backend == "ray":
         return {"num_workers": cfg.ray.workers, "address": cfg.ray.address, "num_gpus": cfg.ray.gpus,
                 "timeout_s": e.timeout_s, "max_hang_restarts": e.max_restarts}  # fmt: skip
     return {}
+
+
+def snapshot_weights(cfg: RunConfig, trainer) -> Callable[[], dict]:
+    """The weights the snapshot store keeps per version (``pipeline.weights.snapshot_source``)."""
+    from satrl.engines.torch_engine import resolve_numerics
+    from satrl.pipeline.weights import snapshot_source
+
+    dtype = resolve_numerics(cfg.engine.numerics).weights
+    return snapshot_source(trainer, cfg.weights.transport, dtype, cfg.weights.bucket_mb * 2**20, cfg.diagnostics.decompose)
 
 
 def check_context(cfg: RunConfig, model, tokenizer, problems) -> None:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from satrl.training.dist_channel import Channel
 
 # Ops on the control channel (rank 0 -> the others).
-START, STEP, LOGP, GATHER, LOAD_WEIGHTS, SAVE, LOAD, STOP = range(8)
+START, STEP, LOGP, GATHER, LOAD_WEIGHTS, SAVE, LOAD, STOP, BUCKETS = range(9)
 CONTROL_TIMEOUT = datetime.timedelta(days=7)  # the others wait on rank 0's loop: generation, evaluation, I/O
 
 

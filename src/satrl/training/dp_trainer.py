@@ -17,7 +17,7 @@ others receive it in :meth:`DPTrainer.follow`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -27,6 +27,8 @@ from satrl.training import dp as dpm
 from satrl.training.dist_channel import Message
 from satrl.training.trainer import Trainer, plan_microbatches
 from satrl.types import Batch
+from satrl.weights.buckets import Bucket
+from satrl.weights.dist import DTYPES
 
 BATCH_FIELDS = ("input_ids", "attention_mask", "prompt_len", "mask", "response_ids", "behavior_logp", "versions",
                 "rewards", "group_index", "routing")  # fmt: skip
@@ -95,6 +97,9 @@ class DPTrainer(Trainer):
         elif msg.op == dpm.GATHER:
             self.version = msg.ints[0]
             self.weights()
+        elif msg.op == dpm.BUCKETS:
+            for _ in self.weight_buckets(DTYPES[msg.text] if msg.text else None, msg.ints[0]):
+                pass  # every rank gathers each parameter; only rank 0 keeps the buckets
         elif msg.op == dpm.LOAD_WEIGHTS:
             self.load_weights({})
         elif msg.op == dpm.SAVE:
@@ -174,6 +179,14 @@ class DPTrainer(Trainer):
                 seen.add(v.data_ptr())
             self._weights = (self.version, full)
         return self._weights[1]
+
+    def weight_buckets(self, dtype: torch.dtype | None, bucket_bytes: int) -> Iterator[Bucket]:
+        """The full weights as buckets, gathered from the shards one parameter at a time: every rank walks the
+        stream together (announced), rank 0 yields it. Consume it to the end: the others are in its collectives."""
+        name = str(dtype).removeprefix("torch.") if dtype is not None else ""
+        with self._joined(dpm.BUCKETS, ints=[bucket_bytes], text=name):
+            self._reshard()  # FSDP keeps the root gathered after a forward: start from plain shards
+            yield from super().weight_buckets(dtype, bucket_bytes)
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Set the policy's weights from rank 0's full ``weights`` (ignored elsewhere)."""

@@ -23,6 +23,7 @@ from satrl.tensors import scoring_positions
 from satrl.training.advantages import group_advantages
 from satrl.training.logprobs import response_logp
 from satrl.types import Batch
+from satrl.weights.buckets import Bucket, buckets
 
 __all__ = ["Trainer", "cpu_copy", "microbatches", "plan_microbatches", "response_logp", "split_rows", "to_device"]
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -201,6 +202,12 @@ class Trainer:
         if self._weights is None or self._weights[0] != self.version:
             self._weights = (self.version, cpu_copy(self.model))
         return self._weights[1]
+
+    def weight_buckets(self, dtype: torch.dtype | None, bucket_bytes: int) -> Iterator[Bucket]:
+        """The current weights as a stream of flat buckets in ``dtype`` (None: as held), tied weights once
+        (``satrl.weights.buckets``): at most one bucket on the host at a time, never a full fp32 copy. The
+        ``dist`` transport's source; consume it to the end before the next step."""
+        return buckets(self.model, dtype, bucket_bytes)
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Set the policy's weights (resume from a checkpoint)."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Bucket", "DEFAULT_BUCKET_BYTES", "aliases", "buckets", "unpack"]
+__all__ = ["Bucket", "DEFAULT_BUCKET_BYTES", "aliases", "buckets", "state_aliases", "state_buckets", "unpack"]
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20  # large enough to amortise a collective, small next to any GPU's memory
 
@@ -55,9 +55,14 @@ def _storage_key(t: torch.Tensor) -> tuple:
 def aliases(model: torch.nn.Module) -> dict[str, str]:
     """state-dict name -> the earlier name whose tensor it shares (tied weights), e.g.
     ``{"lm_head.weight": "model.embed_tokens.weight"}``. Those names are not streamed."""
+    return state_aliases(model.state_dict(keep_vars=True))
+
+
+def state_aliases(state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """:func:`aliases` of a state dict: names whose tensor shares storage, offset and shape with an earlier one."""
     first: dict[tuple, str] = {}
     out = {}
-    for name, t in model.state_dict(keep_vars=True).items():
+    for name, t in state.items():
         key = _storage_key(t)
         if key in first:
             out[name] = first[key]
@@ -69,17 +74,29 @@ def aliases(model: torch.nn.Module) -> dict[str, str]:
 def buckets(model: torch.nn.Module, dtype: torch.dtype | None = torch.bfloat16,
             bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[Bucket]:  # fmt: skip
     """The model's state dict (aliases once) as buckets of at most ``bucket_bytes`` in ``dtype`` on the CPU (a
-    single larger tensor gets a bucket of its own). ``dtype=None`` keeps each tensor's dtype, cutting a bucket
-    where it changes. Gathers sharded (DTensor) entries one at a time: collective, so every rank iterates."""
+    single larger tensor gets a bucket of its own). ``dtype=None`` keeps each tensor's dtype; only floating
+    tensors are cast, and a bucket is cut where the dtype changes. Gathers sharded (DTensor) entries one at a
+    time: collective, so every rank iterates."""
     skip = aliases(model)
+    items = ((k, t.full_tensor() if hasattr(t, "full_tensor") else t) for k, t in model.state_dict().items() if k not in skip)
+    return _pack(items, dtype, bucket_bytes)
+
+
+def state_buckets(state: dict[str, torch.Tensor], dtype: torch.dtype | None = torch.bfloat16,
+                  bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[Bucket]:  # fmt: skip
+    """:func:`buckets` of a state dict already on the host (a kept snapshot); aliases (:func:`state_aliases`)
+    once. A dict whose tied entries are separate copies (``Trainer.weights``) sends both."""
+    skip = state_aliases(state)
+    return _pack(((k, t) for k, t in state.items() if k not in skip), dtype, bucket_bytes)
+
+
+def _pack(items: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype | None, bucket_bytes: int) -> Iterator[Bucket]:
     names: list[str] = []
     parts: list[torch.Tensor] = []
     size = 0
-    for name, t in model.state_dict().items():
-        if name in skip:
-            continue
-        full = t.full_tensor() if hasattr(t, "full_tensor") else t
-        x = full.detach().to(device="cpu", dtype=dtype or full.dtype)
+    for name, t in items:
+        cast = dtype if dtype is not None and t.is_floating_point() else t.dtype  # integer buffers keep theirs
+        x = t.detach().to(device="cpu", dtype=cast)
         nbytes = x.numel() * x.element_size()
         if parts and (size + nbytes > bucket_bytes or x.dtype != parts[0].dtype):
             yield _bucket(names, parts)

@@ -3,7 +3,8 @@
 
 Wire format, per version, all broadcasts from ``src``: for each bucket a header (JSON, sent as its length then
 its UTF-8 bytes) and the bucket's flat tensor as raw bytes (so any dtype travels, bf16 included, bit for bit);
-then a closing header ``{"version": v, "aliases": {...}}``. Nothing is pickled.
+then a closing header ``{"version": v, "aliases": {...}}``. Nothing is pickled. ``src`` is a rank *within*
+``group`` (``group_src``), so a standalone two-process group works as well as a subgroup of a torchrun job.
 """
 
 from __future__ import annotations
@@ -19,12 +20,24 @@ from satrl.weights.buckets import Bucket, unpack
 
 __all__ = ["receive", "send"]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int64": torch.int64}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int64": torch.int64,
+          "int32": torch.int32, "bool": torch.bool, "uint8": torch.uint8}
+
+
+def _backend(group) -> str:
+    """The group's backend name; a standalone group (a ``ProcessGroupGloo`` built on its own store, as the local
+    backend's trainer-engine link is) is not in torch's registry of groups, and names itself."""
+    try:
+        return dist.get_backend(group)
+    except ValueError:  # "not initialized in the world group map"
+        if group is None:
+            raise
+        return group.name()
 
 
 def _device(group) -> torch.device:
     """Where collectives of this group must put their tensors: the current GPU under NCCL, else the CPU."""
-    if dist.get_backend(group) == "nccl":
+    if _backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -32,16 +45,16 @@ def _device(group) -> torch.device:
 def _send_json(obj: dict, src: int, group) -> None:
     data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
     dev = _device(group)
-    dist.broadcast(torch.tensor([data.numel()], dtype=torch.int64, device=dev), src, group=group)
-    dist.broadcast(data.to(dev), src, group=group)
+    dist.broadcast(torch.tensor([data.numel()], dtype=torch.int64, device=dev), group=group, group_src=src)
+    dist.broadcast(data.to(dev), group=group, group_src=src)
 
 
 def _recv_json(src: int, group) -> dict:
     dev = _device(group)
     n = torch.zeros(1, dtype=torch.int64, device=dev)
-    dist.broadcast(n, src, group=group)
+    dist.broadcast(n, group=group, group_src=src)
     data = torch.empty(int(n.item()), dtype=torch.uint8, device=dev)
-    dist.broadcast(data, src, group=group)
+    dist.broadcast(data, group=group, group_src=src)
     return json.loads(data.cpu().numpy().tobytes().decode())
 
 
@@ -52,7 +65,7 @@ def send(version: int, stream: Iterable[Bucket], tied: dict[str, str], src: int 
     dev = _device(group)
     for bucket in stream:
         _send_json({"bucket": bucket.header()}, src, group)
-        dist.broadcast(bucket.flat.view(torch.uint8).to(dev), src, group=group)
+        dist.broadcast(bucket.flat.view(torch.uint8).to(dev), group=group, group_src=src)
         sent += bucket.flat.numel() * bucket.flat.element_size()
     _send_json({"version": version, "aliases": tied}, src, group)
     return sent
@@ -71,5 +84,5 @@ def receive(src: int = 0, group=None) -> tuple[int, dict[str, torch.Tensor]]:
         numel = sum(math.prod(s) for s in shapes)
         dtype = DTYPES[h["dtype"]]
         raw = torch.empty(numel * dtype.itemsize, dtype=torch.uint8, device=dev)
-        dist.broadcast(raw, src, group=group)
+        dist.broadcast(raw, group=group, group_src=src)
         got.append(Bucket(tuple(h["names"]), shapes, raw.cpu().view(dtype)))

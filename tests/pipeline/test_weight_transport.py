@@ -1,0 +1,174 @@
+"""`weights.transport`: `dist` (the trainer and the engine process in a two-process gloo group, each version
+broadcast once in the engine's dtype) gives the same samples and metrics as `inproc`, with fp32, bf16-weights
+and bf16 engines; a killed engine process re-joins and is fed again; what the snapshot store keeps; the refusals."""
+
+import signal
+
+import pytest
+import torch
+
+from run_helpers import TINY, engine_signaller, read_jsonl, stable
+from satrl.config import ConfigError, load_config
+from satrl.pipeline import orchestrator
+
+ARGS = ["steps=6", "lag.schedule=broadcast", "lag.n=3", "seed=2", "backend=local"]
+
+
+def _run(tmp_path, name: str, *overrides: str, on_step=None) -> tuple[list[dict], list[str]]:
+    """The run's stable metrics and the ids of the samples it trained on, in order."""
+    from satrl.training.trainer import Trainer
+
+    ids: list[str] = []
+    original = Trainer.step
+
+    def spy(self, mb, *args, **kwargs):
+        ids.extend(mb.sample_ids)
+        return original(self, mb, *args, **kwargs)
+
+    Trainer.step = spy
+    try:
+        cfg = load_config(None, [*TINY, *ARGS, *overrides, f"out={tmp_path / name}"])
+        orchestrator.train(cfg, on_step=on_step)
+    finally:
+        Trainer.step = original
+    return stable(read_jsonl(tmp_path / name / "metrics.jsonl")), ids
+
+
+@pytest.mark.parametrize("numerics", ["fp32", "bf16-weights"])
+def test_dist_equals_inproc(tmp_path, numerics):
+    """fp32 engine: fp32 buckets; bf16-weights (the default): bf16 buckets, which the engine rounds to anyway.
+    The Δπ/Δimpl split is on (the default), so the snapshot store keeps today's fp32 copies."""
+    inproc = _run(tmp_path, "inproc", f"engine.numerics={numerics}")
+    dist = _run(tmp_path, "dist", f"engine.numerics={numerics}", "weights.transport=dist", "weights.bucket_mb=1")
+    assert dist[1] == inproc[1] and len(dist[1]) > 0  # the same samples, in the same order
+    assert dist[0] == inproc[0]  # every metric, bit for bit
+
+
+def test_dist_with_a_bf16_moe_engine_and_engine_dtype_snapshots(tmp_path):
+    """A bf16 engine on the MoE policy, the split off: the snapshot store keeps bf16 copies built from the
+    trainer's bucket stream, and the run still equals inproc (which keeps fp32 copies)."""
+    common = ("engine.numerics=bf16", "model.name=tiny-arith-moe", "diagnostics.decompose=false")
+    inproc = _run(tmp_path, "inproc", *common)
+    dist = _run(tmp_path, "dist", *common, "weights.transport=dist")
+    assert dist == inproc
+    from satrl.pipeline.rundir import RunState
+    from satrl.training.checkpoint import load_checkpoint
+    from satrl.types import Sample
+
+    last = sorted((tmp_path / "dist" / "checkpoints").glob("step-*"))[-1]
+    _, state = load_checkpoint(last, {"RunState": RunState, "Sample": Sample})
+    kept = [t for s in state["snapshots"].values() for t in s.values() if t.is_floating_point()]
+    assert kept and all(t.dtype == torch.bfloat16 for t in kept)  # one bf16 copy per kept version, no fp32 one
+
+
+def test_a_killed_engine_rejoins_and_is_fed_again(tmp_path, monkeypatch):
+    ref = _run(tmp_path, "ref", "steps=8")
+    made = []
+    make = orchestrator.make_backend
+    monkeypatch.setattr(orchestrator, "make_backend", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
+    on_step, killed = engine_signaller(made, signal.SIGKILL, 2)
+    got = _run(tmp_path, "killed", "steps=8", "weights.transport=dist", on_step=on_step)
+    assert len(set(killed)) == 2 and made[0].restarts >= 2
+    assert got == ref
+
+
+@pytest.mark.slow  # about a minute: two hangs of 3 s, one of them in start-up (30 s)
+def test_a_stopped_engine_is_replaced_and_fed_again(tmp_path, monkeypatch):
+    """SIGSTOP: the engine process neither rolls out nor receives; past engine.timeout_s (a rollout's deadline, or
+    a broadcast's send timeout) it is killed, and the new one joins its own group and gets the held versions."""
+    ref = _run(tmp_path, "ref", "steps=8")
+    made = []
+    make = orchestrator.make_backend
+    monkeypatch.setattr(orchestrator, "make_backend", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
+    on_step, stopped = engine_signaller(made, signal.SIGSTOP, 2)
+    got = _run(tmp_path, "hung", "steps=8", "weights.transport=dist", "engine.timeout_s=3", "engine.start_timeout_s=30",
+               on_step=on_step)  # the second stop may catch the new process while it starts
+    assert len(set(stopped)) == 2 and made[0].restarts == 2
+    assert got == ref
+
+
+def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32():
+    from satrl.models import load_policy
+    from satrl.objectives import resolve_objective
+    from satrl.pipeline.weights import snapshot_source
+    from satrl.training.trainer import Trainer
+
+    model, _ = load_policy("tiny-arith")
+    trainer = Trainer(model, resolve_objective("grpo"), lr=1e-4)
+    assert snapshot_source(trainer, "dist", torch.bfloat16, 1 << 20, decompose=True) == trainer.weights
+    assert snapshot_source(trainer, "inproc", torch.bfloat16, 1 << 20, decompose=False) == trainer.weights
+    copy = snapshot_source(trainer, "dist", torch.bfloat16, 4096, decompose=False)()
+    want = trainer.model.state_dict()
+    assert copy.keys() == want.keys()
+    assert all(torch.equal(copy[k], v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in want.items())
+
+
+def test_resuming_the_split_from_engine_dtype_snapshots_is_refused():
+    from satrl.pipeline.weights import check_snapshots
+
+    bf16 = {3: {"w": torch.zeros(2, dtype=torch.bfloat16)}}
+    check_snapshots(bf16, decompose=False)
+    check_snapshots({3: {"w": torch.zeros(2)}}, decompose=True)
+    with pytest.raises(ConfigError, match=r"diagnostics.decompose=true: .* versions \[3\] in the engine's dtype"):
+        check_snapshots(bf16, decompose=True)
+
+
+@pytest.mark.parametrize("backend", ["sequential", "ray"])
+def test_dist_on_another_backend_is_one_config_line(backend):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"backend={backend}", "weights.transport=dist"])
+    assert str(err.value) == (f"invalid config: weights.transport=dist: only backend=local supports it "
+                              f"(got backend={backend}); use weights.transport=inproc")  # fmt: skip
+
+
+def test_cli_exits_2_on_it(tmp_path, capsys):
+    from satrl.cli import main
+
+    code = main(["train", f"out={tmp_path / 'x'}", "backend=sequential", "weights.transport=dist"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "weights.transport=dist" in err[0]
+
+
+@pytest.mark.slow
+def test_data_parallel_dist_equals_one_process(tmp_path):
+    """torchrun, 2 ranks, rank 0's engine process fed over `dist` from the ranks' joint bucket stream (the split
+    off, so the store keeps bf16 copies): the same samples as one process on `inproc`, every other metric
+    within data parallel's tolerance (docs/design.md, "Data parallel"). About 50 s on 2 cores."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from run_helpers import REPO, same_samples_diff
+
+    args = [*TINY, "steps=6", "lag.n=2", "seed=5", "eval.every=3", "train.microbatch_tokens=40", "backend=local",
+            "diagnostics.decompose=false"]  # fmt: skip
+    config = REPO / "configs" / "sat_grpo.yaml"
+    orchestrator.train(load_config(config, [*args, f"out={tmp_path / 'one'}"]))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "satrl", "train", str(config), *args,
+           "weights.transport=dist", f"out={tmp_path / 'dp'}", "--no-progress"]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, dp = (read_jsonl(tmp_path / n / "metrics.jsonl") for n in ("one", "dp"))
+    assert len(one) == 6 and same_samples_diff(one, dp, rtol=1e-5, atol=1e-9) == []
+
+
+def test_an_engine_that_fails_to_start_is_an_error_not_a_hang(tmp_path):
+    """Under dist the first push waits for the engine process to join: one that fails at start-up is its
+    error in the parent (read from the results pipe), never a wait for the group."""
+    from satrl.pipeline.backends import ProcessBackend
+    from satrl.pipeline.setup import worker_spec
+    from satrl.pipeline.worker import RolloutRequest
+
+    spec = worker_spec(load_config(None, [*TINY, "engine.kwargs={bogus: 1}", f"out={tmp_path / 'run'}"]))
+    backend = ProcessBackend(spec, timeout_s=60, start_timeout_s=120, transport="dist")
+    try:
+        with pytest.raises(Exception, match="engine"):
+            backend.push(0, {"w": torch.zeros(2)})
+            backend.submit(RolloutRequest(0, [0] * 4))
+            backend.result(0)
+    finally:
+        backend.close()

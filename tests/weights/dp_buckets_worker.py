@@ -1,0 +1,63 @@
+"""Run by test_weights.py under torchrun (2 ranks, gloo): after one optimizer step of the data-parallel trainer
+(so FSDP may hold its root gathered), ``DPTrainer.weight_buckets`` driven from rank 0, the others following the
+announced call, gives rank 0 the full weights, equal to the one-device trainer's after the same step to the
+rounding of the gradient sum's order. Rank 0 writes what it saw to the JSON file argv[1]."""
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # make_batch
+
+from test_trainer import make_batch  # noqa: E402
+
+from satrl.models import build_char_tokenizer, build_tiny_model  # noqa: E402
+from satrl.objectives import resolve_objective  # noqa: E402
+from satrl.training import dp  # noqa: E402
+from satrl.training.dist_channel import Message  # noqa: E402
+from satrl.training.dp_trainer import DPTrainer  # noqa: E402
+from satrl.training.trainer import Trainer  # noqa: E402
+from satrl.weights.buckets import aliases, unpack  # noqa: E402
+
+
+def main(out: str) -> None:
+    torch.set_num_threads(1)
+    ctx = dp.init("cpu")
+    tok = build_char_tokenizer()
+    model = build_tiny_model("dense", vocab_size=len(tok), seed=0, num_hidden_layers=2)
+    batch, adv = make_batch(tok, n=8, seed=1), torch.linspace(-1, 1, 8)
+    kw = {"lr": 1e-2, "microbatch_tokens": 60}
+    obj = resolve_objective("grpo")
+    if not ctx.leader:
+        assert ctx.channel.recv().op == dp.START
+    trainer = DPTrainer(copy.deepcopy(model), obj, dp=ctx, template=lambda: None, **kw)
+    if not ctx.leader:
+        while (msg := ctx.channel.recv()).op != dp.STOP:
+            trainer.follow(msg)
+        dp.shutdown()
+        return
+    one = Trainer(copy.deepcopy(model), obj, **kw)
+    trainer.step(batch, adv)
+    one.step(batch, adv)
+    streams = {}
+    for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+        streams[name] = unpack(list(trainer.weight_buckets(dtype, 4096)), aliases(trainer.model))
+    ctx.channel.send(Message(dp.STOP))
+    ref = one.model.state_dict()
+    fp32, bf16 = streams["fp32"], streams["bf16"]
+    report = {
+        "keys_equal": fp32.keys() == ref.keys() == bf16.keys(),
+        "max_diff": max(float((fp32[k] - ref[k]).abs().max()) for k in ref),
+        "bf16_is_rounded_fp32": all(torch.equal(bf16[k], fp32[k].to(torch.bfloat16)) for k in ref),
+        "bf16_dtypes": sorted({str(t.dtype) for t in bf16.values()}),
+        "tied": aliases(trainer.model),
+    }
+    Path(out).write_text(json.dumps(report))
+    dp.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
