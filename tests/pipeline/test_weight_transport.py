@@ -172,3 +172,15 @@ def test_an_engine_that_fails_to_start_is_an_error_not_a_hang(tmp_path):
             backend.result(0)
     finally:
         backend.close()
+
+
+def test_resume_from_engine_dtype_snapshots_equals_uninterrupted(tmp_path):
+    """A dist run without the split checkpoints its kept versions as bf16 copies; extending it from its last
+    checkpoint (those copies pushed again) gives the uninterrupted inproc run's metrics."""
+    from satrl.pipeline.rundir import RunDir
+
+    off = ("diagnostics.decompose=false",)
+    ref, _ = _run(tmp_path, "ref", *off, "steps=8")
+    _run(tmp_path, "ext", *off, "steps=4", "weights.transport=dist")
+    orchestrator.train(RunDir.config_of(str(tmp_path / "ext"), ["steps=8"]), resume=True)
+    assert stable(read_jsonl(tmp_path / "ext" / "metrics.jsonl")) == ref

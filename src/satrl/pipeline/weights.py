@@ -203,17 +203,20 @@ class DistTransport:
         self._generation += 1
         link = Link(self.store.port, f"engine{self._generation}/")
         self._group, self._alive, self._join_error = None, alive, None
-        self._joining = threading.Thread(target=self._join, args=(link,), daemon=True)
+        self._joining = threading.Thread(target=self._join, args=(link, self._generation), daemon=True)
         self._joining.start()
         return link
 
-    def _join(self, link: Link) -> None:
+    def _join(self, link: Link, generation: int) -> None:
         try:
             group = _gloo(dist.PrefixStore(link.prefix, self.store), 0, link.host, self.start_timeout_s)
             group.set_timeout(datetime.timedelta(seconds=self.timeout_s))  # joined: now the hang deadline
-            self._group = group
         except Exception as e:  # noqa: BLE001 - reported by the push that waits for it
-            self._join_error = e
+            group, error = None, e
+        else:
+            error = None
+        if generation == self._generation:  # a replaced engine's late join must not overwrite its successor's
+            self._group, self._join_error = group, error
 
     def close(self) -> None:
         self._group = None  # the engine process is gone; its group with it
