@@ -100,7 +100,7 @@ def test_extension_without_the_weights_it_needs_is_refused(run_tiny, monkeypatch
     from satrl.pipeline import orchestrator
 
     versions = orchestrator._versions
-    monkeypatch.setattr(orchestrator, "_versions", lambda sched, b, P: versions(sched, b, P) if b < 2 else set())
+    monkeypatch.setattr(orchestrator, "_versions", lambda sched, b, P, *rest: versions(sched, b, P, *rest) if b < 2 else set())
     out = run_tiny("steps=4", *LAGGED)
     monkeypatch.setattr(orchestrator, "_versions", versions)
     config = (out / "config.yaml").read_text()
