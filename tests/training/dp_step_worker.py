@@ -23,6 +23,19 @@ from satrl.training.trainer import Trainer, cpu_copy, plan_microbatches  # noqa:
 CASES = [40, 60, 1 << 20]  # microbatch token budgets: 3+ microbatches (odd: padding), several, one (padding only)
 
 
+def leader_trainer(ctx, model, obj, kw: dict) -> DPTrainer | None:
+    """Rank 0's DPTrainer; on the other ranks, build the same trainer, follow rank 0's announced calls until it
+    stops, and return None."""
+    if not ctx.leader:
+        assert ctx.channel.recv().op == dp.START
+    trainer = DPTrainer(copy.deepcopy(model), obj, dp=ctx, template=lambda: None, **kw)
+    if ctx.leader:
+        return trainer
+    while (msg := ctx.channel.recv()).op != dp.STOP:
+        trainer.follow(msg)
+    return None
+
+
 def loop_syncs(ops: list[str]) -> list[str]:
     """Syncing ops between the first forward's embedding and the last backward's embedding gradient."""
     first = ops.index("embedding")
@@ -41,12 +54,8 @@ def main(out: str) -> None:
     for budget in CASES:
         kw = {"lr": 1e-2, "microbatch_tokens": budget}
         obj = resolve_objective("sat_grpo", kl_coef=1e-3)  # with a sharded reference model too
-        if not ctx.leader:
-            assert ctx.channel.recv().op == dp.START
-        trainer = DPTrainer(copy.deepcopy(model), obj, dp=ctx, template=lambda: None, **kw)
-        if not ctx.leader:
-            while (msg := ctx.channel.recv()).op != dp.STOP:
-                trainer.follow(msg)
+        trainer = leader_trainer(ctx, model, obj, kw)
+        if trainer is None:
             continue
         one = Trainer(copy.deepcopy(model), obj, **kw)
         rec = OrderedRecorder()

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # make_batch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # make_batch, leader_trainer
 
+from dp_step_worker import leader_trainer  # noqa: E402
 from test_trainer import make_batch  # noqa: E402
 
 from satrl.models import build_char_tokenizer, build_tiny_model  # noqa: E402
 from satrl.objectives import resolve_objective  # noqa: E402
 from satrl.training import dp  # noqa: E402
 from satrl.training.dist_channel import Message  # noqa: E402
-from satrl.training.dp_trainer import DPTrainer  # noqa: E402
 from satrl.training.trainer import Trainer  # noqa: E402
 from satrl.weights.buckets import aliases, unpack  # noqa: E402
 
@@ -31,12 +31,8 @@ def main(out: str) -> None:
     batch, adv = make_batch(tok, n=8, seed=1), torch.linspace(-1, 1, 8)
     kw = {"lr": 1e-2, "microbatch_tokens": 60}
     obj = resolve_objective("grpo")
-    if not ctx.leader:
-        assert ctx.channel.recv().op == dp.START
-    trainer = DPTrainer(copy.deepcopy(model), obj, dp=ctx, template=lambda: None, **kw)
-    if not ctx.leader:
-        while (msg := ctx.channel.recv()).op != dp.STOP:
-            trainer.follow(msg)
+    trainer = leader_trainer(ctx, model, obj, kw)
+    if trainer is None:  # a follower: rank 0 has stopped
         dp.shutdown()
         return
     one = Trainer(copy.deepcopy(model), obj, **kw)
