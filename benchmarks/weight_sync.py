@@ -37,9 +37,15 @@ GiB = 2**30
 
 
 class PeakRss:
-    """Samples this process's resident set size while active; ``.peak`` is the largest growth in bytes."""
+    """This process's largest resident-set growth in bytes while active (``.peak``).
+
+    Linux keeps the exact high-water mark (VmHWM) and lets a process reset it through
+    /proc/self/clear_refs; a sampling thread is the fallback where that reset is refused,
+    and can miss a short-lived peak between two samples.
+    """
 
     def __enter__(self) -> PeakRss:
+        self.exact = _reset_hwm()
         self.base = self.peak_abs = _rss()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -53,7 +59,7 @@ class PeakRss:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak_abs = max(self.peak_abs, _rss())
+        self.peak_abs = max(self.peak_abs, _rss(), _hwm() if self.exact else 0)
 
     @property
     def peak(self) -> int:
@@ -63,6 +69,23 @@ class PeakRss:
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # 5 = reset the peak RSS to the current RSS
+    except OSError:
+        return False
+    return _hwm() > 0
+
+
+def _hwm() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def bytes_path(shape: dict, vocab: int, versions: int) -> dict:
