@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from satrl.weights.buckets import aliases, buckets, unpack
+from satrl.weights.buckets import aliases, buckets, state_aliases, state_buckets, unpack
 
 
 def tiny_qwen3(seed: int = 0) -> torch.nn.Module:
@@ -47,6 +47,22 @@ def test_tied_weights_travel_once_and_come_back_shared():
         assert torch.equal(state[k], v.to(torch.bfloat16)), k  # bf16 rounding, nothing else
     with pytest.raises(KeyError, match="tied to 'model.embed_tokens.weight'"):
         unpack([b for b in stream if "model.embed_tokens.weight" not in b.names], aliases(model))
+
+
+def test_a_kept_snapshot_is_resent_without_a_copy_but_a_model_never_is():
+    model = tiny_qwen3()
+    stream = list(buckets(model, dtype=torch.bfloat16, bucket_bytes=3000))
+    kept = unpack(stream, aliases(model))
+    again = list(state_buckets(kept, torch.bfloat16, bucket_bytes=3000))
+    assert [b.names for b in again] == [b.names for b in stream]
+    assert all(a.flat.data_ptr() == b.flat.data_ptr() and torch.equal(a.flat, b.flat) for a, b in zip(again, stream))
+    assert unpack(again, state_aliases(kept)).keys() == kept.keys()
+    fp32 = list(state_buckets(kept, torch.float32, bucket_bytes=3000))  # another dtype: cast into new memory
+    assert all(b.flat.dtype == torch.float32 and b.flat.data_ptr() != a.flat.data_ptr() for a, b in zip(stream, fp32))
+    bf16 = model.to(torch.bfloat16)  # a model already in the bucket dtype is still copied: its weights change
+    for b in buckets(bf16, dtype=torch.bfloat16):
+        first = dict(bf16.named_parameters())[b.names[0]]
+        assert b.flat.data_ptr() != first.data_ptr()
 
 
 def test_buckets_respect_the_size_bound():

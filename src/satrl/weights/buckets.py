@@ -85,32 +85,54 @@ def buckets(model: torch.nn.Module, dtype: torch.dtype | None = torch.bfloat16,
 def state_buckets(state: dict[str, torch.Tensor], dtype: torch.dtype | None = torch.bfloat16,
                   bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[Bucket]:  # fmt: skip
     """:func:`buckets` of a state dict already on the host (a kept snapshot); aliases (:func:`state_aliases`)
-    once. A dict whose tied entries are separate copies (``Trainer.weights``) sends both."""
+    once. A dict whose tied entries are separate copies (``Trainer.weights``) sends both. Tensors that already
+    lie back to back in one storage of ``dtype`` (a snapshot rebuilt by :func:`unpack`) are sent as a view of
+    it, without a copy: a snapshot never changes, unlike a model's parameters."""
     skip = state_aliases(state)
-    return _pack(((k, t) for k, t in state.items() if k not in skip), dtype, bucket_bytes)
+    return _pack(((k, t) for k, t in state.items() if k not in skip), dtype, bucket_bytes, share=True)
 
 
-def _pack(items: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype | None, bucket_bytes: int) -> Iterator[Bucket]:
+def _pack(items: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype | None, bucket_bytes: int,
+          share: bool = False) -> Iterator[Bucket]:  # fmt: skip
     names: list[str] = []
     parts: list[torch.Tensor] = []
-    size = 0
+    size, kind = 0, None
     for name, t in items:
+        t = t.detach()
         cast = dtype if dtype is not None and t.is_floating_point() else t.dtype  # integer buffers keep theirs
-        x = t.detach().to(device="cpu", dtype=cast)
-        nbytes = x.numel() * x.element_size()
-        if parts and (size + nbytes > bucket_bytes or x.dtype != parts[0].dtype):
-            yield _bucket(names, parts)
+        nbytes = t.numel() * cast.itemsize
+        if parts and (size + nbytes > bucket_bytes or cast != kind):
+            yield _bucket(names, parts, kind, share)
             names, parts, size = [], [], 0
         names.append(name)
-        parts.append(x)
-        size += nbytes
+        parts.append(t)
+        size, kind = size + nbytes, cast
     if parts:
-        yield _bucket(names, parts)
+        yield _bucket(names, parts, kind, share)
 
 
-def _bucket(names: list[str], parts: list[torch.Tensor]) -> Bucket:
-    flat = torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].reshape(-1).clone()
+def _bucket(names: list[str], parts: list[torch.Tensor], dtype: torch.dtype, share: bool) -> Bucket:
+    flat = _span(parts, dtype) if share else None
+    if flat is None:
+        flat = torch.empty(sum(p.numel() for p in parts), dtype=dtype)
+        start = 0
+        for p in parts:  # one pass per tensor: the cast and the move to the CPU happen inside copy_
+            flat[start : start + p.numel()].view(p.shape).copy_(p)
+            start += p.numel()
     return Bucket(tuple(names), tuple(tuple(p.shape) for p in parts), flat)
+
+
+def _span(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor | None:
+    """``parts`` as one flat view when they lie back to back in one CPU storage of ``dtype``; else None."""
+    first = parts[0]
+    storage = first.untyped_storage().data_ptr()
+    end = first.storage_offset()
+    for p in parts:
+        if (p.device.type != "cpu" or p.dtype != dtype or not p.is_contiguous()
+                or p.untyped_storage().data_ptr() != storage or p.storage_offset() != end):  # fmt: skip
+            return None
+        end += p.numel()
+    return first.as_strided((end - first.storage_offset(),), (1,))
 
 
 def unpack(stream: list[Bucket] | Iterator[Bucket], tied: dict[str, str]) -> dict[str, torch.Tensor]:
