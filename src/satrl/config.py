@@ -200,13 +200,15 @@ class WeightsConfig(_Strict):
     """How each version's weights reach the engine side (docs/design.md, "Weights travel once per version").
     Either way every version travels once and the engine side holds exactly the versions pending batches need."""
 
-    transport: Literal["inproc", "dist"] = Field(
+    transport: Literal["inproc", "dist", "vllm"] = Field(
         "inproc", description="inproc: a call (sequential), one pickled state dict per version on the local "
         "backend's queue, Ray's object store; dist: backend=local only, a 2-process torch.distributed group (gloo) "
-        "between the trainer and the engine process, each version broadcast once as buckets in the engine's dtype.",
+        "between the trainer and the engine process, each version broadcast once as buckets in the engine's dtype; "
+        "vllm: backend=local and engine.name=vllm only, the same broadcast received and loaded by vLLM's own "
+        "weight-transfer API inside vLLM's workers (the engine holds one version).",
     )  # fmt: skip
-    bucket_mb: int = Field(256, ge=1, le=2**20, description="dist: the most MiB per broadcast bucket (a larger "
-                           "single tensor gets a bucket of its own).")  # fmt: skip
+    bucket_mb: int = Field(256, ge=1, le=2**20, description="dist and vllm: the most MiB per broadcast bucket (a "
+                           "larger single tensor gets a bucket of its own).")  # fmt: skip
 
 
 class CheckpointConfig(_Strict):
@@ -237,9 +239,13 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _transport_fits_backend(self) -> RunConfig:
-        if self.weights.transport == "dist" and self.backend != "local":
-            raise ValueError(f"weights.transport=dist: only backend=local supports it (got backend={self.backend}); "
-                             f"use weights.transport=inproc")  # fmt: skip
+        transport = self.weights.transport
+        if transport in ("dist", "vllm") and self.backend != "local":
+            raise ValueError(f"weights.transport={transport}: only backend=local supports it (got backend="
+                             f"{self.backend}); use weights.transport=inproc")  # fmt: skip
+        if transport == "vllm" and self.engine.name != "vllm":
+            raise ValueError(f"weights.transport=vllm: needs engine.name=vllm (got {self.engine.name}); use "
+                             f"weights.transport=dist")  # fmt: skip
         return self
 
     @property

@@ -180,6 +180,17 @@ class Engine(Protocol):
 
 
 @runtime_checkable
+class TransferEngine(Protocol):
+    """An engine that takes versions through its own weight-transfer API (vLLM's, ``weights.transport=vllm``):
+    it joins the trainer's group once, then loads each version the trainer broadcast there. It holds one
+    version only: the one it loaded last."""
+
+    def open_transfer(self, port: int, prefix: str, host: str = "127.0.0.1") -> None: ...
+
+    def receive_weights(self, version: int) -> None: ...
+
+
+@runtime_checkable
 class Closable(Protocol):
     """An engine with processes of its own (vLLM) stops them in ``close``; the torch engine has none."""
 

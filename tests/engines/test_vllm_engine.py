@@ -8,6 +8,7 @@ reason printed; with ``SATRL_REQUIRE_VLLM=1`` (set by ``make test-vllm``) a miss
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import math
@@ -163,6 +164,27 @@ def test_load_weights_updates_the_running_engine(engine, policy):
 
 
 @needs_vllm
+def test_bf16_weights_are_rounded_from_the_first_batch(policy):
+    """numerics=bf16-weights: the engine's first log-probs are those of the bf16-rounded weights in fp32, as after
+    any later version. Before 2026-12-03 the start-up rounding missed the tied LM head (the checkpoint names it
+    once), and the batches before the first weight sync were off by up to 2e-3."""
+    from satrl.engines.vllm_engine import VLLMEngine
+
+    model, tok = policy
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in rounded.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    eng = VLLMEngine(builtin_path("tiny-arith"), eos_token_id=tok.eos_token_id, tokenizer=tok, numerics="bf16-weights")
+    try:
+        comps = eng.generate(requests(tok, n=16), SamplingParams(temperature=1.0, max_new_tokens=6))
+    finally:
+        eng.close()
+    ours, theirs = trainer_logp(rounded, comps, 1.0)
+    assert (ours - theirs).abs().max().item() < 1e-4
+
+
+@needs_vllm
 def test_r3_refuses_when_vllm_cannot_return_routing():
     """vLLM returns routed experts only from its V2 model runner, which the CPU build lacks: asking for routing
     (what r3=true does) fails at start-up with what to do, instead of training with nothing replayed."""
@@ -190,16 +212,20 @@ def vllm_pids() -> set[int]:
 @pytest.mark.slow
 def test_satrl_train_with_the_vllm_engine(tmp_path):
     """`satrl train ... engine=vllm`: rollouts and the final evaluation through vLLM, with weight sync at lag 2;
-    the local backend (engine in a child process, vLLM's own processes below it) and the Ray backend (vLLM inside
-    a Ray actor; `make test-vllm` installs Ray) give the same metrics as the sequential one, and no vLLM process
-    outlives a run."""
+    the local backend (engine in a child process, vLLM's own processes below it), the local backend with
+    weights.transport=vllm (each version broadcast once and loaded by vLLM's weight-transfer API) and the Ray
+    backend (vLLM inside a Ray actor; `make test-vllm` installs Ray) give the same metrics as the sequential one,
+    bit for bit, and no vLLM process outlives a run."""
     before = vllm_pids()
     runs = {}
     backends = ("sequential", "local", "ray") if (REQUIRED or importlib.util.find_spec("ray")) else ("sequential", "local")
+    backends += ("local-vllm-transport",)  # vLLM's own weight-transfer API (weights.transport=vllm)
     for backend in backends:
         out = tmp_path / backend
+        name, _, transport = backend.partition("-")
+        extra = ["weights.transport=vllm"] if transport else []
         args = [sys.executable, "-m", "satrl", "train", str(REPO / "configs" / "sat_grpo.yaml"), *TINY,
-                "engine=vllm", "steps=4", "lag.n=2", f"backend={backend}", f"out={out}"]  # fmt: skip
+                "engine=vllm", "steps=4", "lag.n=2", f"backend={name}", *extra, f"out={out}"]  # fmt: skip
         r = subprocess.run(args, capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stderr[-4000:]
         runs[backend] = rows = read_jsonl(out / "metrics.jsonl")

@@ -68,3 +68,62 @@ def test_a_version_the_engine_does_not_hold_is_a_clear_error():
     with pytest.raises(WeightsMissing, match=r"batch 1 is generated with version 4, whose weights the engine does not hold"):
         worker.rollout(RolloutRequest(1, [4, 4]))
     worker.close()
+
+
+class _TransferEngine:
+    """An engine with its own weight transfer (weights.transport=vllm's seam), on the torch engine's generation:
+    it records what it was told and holds one version, the last it loaded."""
+
+    def __init__(self, engine) -> None:
+        self.inner, self.loaded, self.version = engine, [], engine.version
+
+    def open_transfer(self, port: int, prefix: str, host: str = "127.0.0.1") -> None:
+        self.link = (port, prefix, host)
+
+    def receive_weights(self, version: int) -> None:
+        self.loaded.append(version)
+        self.version = version
+
+    def load_weights(self, state, version):
+        raise AssertionError("a transfer engine never loads weights through the pipeline")
+
+    def generate(self, requests, sampling):
+        return self.inner.generate(requests, sampling)
+
+
+def test_an_engine_that_holds_one_version_moves_forward_and_refuses_to_go_back():
+    from satrl.pipeline.weights import Link, receive
+
+    worker = RolloutWorker(WorkerSpec(model="tiny-arith", task="arithmetic", prompts_per_batch=2, group_size=2))
+    worker.engine = engine = _TransferEngine(worker.engine)
+    worker.open_transfer(Link(1234, "engine1/"))
+    assert engine.link == (1234, "engine1/", "127.0.0.1")
+    receive(worker, ("vllm", 0))
+    receive(worker, ("vllm", 2))
+    assert engine.loaded == [0, 2] and set(worker.weights) == {2}  # version 0 left with the engine
+    assert len(worker.rollout(RolloutRequest(0, [2, 2]))) == 4  # on version 2 already: nothing loaded
+    with pytest.raises(WeightsMissing, match=r"version 0, whose weights the engine does not hold \(it holds \[2\]"):
+        worker.rollout(RolloutRequest(1, [0, 0]))
+    worker.engine = engine.inner
+    with pytest.raises(TypeError, match="weights.transport=vllm needs an engine with its own weight transfer"):
+        receive(worker, ("vllm", 3))
+    worker.close()
+
+
+def test_a_restarted_engine_gets_each_version_just_before_the_first_request_that_needs_it():
+    """The refeed after a restart: an engine that holds one version at a time only moves forward, so versions and
+    re-issued requests go out interleaved, in order."""
+    from satrl.pipeline.backends import ProcessBackend
+    from satrl.pipeline.weights import InprocTransport
+
+    sent: list[tuple] = []
+    backend = ProcessBackend.__new__(ProcessBackend)  # the refeed alone: no engine process
+    backend._send = sent.append
+    backend.transport = InprocTransport(sent.append)
+    backend.transport.held = {3: {}, 5: {}, 6: {}, 9: {}}
+    backend.in_flight = {11: RolloutRequest(11, [5, 5]), 10: RolloutRequest(10, [3, 5]), 12: RolloutRequest(12, [6, 6])}
+    backend._refeed()
+    assert [(m[0], m[1] if m[0] == "weights" else m[1].b) for m in sent] == [
+        ("weights", 3), ("weights", 5), ("rollout", 10), ("rollout", 11), ("weights", 6), ("rollout", 12),
+        ("weights", 9),
+    ]  # fmt: skip

@@ -121,6 +121,17 @@ def test_dist_on_another_backend_is_one_config_line(backend):
                               f"(got backend={backend}); use weights.transport=inproc")  # fmt: skip
 
 
+@pytest.mark.parametrize(("overrides", "line"), [
+    (["backend=sequential", "engine=vllm"], "weights.transport=vllm: only backend=local supports it (got "
+     "backend=sequential); use weights.transport=inproc"),
+    (["backend=local"], "weights.transport=vllm: needs engine.name=vllm (got torch); use weights.transport=dist"),
+])  # fmt: skip
+def test_vllm_transport_needs_the_local_backend_and_the_vllm_engine(overrides, line):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [*overrides, "weights.transport=vllm"])
+    assert str(err.value) == f"invalid config: {line}"
+
+
 def test_cli_exits_2_on_it(tmp_path, capsys):
     from satrl.cli import main
 

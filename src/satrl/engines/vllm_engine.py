@@ -81,6 +81,8 @@ class VLLMEngine:
         device: accepted for a uniform signature; vLLM runs on the platform its build targets (the CPU build on
             CPU, the GPU build on the GPUs ``CUDA_VISIBLE_DEVICES`` shows).
         seed: vLLM's global seed (requests still carry their own).
+        weight_transfer: build vLLM's weight-transfer engine (``weights.transport=vllm``): versions then arrive
+            through :meth:`open_transfer` and :meth:`receive_weights` instead of :meth:`load_weights`.
         **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``tensor_parallel_size``,
             ``max_model_len``, ``enforce_eager=False`` for CUDA graphs on GPUs).
     """
@@ -97,6 +99,7 @@ class VLLMEngine:
         version: int = 0,
         seed: int = 0,
         device: str | None = None,
+        weight_transfer: bool = False,
         **llm_kwargs,
     ) -> None:
         if device is not None and device != "cpu" and not device.startswith("cuda"):
@@ -115,6 +118,10 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs", generation_config="vllm", enable_prefix_caching=False,
             enforce_eager=True, seed=seed, worker_extension_cls="satrl.engines.vllm_worker.SatrlWorkerExtension",
         )  # fmt: skip
+        if weight_transfer:
+            from satrl.engines.vllm_transfer import BACKEND
+
+            kwargs["weight_transfer_config"] = {"backend": BACKEND}
         kwargs.update(llm_kwargs)
         self.llm = self._start(kwargs, capture_routing)
         if self._num.weights != self._num.compute:
@@ -149,6 +156,19 @@ class VLLMEngine:
         payload = save_safetensors({k: v.detach().cpu().contiguous().clone() for k, v in state_dict.items()})
         round_to = DTYPES[self._num.weights] if self._num.weights != self._num.compute else None
         self.llm.collective_rpc("satrl_load_weights", args=(payload, round_to))
+        self._version = int(version)
+
+    def open_transfer(self, port: int, prefix: str, host: str = "127.0.0.1") -> None:
+        """Have vLLM's workers join the trainer's group (``weights.transport=vllm``; a
+        :class:`satrl.pipeline.weights.Link`'s fields); they receive every version on a thread of their own."""
+        self.llm.collective_rpc("init_weight_transfer_engine", args=({"port": port, "prefix": prefix, "host": host},))
+
+    def receive_weights(self, version: int) -> None:
+        """Load ``version`` through vLLM's weight-transfer API (start, update, finish: vLLM's layerwise reload),
+        waiting for its broadcast if it has not arrived, and set ``version``."""
+        self.llm.collective_rpc("start_weight_update")
+        self.llm.collective_rpc("update_weights", args=({"version": int(version)},))
+        self.llm.collective_rpc("finish_weight_update")
         self._version = int(version)
 
     def _params(self, req: GenerationRequest, s: SamplingParams):

@@ -16,6 +16,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Protocol
 
@@ -96,13 +97,14 @@ class SequentialBackend:
         self.worker.close()
 
 
-def _serve(spec: WorkerSpec, requests: mp.Queue, results: Connection, link: Link | None = None) -> None:
+def _serve(spec: WorkerSpec, requests: mp.Queue, results: Connection, link: Link | None = None,
+           in_engine: bool = False) -> None:  # fmt: skip
     """Child-process loop. Payloads are pickled by hand so tensors are copied, never fd-shared. Results go
     back over a pipe whose only writer is this process, so the parent sees this process's death as EOF
     (even mid-message) instead of waiting forever; a sender thread keeps generation from waiting on the
     parent to read. ``link``: transport ``dist``, join the trainer's group first (weights arrive there while
-    the engine loads)."""
-    inbox = Inbox(link) if link is not None else None
+    the engine loads); with ``in_engine`` (transport ``vllm``) the engine's own workers join it instead."""
+    inbox = Inbox(link) if link is not None and not in_engine else None
     outbox: queue.Queue = queue.Queue()
 
     def send() -> None:
@@ -123,6 +125,8 @@ def _serve(spec: WorkerSpec, requests: mp.Queue, results: Connection, link: Link
         except Exception:  # e.g. an engine that refuses its config: the parent raises it with this traceback
             outbox.put(pickle.dumps((-1, 0.0, RuntimeError(f"the engine process could not start:\n{traceback.format_exc()}"))))
             return
+        if in_engine and link is not None:
+            worker.open_transfer(link)
         outbox.put(pickle.dumps((READY, 0.0, None)))  # start-up is over: the rollout deadline starts now
         try:
             _serve_loop(worker, requests, outbox, inbox)
@@ -195,8 +199,9 @@ class ProcessBackend:
             (config ``engine.timeout_s``); the clock restarts at each result and when an idle engine gets work.
         start_timeout_s: the most seconds an engine process may take to start (``engine.start_timeout_s``).
         max_restarts: engine faults in a row tolerated (``engine.max_restarts``).
-        transport: ``inproc`` (each version pickled onto the request queue) or ``dist`` (broadcast over a gloo
-            group with the engine process, ``pipeline.weights.DistTransport``; ``weights.transport``).
+        transport: ``inproc`` (each version pickled onto the request queue), ``dist`` (broadcast over a gloo
+            group with the engine process, ``pipeline.weights.DistTransport``) or ``vllm`` (the same broadcast,
+            received and loaded by vLLM's weight-transfer API in vLLM's workers); ``weights.transport``.
         bucket_bytes: ``dist``'s most bytes per bucket (``weights.bucket_mb``).
     """
 
@@ -218,12 +223,14 @@ class ProcessBackend:
     def _transport(self, name: str, bucket_bytes: int) -> InprocTransport | DistTransport:
         if name == "inproc":
             return InprocTransport(self._send)  # each version pickled once, on this (the trainer's) thread
-        if name != "dist":
+        if name not in ("dist", "vllm"):
             raise ValueError(f"weights.transport: unknown transport {name!r}")
         from satrl.engines.torch_engine import resolve_numerics
 
+        if name == "vllm":  # vLLM builds its weight-transfer engine at start-up
+            self.spec = replace(self.spec, engine_kwargs={**self.spec.engine_kwargs, "weight_transfer": True})
         dtype = resolve_numerics(self.spec.numerics).weights  # the engine rounds to it anyway: same weights, fewer bytes
-        return DistTransport(self._send, dtype, bucket_bytes, self.timeout_s, self.start_timeout_s)
+        return DistTransport(self._send, dtype, bucket_bytes, self.timeout_s, self.start_timeout_s, marker=name)
 
     def _send(self, message: tuple) -> None:
         self.requests.put(pickle.dumps(message))
@@ -247,10 +254,13 @@ class ProcessBackend:
     def _start(self) -> None:
         self.requests = self.ctx.Queue()
         self.results, child_end = self.ctx.Pipe(duplex=False)
-        link = self.transport.open(lambda: self.proc.is_alive()) if isinstance(self.transport, DistTransport) else None
+        dist_ = isinstance(self.transport, DistTransport)
+        link = self.transport.open(lambda: self.proc.is_alive()) if dist_ else None
+        in_engine = dist_ and self.transport.marker == "vllm"
         # Not a daemon: daemonic processes may not have children, and vLLM starts its own. The child exits
         # when told (close), or by itself when this process is gone.
-        self.proc = self.ctx.Process(target=_serve, args=(self.spec, self.requests, child_end, link), daemon=False)
+        self.proc = self.ctx.Process(target=_serve, args=(self.spec, self.requests, child_end, link, in_engine),
+                                     daemon=False)  # fmt: skip
         self.proc.start()
         child_end.close()  # the child now holds the only write end: its death reads as EOF here
         self._started, self._since = False, time.monotonic()  # the deadline's clock: start-up first
@@ -275,11 +285,21 @@ class ProcessBackend:
         print(f"satrl: engine process {why}; restarted it ({self._deaths}/{self.max_restarts}), "
               f"re-issuing batches {sorted(self.in_flight)}", file=sys.stderr)  # fmt: skip
         try:
-            self.transport.replay()  # the weights the lost engine held, then its requests
+            self._refeed()
         except LinkDown:  # the new one failed too: the next restart (counted) re-issues everything
             return self._link_down()
+
+    def _refeed(self) -> None:
+        """The weights the lost engine held and its requests, each version just before the first request that
+        needs it: an engine that holds one version at a time (``vllm``) only moves forward."""
+        fed: set[int] = set()
         for b in sorted(self.in_flight):
-            self._send(("rollout", self.in_flight[b]))
+            req = self.in_flight[b]
+            due = sorted(v for v in self.transport.held if v <= max(req.versions) and v not in fed)
+            self.transport.replay(due)
+            fed.update(due)
+            self._send(("rollout", req))
+        self.transport.replay(sorted(set(self.transport.held) - fed))
 
     def submit(self, req: RolloutRequest) -> None:
         if not self.in_flight and self._started:  # an idle engine: this request's deadline starts now

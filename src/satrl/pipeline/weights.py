@@ -17,7 +17,12 @@ Transports (``weights.transport``):
   ``("dist", version)`` marker that orders it among keep lists and requests. The engine process receives on a
   thread of its own (:class:`Inbox`), so a push never waits for a generation to finish.
 
-vLLM's weight-transfer API is meant to plug in here too (issue 28, step 2).
+- ``vllm`` (a :class:`DistTransport` with the ``vllm`` marker; ``local`` backend, ``engine.name=vllm``): the same
+  group and wire, but the receiving end is inside vLLM's workers: vLLM's weight-transfer API
+  (:mod:`satrl.engines.vllm_transfer`, registered as a vLLM weight-transfer engine) receives each version on a
+  thread of the worker and, when the queue's marker comes up, loads it with vLLM's layerwise reload
+  (:meth:`~satrl.engines.vllm_engine.VLLMEngine.receive_weights`). No host copy in the engine process and no
+  safetensors round trip. The engine holds one version, the last it loaded (:data:`~satrl.pipeline.worker.IN_ENGINE`).
 """
 
 from __future__ import annotations
@@ -58,9 +63,10 @@ class InprocTransport:
         self.held = {v: s for v, s in self.held.items() if v in versions}
         self.send(("keep", sorted(versions)))
 
-    def replay(self) -> None:
-        """Feed a fresh engine everything the lost one held, before any request is sent again."""
-        for v in sorted(self.held):
+    def replay(self, versions: list[int]) -> None:
+        """Feed a fresh engine these held versions again, in order (the backend interleaves them with the
+        requests it re-issues)."""
+        for v in versions:
             self.send(("weights", v, self.held[v]))
 
 
@@ -72,6 +78,8 @@ def receive(worker: RolloutWorker, message: Message, inbox: Inbox | None = None)
         worker.put(body[0], body[1])
     elif kind == "dist" and inbox is not None:
         worker.put(body[0], inbox.take(body[0]))
+    elif kind == "vllm":
+        worker.load_in_engine(body[0])
     elif kind == "keep":
         worker.keep(set(body[0]))
     elif kind == "rollout":
@@ -182,11 +190,12 @@ class DistTransport:
 
     ``send``: a message onto the request queue; ``dtype``: the engine's weight dtype (the buckets'); ``timeout_s``:
     the most seconds a broadcast may wait for the engine process (``engine.timeout_s``), ``start_timeout_s`` the
-    most it may take to join (``engine.start_timeout_s``)."""
+    most it may take to join (``engine.start_timeout_s``). ``marker``: the queue message's kind, ``"dist"`` (the
+    engine process receives) or ``"vllm"`` (vLLM's workers receive, ``weights.transport=vllm``)."""
 
     def __init__(self, send: Callable[[Message], None], dtype: torch.dtype, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 timeout_s: float = 1800.0, start_timeout_s: float = 1800.0) -> None:  # fmt: skip
-        self.send, self.dtype, self.bucket_bytes = send, dtype, bucket_bytes
+                 timeout_s: float = 1800.0, start_timeout_s: float = 1800.0, marker: str = "dist") -> None:  # fmt: skip
+        self.send, self.dtype, self.bucket_bytes, self.marker = send, dtype, bucket_bytes, marker
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         self.held: dict[int, dict[str, torch.Tensor]] = {}
         self.store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=start_timeout_s),
@@ -238,15 +247,16 @@ class DistTransport:
         self.held = {v: s for v, s in self.held.items() if v in versions}
         self.send(("keep", sorted(versions)))
 
-    def replay(self) -> None:
-        """Feed a fresh engine everything the lost one held, before any request is sent again."""
-        for v in sorted(self.held):
+    def replay(self, versions: list[int]) -> None:
+        """Feed a fresh engine these held versions again, in order (the backend interleaves them with the
+        requests it re-issues)."""
+        for v in versions:
             self._broadcast(v)
 
     def _broadcast(self, version: int) -> None:
         group = self._connected()
         state = self.held[version]
-        self.send(("dist", version))  # orders the version among keep lists and requests on the queue
+        self.send((self.marker, version))  # orders the version among keep lists and requests on the queue
         try:
             wdist.send(version, state_buckets(state, self.dtype, self.bucket_bytes), state_aliases(state), group=group)
         except RuntimeError as e:  # gloo: the peer closed (died) or the send timed out (hung)

@@ -24,6 +24,7 @@ from satrl.types import (
     SamplingParams,
     Score,
     ScoringTask,
+    TransferEngine,
     request_seed,
 )
 
@@ -58,6 +59,9 @@ class RolloutRequest:
     # up to ``cap`` (schedules.inflight_version). 0: each group keeps its version to the end.
     inflight_every: int = 0
     cap: int = 0
+
+
+IN_ENGINE = "held by the engine"  # a held version that lives only inside the engine (weights.transport=vllm)
 
 
 class WeightsMissing(RuntimeError):
@@ -96,6 +100,23 @@ class RolloutWorker:
     def keep(self, versions: set[int]) -> None:
         """Forget every held version not in ``versions`` (no pending batch is generated with it)."""
         self.weights = {v: w for v, w in self.weights.items() if v in versions}
+
+    def open_transfer(self, link) -> None:
+        """``weights.transport=vllm``: the engine's own workers join the trainer's group (a ``Link``)."""
+        self._transfer_engine().open_transfer(link.port, link.prefix, link.host)
+
+    def load_in_engine(self, version: int) -> None:
+        """``weights.transport=vllm``: the engine loads ``version`` through its own API. It holds that one
+        only, so every version it held before is gone (a batch that still needs one is WeightsMissing)."""
+        self._transfer_engine().receive_weights(version)
+        self.weights = {v: w for v, w in self.weights.items() if w is not IN_ENGINE}
+        self.weights[version] = IN_ENGINE
+
+    def _transfer_engine(self) -> TransferEngine:
+        if not isinstance(self.engine, TransferEngine):
+            raise TypeError(f"weights.transport=vllm needs an engine with its own weight transfer; "
+                            f"{type(self.engine).__name__} has none")  # fmt: skip
+        return self.engine
 
     def close(self) -> None:
         """Stop the engine's own processes, if it has any (vLLM); a no-op for the torch engine."""
@@ -143,6 +164,8 @@ class RolloutWorker:
         if self.engine.version != version:
             faults.point("engine.load_weights")
             state = self._held(b, version, wait)
+            if state is IN_ENGINE:  # never: load_in_engine forgets a version as soon as the engine leaves it
+                raise WeightsMissing(f"batch {b}: version {version} was in the engine, which is on {self.engine.version} now")
             self.engine.load_weights(state if fetch is None else fetch(state), version)
 
     def _switch(self, req: RolloutRequest, start: int, fetch: Callable[[Any], dict] | None) -> Callable[[int], None]:
