@@ -25,6 +25,9 @@ Part 3 runs the real ``satrl train`` loop (sequential backend) on the tiny dense
 ``train.device`` and the engine's ``device`` set, and reports per-step time and d at lag 0 (implementation
 mismatch only). Part 4 times ``policy_loss`` + ``aggregate`` + ``backward`` of grpo and sat_grpo on device
 tensors (CUDA events, median of repeats) and reads the peak allocated memory of one step.
+Part 5, only where vLLM is installed (not on the lent machine so far: it then prints that it skipped): the tiny
+policy's ``satrl train`` loop on ``engine=vllm``, ``backend=local``, with ``weights.transport=inproc`` and
+``vllm`` (vLLM's weight-transfer API on the GPU), which must give identical metrics.
 """
 
 from __future__ import annotations
@@ -67,6 +70,31 @@ def train_check(device: str, model: str, steps: int, out: Path) -> dict:
         "finite": all(torch.isfinite(torch.tensor(r["loss"])) for r in rows),
         "final_avg_at_k": json.loads((out / "summary.json").read_text())["final_avg_at_k"],
     }  # fmt: skip
+
+
+def vllm_transport_lines(steps: int, root: Path) -> list[str]:
+    """Part 5: weights.transport=vllm against inproc on the vLLM engine (equal metrics), where vLLM is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        print("part 5 skipped: vLLM is not installed here")
+        return ["", "weights.transport=vllm on the GPU: not run (vLLM is not installed on this machine)."]
+    from satrl.config import load_config
+    from satrl.pipeline.orchestrator import train
+
+    rows, walls = {}, {}
+    for transport in ("inproc", "vllm"):
+        out = root / f"vllm-{transport}"
+        overrides = [*RUN, "backend=local", "engine=vllm", f"weights.transport={transport}", f"steps={steps}", f"out={out}"]
+        t0 = time.perf_counter()
+        train(load_config(None, overrides))
+        walls[transport] = time.perf_counter() - t0
+        rows[transport] = [{k: v for k, v in json.loads(x).items() if k != "wall_s" and not k.startswith("perf/")}
+                           for x in (out / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
+    same = rows["inproc"] == rows["vllm"]
+    print(json.dumps({"vllm_transport_equal": same, **{f"wall_s_{k}": v for k, v in walls.items()}}))
+    return ["", f"weights.transport=vllm vs inproc on engine=vllm (tiny policy, {steps} steps, lag 2): metrics "
+            f"{'identical' if same else 'DIFFERENT'}; wall {walls['vllm']:.1f} s vs {walls['inproc']:.1f} s."]  # fmt: skip
 
 
 def _inputs(n: int, device: str, T: int = 1024) -> dict[str, torch.Tensor]:
@@ -163,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {model} | {r['steps']} | {r['wall_s']:.1f} | {r['wall_s'] / r['steps']:.2f} | {r['d_pi_step1']:.2e} "
                 f"| {r['gate_rate']:.3f} | {r['final_avg_at_k']:.3f} | {r['finite']} |"
             )
+        lines += vllm_transport_lines(steps, Path(tmp))
     sizes = [1 << 16, 1 << 18] if args.quick else [1 << 20, 4 << 20, 16 << 20, 64 << 20]
     lines += ["", "| tokens | grpo ms | sat_grpo ms | x grpo (time) | grpo peak MiB | sat_grpo peak MiB | x grpo (memory) |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
