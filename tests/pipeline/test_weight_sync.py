@@ -127,3 +127,21 @@ def test_a_restarted_engine_gets_each_version_just_before_the_first_request_that
         ("weights", 3), ("weights", 5), ("rollout", 10), ("rollout", 11), ("weights", 6), ("rollout", 12),
         ("weights", 9),
     ]  # fmt: skip
+
+
+def test_a_push_restarts_the_engine_deadline():
+    """An in-flight rollout (lag.inflight_every) waits for the trainer's next version: a training step longer
+    than engine.timeout_s must not read as an engine hang once the version arrives."""
+    import time
+
+    from satrl.pipeline.backends import ProcessBackend
+    from satrl.pipeline.weights import InprocTransport
+
+    backend = ProcessBackend.__new__(ProcessBackend)
+    backend.transport = InprocTransport(lambda message: None)
+    backend.timeout_s, backend._started = 5.0, True
+    backend.in_flight = {4: RolloutRequest(4, [3, 3])}
+    backend._since = time.monotonic() - 60  # the trainer trained for a minute since the last result
+    assert backend._overdue()
+    backend.push(4, {})
+    assert not backend._overdue()

@@ -196,7 +196,9 @@ class ProcessBackend:
 
     Args:
         timeout_s: the most seconds the engine may go without returning a rollout while it has work
-            (config ``engine.timeout_s``); the clock restarts at each result and when an idle engine gets work.
+            (config ``engine.timeout_s``); the clock restarts at each result, when an idle engine gets work, and
+            at each push (with ``lag.inflight_every`` a rollout waits for the trainer's next version, and a
+            training step longer than the limit is not the engine's hang).
         start_timeout_s: the most seconds an engine process may take to start (``engine.start_timeout_s``).
         max_restarts: engine faults in a row tolerated (``engine.max_restarts``).
         transport: ``inproc`` (each version pickled onto the request queue), ``dist`` (broadcast over a gloo
@@ -240,6 +242,9 @@ class ProcessBackend:
             self.transport.push(version, state)
         except LinkDown:  # dist: the engine died or hung; the restart feeds the new one this version too
             self._link_down()
+            return
+        if self.in_flight:  # an in-flight rollout may have waited for this version: the wait was the trainer's
+            self._since = time.monotonic()
 
     def keep(self, versions: set[int]) -> None:
         self.transport.keep(versions)
