@@ -342,11 +342,13 @@ def build_config(data: dict[str, Any]) -> RunConfig:
 
 
 def _check_inflight(cfg: RunConfig) -> None:
-    """In-flight updates switch weights inside the torch engine's decoding loop, and wait for a version on the
-    sequential and local backends' message paths: refuse the rest in one line rather than ignore the setting."""
+    """In-flight updates switch weights inside the torch engine's decoding loop (the vLLM engine: between blocks of
+    K tokens), and wait for a version on the sequential and local backends' message paths: refuse the rest in one
+    line rather than ignore the setting."""
     K = cfg.lag.inflight_every
-    if K and cfg.engine.name != "torch":
-        raise ConfigError(f"lag.inflight_every={K} needs engine.name=torch (got {cfg.engine.name}); set lag.inflight_every=0")
+    if K and cfg.engine.name not in ("torch", "vllm"):
+        raise ConfigError(f"lag.inflight_every={K} needs engine.name torch or vllm (got {cfg.engine.name}); "
+                          "set lag.inflight_every=0")  # fmt: skip
     if K and cfg.backend not in ("sequential", "local"):
         raise ConfigError(f"lag.inflight_every={K} needs backend sequential or local (got {cfg.backend}); "
                           "set lag.inflight_every=0")  # fmt: skip

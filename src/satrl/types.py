@@ -179,6 +179,19 @@ class Engine(Protocol):
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
 
 
+@dataclass(frozen=True)
+class Switch:
+    """In-flight weight updates (``lag.inflight_every``): ``switch(t)`` puts the engine on the version the schedule
+    fixes for decode step t. That version changes only at multiples of ``every`` (K), so an engine that cannot
+    switch between two tokens (vLLM) may generate K tokens per call and switch in between."""
+
+    every: int
+    use: Callable[[int], None]
+
+    def __call__(self, t: int) -> None:
+        self.use(t)
+
+
 @runtime_checkable
 class TransferEngine(Protocol):
     """An engine that takes versions through its own weight-transfer API (vLLM's, ``weights.transport=vllm``):

@@ -164,6 +164,56 @@ def test_load_weights_updates_the_running_engine(engine, policy):
 
 
 @needs_vllm
+def test_inflight_blocks_follow_the_schedule(engine, policy):
+    """lag.inflight_every on vLLM: blocks of K tokens, each on the version the rule fixes for its first step.
+    With the same weights under every version, block 0 is plain generation's first K tokens, token for token."""
+    from satrl.pipeline.schedules import inflight_version
+    from satrl.types import Switch
+
+    model, tok = policy
+    state, K, cap = model.state_dict(), 2, 2
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=7)
+    reqs = requests(tok, n=12)
+    plain = engine.generate(reqs, sampling)
+    steps: list[int] = []
+
+    def use(t: int) -> None:
+        steps.append(t)
+        v = inflight_version(0, cap, K, t)
+        if engine.version != v:
+            engine.load_weights(state, v)
+
+    engine.load_weights(state, 0)
+    got = engine.generate(reqs, sampling, switch=Switch(K, use))
+    assert steps == list(range(0, K * len(steps), K)) and len(steps) >= 2  # one switch per block of K tokens
+    assert any(len(set(b.token_versions.tolist())) > 1 for b in got)
+    for a, b in zip(plain, got):
+        n = len(b.response_ids)
+        assert a.response_ids[:K] == b.response_ids[:K] and torch.allclose(a.behavior_logp[:K], b.behavior_logp[:K])
+        assert b.token_versions.tolist() == [min(t // K, cap) for t in range(n)] and b.version == 0
+        assert len(b.behavior_logp) == n and b.finish_reason in ("stop", "length")
+        assert b.finish_reason == "length" or b.response_ids[-1] == tok.eos_token_id
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_satrl_train_inflight_on_vllm_local_equals_sequential(tmp_path):
+    """`engine=vllm lag.inflight_every=2`: responses cross versions, and the local backend (the engine process
+    waiting mid-rollout for versions) equals its sequential replay, metric for metric."""
+    runs = {}
+    for backend in ("sequential", "local"):
+        out = tmp_path / backend
+        args = [sys.executable, "-m", "satrl", "train", str(REPO / "configs" / "sat_grpo.yaml"), *TINY, "engine=vllm",
+                "engine.max_new_tokens=7", "lag.inflight_every=2", "steps=4", "lag.n=1", f"backend={backend}",
+                f"out={out}"]  # fmt: skip
+        r = subprocess.run(args, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-4000:]
+        runs[backend] = read_jsonl(out / "metrics.jsonl")
+    assert max(row["lag/multi_version_frac"] for row in runs["local"]) > 0
+    assert stable(runs["local"]) == stable(runs["sequential"])
+
+
+@needs_vllm
 def test_bf16_weights_are_rounded_from_the_first_batch(policy):
     """numerics=bf16-weights: the engine's first log-probs are those of the bf16-rounded weights in fp32, as after
     any later version. Before 2026-12-03 the start-up rounding missed the tied LM head (the checkpoint names it

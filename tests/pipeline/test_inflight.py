@@ -135,11 +135,11 @@ def test_a_period_past_the_response_changes_nothing(tmp_path):
     assert {k for k in off[0] if k.startswith(SAMPLE_KEYS)} <= set(never[0])
 
 
-@pytest.mark.parametrize("bad", ["backend=ray", "engine.name=vllm"])
-def test_other_backends_and_engines_are_refused(bad):
-    with pytest.raises(ConfigError, match=r"lag.inflight_every=4 needs"):
-        load_config(None, [f"lag.inflight_every={K}", bad])
+def test_other_backends_are_refused_and_both_engines_switch():
+    with pytest.raises(ConfigError, match=r"lag.inflight_every=4 needs backend sequential or local \(got ray\)"):
+        load_config(None, [f"lag.inflight_every={K}", "backend=ray"])
     assert load_config(None, []).lag.inflight_every == 0
+    assert load_config(None, [f"lag.inflight_every={K}", "engine.name=vllm"]).lag.inflight_every == K
 
 
 def test_decomposition_scores_each_token_under_its_own_version():

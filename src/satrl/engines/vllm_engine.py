@@ -34,7 +34,7 @@ from safetensors.torch import save as save_safetensors
 
 from satrl.engines.torch_engine import resolve_numerics
 from satrl.tensors import scoring_slice
-from satrl.types import Completion, GenerationRequest, SamplingParams
+from satrl.types import Completion, GenerationRequest, SamplingParams, Switch
 
 INSTALL_HINT = (
     "the vllm engine needs vLLM: `pip install '.[vllm]' (in a clone of satrl)` on a GPU machine, or the CPU build "
@@ -171,24 +171,69 @@ class VLLMEngine:
         self.llm.collective_rpc("finish_weight_update")
         self._version = int(version)
 
-    def _params(self, req: GenerationRequest, s: SamplingParams):
+    def _params(self, req: GenerationRequest, s: SamplingParams, max_tokens: int | None = None, seed: int | None = None):
         return self._vllm.SamplingParams(
             n=1, temperature=0.0 if s.greedy else s.temperature, top_p=s.top_p, top_k=s.top_k,
-            max_tokens=s.max_new_tokens, seed=req.seed, logprobs=0, stop_token_ids=self.eos,
+            max_tokens=s.max_new_tokens if max_tokens is None else max_tokens,
+            seed=req.seed if seed is None else seed, logprobs=0, stop_token_ids=self.eos,
             detokenize=False, skip_special_tokens=False,
         )  # fmt: skip
 
-    def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Completion]:
-        """Complete every request; result i answers ``requests[i]``."""
+    def generate(
+        self, requests: list[GenerationRequest], sampling: SamplingParams, switch: Switch | None = None
+    ) -> list[Completion]:
+        """Complete every request; result i answers ``requests[i]``. ``switch``: in-flight weight updates
+        (:meth:`_generate_inflight`)."""
         for r in requests:
             if len(r.prompt_ids) == 0:
                 raise ValueError(f"request {r.request_id!r} has an empty prompt; give at least one token")
+        if switch is not None:
+            return self._generate_inflight(requests, sampling, switch)
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
         outs = self.llm.generate(prompts, [self._params(r, sampling) for r in requests], use_tqdm=False)
-        return [self._completion(r, o) for r, o in zip(requests, outs)]
+        return [self._completion(r, *self._read(r, o.outputs[0], len(r.prompt_ids))) for r, o in zip(requests, outs)]
 
-    def _completion(self, req: GenerationRequest, out) -> Completion:
-        c = out.outputs[0]
+    def _generate_inflight(self, requests: list[GenerationRequest], sampling: SamplingParams, switch: Switch):
+        """In-flight updates in blocks of K = ``switch.every`` tokens: vLLM cannot change weights between two
+        tokens of one ``generate`` call, and the version the schedule fixes for step t changes only at multiples
+        of K. So: before each block, ``switch(t)`` puts the engine on step t's version; the block continues every
+        unfinished response from its prompt and the tokens so far, for at most K tokens. Unlike the torch engine,
+        which keeps the KV cache across a switch, vLLM recomputes it under the new weights (prefix caching is off).
+        Block j > 0 samples with the request's seed mixed with j, so its draws are not block 0's again."""
+        N, K = sampling.max_new_tokens, switch.every
+        got: list[list] = [[[], [], [], []] for _ in requests]  # ids, logps, versions, routing blocks
+        finish = ["length"] * len(requests)
+        active = list(range(len(requests)))
+        for t in range(0, N, K):
+            switch(t)
+            prompts = [{"prompt_token_ids": list(requests[i].prompt_ids) + got[i][0]} for i in active]
+            params = [self._params(requests[i], sampling, min(K, N - t), (requests[i].seed + 0x9E3779B97F4A7C15 * (t // K))
+                                   % 2**63) for i in active]  # fmt: skip
+            outs = self.llm.generate(prompts, params, use_tqdm=False)
+            for i, out in zip(active, outs):
+                c = out.outputs[0]
+                ids, logp, routing, _ = self._read(requests[i], c, len(requests[i].prompt_ids) + len(got[i][0]))
+                got[i][0] += ids
+                got[i][1].append(logp)
+                got[i][2] += [self._version] * len(ids)
+                got[i][3].append(routing)
+                if c.finish_reason == "stop":
+                    finish[i] = "stop"
+            active = [i for i in active if finish[i] != "stop"]
+            if not active:
+                break
+        out = []
+        for r, (ids, logps, versions, routing), why in zip(requests, got, finish):
+            routed = None if routing[0] is None else torch.cat(routing)
+            c = self._completion(r, ids, torch.cat(logps), routed, why)
+            c.token_versions = torch.tensor(versions, dtype=torch.int64)
+            c.version = versions[0]
+            out.append(c)
+        return out
+
+    def _read(self, req: GenerationRequest, c, P: int) -> tuple:
+        """(token ids, log-probs [T], routing [T, layers, k] or None, finish reason) of one vLLM output whose
+        prompt had ``P`` tokens."""
         ids = list(c.token_ids)
         logp = torch.tensor([lp[y].logprob for lp, y in zip(c.logprobs, ids)], dtype=torch.float32)
         routing = None
@@ -198,10 +243,12 @@ class VLLMEngine:
                     f"vLLM returned no routed experts for request {req.request_id!r} although capture is on; "
                     "R3 cannot replay it: use engine=torch, or r3=false"
                 )
-            P = len(req.prompt_ids)  # row p holds the experts of the forward at position p
+            # row p holds the experts of the forward at position p
             routing = torch.as_tensor(c.routed_experts[scoring_slice(P, len(ids))].astype("int64"))
+        return ids, logp, routing, "stop" if c.finish_reason == "stop" else "length"
+
+    def _completion(self, req: GenerationRequest, ids: list[int], logp: torch.Tensor, routing, finish: str) -> Completion:
         text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
-        finish = "stop" if c.finish_reason == "stop" else "length"
         return Completion(req.request_id, list(req.prompt_ids), ids, text, logp, finish, self._version, routing)
 
     def close(self) -> None:

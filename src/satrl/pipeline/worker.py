@@ -24,6 +24,7 @@ from satrl.types import (
     SamplingParams,
     Score,
     ScoringTask,
+    Switch,
     TransferEngine,
     request_seed,
 )
@@ -168,13 +169,13 @@ class RolloutWorker:
                 raise WeightsMissing(f"batch {b}: version {version} was in the engine, which is on {self.engine.version} now")
             self.engine.load_weights(state if fetch is None else fetch(state), version)
 
-    def _switch(self, req: RolloutRequest, start: int, fetch: Callable[[Any], dict] | None) -> Callable[[int], None]:
+    def _switch(self, req: RolloutRequest, start: int, fetch: Callable[[Any], dict] | None) -> Switch:
         """The engine's hook for in-flight updates: before decode step t, the version the schedule fixes for it
         (waiting for the trainer to make it, on the local backend)."""
-        def switch(t: int) -> None:
+        def use(t: int) -> None:
             self._use(req.b, inflight_version(start, req.cap, req.inflight_every, t), fetch, wait=True)
 
-        return switch
+        return Switch(req.inflight_every, use)
 
     def _held(self, b: int, version: int, wait: bool = False) -> Any:
         while wait and self.wait is not None and version not in self.weights:
@@ -193,7 +194,7 @@ class RolloutWorker:
                 rid = f"b{b:06d}-g{g:04d}-i{i:03d}"
                 requests.append(GenerationRequest(rid, list(prompt_ids), request_seed("rollout", seed, b, g, i)))
                 meta.append((g, problems[g]))
-        extra = {} if switch is None else {"switch": switch}  # only the torch engine switches (config refuses others)
+        extra = {} if switch is None else {"switch": switch}  # the torch and vLLM engines switch (config refuses others)
         completions = self.engine.generate(requests, self.spec.sampling, **extra)
         out = []
         for c, (g, problem) in zip(completions, meta):
