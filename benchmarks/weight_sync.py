@@ -13,11 +13,15 @@ trainer's policy and a second one for the engine's. Two paths, each timed over `
 - **dist** (`weights.transport=dist`, the local backend's real path): per version, the copy the snapshot store
   keeps, then `DistTransport.push` (bf16 buckets of 256 MiB over the trainer's own two-process gloo group) to an
   engine process that receives on its inbox thread and loads it. With `diagnostics.decompose` off the store keeps
-  a bf16 copy built from the trainer's bucket stream (`Trainer.weight_buckets`); with it on (row "split on") the
-  trainer's fp32 copy, as inproc does. Timed from the start of the copy to the engine's "loaded" message.
+  a bf16 copy built from the trainer's bucket stream (`Trainer.weight_buckets`, each parameter cast straight into
+  its bucket) and the push sends those buckets as they are, without a copy (since 2026-12-03); with it on (row
+  "split on") the trainer's fp32 copy, as inproc does, cast into bf16 buckets one at a time. Timed from the start
+  of the copy to the engine's "loaded" message. `weights.transport=vllm` uses the same trainer side and wire (its
+  receiving end is inside vLLM's workers), so this row stands for it too; vLLM is not in this environment.
 
 Peak host memory: the largest resident-set growth of the trainer's process over its size before the transfer
-(sampled every 2 ms), in GiB, next to the size of one bf16 copy of the weights.
+(the kernel's high-water mark, VmHWM, reset before each version; a 2 ms sampler where the kernel refuses the
+reset), in GiB, next to the size of one bf16 copy of the weights.
 """
 
 from __future__ import annotations
