@@ -93,10 +93,12 @@ def random_qwen3(shape: dict, layers: int, vocab: int) -> torch.nn.Module:
     with torch.device("meta"):
         model = Qwen3ForCausalLM(qwen3_config(shape, layers, vocab))
     model = model.to_empty(device="cpu")
+    model.tie_weights()  # to_empty gives each module its own tensor: tie the LM head back (tied shapes)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.02) if p.dim() > 1 else p.fill_(1.0)
     model.model.rotary_emb.__init__(model.config)  # its inv_freq buffer was left empty on the meta device
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == bool(shape["tie_word_embeddings"])
     return model
 
 

@@ -22,3 +22,13 @@ def test_checkpointing_saves_only_each_layer_input_and_chunking_drops_the_vocab_
     assert res["after"]["head"] < 4 * 1000
     for setting, check in ((s, res[s]["check"]) for s in memory.SETTINGS):
         assert 0 <= check["measured"] - check["formula"] < 1024, setting  # AdamW's step counters only
+
+
+def test_random_policies_tie_the_lm_head_as_their_shape_says():
+    """Built on the meta device and then allocated, a module gets its own tensor per parameter: a tied shape
+    (Qwen3-0.6B, 1.7B) must come back tied, or every benchmark on it counts the embedding twice."""
+    for tied in (True, False):
+        shape = {**memory.QUICK_SHAPES["tiny"], "tie_word_embeddings": tied}
+        model = memory.random_qwen3(shape, 2, 1000)
+        assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+        assert sum(p.numel() for p in model.parameters()) == memory.param_count(shape, 2, vocab=1000)

@@ -28,12 +28,24 @@ def leader_trainer(ctx, model, obj, kw: dict) -> DPTrainer | None:
     stops, and return None."""
     if not ctx.leader:
         assert ctx.channel.recv().op == dp.START
-    trainer = DPTrainer(copy.deepcopy(model), obj, dp=ctx, template=lambda: None, **kw)
+    # The other ranks start from the architecture on the meta device, as `satrl train` under torchrun does:
+    # every weight they train with comes from rank 0.
+    mine = copy.deepcopy(model) if ctx.leader else on_meta(model)
+    trainer = DPTrainer(mine, obj, dp=ctx, template=lambda: None, **kw)
     if ctx.leader:
         return trainer
     while (msg := ctx.channel.recv()).op != dp.STOP:
         trainer.follow(msg)
     return None
+
+
+def on_meta(model: torch.nn.Module) -> torch.nn.Module:
+    """The same architecture on the meta device, built as `satrl.models.empty_model` builds it (from the config:
+    `Module.to("meta")` would untie the tied LM head)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(model.config, dtype=torch.float32, attn_implementation="sdpa")
 
 
 def loop_syncs(ops: list[str]) -> list[str]:
@@ -72,9 +84,23 @@ def main(out: str) -> None:
             "keys_equal": sorted(full) == sorted(ref),
             "loop_syncs": loop_syncs(rec.ops),
         })  # fmt: skip
+    refused = mismatched_architecture(ctx, model)
     if ctx.leader:
-        Path(out).write_text(json.dumps(results))
+        Path(out).write_text(json.dumps({"cases": results, "refused": refused}))
     dp.shutdown()
+
+
+def mismatched_architecture(ctx, model) -> str:
+    """Rank 1 passes a meta copy made with `Module.to("meta")`, which unties the LM head: every rank must refuse
+    it when the trainer is built, instead of hanging in a collective. Returns the error (or "" if none)."""
+    if not ctx.leader:
+        assert ctx.channel.recv().op == dp.START
+    mine = copy.deepcopy(model) if ctx.leader else copy.deepcopy(model).to("meta")
+    try:
+        DPTrainer(mine, resolve_objective("sat_grpo"), dp=ctx, template=lambda: None, lr=1e-2)
+    except ValueError as e:
+        return str(e)
+    return ""
 
 
 if __name__ == "__main__":

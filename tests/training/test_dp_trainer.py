@@ -19,13 +19,24 @@ WORKER = Path(__file__).with_name("dp_step_worker.py")
 
 
 @pytest.fixture(scope="module")
-def steps(tmp_path_factory):
+def worker(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp") / "steps.json"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(WORKER), str(out)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def steps(worker):
+    """Rank 1 starts from the architecture on the meta device, as under `satrl train`: all it trains with
+    comes from rank 0, so equality with one device also checks that its shards and buffers were filled."""
+    return worker["cases"]
+
+
+def test_ranks_with_different_architectures_are_refused_not_hung(worker):
+    assert "the ranks' policies differ" in worker["refused"] and "\n" not in worker["refused"]
 
 
 def test_cases_cover_padding(steps):

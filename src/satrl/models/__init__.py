@@ -3,7 +3,7 @@
 - :func:`build_char_tokenizer`: character tokenizer (BOS prepended to prompts, EOS ends answers).
 - :func:`build_tiny_model`: a fresh ~1.05M-parameter dense or MoE causal LM, deterministic per seed.
 - :func:`load_policy`: ``(model, tokenizer)`` from a built-in name (``tiny-arith``, ``tiny-arith-moe``)
-  or a local HF directory (safetensors only).
+  or a local HF directory (safetensors only); :func:`empty_model`, the same architecture on the meta device.
 - ``satrl.training.pretrain``: ``satrl pretrain``, which trains the built-ins (imported on demand).
 - ``satrl.models.routing``: MoE routing capture and replay (R3).
 """
@@ -14,6 +14,7 @@ from satrl.models.loading import (
     BUILTINS,
     PolicyLoadError,
     builtin_path,
+    empty_model,
     load_model,
     load_policy,
     load_tokenizer,
@@ -28,6 +29,7 @@ __all__ = [
     "build_char_tokenizer",
     "build_tiny_model",
     "builtin_path",
+    "empty_model",
     "count_params",
     "load_model",
     "load_policy",

@@ -15,7 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from satrl.registry import Registry, UnknownChoice
 
@@ -122,6 +128,17 @@ def load_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32) -> 
     path = resolve_policy_path(path_or_name)
     model = _loaded("the policy", path, lambda: AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype, use_safetensors=True, local_files_only=True, attn_implementation="sdpa"))  # fmt: skip
+    return model.eval()
+
+
+def empty_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The causal LM of a built-in policy or local HF directory with every parameter and buffer on the meta
+    device: its config is read, its weights are not, and it takes no memory. A data-parallel rank other than
+    0 builds its policy this way; the trainer allocates its shards and fills them from rank 0's weights."""
+    path = resolve_policy_path(path_or_name)
+    config = _loaded("the config", path, lambda: AutoConfig.from_pretrained(path, local_files_only=True))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     return model.eval()
 
 

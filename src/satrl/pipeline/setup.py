@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from satrl.config import ConfigError, RunConfig
-from satrl.models import load_policy
-from satrl.pipeline.data_parallel import trainer_factory
+from satrl.pipeline.data_parallel import load_policy_here, trainer_factory
 from satrl.pipeline.evaluator import Evaluator
 from satrl.pipeline.rundir import RunDir
 from satrl.pipeline.worker import WorkerSpec
@@ -107,8 +106,9 @@ def check_context(cfg: RunConfig, model, tokenizer, problems) -> None:
 
 
 def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
-    """The policy (fp32 master weights) and its trainer; returns ``(trainer, tokenizer)``."""
-    model, tokenizer = load_policy(cfg.model.source)
+    """The policy (fp32 master weights) and its trainer; returns ``(trainer, tokenizer)``. Under data parallel only
+    rank 0 reads the weights (:func:`~satrl.pipeline.data_parallel.load_policy_here`)."""
+    model, tokenizer = load_policy_here(cfg)
     if cfg.r3:
         from satrl.models.routing import moe_num_layers
 

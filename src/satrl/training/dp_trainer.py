@@ -17,6 +17,7 @@ others receive it in :meth:`DPTrainer.follow`.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -55,17 +56,33 @@ class DPTrainer(Trainer):
         if dp.leader:
             self._announce(dpm.START)
         super().__init__(model, objective, device=dp.device, **kw)
+
+    def _place(self, model: torch.nn.Module, uses_ref: bool) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        """The policy (fp32 master weights) and the reference (compute dtype, forwards only) as FSDP2 shards,
+        with no full copy of the weights on any device and none on the other ranks' hosts.
+
+        Rank 0 passes the loaded policy on its host; ``fully_shard`` moves one unit at a time to the device and
+        keeps this rank's shard. The other ranks may pass the same architecture on the meta device
+        (:func:`satrl.models.loading.empty_model`). The reference starts on the meta device everywhere. Every
+        shard that starts there is allocated after sharding and filled from rank 0's weights, one parameter
+        at a time, buffers included (the non-persistent rotary tables too)."""
         mp = None
         if self.device.type == "cuda" and self.dtype == "bf16":  # bf16 compute, fp32 master weights and reductions
             from torch.distributed.fsdp import MixedPrecisionPolicy
 
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        dpm.shard(self.model, dp.mesh, mp)
-        if self.ref_model is not None:  # forwards only: resharded after each
-            dpm.shard(self.ref_model, dp.mesh, mp)
-        # the optimizer must hold the sharded parameters (fully_shard replaced them); it has no state yet
-        d = self.opt.defaults
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=d["lr"], betas=d["betas"], weight_decay=d["weight_decay"])
+        model = model.float().train()
+        ref = _meta_copy(model).to(self.compute_dtype).eval().requires_grad_(False) if uses_ref else None
+        tensors = [*model.named_parameters(), *model.named_buffers()]
+        full = {n: t.detach() for n, t in tensors} if self.dp.leader else {}  # rank 0's host copy, as loaded
+        self._check_same_architecture(model)
+        for module in (model, ref):
+            if module is not None:
+                dpm.shard(module, self.dp.mesh, mp)
+                if module is ref or not self.dp.leader:
+                    module.to_empty(device=self.device)
+                self._set_full(module, full)
+        return model, ref
 
     # -- the control channel -----------------------------------------------------------------------
     def _announce(self, op: int, tensors=(), ints=(), text: str = "") -> None:
@@ -121,45 +138,51 @@ class DPTrainer(Trainer):
         with self._joined(dpm.LOGP, _batch_tensors(mb), ints=[state is not None]):
             return super().logp_with(None, mb) if state is None else self._under_snapshot(state, mb)
 
+    def _check_same_architecture(self, model: torch.nn.Module) -> None:
+        """Every rank must hold the same parameters and buffers (a meta copy made with ``Module.to("meta")``
+        unties a tied LM head, for one): a mismatch would hang in the first collective, so refuse it here."""
+        params, buffers = list(model.parameters()), list(model.buffers())
+        mine = torch.tensor([len(params), len(buffers), sum(p.numel() for p in params)], dtype=torch.float64)
+        lo, hi = mine.clone(), mine.clone()
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=self.dp.channel.group)
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=self.dp.channel.group)
+        if not torch.equal(lo, hi):
+            raise ValueError(
+                f"data parallel: the ranks' policies differ (parameters, buffers, numel from {lo.long().tolist()} to "
+                f"{hi.long().tolist()}); every rank must build the same architecture, tied weights tied"
+            )
+
     @torch.no_grad()
     def _under_snapshot(self, state: dict[str, torch.Tensor], mb: Batch) -> torch.Tensor:
         """The snapshot's weights go into the shards for this forward only (from rank 0), and the current
         ones come back bit for bit from a copy of this rank's shards: no unsharded second model."""
-        self._reshard()
+        _reshard(self.model)
         kept = [p.to_local().clone() for p in self.model.parameters()]
         try:
-            self._set_full(state)
+            self._set_full(self.model, state)
             return super().logp_with(None, mb)
         finally:
-            self._reshard()
+            _reshard(self.model)
             for p, k in zip(self.model.parameters(), kept):
                 p.to_local().copy_(k)
 
-    def _reshard(self) -> None:
-        """Back to sharded parameters (FSDP keeps the root's gathered after a forward)."""
-        from torch.distributed.fsdp import FSDPModule
-
-        for m in self.model.modules():
-            if isinstance(m, FSDPModule):
-                m.reshard()
-
     @torch.no_grad()
-    def _set_full(self, state: dict[str, torch.Tensor]) -> None:
-        """Put rank 0's full ``state`` (ignored elsewhere) into the parameters in place, one tensor at a time,
-        each rank receiving its shard: the optimizer keeps holding the same parameters."""
+    def _set_full(self, module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+        """Put rank 0's full ``state`` (ignored elsewhere) into ``module``'s parameters in place, one tensor at a
+        time, each rank receiving its shard: the optimizer keeps holding the same parameters. Buffers are not
+        sharded: every rank gets rank 0's (its own where ``state`` lacks one, as a state dict lacks the
+        non-persistent ones, which training never changes)."""
         from torch.distributed.tensor import distribute_tensor
 
         lead = self.dp.leader
-        self._reshard()
-        for name, p in self.model.named_parameters():
+        _reshard(module)
+        for name, p in module.named_parameters():
             full = state[name].to(self.device, p.dtype) if lead else torch.empty(p.shape, dtype=p.dtype, device=self.device)
             p.to_local().copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=0).to_local())
-        kept = set(self.model.state_dict())
-        for name, b in self.model.named_buffers():  # persistent buffers are not sharded: rank 0's copy
-            if name in kept:
-                if lead:
-                    b.copy_(state[name])
-                dist.broadcast(b, src=0, group=self.dp.group)
+        for name, b in module.named_buffers():
+            if lead and name in state:
+                b.copy_(state[name])
+            dist.broadcast(b, src=0, group=self.dp.group)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The full weights on CPU, gathered from the shards: on rank 0; an empty dict elsewhere."""
@@ -185,13 +208,13 @@ class DPTrainer(Trainer):
         stream together (announced), rank 0 yields it. Consume it to the end: the others are in its collectives."""
         name = str(dtype).removeprefix("torch.") if dtype is not None else ""
         with self._joined(dpm.BUCKETS, ints=[bucket_bytes], text=name):
-            self._reshard()  # FSDP keeps the root gathered after a forward: start from plain shards
+            _reshard(self.model)  # FSDP keeps the root gathered after a forward: start from plain shards
             yield from super().weight_buckets(dtype, bucket_bytes)
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Set the policy's weights from rank 0's full ``weights`` (ignored elsewhere)."""
         with self._joined(dpm.LOAD_WEIGHTS):
-            self._set_full(weights)
+            self._set_full(self.model, weights)
         self._weights = None
 
     def engine_model(self) -> torch.nn.Module:
@@ -287,6 +310,25 @@ class DPTrainer(Trainer):
     def _clip_grads(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+def _meta_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``module`` with every parameter and buffer new on the meta device: no bytes, ties kept
+    (deepcopy's memo maps each tensor to its one copy, where ``Module.to("meta")`` would untie them)."""
+    memo: dict = {}
+    for t in [*module.parameters(), *module.buffers()]:
+        empty = torch.empty_like(t, device="meta")
+        memo[id(t)] = torch.nn.Parameter(empty, t.requires_grad) if isinstance(t, torch.nn.Parameter) else empty
+    return copy.deepcopy(module, memo)
+
+
+def _reshard(module: torch.nn.Module) -> None:
+    """Back to sharded parameters (FSDP keeps the root's gathered after a forward)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
 
 
 def _unflatten(flat: dict, prefix: str, nested: bool = True) -> dict:

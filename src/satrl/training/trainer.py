@@ -152,10 +152,7 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = tf32  # a process-wide switch: the last trainer built sets it
             torch.backends.cudnn.allow_tf32 = tf32
         uses_ref = "ref_logp" in objective.needs  # a KL term with coefficient 0 needs none: not built
-        self.ref_model = None
-        if uses_ref:  # copied before the policy moves, so the device never holds an fp32 copy of it
-            self.ref_model = copy.deepcopy(model).to(self.device, self.compute_dtype).eval().requires_grad_(False)
-        self.model = model.float().to(self.device).train()
+        self.model, self.ref_model = self._place(model, uses_ref)
         if activation_checkpointing:  # per decoder layer: keep each layer's input, recompute the rest
             enable_checkpointing(self.model)
         self.logprob_chunk_tokens = logprob_chunk_tokens
@@ -178,6 +175,14 @@ class Trainer:
         from satrl.models.routing import moe_num_layers
 
         self.is_moe = moe_num_layers(model) > 0
+
+    def _place(self, model: torch.nn.Module, uses_ref: bool) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        """The policy on the device with fp32 master weights, and the frozen reference in the compute dtype if
+        a KL term needs one (copied before the policy moves, so the device never holds an fp32 copy of it)."""
+        ref = None
+        if uses_ref:
+            ref = copy.deepcopy(model).to(self.device, self.compute_dtype).eval().requires_grad_(False)
+        return model.float().to(self.device).train(), ref
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         """The compute-dtype context of every forward (nothing at all in fp32, so fp32 numbers are unchanged)."""
