@@ -24,7 +24,8 @@ three fp32 [tokens, vocab] gradients of the log-softmax path; after, three fp32 
 one decoder layer's recomputed activations (its *before* per-layer bytes). It is an upper bound: it holds every
 gradient and every saved activation at once. The optimizer step's peak (fixed + gradients + the fp32 sqrt(v)
 temporary of torch's foreach AdamW, 4 bytes per parameter) is counted too, and the peak is the larger of the two. The 8-rank rows divide fixed bytes and gradients by 8 (FSDP2
-sharding) and keep activations whole; FSDP2 is not built yet, so those rows are a projection, and so is every
+sharding) and keep activations whole; they are a projection (FSDP2 is built, satrl.training.dp, but was not run at
+these shapes on 8 ranks), and so is every
 full-depth number (measured pieces, added up). The GPU check (benchmarks/gpu_check.py) measures the real peak.
 """
 
@@ -206,7 +207,7 @@ def report(res: dict, shapes: dict, vocab: int, tokens: int, head: str, wall: fl
         b, a = res["before"], res["after"]
         lines.append(f"| {name} | {b['layer'][name]:,.0f} | {b['head']:,.0f} | {a['layer'][name]:,.0f} | {a['head']:,.0f} |")
     lines += ["", f"Projected peak per rank at {tokens:,} tokens per microbatch (GiB; 8 ranks = FSDP2 sharding of "
-              "weights, gradients, AdamW and reference by 8, activations whole; a projection: FSDP2 is not built yet):",
+              "weights, gradients, AdamW and reference by 8, activations whole; a projection, not an 8-rank run):",
               "", "| shape | params | setting | ranks | fixed | gradients | activations + working set "
               "| forward + backward | optimizer step | peak |",
               "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
