@@ -28,6 +28,10 @@ tensors (CUDA events, median of repeats) and reads the peak allocated memory of 
 Part 5, only where vLLM is installed (not on the lent machine so far: it then prints that it skipped): the tiny
 policy's ``satrl train`` loop on ``engine=vllm``, ``backend=local``, with ``weights.transport=inproc`` and
 ``vllm`` (vLLM's weight-transfer API on the GPU), which must give identical metrics.
+Part 6: ``satrl train`` on the tiny policy under ``torchrun --nproc_per_node=1`` (the data-parallel trainer:
+NCCL on CUDA, FSDP2 moving rank 0's loaded policy to the device one unit at a time, ``MixedPrecisionPolicy``
+in bf16, a DCP checkpoint) against the same run in one process, in fp32 and in bf16: the largest relative
+difference of any logged metric. One GPU cannot host two NCCL ranks, so more ranks are tested on CPU only.
 """
 
 from __future__ import annotations
@@ -95,6 +99,33 @@ def vllm_transport_lines(steps: int, root: Path) -> list[str]:
     print(json.dumps({"vllm_transport_equal": same, **{f"wall_s_{k}": v for k, v in walls.items()}}))
     return ["", f"weights.transport=vllm vs inproc on engine=vllm (tiny policy, {steps} steps, lag 2): metrics "
             f"{'identical' if same else 'DIFFERENT'}; wall {walls['vllm']:.1f} s vs {walls['inproc']:.1f} s."]  # fmt: skip
+
+
+def dp_lines(device: str, steps: int, root: Path) -> list[str]:
+    """Part 6: ``satrl train`` under torchrun with one rank against one process, fp32 and bf16."""
+    import os
+    import subprocess
+    import sys
+
+    base = [*RUN, "model.name=tiny-arith", f"steps={steps}", f"train.device={device}", f"engine.kwargs.device={device}",
+            f"checkpoint.every={steps}", "--no-progress"]  # fmt: skip
+    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=1"]
+    lines = ["", "| satrl train, tiny policy | steps | largest relative metric difference, 1-rank DP vs one process |",
+             "| --- | ---: | ---: |"]  # fmt: skip
+    for dtype in ("fp32", "bf16"):
+        rows = {}
+        for how, launcher in (("one", [sys.executable]), ("dp", torchrun)):
+            out = root / f"dp-{dtype}-{how}"
+            cmd = [*launcher, "-m", "satrl", "train", *base, f"train.dtype={dtype}", f"out={out}"]
+            done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd[:6])} ... failed: {done.stderr[-2000:]}")
+            rows[how] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        worst = max(abs(a[k] - b[k]) / max(abs(b[k]), 1e-6) for a, b in zip(rows["dp"], rows["one"])
+                    for k in b if k != "wall_s" and not k.startswith("perf/") and isinstance(b[k], float))  # fmt: skip
+        print(json.dumps({"dp_dtype": dtype, "steps": len(rows["dp"]), "worst_rel": worst}))
+        lines.append(f"| {dtype} | {len(rows['dp'])} | {worst:.1e} |")
+    return lines
 
 
 def _inputs(n: int, device: str, T: int = 1024) -> dict[str, torch.Tensor]:
@@ -192,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {r['gate_rate']:.3f} | {r['final_avg_at_k']:.3f} | {r['finite']} |"
             )
         lines += vllm_transport_lines(steps, Path(tmp))
+        lines += dp_lines(args.device, steps, Path(tmp))
     sizes = [1 << 16, 1 << 18] if args.quick else [1 << 20, 4 << 20, 16 << 20, 64 << 20]
     lines += ["", "| tokens | grpo ms | sat_grpo ms | x grpo (time) | grpo peak MiB | sat_grpo peak MiB | x grpo (memory) |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip

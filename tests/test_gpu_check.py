@@ -11,7 +11,8 @@ def test_gpu_check_logic_runs_on_cpu(capsys):
     assert gpu_check.main(["--device", "cpu", "--quick"]) == 0
     out = capsys.readouterr().out
     for needle in ("| tiny-arith | 2 |", "| tiny-arith-moe | 2 |", "| 64K |", "| 256K |",
-                   "| tiny bf16 + checkpointing + chunked log-probs | 256 | 2 |", "equal within tolerance"):
+                   "| tiny bf16 + checkpointing + chunked log-probs | 256 | 2 |", "equal within tolerance",
+                   "| fp32 | 2 | 0.0e+00 |", "| bf16 | 2 | 0.0e+00 |"):  # 1-rank DP = one process, on CPU bit for bit
         assert needle in out, needle
     assert "| True |" in out and "| False |" not in out  # every loss finite
     assert "NOT equal" not in out

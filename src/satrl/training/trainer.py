@@ -243,16 +243,18 @@ class Trainer:
         """Log-probs under other weights (a snapshot), or under the current ones if ``state`` is None.
 
         A snapshot runs through the policy's own modules with its tensors swapped in (``functional_call``): no
-        second model is kept. Its weights come to the device, in the compute dtype, for this call only."""
+        second model is kept. Its weights come to the device for this call only, in the dtype of the tensors they
+        replace (fp32 master weights): under bf16 autocast a bf16 copy would run the norms and the embedding in
+        bf16 and show a policy lag where there is none, so at lag 0 this equals the current forward bit for bit."""
         plan = plan_microbatches(mb, self.microbatch_tokens)
         dev_mb = to_device(mb, self.device)
         if state is None:
             pieces = [self._logp(self.model, row_slice(dev_mb, p[0], p[1]), p)[0] for p in plan]
             return torch.cat(pieces).cpu()
-        if state.keys() != self.model.state_dict().keys():
+        own = self.model.state_dict()
+        if state.keys() != own.keys():
             raise ValueError("snapshot weights do not match the policy's state dict keys")
-        cast = self.compute_dtype if self.dtype != "fp32" else None
-        swapped = {f"policy.{k}": v.to(self.device, cast if v.is_floating_point() else None) for k, v in state.items()}
+        swapped = {f"policy.{k}": v.to(self.device, own[k].dtype) for k, v in state.items()}
         scored = _Scored(self.model)
         pieces = []
         for p in plan:
