@@ -109,7 +109,7 @@ def dp_lines(device: str, steps: int, root: Path) -> list[str]:
 
     base = [*RUN, "model.name=tiny-arith", f"steps={steps}", f"train.device={device}", f"engine.kwargs.device={device}",
             f"checkpoint.every={steps}", "--no-progress"]  # fmt: skip
-    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=1"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]  # = torchrun
     lines = ["", "| satrl train, tiny policy | steps | largest relative metric difference, 1-rank DP vs one process |",
              "| --- | ---: | ---: |"]  # fmt: skip
     for dtype in ("fp32", "bf16"):
