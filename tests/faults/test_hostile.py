@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 from benchmarks.hostile import BAD_CONFIGS, BAD_DATASETS, check_config, check_dataset
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from run_helpers import REPO, TINY
@@ -102,6 +102,8 @@ def _accepts_or_one_line(path, overrides):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pairs=st.lists(st.tuples(key, values), max_size=4), top=st.one_of(st.none(), scalars, st.lists(scalars, max_size=2)))
+@example(pairs=[("objective.ratio", True)], top=None)  # a component given as neither name nor mapping (CI, 2026-12-03)
+@example(pairs=[("objective.kl", [1, 2])], top=None)
 def test_fuzzed_yaml_file(tmp_path, pairs, top):
     p = tmp_path / "fuzz.yaml"
     data = _nested(pairs) if top is None else top
@@ -112,6 +114,7 @@ def test_fuzzed_yaml_file(tmp_path, pairs, top):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(items=st.lists(st.tuples(key, st.one_of(st.text(max_size=15), values.map(lambda v: yaml.safe_dump(v).strip())),
                                 st.booleans()), max_size=4))  # fmt: skip
+@example(items=[("objective.ratio", "True", True), ("objective.trust_region", "3", True)])
 def test_fuzzed_overrides(items):
     _accepts_or_one_line(None, [f"{k}={v}" if eq else f"{k}{v}" for k, v, eq in items])
 

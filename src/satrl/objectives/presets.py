@@ -133,6 +133,8 @@ class ObjectiveSpec(BaseModel):
         for slot in SLOTS:
             given = data.get(slot)
             given = given.model_dump() if isinstance(given, Params) else given
+            if not (given is None or isinstance(given, str | Mapping)):
+                raise ValueError(f"{slot}: expected a component name or a mapping with a name, got {given!r}")
             given = {"name": given} if isinstance(given, str) else dict(given or {})
             given.setdefault("name", getattr(preset, slot))
             data[slot] = given
