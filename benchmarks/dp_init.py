@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.memory import QUICK_SHAPES, SHAPES, VOCAB, qwen3_config, random_qwen3
+from benchmarks.memory import QUICK_SHAPES, SHAPES, VOCAB, meta_qwen3, random_qwen3
 
 GiB = 2**30
 MODES = ("loaded", "meta")
@@ -39,12 +39,8 @@ MODES = ("loaded", "meta")
 
 def build_policy(shape: dict, vocab: int, leader: bool, mode: str) -> torch.nn.Module:
     """Rank 0's loaded policy, or another rank's: loaded too, or the architecture on the meta device."""
-    if leader or mode == "loaded":
-        return random_qwen3(shape, shape["num_hidden_layers"], vocab)
-    from transformers import Qwen3ForCausalLM
-
-    with torch.device("meta"):
-        return Qwen3ForCausalLM(qwen3_config(shape, shape["num_hidden_layers"], vocab))
+    build = random_qwen3 if leader or mode == "loaded" else meta_qwen3
+    return build(shape, shape["num_hidden_layers"], vocab)
 
 
 def kept_bytes(trainer) -> int:

@@ -38,7 +38,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -103,10 +106,6 @@ def vllm_transport_lines(steps: int, root: Path) -> list[str]:
 
 def dp_lines(device: str, steps: int, root: Path) -> list[str]:
     """Part 6: ``satrl train`` under torchrun with one rank against one process, fp32 and bf16."""
-    import os
-    import subprocess
-    import sys
-
     base = [*RUN, "model.name=tiny-arith", f"steps={steps}", f"train.device={device}", f"engine.kwargs.device={device}",
             f"checkpoint.every={steps}", "--no-progress"]  # fmt: skip
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]  # = torchrun

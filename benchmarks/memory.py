@@ -67,13 +67,17 @@ def qwen3_config(shape: dict, layers: int, vocab: int):
     return cfg
 
 
-def param_count(shape: dict, layers: int | None = None, vocab: int = VOCAB) -> int:
-    """Distinct parameters of the shape (tied embeddings once), counted on the meta device."""
+def meta_qwen3(shape: dict, layers: int, vocab: int) -> torch.nn.Module:
+    """The Qwen3-shaped causal LM on the meta device: no bytes, tied embeddings tied."""
     from transformers import Qwen3ForCausalLM
 
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(qwen3_config(shape, layers or shape["num_hidden_layers"], vocab))
-    return sum(p.numel() for p in model.parameters())
+        return Qwen3ForCausalLM(qwen3_config(shape, layers, vocab))
+
+
+def param_count(shape: dict, layers: int | None = None, vocab: int = VOCAB) -> int:
+    """Distinct parameters of the shape (tied embeddings once), counted on the meta device."""
+    return sum(p.numel() for p in meta_qwen3(shape, layers or shape["num_hidden_layers"], vocab).parameters())
 
 
 def one_row_batch(n_tokens: int, vocab: int, prompt: int = 16):
@@ -88,12 +92,8 @@ def one_row_batch(n_tokens: int, vocab: int, prompt: int = 16):
 
 def random_qwen3(shape: dict, layers: int, vocab: int) -> torch.nn.Module:
     """A Qwen3-shaped causal LM with small random weights, built without transformers' (slow) init."""
-    from transformers import Qwen3ForCausalLM
-
     torch.manual_seed(0)
-    with torch.device("meta"):
-        model = Qwen3ForCausalLM(qwen3_config(shape, layers, vocab))
-    model = model.to_empty(device="cpu")
+    model = meta_qwen3(shape, layers, vocab).to_empty(device="cpu")
     model.tie_weights()  # to_empty gives each module its own tensor: tie the LM head back (tied shapes)
     with torch.no_grad():
         for p in model.parameters():

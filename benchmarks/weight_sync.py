@@ -24,10 +24,8 @@ Peak host memory: the largest resident-set growth of the trainer's process over 
 reset), in GiB, next to the size of one bf16 copy of the weights (each distinct tensor once: the tied head is
 one tensor). The process first sets glibc's mmap threshold to 64 KiB (``mallopt``, as ``MALLOC_MMAP_THRESHOLD_=65536``
 in benchmarks.objectives), so that every large tensor is its own mapping, returned to the OS when freed: otherwise
-one version's freed pages stay resident and the next version's growth reads low (0.54 GiB for a 1.11 GiB copy,
-seen on 2026-12-03). Until 2026-12-03 the random policy behind this benchmark had its head untied by accident, which
-made the weights 0.29 GiB larger in bf16 than a real Qwen3-0.6B's, and the unit of the last column was that
-untied size.
+one version's freed pages stay resident and the next version's growth reads low. Until 2026-12-03 the random policy behind this benchmark had its head untied by accident, which
+added a second vocab x hidden matrix to the weights, and the unit of the last column was that untied size.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # make_batch, the op r
 from test_trainer import make_batch  # noqa: E402
 from test_trainer_no_host_sync import SYNCING, OrderedRecorder  # noqa: E402
 
-from satrl.models import build_char_tokenizer, build_tiny_model  # noqa: E402
+from satrl.models import build_char_tokenizer, build_tiny_model, meta_copy  # noqa: E402
 from satrl.objectives import resolve_objective  # noqa: E402
 from satrl.training import dp  # noqa: E402
 from satrl.training.dist_channel import Message  # noqa: E402
@@ -30,22 +30,13 @@ def leader_trainer(ctx, model, obj, kw: dict) -> DPTrainer | None:
         assert ctx.channel.recv().op == dp.START
     # The other ranks start from the architecture on the meta device, as `satrl train` under torchrun does:
     # every weight they train with comes from rank 0.
-    mine = copy.deepcopy(model) if ctx.leader else on_meta(model)
+    mine = copy.deepcopy(model) if ctx.leader else meta_copy(model)
     trainer = DPTrainer(mine, obj, dp=ctx, template=lambda: None, **kw)
     if ctx.leader:
         return trainer
     while (msg := ctx.channel.recv()).op != dp.STOP:
         trainer.follow(msg)
     return None
-
-
-def on_meta(model: torch.nn.Module) -> torch.nn.Module:
-    """The same architecture on the meta device, built as `satrl.models.empty_model` builds it (from the config:
-    `Module.to("meta")` would untie the tied LM head)."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(model.config, dtype=torch.float32, attn_implementation="sdpa")
 
 
 def loop_syncs(ops: list[str]) -> list[str]:

@@ -3,7 +3,7 @@
 - :func:`build_char_tokenizer`: character tokenizer (BOS prepended to prompts, EOS ends answers).
 - :func:`build_tiny_model`: a fresh ~1.05M-parameter dense or MoE causal LM, deterministic per seed.
 - :func:`load_policy`: ``(model, tokenizer)`` from a built-in name (``tiny-arith``, ``tiny-arith-moe``)
-  or a local HF directory (safetensors only); :func:`empty_model`, the same architecture on the meta device.
+  or a local HF directory (safetensors only); :func:`empty_model` and :func:`meta_copy`, the same architecture on the meta device.
 - ``satrl.training.pretrain``: ``satrl pretrain``, which trains the built-ins (imported on demand).
 - ``satrl.models.routing``: MoE routing capture and replay (R3).
 """
@@ -18,6 +18,7 @@ from satrl.models.loading import (
     load_model,
     load_policy,
     load_tokenizer,
+    meta_copy,
     quiet_progress_bars,
 )
 from satrl.models.tiny import build_tiny_model, count_params
@@ -34,5 +35,6 @@ __all__ = [
     "load_model",
     "load_policy",
     "load_tokenizer",
+    "meta_copy",
     "quiet_progress_bars",
 ]

@@ -9,6 +9,7 @@ progress bars ("Loading weights: 100%|...") are off while it runs (:func:`quiet_
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -140,6 +141,16 @@ def empty_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32) ->
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     return model.eval()
+
+
+def meta_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``module`` with every parameter and buffer new on the meta device: no bytes, ties kept
+    (deepcopy's memo maps each tensor to its one copy, where ``Module.to("meta")`` would untie them)."""
+    memo: dict = {}
+    for t in [*module.parameters(), *module.buffers()]:
+        empty = torch.empty_like(t, device="meta")
+        memo[id(t)] = torch.nn.Parameter(empty, t.requires_grad) if isinstance(t, torch.nn.Parameter) else empty
+    return copy.deepcopy(module, memo)
 
 
 def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerBase:

@@ -17,13 +17,13 @@ others receive it in :meth:`DPTrainer.follow`.
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from satrl.models.loading import meta_copy
 from satrl.training import dp as dpm
 from satrl.training.dist_channel import Message
 from satrl.training.trainer import Trainer, plan_microbatches
@@ -72,7 +72,7 @@ class DPTrainer(Trainer):
 
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         model = model.float().train()
-        ref = _meta_copy(model).to(self.compute_dtype).eval().requires_grad_(False) if uses_ref else None
+        ref = meta_copy(model).to(self.compute_dtype).eval().requires_grad_(False) if uses_ref else None
         tensors = [*model.named_parameters(), *model.named_buffers()]
         full = {n: t.detach() for n, t in tensors} if self.dp.leader else {}  # rank 0's host copy, as loaded
         self._check_same_architecture(model)
@@ -310,16 +310,6 @@ class DPTrainer(Trainer):
     def _clip_grads(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-
-
-def _meta_copy(module: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``module`` with every parameter and buffer new on the meta device: no bytes, ties kept
-    (deepcopy's memo maps each tensor to its one copy, where ``Module.to("meta")`` would untie them)."""
-    memo: dict = {}
-    for t in [*module.parameters(), *module.buffers()]:
-        empty = torch.empty_like(t, device="meta")
-        memo[id(t)] = torch.nn.Parameter(empty, t.requires_grad) if isinstance(t, torch.nn.Parameter) else empty
-    return copy.deepcopy(module, memo)
 
 
 def _reshard(module: torch.nn.Module) -> None:
