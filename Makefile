@@ -18,7 +18,10 @@ CORE_STAMP := $(CORE_VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# The CPU wheel of torch lies on disk; installing it first stops pip from pulling a CUDA build.
+	# torch first, pinned: this build machine's pip finds the CPU wheel locally (PIP_FIND_LINKS). On another
+	# machine without a GPU, install the CPU wheel into .venv before `make` (README: "Install"):
+	#   .venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+	# otherwise pip pulls the default (CUDA) build, several GB.
 	$(BIN)/pip install -q torch==2.13.0
 	# The TRL plug-in's extra as a user installs it (its tests also run on this newer transformers).
 	$(BIN)/pip install -q -e '.[dev,trl]'
@@ -70,14 +73,16 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	SATRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest tests/engines tests/models tests/training $(PYTEST_ARGS)
 
-# The verl extra exactly as a user installs it: `pip install '.[verl]'` with no --no-deps. verl 0.9.x pins
-# transformers<5.11, so this environment also runs the engine, model and trainer tests on that older
-# transformers. See docs/integrations.md.
+# The verl extra exactly as a user installs it: `pip install '.[verl]'` with no --no-deps, on the transformers
+# that verl 0.9.1's vllm, sglang and cpu extras pin (==5.9.0), which is satrl's floor: this environment runs the
+# plug-ins and the engine, model and trainer tests on the oldest transformers satrl accepts
+# (test_verl.py::test_verl_env_runs_on_satrl_transformers_floor checks the three agree). See docs/integrations.md.
+VERL_TRANSFORMERS := 5.9.0
 $(VERL_STAMP): pyproject.toml
 	test -x $(VERL_VENV)/bin/python || $(PY) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/pip install -q --upgrade pip
 	$(VERL_VENV)/bin/pip install -q torch==2.13.0
-	$(VERL_VENV)/bin/pip install -q -e '.[verl,trl]' pytest hypothesis
+	$(VERL_VENV)/bin/pip install -q -e '.[verl,trl]' 'transformers==$(VERL_TRANSFORMERS)' pytest hypothesis
 	touch $(VERL_STAMP)
 
 # SATRL_REQUIRE_VERL=1 / SATRL_REQUIRE_TRL=1: a missing verl or TRL fails (their tests never skip here).
@@ -85,7 +90,7 @@ $(VERL_STAMP): pyproject.toml
 test-verl: $(VERL_STAMP)
 	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(VERL_VENV)/bin/python -m pytest tests/integrations tests/objectives tests/engines tests/models tests/training -m "not vllm" $(PYTEST_ARGS)
 
-# GRPO and SAT-GRPO side by side (satrl demo: 150 steps of the SAT trial's regime each); README gives its time.
+# GRPO and SAT-GRPO side by side (satrl demo: 50 steps of the SAT trial's regime each); README gives its time.
 demo: $(STAMP)
 	$(BIN)/satrl demo --out runs/demo
 

@@ -2,7 +2,8 @@
 
     python -m benchmarks.chaos                  # 12 kill points, every hostile input, engine kills
     python -m benchmarks.chaos --points 20 --seed 3
-    python -m benchmarks.chaos --cases hang,checkpoint   # only some cases (kill, hostile, engine, hang, checkpoint)
+    python -m benchmarks.chaos --cases hang,checkpoint   # only some cases (kill, hostile, engine, hang, checkpoint,
+                                                         # folders, dp)
     python -m benchmarks.chaos --write-doc      # also writes the "Chaos" section of docs/benchmarks.md
 
 Kill anywhere: one short run (sequential backend, a checkpoint per batch) is relaunched with
@@ -17,7 +18,10 @@ three times during a run; the samples trained must be exactly the uninterrupted 
 SIGSTOP and a 3 s ``engine.timeout_s`` (each hung engine killed and replaced). Damaged checkpoints: every case
 of ``benchmarks.hostile.BAD_CHECKPOINTS`` under ``satrl train --resume`` must exit 2 with one line. Run folders
 (:mod:`benchmarks.folder_faults`, runnable alone): damaged metrics logs, a locked folder, ``out=`` an
-ordinary folder, an extended run, an edited grid. The summary line is what the README quotes.
+ordinary folder, an extended run, an edited grid, an emptied or edited config.yaml, a resume changing the seed,
+checkpoint weights deleted or zeroed, an edited grid base file. Data parallel (:mod:`benchmarks.dp_faults`,
+runnable alone, needs torchrun): engine deaths and hangs under ``weights.transport=dist`` and a stopped rank,
+each ending identical to the unbroken data-parallel run. The summary line is what the README quotes.
 """
 
 from __future__ import annotations
@@ -195,6 +199,8 @@ PARTS = {
     "checkpoint": (lambda r: f"damaged checkpoints {r['tried']} tried / {r['clean']} clean exits",
                    lambda r: r["clean"] == r["tried"]),
     "folders": (lambda r: f"run-folder faults {r['tried']} tried / {r['clean']} clean", lambda r: r["clean"] == r["tried"]),
+    "dp": (lambda r: f"data-parallel faults {r['tried']} tried / {r['identical']} identical",
+           lambda r: r["tried"] > 0 and r["identical"] == r["tried"]),
 }  # fmt: skip
 
 
@@ -210,6 +216,12 @@ def _folder_faults(work: Path) -> dict:
     return folder_faults(work)
 
 
+def _dp_faults(work: Path) -> dict:
+    from benchmarks.dp_faults import dp_faults  # imports this module: not at the top
+
+    return dp_faults(work)
+
+
 def run_cases(work: Path, cases: list[str], points: int = 12, seed: int = 0) -> dict[str, dict]:
     runners = {
         "kill": lambda: kill_anywhere(work / "kill", points, seed),
@@ -218,6 +230,7 @@ def run_cases(work: Path, cases: list[str], points: int = 12, seed: int = 0) -> 
         "hang": lambda: engine_hangs(work / "hang"),
         "checkpoint": lambda: bad_checkpoints(work / "checkpoint"),
         "folders": lambda: _folder_faults(work / "folders"),
+        "dp": lambda: _dp_faults(work / "dp"),
     }
     return {name: runners[name]() for name in PARTS if name in cases}
 

@@ -8,18 +8,23 @@ file:line, the log untouched, no summary); a torn last line (dropped with a one-
 completes); the run folder locked by another process (exit 2 naming its pid; once free, the resume works);
 ``out=`` an ordinary folder (exit 2, the user's files untouched); extending a finished run with
 ``--resume DIR steps=<more>`` (it completes); a grid edited and rerun into the same ``--out`` (exit 2 naming
-what changed, grid.yaml untouched). :func:`folder_faults` returns ``{"tried": n, "clean": m}``.
+what changed, grid.yaml untouched). Issue 34: an emptied or edited config.yaml, a resume that changes the seed
+and method, the checkpoint weights deleted, a block of the weights zeroed, and a grid's base file edited (each
+exit 2 with one line, the run folder byte-identical). :func:`folder_faults` returns ``{"tried": n, "clean": m}``.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+import yaml
 
 from benchmarks.chaos import TINY, env
 
@@ -118,6 +123,53 @@ def _edited_grid(d: Path) -> str | None:
     return bad
 
 
+def _tree(d: Path) -> dict[str, str]:
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(d.rglob("*")) if p.is_file() and p.name != ".satrl.lock"}  # fmt: skip
+
+
+def _refused_untouched(d: Path, damage: Callable[[Path], None], *args: str, needle: str = "") -> str | None:
+    """Damage the run folder ``d``, then ``--resume`` it with ``args``: exit 2, one line, folder byte-identical."""
+    damage(d)
+    before = _tree(d)
+    bad = _one_line(_cli("train", "--resume", str(d), *args, "--no-progress"), needle)
+    if bad is None and _tree(d) != before:
+        bad = "the run folder was changed"
+    return bad
+
+
+def _zero_block(d: Path) -> None:
+    weights = d / "checkpoints" / (d / "checkpoints" / "latest").read_text().strip() / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 4096] = bytes(4096)
+    weights.write_bytes(bytes(data))
+
+
+def _no_weights(d: Path) -> None:
+    for p in (d / "checkpoints").glob("step-*/model.safetensors"):
+        p.unlink()
+
+
+def _edited_base(d: Path) -> str | None:
+    from satrl.config import load_config
+    from satrl.experiments.spec import expand, load_grid, spec_to_yaml
+
+    out, grid, base = d.parent / "grid_out", d.parent / "g.yaml", d.parent / "base.yaml"
+    base.write_text("train: {lr: 0.0001}\n")
+    grid.write_text(json.dumps({"base": str(base), "lags": [2], "seeds": 1, "steps": 4,
+                                "cells": {"sat": {"objective.name": "sat_grpo"}}}))  # fmt: skip
+    (run,) = expand(load_grid(grid), out)
+    made = load_config(run.base, [*run.overrides, f"seed={run.seed}", f"out={run.run_dir}"])
+    shutil.copytree(d, run.run_dir)
+    (run.run_dir / "config.yaml").write_text(yaml.safe_dump(made.model_dump(mode="json"), sort_keys=False))
+    (out / "grid.yaml").write_text(spec_to_yaml(load_grid(grid), 1))
+    base.write_text("train: {lr: 0.001}\n")  # the base edited: the run was made at the old lr
+    bad = _one_line(_cli("grid", str(grid), "--seeds", "2", "--out", str(out)), "train.lr: 0.0001 -> 0.001")
+    if bad is None and not (run.run_dir / "summary.json").exists():
+        bad = "the run was moved or rewritten"
+    return bad
+
+
 CASES: dict[str, Callable[[Path], str | None]] = {
     "metrics line cut inside the log": lambda d: _damaged(d, cut=True),
     "metrics line deleted": lambda d: _damaged(d, cut=False),
@@ -126,6 +178,16 @@ CASES: dict[str, Callable[[Path], str | None]] = {
     "out= an ordinary folder": _ordinary_out,
     "finished run extended": _extend,
     "grid edited into the same --out": _edited_grid,
+    "config.yaml emptied": lambda d: _refused_untouched(d, lambda d: (d / "config.yaml").write_text(""), "steps=6",
+                                                        needle="config.yaml"),
+    "config.yaml edited": lambda d: _refused_untouched(
+        d, lambda d: (d / "config.yaml").write_text((d / "config.yaml").read_text().replace("seed: 7", "seed: 8")),
+        needle="config.yaml"),
+    "resume changing seed and method": lambda d: _refused_untouched(d, lambda d: None, "seed=9", "objective.name=grpo",
+                                                                    needle="seed"),
+    "checkpoint weights deleted": lambda d: _refused_untouched(d, _no_weights, "steps=6", needle="model.safetensors"),
+    "checkpoint weights damaged": lambda d: _refused_untouched(d, _zero_block, needle="checksum"),
+    "grid base file edited": _edited_base,
 }
 
 

@@ -6,15 +6,20 @@ vLLM, no network there); results go to docs/benchmarks.md, section "GPU".
     python -m benchmarks.gpu_check                      # on the GPU machine: writes the section
     python -m benchmarks.gpu_check --device cpu --quick  # logic smoke run anywhere (nothing written)
 
+    python benchmarks/gpu_check.py --device cpu --quick  # the same: the script puts the clone's src/ on the path
+
 Dependencies on the GPU machine: torch and transformers are there; satrl's objectives and config are pydantic
 models, and pydantic is not, so carry its wheels (pure Python except ``pydantic_core``, whose wheel must match
 the machine's Python) in an ignored folder and install them offline first:
 ``pip install --no-index --find-links WHEELS pydantic`` (pydantic, pydantic_core, annotated_types,
-typing_inspection). Without them the script stops at once with that instruction.
+typing_inspection). satrl itself needs no install: where it is not importable the script adds the clone's
+``src`` to ``sys.path``. Without a dependency it stops at once naming it (and, for pydantic, the instruction
+above); without satrl's sources it says that instead.
 
 Part 1 builds a randomly initialised Qwen3-0.6B-shaped policy (hidden 1024, 28 layers, 16 heads, 8 KV heads,
 head_dim 128, intermediate 3072, vocabulary 151936, tied embeddings; the config is local, no hub) and runs
-``Trainer.step`` on one 16,384-token row (sat_grpo, no KL term) with ``dtype=bf16``,
+``Trainer.step`` on one 16,384-token row (sat_grpo as preset: its k3 KL term at 1e-3, so a bf16 reference model
+and its forward) with ``dtype=bf16``,
 ``activation_checkpointing=True`` and ``logprob_chunk_tokens=2048``: a warm-up step, then timed steps (CUDA
 synchronised). MFU counts model FLOPs, 6 per parameter per token (the LM head included, the embedding lookup
 not) plus causal attention (6 * layers * heads * head_dim * sequence length per token), over the device's dense
@@ -32,6 +37,14 @@ Part 6: ``satrl train`` on the tiny policy under ``torchrun --nproc_per_node=1``
 NCCL on CUDA, FSDP2 moving rank 0's loaded policy to the device one unit at a time, ``MixedPrecisionPolicy``
 in bf16, a DCP checkpoint) against the same run in one process, in fp32 and in bf16: the largest relative
 difference of any logged metric. One GPU cannot host two NCCL ranks, so more ranks are tested on CPU only.
+Expected: 0 on CPU (both runs autocast the same fp32 weights); on CUDA fp32 within 1e-4 (reduction order), and
+bf16 within 5e-2: FSDP2's MixedPrecisionPolicy casts the parameters to bf16 once, autocast casts per op, and
+in bf16 d ~ 1e-3 metrics differ at bf16's resolution (8 bits: 4e-3 relative) and compound over the steps.
+Part 7: one RL-shaped rollout batch (512 rows, lognormal responses, median 900, cap 4096) through
+``Trainer.train_batch`` with configs/qwen3_gpu.yaml's trainer settings, pi_old and the d split
+(``benchmarks.gpu_trainer.rl_batch``): real tokens/s, MFU and peak memory. Part 8: the ``dist`` transport from
+the trainer's device to an engine process, seconds per version of the Qwen3-0.6B shape (``benchmarks.weight_sync``'s
+``dist_path`` with the trainer's weights on the device). ``--out DIR`` also writes the tables to DIR/gpu_check.md.
 """
 
 from __future__ import annotations
@@ -48,10 +61,27 @@ from pathlib import Path
 
 import torch
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _import_path() -> None:
+    """Make ``satrl`` (the clone's src/) and ``benchmarks`` importable without PYTHONPATH or an install."""
+    import importlib.util
+
+    if str(ROOT) not in sys.path:  # `python benchmarks/gpu_check.py` puts benchmarks/, not the root, first
+        sys.path.insert(0, str(ROOT))
+    if importlib.util.find_spec("satrl") is None and (ROOT / "src" / "satrl").is_dir():
+        sys.path.insert(0, str(ROOT / "src"))
+
+
+_import_path()
 try:
     from satrl.objectives import aggregate, policy_loss
-except ModuleNotFoundError as e:  # pydantic: carried as wheels to the GPU machine (see the docstring)
-    raise SystemExit(f"{e}: install the carried wheels first: pip install --no-index --find-links WHEELS pydantic") from None
+except ModuleNotFoundError as e:  # a dependency, or satrl itself (see the docstring)
+    if e.name == "satrl" or (e.name or "").startswith("satrl."):
+        raise SystemExit(f"{e}: satrl's sources are not at {ROOT / 'src'}: run this script from a clone of satrl") from None
+    hint = ": install the carried wheels first: pip install --no-index --find-links WHEELS pydantic" if "pydantic" in (e.name or "") else ""
+    raise SystemExit(f"satrl needs {e.name!r}, which is not installed here{hint}") from None
 
 RUN = [
     "train.prompts_per_batch=8", "train.group_size=4", "train.minibatches=2", "engine.max_new_tokens=8",
@@ -109,22 +139,57 @@ def dp_lines(device: str, steps: int, root: Path) -> list[str]:
     base = [*RUN, "model.name=tiny-arith", f"steps={steps}", f"train.device={device}", f"engine.kwargs.device={device}",
             f"checkpoint.every={steps}", "--no-progress"]  # fmt: skip
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]  # = torchrun
-    lines = ["", "| satrl train, tiny policy | steps | largest relative metric difference, 1-rank DP vs one process |",
-             "| --- | ---: | ---: |"]  # fmt: skip
+    lines = ["", "| satrl train, tiny policy | steps | largest relative metric difference, 1-rank DP vs one process "
+             "| expected here | within |", "| --- | ---: | ---: | ---: | --- |"]  # fmt: skip
     for dtype in ("fp32", "bf16"):
         rows = {}
         for how, launcher in (("one", [sys.executable]), ("dp", torchrun)):
             out = root / f"dp-{dtype}-{how}"
             cmd = [*launcher, "-m", "satrl", "train", *base, f"train.dtype={dtype}", f"out={out}"]
-            done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+            path = os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])  # satrl, uninstalled
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd[:6])} ... failed: {done.stderr[-2000:]}")
             rows[how] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         worst = max(abs(a[k] - b[k]) / max(abs(b[k]), 1e-6) for a, b in zip(rows["dp"], rows["one"])
                     for k in b if k != "wall_s" and not k.startswith("perf/") and isinstance(b[k], float))  # fmt: skip
-        print(json.dumps({"dp_dtype": dtype, "steps": len(rows["dp"]), "worst_rel": worst}))
-        lines.append(f"| {dtype} | {len(rows['dp'])} | {worst:.1e} |")
+        bound = DP_EXPECTED[dtype] if device.startswith("cuda") else 0.0
+        print(json.dumps({"dp_dtype": dtype, "steps": len(rows["dp"]), "worst_rel": worst, "expected": bound}))
+        lines.append(f"| {dtype} | {len(rows['dp'])} | {worst:.1e} | {'0 (bits)' if bound == 0 else f'<= {bound:g}'} "
+                     f"| {worst <= bound} |")  # fmt: skip
     return lines
+
+
+DP_EXPECTED = {"fp32": 1e-4, "bf16": 5e-2}  # on CUDA (docstring, part 6); on CPU the runs agree bit for bit
+
+
+def rl_lines(device: str, quick: bool) -> list[str]:
+    """Part 7: one RL-shaped rollout batch through train_batch (pi_old and the d split included)."""
+    from benchmarks.gpu_trainer import rl_batch
+
+    r = rl_batch(device, quick)
+    print(json.dumps(r))
+    mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %"
+    mem = "-" if r["peak_alloc_gib"] is None else f"{r['peak_alloc_gib']:.1f}"
+    return ["", "| RL batch through train_batch (pi_old, d split, reference) | rows | real tokens | microbatch_order "
+            "| log-prob chunk | s | real tokens / s | MFU | peak GiB allocated | finite |",
+            "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+            f"| {r['shape']}, configs/qwen3_gpu.yaml trainer settings | {r['rows']} | {r['real_tokens']:,} | {r['order']} "
+            f"| {r['chunk']} | {r['wall_s']:.1f} | {r['tokens_per_s']:.0f} | {mfu} | {mem} | {r['finite']} |"]  # fmt: skip
+
+
+def weight_lines(device: str, quick: bool, versions: int) -> list[str]:
+    """Part 8: the dist transport from the trainer's device to an engine process, per version."""
+    from benchmarks.memory import QUICK_SHAPES, SHAPES, VOCAB
+    from benchmarks.weight_sync import dist_path
+
+    shape, vocab, name = (QUICK_SHAPES["tiny"], 1000, "tiny") if quick else (SHAPES["0.6B"], VOCAB, "Qwen3-0.6B")
+    r = dist_path(shape, vocab, versions, device=device)
+    print(json.dumps({"weights": name, "device": device, **r}))
+    return ["", "| weights.transport=dist, trainer on the device -> engine process | versions | s / version (median) "
+            "| peak host GiB |", "| --- | ---: | ---: | ---: |",
+            f"| {name} on {device}, bf16 buckets of 256 MiB | {versions} | {r['sync_s']:.2f} | {r['peak'] / 2**30:.2f} |"]  # fmt: skip
 
 
 def _inputs(n: int, device: str, T: int = 1024) -> dict[str, torch.Tensor]:
@@ -206,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true", help="small sizes and 2 steps; nothing written to the docs")
+    ap.add_argument("--out", type=Path, help="also write the tables to OUT/gpu_check.md (and the JSON lines printed)")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here: run on the GPU machine, or pass --device cpu --quick for a smoke run")
@@ -223,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         lines += vllm_transport_lines(steps, Path(tmp))
         lines += dp_lines(args.device, steps, Path(tmp))
+    lines += rl_lines(args.device, args.quick)
+    lines += weight_lines(args.device, args.quick, versions=2 if args.quick else 3)
     sizes = [1 << 16, 1 << 18] if args.quick else [1 << 20, 4 << 20, 16 << 20, 64 << 20]
     lines += ["", "| tokens | grpo ms | sat_grpo ms | x grpo (time) | grpo peak MiB | sat_grpo peak MiB | x grpo (memory) |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
@@ -236,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"| {s['ms'] / g['ms']:.2f} | {mem} |")  # fmt: skip
     body = "\n".join(lines)
     print(body)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_check.md").write_text(f"{time.strftime('%Y-%m-%d')} {args.device}\n\n{body}\n")
     if not args.quick:
         from benchmarks._report import write_section
 

@@ -28,7 +28,7 @@ def model_flops_per_token(shape: dict, vocab: int, seq: int) -> float:
 
 def throughput(device: str, quick: bool, steps: int) -> dict:
     """Peak memory, tokens/s and MFU of Trainer.step on one row of ``tokens`` tokens (bf16, checkpointing,
-    chunked log-probs; sat_grpo without a KL term)."""
+    chunked log-probs; sat_grpo as preset, with its KL term: a bf16 reference model and its forward)."""
     from satrl.objectives import resolve_objective
 
     shape, vocab, tokens = (QUICK_SHAPES["tiny"], 1000, 256) if quick else (SHAPES["0.6B"], VOCAB, 16384)
@@ -97,3 +97,62 @@ def sat_parity(device: str, steps: int = 2, rtol: float = 1e-4) -> dict:
     # metric_tol: the worst |cpu - device| / (1e-6 + rtol |cpu|), <= 1 when every metric is within tolerance
     return {"metric_tol": worst_metric, "weight_rel": worst_weight,
             "equal": worst_metric <= 1 and worst_weight <= rtol, "rtol": rtol}  # fmt: skip
+
+
+def rl_batch(device: str, quick: bool, seed: int = 0) -> dict:
+    """One RL-shaped rollout batch through ``Trainer.train_batch`` with configs/qwen3_gpu.yaml's trainer settings
+    (its objective with the KL term, so a reference model; bf16, checkpointing, its log-prob chunk and microbatch
+    order), pi_old (the recomputed denominator) and the d split (``decompose``, one snapshot forward): 512 rows of
+    the token-efficiency benchmark's RL mix (lognormal responses, median 900, cap 4096) on the Qwen3-0.6B shape;
+    ``quick``: 64 rows of a tenth the length on the tiny shape. After a warm-up step on 8 rows, timed to the
+    device's end. Real tokens / s counts prompt + response tokens; MFU counts 6 FLOPs per matmul parameter per
+    token for the training forward and backward and 2 for each no-grad forward (reference, pi_old, snapshot), the
+    LM head at every token, plus causal attention, over the dense bf16 peak; recomputation is not useful work."""
+    from benchmarks.token_efficiency import ROWS, mix, recipe
+    from satrl.pipeline.buffer import collate
+    from satrl.training.trainer import Trainer
+    from satrl.types import Sample
+
+    cfg = recipe()
+    t = cfg.train
+    shape, vocab = (QUICK_SHAPES["tiny"], 1000) if quick else (SHAPES["0.6B"], VOCAB)
+    rows, budget = (64, 512) if quick else (ROWS, t.microbatch_tokens)
+    prompts, responses = mix("rl", seed, rows)
+    if quick:
+        prompts, responses = [max(1, p // 10) for p in prompts], [max(1, r // 10) for r in responses]
+    g = torch.Generator().manual_seed(seed)
+    samples = [Sample(f"s{i}", f"g{i // 16}", torch.randint(0, vocab, (p,), generator=g).tolist(),
+                      torch.randint(0, vocab, (r,), generator=g).tolist(), -torch.rand(r, generator=g) * 3, 0,
+                      float(i % 2)) for i, (p, r) in enumerate(zip(prompts, responses))]  # fmt: skip
+    batch = collate(samples, 0)
+    from benchmarks.memory import random_qwen3
+
+    trainer = Trainer(random_qwen3(shape, shape["num_hidden_layers"], vocab), cfg.objective, lr=1e-6,
+                      aggregation=cfg.objective.aggregation, microbatch_tokens=budget, device=device, dtype=t.dtype,
+                      tf32=t.tf32, activation_checkpointing=t.activation_checkpointing,
+                      logprob_chunk_tokens=t.logprob_chunk_tokens, microbatch_order=t.microbatch_order,
+                      recomputed_denominator=True, decompose=True, compile=t.compile)  # fmt: skip
+    snapshots = lambda v: trainer.weights()  # noqa: E731  (every row at the trainer's version: lag 0)
+    warm = collate(samples[:8], 0)
+    for _ in trainer.train_batch(warm, 0, snapshots, stop_at=trainer.version + 1):
+        pass
+    cuda = device.startswith("cuda")
+    _sync(device)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    steps = list(trainer.train_batch(batch, 1, snapshots, stop_at=trainer.version + 1))
+    _sync(device)
+    wall = time.perf_counter() - t0
+    lengths = [p + r for p, r in zip(prompts, responses)]
+    no_grad = 2 + (trainer.ref_model is not None)  # forwards without a backward: pi_old, the snapshot, the reference
+    flops = sum(n * model_flops_per_token(shape, vocab, n) * (1 + no_grad / 3) for n in lengths)
+    name = torch.cuda.get_device_name(0) if cuda else "cpu"
+    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    return {
+        "shape": "tiny" if quick else "Qwen3-0.6B", "rows": rows, "real_tokens": sum(lengths),
+        "order": t.microbatch_order, "chunk": trainer.logprob_chunk_tokens, "wall_s": wall,
+        "tokens_per_s": sum(lengths) / wall, "mfu": flops / wall / peak if peak else None,
+        "finite": all(m["skipped"] == 0.0 for m, _ in steps) and len(steps) == 1,
+        "peak_alloc_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+    }  # fmt: skip

@@ -176,6 +176,13 @@ def _edit_tree(change: Callable[[dict], object]) -> Callable[[Path], None]:
     return damage
 
 
+def _zero_block(p: Path) -> None:
+    """A block of zeros in the middle of the file: still a readable safetensors file, with other numbers."""
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 4096] = bytes(4096)
+    p.write_bytes(bytes(data))
+
+
 def _set_next_batch(tree: dict) -> dict:
     tree["run"]["fields"]["next_batch"] = "one"
     return tree
@@ -186,6 +193,8 @@ BAD_CHECKPOINTS: dict[str, tuple[str, Callable[[Path], None]]] = {
     "model.safetensors truncated": ("model.safetensors", _truncate),
     "model.safetensors not safetensors": ("model.safetensors", lambda p: p.write_text("hello, not a tensor file")),
     "model.safetensors empty": ("model.safetensors", lambda p: p.write_bytes(b"")),
+    "model.safetensors block zeroed": ("model.safetensors", _zero_block),  # caught by its checksum
+    "state.safetensors block zeroed": ("state.safetensors", _zero_block),
     "state.safetensors truncated": ("state.safetensors", _truncate),
     "state.json a list": ("state.json", lambda p: p.write_text("[1, 2]")),
     "state.json not JSON": ("state.json", lambda p: p.write_text("{")),

@@ -138,18 +138,19 @@ def _engine(link, shape: dict, vocab: int, versions: int, loaded) -> None:
         loaded.put(v)
 
 
-def dist_path(shape: dict, vocab: int, versions: int, keep: str = "bf16") -> dict:
+def dist_path(shape: dict, vocab: int, versions: int, keep: str = "bf16", device: str = "cpu") -> dict:
     """The real ``dist`` path of the local backend, per version: what the snapshot store keeps (``keep="bf16"``:
     a bf16 copy built from the trainer's bucket stream, ``Trainer.weight_buckets``, when the split is off;
     ``"fp32"``: ``Trainer.weights``' fp32 copy, when it is on), then ``DistTransport.push`` (bf16 buckets over
-    a standalone gloo group) to an engine process that loads it. Timed to the engine's "loaded"."""
+    a standalone gloo group) to an engine process that loads it. Timed to the engine's "loaded". ``device``: where
+    the trainer's weights live (cuda: each bucket is copied off the GPU on the way, as a GPU trainer's are)."""
     from satrl.pipeline.weights import DistTransport
     from satrl.training.trainer import cpu_copy
     from satrl.weights.buckets import aliases, buckets, unpack
 
     ctx = torch.multiprocessing.get_context("spawn")
     loaded = ctx.Queue()
-    trainer = random_qwen3(shape, shape["num_hidden_layers"], vocab)
+    trainer = random_qwen3(shape, shape["num_hidden_layers"], vocab).to(device)
     transport = DistTransport(lambda message: None, torch.bfloat16)  # markers order the queue: none here
     link = transport.open(lambda: proc.is_alive())
     proc = ctx.Process(target=_engine, args=(link, shape, vocab, versions + 1, loaded))

@@ -246,9 +246,11 @@ def test_qwen3_gpu_config_uses_the_gpu_trainer_settings():
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "qwen3_gpu.yaml", [])
     t = cfg.train
-    assert (t.dtype, t.tf32, t.activation_checkpointing, t.logprob_chunk_tokens) == ("bf16", True, True, 2048)
+    assert (t.dtype, t.tf32, t.activation_checkpointing, t.logprob_chunk_tokens) == ("bf16", True, True, "auto")
+    assert (t.microbatch_order, t.compile, cfg.weights.transport) == ("by_length", False, "dist")
     default = load_config(None, []).train  # the CPU testbed keeps its exact fp32 path
     assert (default.dtype, default.activation_checkpointing, default.logprob_chunk_tokens) == ("fp32", False, 0)
+    assert (default.microbatch_order, default.compile) == ("shuffled", False)
 
 
 @pytest.mark.parametrize("item,field", [("train.dtype=fp16", "train.dtype"),

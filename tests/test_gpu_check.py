@@ -12,7 +12,9 @@ def test_gpu_check_logic_runs_on_cpu(capsys):
     out = capsys.readouterr().out
     for needle in ("| tiny-arith | 2 |", "| tiny-arith-moe | 2 |", "| 64K |", "| 256K |",
                    "| tiny bf16 + checkpointing + chunked log-probs | 256 | 2 |", "equal within tolerance",
-                   "| fp32 | 2 | 0.0e+00 |", "| bf16 | 2 | 0.0e+00 |"):  # 1-rank DP = one process, on CPU bit for bit
+                   "| fp32 | 2 | 0.0e+00 | 0 (bits) | True |", "| bf16 | 2 | 0.0e+00 | 0 (bits) | True |",  # 1-rank DP =
+                   "| tiny, configs/qwen3_gpu.yaml trainer settings | 64 |",  # one process, on CPU bit for bit
+                   "| tiny on cpu, bf16 buckets of 256 MiB | 2 |"):  # the RL batch and the weight-time rows
         assert needle in out, needle
     assert "| True |" in out and "| False |" not in out  # every loss finite
     assert "NOT equal" not in out
@@ -39,3 +41,23 @@ def test_sat_parity_can_fail(monkeypatch):
 
     monkeypatch.setattr(trainer_mod, "Trainer", second_run_skewed)
     assert not gpu_trainer.sat_parity("cpu")["equal"]
+
+
+def test_gpu_check_finds_satrl_without_pythonpath_or_install(tmp_path):
+    """On the GPU machine satrl is not installed: the script puts the clone's src/ on the path itself. Here
+    ``python -S`` skips the editable install's .pth, so only the script's own path setup can find satrl."""
+    import os
+    import site
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(gpu_check.__file__).resolve().parent.parent
+    code = (f"import sys, runpy; sys.path.append({site.getsitepackages()[0]!r}); "
+            "import importlib.util; assert importlib.util.find_spec('satrl') is None; "
+            f"sys.argv = ['gpu_check.py', '--help']; runpy.run_path({str(root / 'benchmarks' / 'gpu_check.py')!r}, "
+            "run_name='__main__')")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only the script may put src/ on the path
+    done = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--out" in done.stdout

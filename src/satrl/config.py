@@ -90,11 +90,13 @@ class EngineConfig(_Strict):
     # A hang is a fault like a death (backend local and ray): past the deadline the engine is killed and
     # restarted, and its batches are re-issued (docs/design.md, "Fault tolerance").
     timeout_s: float = Field(
-        1800.0, gt=0, description="Seconds the engine may work without returning a rollout before it counts as "
-        "hung and is restarted (raise it for long generations on slow hardware).",
+        1800.0, ge=1, description="Seconds the engine may work without returning a rollout before it counts as "
+        "hung and is restarted (raise it for long generations on slow hardware; at least 1: deadlines are checked "
+        "once a second).",
     )  # fmt: skip
     start_timeout_s: float = Field(
-        1800.0, gt=0, description="Seconds an engine process may take to start (load the model) before it counts as hung."
+        1800.0, ge=1, description="Seconds an engine process may take to start (load the model) before it counts as hung "
+        "(at least 1).",
     )
     max_restarts: int = Field(
         3, ge=0, description="Engine deaths or hangs in a row (no rollout in between) tolerated before the run stops."
@@ -155,6 +157,10 @@ class TrainConfig(_Strict):
         None, ge=1, description="Cap on `threads` (`satrl grid` sets it so that workers x threads <= cores); null: none."
     )
     device: str = Field("cpu", description="Trainer device: cpu, cuda or cuda:N (the torch engine's is engine.kwargs.device).")
+    rank_timeout_s: float = Field(
+        120.0, ge=2, description="Data parallel (torchrun): seconds a rank may go without a heartbeat (one a second, "
+        "from a thread of its own) before the job ends naming it (a stopped or frozen process).",
+    )  # fmt: skip
     dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Trainer compute dtype: fp32, or bf16 forward/backward under torch.autocast with fp32 "
         "master weights, gradients and AdamW state (the reference model is then kept in bf16).",
@@ -163,9 +169,28 @@ class TrainConfig(_Strict):
     activation_checkpointing: bool = Field(
         False, description="Recompute each decoder layer in the backward instead of saving its activations."
     )
-    logprob_chunk_tokens: int = Field(
-        0, ge=0, description="0: log-probs from full-vocabulary logits (the exact CPU numbers); N > 0: LM head and "
-        "log-softmax only at response positions, N tokens at a time, recomputed in the backward (equal to 1e-6).",
+    logprob_chunk_tokens: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        0, description="0: log-probs from full-vocabulary logits (the exact CPU numbers; on CUDA a microbatch whose "
+        "logits would not fit in the free device memory is refused before it runs); N > 0: LM head and log-softmax "
+        "only at response positions, N tokens at a time, recomputed in the backward (equal to 1e-6); auto: N from "
+        "the vocabulary (fp32 [N, vocab] logits <= 2 GiB: 2048 for Qwen3's 151,936 tokens).",
+    )  # fmt: skip
+    microbatch_order: Literal["shuffled", "by_length"] = Field(
+        "shuffled", description="How a minibatch's rows are cut into microbatches: shuffled, in the epoch's random "
+        "order (the paper's); by_length, longest first, so rows of about the same length share a microbatch (less "
+        "padding, and SAT's per-microbatch quantile is then taken among responses of similar length; docs/design.md "
+        "\"Trainer\"). Either way the LM head runs on each microbatch's longest response only.",
+    )  # fmt: skip
+    compile: bool = Field(
+        False, description="torch.compile each decoder layer and the log-prob chunk (inductor), and on CUDA use the "
+        "fused AdamW; equal to eager within 1e-5 relative on CPU fp32 (tests/training/test_compile.py).",
+    )  # fmt: skip
+    lr_lag_scaling: Literal["none", "inverse", "inverse_sqrt"] = Field(
+        "none", description="Scale each optimizer step's lr by 1/S (inverse) or 1/sqrt(S) (inverse_sqrt), S the "
+        "minibatch's realized lag: the mean lag (trainer version - token version) over its active tokens, clamped "
+        "to >= 1, so lag 0 (synchronous) and lag 1 keep lr. none: lr untouched. The base lr is restored after each "
+        "step (checkpoints hold it); composes multiplicatively with an objective's step size (VCPO). Logged as "
+        "train/lag_lr_scale, train/lr_lag, train/lr_scale.",
     )  # fmt: skip
 
 
@@ -190,6 +215,12 @@ class EvalConfig(_Strict):
     val_problems: int = Field(80, ge=1, description="Val-part problems per evaluation (checkpoint selection).")
     test_problems: int = Field(100, ge=1, description="Test-part problems per evaluation (reported scores).")
     engine: EngineName | None = Field(None, description="Engine for evaluation (default: the rollout engine).")
+    problem_seed: int | None = Field(
+        None, ge=0, description="Seed of the eval problems' draw, passed to the task as eval_seed (tasks with one: "
+        "arithmetic, countdown, gym:*); null: the task's own (task.kwargs.eval_seed, default 0: the problems of "
+        "every earlier run). Another seed draws a fresh eval set from the same eval partition, still disjoint from "
+        "training; val and test stay disjoint (split by a hash of the prompt).",
+    )  # fmt: skip
 
 
 class DiagnosticsConfig(_Strict):
@@ -246,7 +277,17 @@ class RunConfig(_Strict):
         if transport == "vllm" and self.engine.name != "vllm":
             raise ValueError(f"weights.transport=vllm: needs engine.name=vllm (got {self.engine.name}); use "
                              f"weights.transport=dist")  # fmt: skip
+        if self.eval.problem_seed is not None and "eval_seed" in self.task.kwargs:
+            raise ValueError(f"eval.problem_seed={self.eval.problem_seed} and task.kwargs.eval_seed="
+                             f"{self.task.kwargs['eval_seed']} both choose the eval problems; set one")  # fmt: skip
         return self
+
+    @property
+    def task_kwargs(self) -> dict[str, Any]:
+        """The task's constructor arguments: ``task.kwargs``, plus ``eval_seed`` when ``eval.problem_seed`` is set."""
+        if self.eval.problem_seed is None:
+            return dict(self.task.kwargs)
+        return {**self.task.kwargs, "eval_seed": self.eval.problem_seed}
 
     @property
     def trainer_threads(self) -> int:

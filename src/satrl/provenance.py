@@ -66,12 +66,15 @@ def environment(threads: int) -> dict:
     }
 
 
-def record_session(run_path: Path, from_step: int, threads: int) -> dict:
-    """Append this session (the step it starts from, the time, :func:`environment`) to the run's
-    ``environment.json``; a fresh run (``from_step`` 0) starts the list over. Returns the entry."""
+def record_session(run_path: Path, from_step: int, threads: int, config_changes: dict | None = None) -> dict:
+    """Append this session (the step it starts from, the time, :func:`environment`, and the config changes a
+    resume made, ``{key: [before, now]}``, in effect from that step) to the run's ``environment.json``; a fresh
+    run (``from_step`` 0) starts the list over. Returns the entry."""
     path = Path(run_path) / ENVIRONMENT
     sessions = read_sessions(run_path) if from_step > 0 else []  # a torn file reads as []: keep what is known now
     entry = {"from_step": from_step, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), **environment(threads)}
+    if config_changes:
+        entry["config_changes"] = config_changes
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"sessions": [*sessions, entry]}, indent=1) + "\n")
     tmp.replace(path)

@@ -43,7 +43,8 @@ def test_demo_regime_is_the_trials_but_for_its_declared_changes():
     trial = {k: v for k, v in spec.extra.items() if k not in CHANGES}
     trial["lag.schedule"] = spec.lag_schedule
     assert TRIAL == trial and REGIME == {**TRIAL, **CHANGES}
-    assert set(CHANGES) == {"backend", "steps", "eval.every"} and CHANGES["backend"] == "local"
+    assert set(CHANGES) == {"backend", "steps", "eval.every", "eval.val_problems", "eval.test_problems",
+                            "diagnostics.decompose"} and CHANGES["backend"] == "local"  # fmt: skip
     assert {"grpo", "sat_grpo"} <= set(spec.cells) and 8 in spec.lags
 
 
@@ -52,17 +53,52 @@ def _metrics(cell: str, seed: int, steps: int) -> list[dict]:
         return [json.loads(line) for line in f][:steps]
 
 
-def test_what_the_demo_shows_holds_on_every_trial_seed_at_its_length():
+def test_what_the_demo_shows_holds_on_the_trial_seeds_at_its_length():
     """Training does not depend on the step budget (constant lr), so the first `steps` steps of a trial run are the
     demo run of that seed (on the trial's CPU kind). At the demo's length, SAT-GRPO's d̄_π over the last 25 % of
-    steps is below GRPO's on every seed, and its gate acts (obj/gate_rate and obj/sat_clipfrac > 0), as LOOK_FOR says.
-    Shortening the demo past what this holds for fails here (at 100 steps one seed has SAT-GRPO above GRPO)."""
+    steps is below GRPO's on as many seeds as LOOK_FOR says (at least 9 of 10; 40 steps: 9, the tenth 2 % above),
+    and its gate acts (obj/gate_rate and obj/sat_clipfrac > 0) on every seed. Shortening the demo past what this
+    holds for fails here."""
     from satrl.demo import LOOK_FOR, REGIME, _mean, d_pi_last25
 
-    steps = REGIME["steps"]
-    assert f"at this demo's {steps} steps SAT-GRPO's d̄_π is below GRPO's on all 10 seeds" in LOOK_FOR
+    steps, below = REGIME["steps"], 0
     for seed in range(10):
         grpo, sat = _metrics("grpo", seed, steps), _metrics("sat_grpo", seed, steps)
         assert len(grpo) == len(sat) == steps
-        assert d_pi_last25(sat) < d_pi_last25(grpo), seed
+        below += d_pi_last25(sat) < d_pi_last25(grpo)
         assert _mean([r["obj/gate_rate"] for r in sat]) > 0 and _mean([r["obj/sat_clipfrac"] for r in sat]) > 0
+    count = "all 10" if below == 10 else f"{below} of 10"
+    assert below >= 9 and f"at this demo's {steps} steps SAT-GRPO's d̄_π is below GRPO's on {count} seeds" in LOOK_FOR
+
+
+def test_what_this_run_shows_is_worded_from_its_numbers():
+    """The report's claims about this seed follow its metrics: d̄_π below or not, the gate acting or not."""
+    from satrl.demo import shown
+
+    lower = shown({"grpo": 0.035, "sat_grpo": 0.024}, 0.097, 0.018, 4.4, 8)
+    assert "below GRPO's (0.0240 vs 0.0350, 31% lower)" in lower and "contracted the trust region on 9.7%" in lower
+    higher = shown({"grpo": 0.024, "sat_grpo": 0.035}, 0.097, 0.018, 4.4, 8)
+    assert "not below GRPO's this time (0.0350 vs 0.0240)" in higher and "below GRPO's (" not in higher
+    idle = shown({"grpo": 0.03, "sat_grpo": 0.02}, 0.0, 0.0, 1.0, 8)
+    assert "did not change any gradient" in idle and "contracted" not in idle
+    assert "cannot be compared" in shown({"grpo": None, "sat_grpo": 0.02}, 0.1, 0.01, None, 8)
+
+
+def test_the_demos_eval_and_diagnostics_changes_do_not_change_what_is_trained(tmp_path):
+    """CHANGES may cut evals and the d̄_π split only because neither changes training: with the trial's eval
+    settings and the split, or the demo's, every metric of every step is the same but the split's own."""
+    from run_helpers import stable
+    from satrl.config import load_config
+    from satrl.demo import CHANGES
+    from satrl.jsonl import read_jsonl
+    from satrl.pipeline.orchestrator import train
+
+    demo = [f"{k}={str(v).lower()}" for k, v in CHANGES.items() if k.startswith(("eval.", "diagnostics."))]
+    trial = ["eval.every=1", "eval.val_problems=4", "eval.test_problems=4", "diagnostics.decompose=true"]
+    rows = {}
+    for name, extra in (("trial", trial), ("demo", demo)):
+        train(load_config(None, [*TINY, "objective.name=sat_grpo", "lag.n=2", "steps=3", "eval.at_start=true",
+                                 *extra, f"out={tmp_path / name}"]))  # fmt: skip
+        rows[name] = [{k: v for k, v in r.items() if not k.startswith(("mismatch/d_policy", "mismatch/d_impl",
+                       "mismatch/frac_"))} for r in stable(read_jsonl(tmp_path / name / "metrics.jsonl"))]  # fmt: skip
+    assert rows["trial"] == rows["demo"] and len(rows["demo"]) == 3

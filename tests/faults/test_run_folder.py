@@ -134,6 +134,7 @@ def test_out_folder_of_a_run_killed_at_startup_is_reused(run_tiny, tiny_cfg):
 # -- 9: one process per run folder ----------------------------------------------------------------------
 def test_run_folder_is_locked_while_training(run_tiny):
     out = run_tiny("steps=2")
+    assert not (out / ".satrl.lock").exists()  # a clean exit removes its lock file
     (out / "summary.json").unlink()
     with open(out / ".satrl.lock", "a+") as held:  # another process trains in it
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -144,4 +145,25 @@ def test_run_folder_is_locked_while_training(run_tiny):
         assert "424242" in line and str(out) in line
         assert not (out / "summary.json").exists()
     assert _cli("--resume", str(out)).returncode == 0  # released (or its holder killed): no stale lock
-    assert (out / "summary.json").exists()
+    assert (out / "summary.json").exists() and not (out / ".satrl.lock").exists()
+
+
+def test_a_lock_file_unlinked_under_a_waiting_opener_is_not_a_lock(tmp_path, monkeypatch):
+    """A clean release unlinks the lock file while holding it; a process that opened the old file just before
+    must not count its flock on that orphan as holding the folder: it locks the file now at the path."""
+    from satrl.pipeline import rundir
+
+    real_open, opened = open, []
+
+    def racing_open(path, *args, **kwargs):
+        f = real_open(path, *args, **kwargs)
+        if not opened:  # the holder releases between this process's open and its flock
+            os.unlink(path)
+        opened.append(f)
+        return f
+
+    monkeypatch.setattr(rundir, "open", racing_open, raising=False)
+    held = rundir._lock(tmp_path)
+    assert len(opened) == 2 and opened[0].closed and held is opened[1]
+    assert os.stat(tmp_path / ".satrl.lock").st_ino == os.fstat(held.fileno()).st_ino
+    held.close()

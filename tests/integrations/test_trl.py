@@ -302,3 +302,32 @@ def test_mu_source_without_sampling_log_probs(tiny_dir, tmp_path):
     tr.mu_source = "sampling"
     with pytest.raises(RuntimeError, match="has no sampling log-probs"):
         loss_and_grads(tr, inputs)
+
+
+@needs_trl
+def test_sampling_mu_without_a_generator_that_has_log_probs_is_refused_before_the_model_loads(tiny_dir, tmp_path,
+                                                                                              monkeypatch):
+    """mu_source="sampling" needs vLLM (use_vllm=True) or a rollout_func: without either, SATGRPOTrainer
+    refuses before TRL loads the model (here a path that does not exist), given by keyword or by position."""
+    missing = str(tmp_path / "no-model")
+    refused = r"mu_source='sampling'\) needs the generator's sampling log-probs.*use_vllm=True"
+    with pytest.raises(ValueError, match=refused):
+        SATGRPOTrainer(model=missing, reward_funcs=reward_digits, args=config(SATGRPOConfig, tmp_path),
+                       mu_source="sampling")
+    with pytest.raises(ValueError, match=refused):
+        SATGRPOTrainer(missing, reward_digits, config(SATGRPOConfig, tmp_path), mu_source="sampling")
+    # vLLM generates: not refused by satrl (what fails next is TRL's own loading of the missing model or vLLM)
+    with pytest.raises(Exception) as other:
+        SATGRPOTrainer(model=missing, reward_funcs=reward_digits, mu_source="sampling",
+                       args=config(SATGRPOConfig, tmp_path, use_vllm=True))
+    assert "mu_source" not in str(other.value)
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # TRL warns that rollout_func is experimental
+
+    def rollout_func(prompts, trainer):  # a generator that returns its log-probs (never called here)
+        raise AssertionError("not called")
+
+    tr = SATGRPOTrainer(model=tiny_dir, reward_funcs=reward_digits, args=config(SATGRPOConfig, tmp_path),
+                        train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=build_char_tokenizer(),
+                        rollout_func=rollout_func, mu_source="sampling")
+    assert tr.mu_source == "sampling"

@@ -313,3 +313,25 @@ def test_installed_verl_is_in_the_extras_range_and_main_ppo_sees_the_plugin():
                     "install verl with its dependencies: pip install '.[verl]'")
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["satrl.integrations.verl"] * 2
+
+
+@needs_verl
+def test_verl_env_runs_on_satrl_transformers_floor():
+    """satrl's transformers floor is the pin of verl's rollout-engine extras (vllm, sglang, cpu), so satrl
+    installs beside them; ``make test-verl`` builds its environment on that pin, so the floor is tested."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    ours = [Requirement(r) for r in importlib.metadata.requires("satrl-async") or [] if r.startswith("transformers")]
+    floors = [s.version for r in ours if r.marker is None for s in r.specifier if s.operator == ">="]
+    assert len(floors) == 1, ours
+    verls = [Requirement(r) for r in importlib.metadata.requires("verl") or []]
+    pins = {str(s.version) for r in verls if r.name == "transformers" and r.marker is not None
+            and any(r.marker.evaluate({"extra": e}) for e in ("vllm", "sglang", "cpu"))
+            for s in r.specifier if s.operator == "=="}
+    assert len(pins) == 1 and Version(floors[0]) <= Version(pins.pop()), (floors, pins)
+    installed = Version(importlib.metadata.version("transformers"))
+    assert installed >= Version(floors[0])
+    if REQUIRED:  # the verl environment of `make test-verl`: exactly the floor
+        assert installed.release[:len(Version(floors[0]).release)] == Version(floors[0]).release, \
+            f"make test-verl runs on transformers {installed}, not satrl's floor {floors[0]}"

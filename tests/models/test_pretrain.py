@@ -100,3 +100,22 @@ def test_run_pretrain_writes_an_hf_dir(tmp_path, capsys):
     }
     model, tok = load_policy(out)
     assert model.config.num_hidden_layers == 4 and len(tok) == 52
+
+
+def test_run_pretrain_in_a_pipe_draws_no_bar(monkeypatch, capsys):
+    """stdout not a terminal (a pipe, a log file): no live bar, transformers' bars off, only the final line."""
+    from transformers.utils import logging as hf_logging
+
+    from satrl.training import pretrain as mod
+
+    seen = {}
+
+    def fake(**kwargs):
+        seen["progress"], seen["hf_bars"] = kwargs["progress"], hf_logging.is_progress_bar_enabled()
+        return {"steps_run": 2, "train_time_s": 1.0, "final": {"avg_at_k": 0.5, "greedy_acc": 0.5}}
+
+    monkeypatch.setattr(mod, "pretrain", fake)
+    hf_logging.enable_progress_bar()
+    assert run_pretrain(_parse(["--steps", "2", "--out", "x"])) == 0
+    assert seen == {"progress": False, "hf_bars": False} and hf_logging.is_progress_bar_enabled()
+    assert capsys.readouterr().out.splitlines() == ["wrote x: 2 steps in 1 s; avg@8 = 0.500, greedy = 0.500"]

@@ -29,7 +29,7 @@ def flat_params(spec) -> dict:
     return p
 
 
-def naive_policy_loss(name, logp, behavior_logp, adv, mask, ref_logp=None, old_logp=None, **overrides):
+def naive_policy_loss(name, logp, behavior_logp, adv, mask, ref_logp=None, old_logp=None, lag=None, **overrides):
     resolved = resolve_objective(name, **overrides)
     p = flat_params(resolved)
     # the component names, as strings (the loop below compares them)
@@ -94,6 +94,19 @@ def naive_policy_loss(name, logp, behavior_logp, adv, mask, ref_logp=None, old_l
             cand.remove(worst)
             dropped.add(worst)
 
+    if spec.trust_region == "m2po_official":  # the official repo's loop over breakpoints, with its constants
+        bounds = m2po_official_interval([dval[bt] for bt in act], [A(*bt) for bt in act], p)
+    if spec.trust_region == "vespo":  # per response: phi of the product of the token ratios pi / mu
+        phi = {}
+        for b in range(B):
+            toks = [t for t in range(T) if mask[b, t]]
+            if toks:
+                s = sum(min(max(float(logp[b, t].detach() - behavior_logp[b, t]), -20.0), 20.0) for t in toks)
+                w = math.exp(min(max(s, -20.0), 20.0))
+                pos = sum(A(b, t) for t in toks) / len(toks) >= 0
+                k, lam = (p["k_pos"], p["lambda_pos"]) if pos else (p["k_neg"], p["lambda_neg"])
+                phi[b] = math.exp(lam + k * math.log(max(w, 1e-8)) - lam * w)
+
     out = torch.zeros(B, T, dtype=logp.dtype)
     total = logp.sum() * 0.0
     for b, t in act:
@@ -116,6 +129,25 @@ def naive_policy_loss(name, logp, behavior_logp, adv, mask, ref_logp=None, old_l
                 loss = torch.min(loss, torch.tensor(-p["dual_clip"] * a, dtype=logp.dtype))
             if spec.trust_region == "ppo_dtv_mask" and outward and abs(pi - mu) > p["delta"]:
                 loss = loss * 0.0
+        elif spec.trust_region == "a3po":  # pi_prox interpolated by version (AReaL's loglinear), then decoupled PPO
+            ag = int(lag[b, t])
+            alpha = 0.0 if ag <= 0 else min(max((ag - p["prox_lag"]) / ag, 0.0), 1.0)
+            lmu = float(behavior_logp[b, t])
+            lprox = lmu + alpha * (float(logp[b, t].detach()) - lmu)
+            rp = torch.exp(logp[b, t] - lprox)
+            loss = -torch.min(rp * a, torch.clamp(rp, 1 - p["eps_low"], 1 + p["eps_high"]) * a)
+            if p["dual_clip"] is not None and a < 0:
+                loss = torch.min(loss, torch.tensor(-p["dual_clip"] * a, dtype=logp.dtype))
+            loss = loss * behav_weight(math.exp(lprox - lmu), p)
+        elif spec.trust_region == "topr":
+            if a > 0:
+                loss = -p["topr_positive_weight"] * a * logp[b, t]
+            else:
+                loss = -p["topr_negative_weight"] * min(max(float(rr.detach()), 0.0), 1.0) * a * logp[b, t]
+        elif spec.trust_region == "vespo":
+            loss = -phi[b] * a * logp[b, t]
+        elif spec.trust_region == "m2po_official":
+            loss = -torch.min(rr * a, torch.clamp(rr, *bounds) * a)
         elif spec.trust_region == "dppo_tv":
             loss = loss_drop(-rr * a, outward and abs(pi - mu) > p["delta"])
         else:  # dppo_kl
@@ -132,6 +164,10 @@ def naive_policy_loss(name, logp, behavior_logp, adv, mask, ref_logp=None, old_l
             loss = loss * (1.0 if p["icepop_low"] <= k <= p["icepop_high"] else 0.0)
         elif spec.correction == "mis":
             loss = loss * (k if k <= p["mis_threshold"] else 0.0)
+        elif spec.correction == "decoupled":
+            loss = loss * behav_weight(k, p)
+        elif spec.correction in ("geo_mask", "kl_mask"):
+            loss = loss_drop(loss, not verl_keep(spec.correction, old, behavior_logp, mask, b, t, p))
         elif spec.correction == "opsm":  # drop A < 0 responses whose mean log(mu / pi) exceeds delta
             toks = [u for u in range(T) if mask[b, u]]
             kl = sum(float(behavior_logp[b, u] - logp[b, u].detach()) for u in toks) / len(toks)
@@ -157,3 +193,52 @@ def naive_kl(kind, lp, ref):
     if kind == "k2":
         return 0.5 * x * x
     return torch.exp(x) - x - 1.0
+
+
+def behav_weight(k, p):
+    """Decoupled PPO's behaviour weight: k if k <= C else 0 (mask), or min(k, C) (truncate)."""
+    cap = p["behav_imp_weight_cap"]
+    if p["behav_imp_weight_mode"] == "mask":
+        return k if k <= cap else 0.0
+    return min(k, cap)
+
+
+def verl_keep(correction, old, behavior_logp, mask, b, t, p):
+    """verl's rejection rule for token (b, t): its own statistic or its response's, against the bounds."""
+    kind, level = ("k1", p["geo_level"]) if correction == "geo_mask" else (p["kl_estimator"], p["kl_level"])
+
+    def stat(u):
+        lr = min(max(float(old[b, u] - behavior_logp[b, u]), -20.0), 20.0)
+        return {"k1": -lr, "k2": 0.5 * lr * lr, "k3": math.exp(lr) - 1.0 - lr}[kind]
+
+    toks = [u for u in range(mask.shape[1]) if mask[b, u]]
+    s = {"token": lambda: stat(t), "seq_sum": lambda: sum(stat(u) for u in toks),
+         "seq_mean": lambda: sum(stat(u) for u in toks) / len(toks),
+         "seq_max": lambda: max(stat(u) for u in toks)}[level]()
+    if kind == "k1":
+        return math.log(p["geo_low"]) <= s <= math.log(p["geo_high"])
+    return s <= p["kl_threshold"]
+
+
+def m2po_official_interval(ds, advs, p):
+    """(lo, hi) of the official M2PO repo (compute_m2po_policy_loss), written as its loop."""
+    v = sorted(d * d for d, a in zip(ds, advs) if (a > 1e-12 and math.exp(d) > 1 + 1e-12)
+               or (a < -1e-12 and math.exp(d) < 1 - 1e-12))
+    n, budget = len(v), p["m2_budget"]
+    if n == 0 or sum(v) / n <= budget + 1e-12:
+        clip_low, clip_high = 0.0, 100000.0
+    else:
+        left = 0.0
+        for k in range(n):
+            left += v[k]
+            if (v[k] - 1e-12) * (n - k - 1) + left >= budget * n - 1e-12:
+                tau = 0.0 if k == 0 else math.sqrt(max(v[k - 1] - 1e-12, 0.0))
+                break
+        # the repo takes e^-tau, e^tau of torch.tensor(tau): float32
+        clip_low, clip_high = (float(torch.exp(torch.tensor(x, dtype=torch.float32))) for x in (-tau, tau))
+    eps_low, eps_high = 1 - clip_low, clip_high - 1
+    if p["miniclip_low"] is not None:
+        eps_low = max(eps_low, p["miniclip_low"])
+    if p["miniclip_high"] is not None:
+        eps_high = max(eps_high, p["miniclip_high"])
+    return 1 - eps_low, 1 + eps_high

@@ -24,6 +24,8 @@ def inputs(seed=0, B=6, T=9, spread=0.2, dtype=torch.float32):
 
 
 def run(preset, logp, blp, mask, adv, ref=None, agg="token-mean", **kw):
+    if "lag" not in kw and "lag" in resolve_objective(preset).needs:  # A-3PO reads the tokens' lags: 0..4,
+        kw["lag"] = torch.nan_to_num(blp * 1e4).abs().long() % 5  # a function of the token (permutations move it)
     logp = logp.clone().requires_grad_()
     loss, m, tok = policy_loss(preset, logp=logp, behavior_logp=blp, adv=adv, mask=mask, ref_logp=ref, **kw)
     (g,) = torch.autograd.grad(aggregate(loss, mask, agg), logp)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from objectives_naive import naive_policy_loss
 
-from satrl.objectives import available_presets, policy_loss
+from satrl.objectives import available_presets, policy_loss, resolve_objective
 
 
 def make(seed, B=4, T=6, spread=0.3, adv_dim=1):
@@ -18,6 +18,13 @@ def make(seed, B=4, T=6, spread=0.3, adv_dim=1):
     adv = torch.randn(B, generator=g, dtype=torch.float64) if adv_dim == 1 else torch.randn(
         B, T, generator=g, dtype=torch.float64)
     return logp, blp, old, ref, mask, adv
+
+
+def lags_if_needed(preset, logp, seed=0):
+    """Per-token lags 0..4 for a preset that declares it reads them (A-3PO), else None."""
+    if "lag" not in resolve_objective(preset).needs:
+        return None
+    return torch.randint(0, 5, logp.shape, generator=torch.Generator().manual_seed(seed))
 
 
 CASES = [
@@ -35,6 +42,7 @@ def test_preset_matches_naive_loop(preset, case):
     for seed in range(3):
         logp, blp, old, ref, mask, adv = make(seed + 10 * case, adv_dim=c.get("adv_dim", 1))
         kw = {"ref_logp": ref if c.get("use_ref") else None, "old_logp": old if c.get("use_old") else None}
+        kw["lag"] = lags_if_needed(preset, logp)
         lp1 = logp.clone().requires_grad_()
         loss, metrics, _ = policy_loss(preset, logp=lp1, behavior_logp=blp, adv=adv, mask=mask, **kw)
         (g1,) = torch.autograd.grad(loss.sum(), lp1)

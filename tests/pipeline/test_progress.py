@@ -74,3 +74,29 @@ def test_bar_only_on_a_terminal(monkeypatch, stream_cls, bar):
     assert seen["quiet"] and hf_logging.is_progress_bar_enabled()  # off during the run, restored after
     assert ("━" in text) is bar and ("step 4/4 (100%)" in text) is not bar
     assert "gate 0.250" in text
+
+
+def test_percentage_is_rounded_share_of_steps_done():
+    lines = _log(6, range(1, 7), every=1)
+    assert [x.split()[3] for x in lines] == ["(17%)", "(33%)", "(50%)", "(67%)", "(83%)", "(100%)"]
+
+
+def test_eta_leaves_out_start_up_and_counts_the_evals_still_due():
+    """Start-up (imports, model, the step-0 eval) took 100 s; each step takes 1 s and each eval 5 s more. The
+    first line's eta is the steps left at 1 s (no eval seen yet: `?` before any step); once an eval has been
+    seen, the evals still due (every 10 steps and the last) are added at its cost."""
+    clock, stream = Clock(), io.StringIO()
+    log = progress.LineLog("runs/x", 30, stream, every=5, clock=clock, eval_every=10)
+    clock.t = 100.0
+    for step in range(1, 31):
+        clock.t += 1.0 + (5.0 if step % 10 == 0 else 0.0)
+        log(step, ROW, {"test_avg_at_k": 0.5} if step % 10 == 0 else None)
+    lines = stream.getvalue().splitlines()
+    eta = {int(x.split()[2].split("/")[0]): x.split(" eta ")[1].split()[0] for x in lines}
+    assert eta[5] == "0:00:25"  # 25 steps x 1 s; evals not seen yet
+    assert eta[15] == "0:00:25"  # 15 steps x 1 s + 2 evals (20, 30) x 5 s
+    assert eta[30] == "0:00:00"
+    assert log.evals_left(0) == 3 and log.evals_left(29) == 1 and log.evals_left(30) == 0
+    late = progress.LineLog("x", 25, io.StringIO(), eval_every=10)
+    assert late.evals_left(0) == 3 and late.evals_left(20) == 1  # 10, 20 and the last step (25)
+    assert progress.LineLog("x", 25, io.StringIO(), eval_every=0).evals_left(3) == 1

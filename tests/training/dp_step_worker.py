@@ -75,10 +75,30 @@ def main(out: str) -> None:
             "keys_equal": sorted(full) == sorted(ref),
             "loop_syncs": loop_syncs(rec.ops),
         })  # fmt: skip
+    scaled = scaled_step(ctx, model, batch, adv)
     refused = mismatched_architecture(ctx, model)
     if ctx.leader:
-        Path(out).write_text(json.dumps({"cases": results, "refused": refused}))
+        Path(out).write_text(json.dumps({"cases": results, "refused": refused, "scaled": scaled}))
     dp.shutdown()
+
+
+def scaled_step(ctx, model, batch, adv) -> dict | None:
+    """The step-size seam under data parallel: VCPO's ESS rule times lr / sqrt(S) at lag 4, with three
+    microbatches (rank 1 holds one real and one padding). Each rank steps its own shards with the lr it computed from
+    the gathered tokens, so the full weights equal one device's only if every rank used the same scale."""
+    kw = {"lr": 1e-2, "microbatch_tokens": 60, "lr_lag_scaling": "inverse_sqrt"}
+    obj = resolve_objective("vcpo", baseline="group_mean")
+    trainer = leader_trainer(ctx, model, obj, kw)
+    if trainer is None:
+        return None
+    one = Trainer(copy.deepcopy(model), obj, **kw)
+    trainer.version = one.version = 4
+    got, want = trainer.step(batch, adv), one.step(batch, adv)
+    full, ref = trainer.weights(), cpu_copy(one.model)
+    ctx.channel.send(Message(dp.STOP))
+    return {"metrics": [got, want], "max_weight_diff": max(float((full[k] - ref[k]).abs().max()) for k in ref),
+            "moved": max(float((ref[k] - v).abs().max()) for k, v in cpu_copy(model).items()),
+            "lr_after": trainer.opt.param_groups[0]["lr"]}  # fmt: skip
 
 
 def mismatched_architecture(ctx, model) -> str:

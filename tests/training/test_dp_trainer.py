@@ -62,6 +62,18 @@ def test_step_metrics_equal_and_weights_close(steps):
         assert case["keys_equal"] and case["max_weight_diff"] < 1e-5
 
 
+def test_a_scaled_step_uses_the_same_lr_on_every_rank(worker):
+    """VCPO's ESS rule and train.lr_lag_scaling under data parallel: the same scale as one device (from the gathered
+    tokens), applied by every rank to its shards (the full weights equal one device's), and the base lr kept."""
+    case = worker["scaled"]
+    dp_row, one_row = case["metrics"]
+    scale = dp_row["train/lr_scale"]
+    assert scale == one_row["train/lr_scale"] and dp_row["obj/step_scale"] == one_row["obj/step_scale"]
+    assert scale == pytest.approx(dp_row["obj/step_scale"] / 2) and scale < 0.45  # lag 4: 1/sqrt(4)
+    assert case["lr_after"] == 1e-2
+    assert case["max_weight_diff"] < 1e-5 < 1e-3 < case["moved"]  # a rank at another lr would differ by ~1e-3
+
+
 def test_microbatch_loop_has_no_host_sync(steps):
     """As on one device (test_trainer_no_host_sync.py), with FSDP's gathers and reductions in the loop."""
     assert [c["loop_syncs"] for c in steps] == [[], [], []]

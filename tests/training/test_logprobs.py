@@ -21,8 +21,8 @@ def tiny():
 
 
 def _host_facts(batch):
-    (_, _, length, padded), = plan_microbatches(batch, 1 << 30)  # fmt: skip
-    return length, padded
+    (p,) = plan_microbatches(batch, 1 << 30)
+    return p.longest, p.padded
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 1000])

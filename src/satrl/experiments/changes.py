@@ -6,6 +6,9 @@ What a run was made with: its ``config.yaml`` (the resolved config ``satrl train
 grid sets now or set then; where the run's config.yaml lacks a key (e.g. a preset), the override the grid
 recorded in ``--out/grid.yaml``. So a grid that pins a default it ran with (``eval.n_problems: 100`` where
 the default was 100, or a key added since, set to what the run did) changes nothing; ``steps: 4 -> 6`` does.
+Beyond the grid's own keys, the run's whole config as the grid now resolves it (its base file read again) is
+compared with config.yaml, key by key, for the keys config.yaml holds: an edited ``base.yaml`` is a change
+too (:data:`RUNNER_KEYS`, which the runner sets per call, are not).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from typing import Any
 
 import yaml
 
-from satrl.experiments.spec import GridSpec, Run, _flatten, expand, load_grid
+from satrl.experiments.spec import GridSpec, Run, _flatten, expand, load_grid, render_value, select
 from satrl.experiments.status import has_checkpoint, run_status
+
+RUNNER_KEYS = ("out", "train.max_threads")  # set by the grid runner per call (run folder, thread cap)
 
 
 class GridChangedError(ValueError):
@@ -68,7 +73,20 @@ def _diff(before: Run, now: Run, raw_base: str) -> list[str]:
             changed = o0.get(k) != o1.get(k)
         if changed:
             out.append(f"{k}: {o0.get(k, recorded.get(k, '(unset)'))} -> {o1.get(k, '(unset)')}")
-    return out
+    return out or _resolved_diff(now, recorded)
+
+
+def _resolved_diff(now: Run, recorded: dict[str, Any]) -> list[str]:
+    """The keys config.yaml records differently from the config the grid now resolves for the run (its base
+    file included); none when that config does not resolve (the grid's own check of it names the problem)."""
+    from satrl.config import ConfigError, load_config
+
+    try:
+        resolved = _flatten(load_config(now.base, [*now.overrides, f"seed={now.seed}"]).model_dump(mode="json"))
+    except (ConfigError, OSError):
+        return []
+    return [f"{k}: {recorded[k]} -> {v}" for k, v in resolved.items()
+            if k in recorded and k not in RUNNER_KEYS and not _same(render_value(v), recorded[k])]  # fmt: skip
 
 
 def changed_runs(spec: GridSpec, out: Path, seeds: int | None) -> tuple[list[Run], list[str], int]:
@@ -93,16 +111,25 @@ def changed_runs(spec: GridSpec, out: Path, seeds: int | None) -> tuple[list[Run
     return runs, diffs, old.seeds
 
 
-def guard_changes(spec: GridSpec, out: Path, seeds: int | None, rerun_changed: bool, dry_run: bool = False) -> int:
+def guard_changes(spec: GridSpec, out: Path, seeds: int | None, rerun_changed: bool, dry_run: bool = False,
+                  only: list[str] | None = None) -> int:  # fmt: skip
     """Raise GridChangedError if ``out`` holds runs made with other settings (``rerun_changed``: move them to
-    ``out/.replaced/<time>/`` instead, so that they run again; nothing is deleted). Returns the seed count
-    grid.yaml must record: no fewer than the runs ``out`` holds."""
+    ``out/.replaced/<time>/`` instead, so that they run again; nothing is deleted; with ``only`` patterns, every
+    changed run must be among the runs they select, or nothing moves). Returns the seed count grid.yaml must
+    record: no fewer than the runs ``out`` holds."""
     runs, diffs, old_seeds = changed_runs(spec, out, seeds)
     what = "; ".join(diffs[:4]) + ("; ..." if len(diffs) > 4 else "")
     if runs and not rerun_changed:
         raise GridChangedError(
             f"{out} holds {len(runs)} run(s) made with other settings ({what}, e.g. {runs[0].name}); use a new "
             f"--out, or --rerun-changed to run them again (their folders move to {out / '.replaced'})"
+        )
+    outside = [r for r in runs if r not in select(runs, only)] if only else []
+    if outside:
+        raise GridChangedError(
+            f"{out} holds {len(outside)} run(s) made with other settings ({what}) that --only does not select (e.g. "
+            f"{outside[0].name}): --rerun-changed would move them aside without running them again; drop --only, "
+            "or add them to it"
         )
     if runs and not dry_run:
         dest = out / ".replaced" / time.strftime("%Y%m%dT%H%M%S")

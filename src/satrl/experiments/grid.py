@@ -291,7 +291,8 @@ def run_grid_spec(
     from rich.console import Console
     from rich.live import Live
 
-    console = Console(stderr=True)
+    # In a pipe or log file rich would wrap each line at 80 columns, mid-phrase: one line per message there.
+    console = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
     cpus = os.cpu_count() or 1
     if workers > cpus:
         console.print(f"[yellow]--workers {workers} > {cpus} cores: using {cpus}[/]")
@@ -300,7 +301,7 @@ def run_grid_spec(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     n_seeds = seeds or spec.seeds
-    (out / "grid.yaml").write_text(spec_to_yaml(spec, guard_changes(spec, out, seeds, rerun_changed)))
+    (out / "grid.yaml").write_text(spec_to_yaml(spec, guard_changes(spec, out, seeds, rerun_changed, only=only)))
     full_env = {**os.environ, **thread_env(workers, threads), **(env or {})}
     runs = thread_capped(select(expand(spec, out, n_seeds), only), workers, threads)
     progress = sys.stderr.isatty() if progress is None else progress
@@ -385,7 +386,7 @@ def run_grid(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out or Path("runs") / spec.name)
     try:
-        guard_changes(spec, out, args.seeds, args.rerun_changed, dry_run=True)
+        guard_changes(spec, out, args.seeds, args.rerun_changed, dry_run=True, only=args.only)
     except GridChangedError as e:
         print(f"satrl grid: {e}", file=sys.stderr)
         return 2

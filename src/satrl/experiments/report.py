@@ -20,6 +20,7 @@ import pandas as pd
 
 from satrl.diagnostics.summary import late_window_start
 from satrl.experiments import plots
+from satrl.experiments.leaderboard import leaderboard_md
 from satrl.experiments.stats import (
     DEFAULT_INTERVAL,
     NO_DIFFERENCE,
@@ -194,7 +195,8 @@ def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: 
     for name, h in hyps.items():
         bases = [h["base"]] if isinstance(h["base"], str) else list(h["base"])
         lower = h.get("direction", "greater") == "less"
-        t = compare(res.runs, [(h["method"], b, int(h["lag"])) for b in bases], h.get("endpoint", "late_test_avg_at_k"),
+        runs = res.runs if not h.get("seeds") else res.runs[res.runs["seed"].between(*map(int, h["seeds"]))]
+        t = compare(runs, [(h["method"], b, int(h["lag"])) for b in bases], h.get("endpoint", "late_test_avg_at_k"),
                     n_resamples, ci, seed, higher_is_better=not lower)  # fmt: skip
         if len(t) < len(bases):
             rows.append((name, h, None))
@@ -226,6 +228,8 @@ def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: 
         bases = [h["base"]] if isinstance(h["base"], str) else list(h["base"])
         every = res.label(bases[0]) if len(bases) == 1 else "each of " + ", ".join(res.label(b) for b in bases)
         comp = f"{res.label(h['method'])} {'<' if lower else '>'} {every} at lag {h['lag']}"
+        if h.get("seeds"):
+            comp += f", seeds {h['seeds'][0]}-{h['seeds'][1]}"
         if r is None:
             out.append(f"| {name} | {_md_cell(comp)} | `{endpoint}` | 0 | — | — | — | — | no data yet |")
             words.append(f"- **{name}** ({comp}): no finished runs on both sides yet.")
@@ -449,6 +453,10 @@ def _coverage_note(res: GridResults, ci: float) -> str:
             f"{interval_coverage(n, 'percentile', ci):.0%}).")  # fmt: skip
 
 
+class NoRunsError(ValueError):
+    """The folder holds no grid runs to report on (one line, ``satrl report`` exits 2)."""
+
+
 def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resamples: int = 10_000,
                  ci: float = 0.95, seed: int = 0, command: str | None = None,
                  sensitivity_min_seed: int | None = None,
@@ -457,6 +465,9 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
     ``sensitivity_min_seed``: also test the declared hypotheses on the seeds from that one on;
     ``sensitivity_seeds``: also test them on each inclusive seed range ``(lo, hi)``, one section each."""
     res = load_results(out_dir)
+    if not len(res.runs):
+        raise NoRunsError(f"{out_dir}: no grid runs in it (a grid's --out holds <cell>/lag<n>/seed<s>/ run folders; "
+                          "a single run's numbers are its summary.json): give a grid's --out folder")  # fmt: skip
     dest = Path(dest or out_dir)
     figdir = dest / "figures"
     figdir.mkdir(parents=True, exist_ok=True)
@@ -504,6 +515,8 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
         md += ["No finished runs yet: nothing to tabulate.", ""]
     md += hypotheses_md(res, n_resamples, ci, seed)
     md += repair_md(res, n_resamples, ci, seed)
+    for i, lb in enumerate(res.meta.get("leaderboards") or []):
+        md += leaderboard_md(res, lb, i, figdir, n_resamples, ci, seed)
     seeds = res.runs["seed"]
     subsets = ([(f"seeds >= {sensitivity_min_seed}", seeds >= sensitivity_min_seed,
                  f"the seeds from {sensitivity_min_seed} on", "without seeds that earlier decisions saw")]
@@ -579,8 +592,12 @@ def run_report(args: argparse.Namespace) -> int:
     extra = ["--sensitivity-min-seed", str(args.sensitivity_min_seed)] if args.sensitivity_min_seed is not None else []
     extra += [a for lo, hi in args.sensitivity_seeds for a in ("--sensitivity-seeds", f"{lo}-{hi}")]
     cmd = " ".join(["satrl", "report", str(args.run_dir)] + (["--out", str(args.out)] if args.out else []) + extra)
-    path = build_report(args.run_dir, args.out, n_resamples=args.resamples, ci=args.ci, command=cmd,
-                        sensitivity_min_seed=args.sensitivity_min_seed,
-                        sensitivity_seeds=tuple(args.sensitivity_seeds))  # fmt: skip
+    try:
+        path = build_report(args.run_dir, args.out, n_resamples=args.resamples, ci=args.ci, command=cmd,
+                            sensitivity_min_seed=args.sensitivity_min_seed,
+                            sensitivity_seeds=tuple(args.sensitivity_seeds))  # fmt: skip
+    except NoRunsError as err:
+        print(f"satrl report: {err}", file=sys.stderr)
+        return 2
     print(f"wrote {path}")
     return 0

@@ -13,10 +13,18 @@ import fnmatch
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 # Keys the grid itself controls; a cell or `extra:` setting them would silently fight the grid.
 _RESERVED = {"seed": "--seeds / seeds:", "out": "--out", "lag.n": "lags:", "lag.schedule": "lag_schedule:",
@@ -67,6 +75,14 @@ class CellSpec(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict)
 
 
+# An inclusive seed range [first, last].
+SeedRange = Annotated[tuple[int, int], AfterValidator(lambda r: r if r[0] <= r[1] else _bad_range(r))]
+
+
+def _bad_range(r: tuple[int, int]) -> tuple[int, int]:
+    raise ValueError(f"a seed range is [first, last] with first <= last, got {list(r)}")
+
+
 # Summary keys a hypothesis may name as its endpoint (docs/metrics.md).
 ENDPOINTS = ("late_test_avg_at_k", "best_test_avg_at_k", "final_test_avg_at_k", "late_avg_at_k", "best_avg_at_k",
              "final_avg_at_k", "d_pi_last25", "gate_rate_mean")  # fmt: skip
@@ -91,6 +107,8 @@ class HypothesisSpec(BaseModel):
     # hypotheses of one family share a Holm correction; a grid declaring a second question (e.g. a confirmation
     # beside a repair test) names its families, and the report tests each on its own
     family: str = ""
+    # test on these seeds only (inclusive range): a staged trial's confirmation on seeds its screen never saw
+    seeds: SeedRange | None = None
 
     @field_validator("endpoint")
     @classmethod
@@ -98,6 +116,24 @@ class HypothesisSpec(BaseModel):
         if v not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {v!r}; valid choices: {list(ENDPOINTS)}")
         return v
+
+
+class LeaderboardSpec(BaseModel):
+    """A ranked table and figure of every cell run at ``lag`` on ``seeds``: each cell's endpoint with its
+    interval, its paired difference to ``base`` at ``lag`` (exact sign-flip interval) and the share of
+    ``base``'s damage from ``reference_lag`` to ``lag`` it repairs; ``base`` at both lags drawn as reference
+    lines. A screen's table also ranks the cells on ``select_on`` (validation), the score a promotion rule uses."""
+
+    model_config = ConfigDict(extra="forbid")
+    title: str
+    base: str
+    lag: int
+    reference_lag: int
+    seeds: SeedRange | None = None
+    endpoint: str = "late_test_avg_at_k"
+    # the validation score of a screen's promotion rule: "late_val_avg_at_k" (from each run's eval.jsonl), or none
+    select_on: str | None = None
+    description: str = ""
 
 
 class RepairSpec(BaseModel):
@@ -132,6 +168,8 @@ class GridSpec(BaseModel):
     hypotheses: dict[str, HypothesisSpec] = Field(default_factory=dict)
     # the share of a staleness damage a method repairs, reported with its interval (declared, like hypotheses)
     repair: RepairSpec | None = None
+    # ranked tables of every cell at one lag (a screen, a confirmation), each with its figure
+    leaderboards: list[LeaderboardSpec] = Field(default_factory=list)
     steps: int | None = Field(default=None, ge=1)
     # "cell": cell by cell (each cell's seeds together); "seed": seed 0 of every cell and lag, then seed 1, ...
     # so that a grid stopped part-way holds the same seeds in every cell (paired comparisons stay possible).
@@ -179,6 +217,11 @@ class GridSpec(BaseModel):
                 if h.lag not in self.cell_lags(cell):
                     raise ValueError(f"hypotheses.{name}.lag: cell {cell!r} does not run lag {h.lag}")
         r = self.repair
+        for i, lb in enumerate(self.leaderboards):
+            for lag in (lb.lag, lb.reference_lag):
+                if lb.base not in self.cells or lag not in self.cell_lags(lb.base):
+                    raise ValueError(f"leaderboards.{i}.base: cell {lb.base!r} does not run lag {lag}; "
+                                     f"cells: {sorted(self.cells)}")  # fmt: skip
         for role, cell, lag in ([("method", r.method, r.lag), ("base", r.base, r.lag), ("base", r.base, r.reference_lag)]
                                 if r else []):  # fmt: skip
             if cell not in self.cells or lag not in self.cell_lags(cell):
@@ -214,7 +257,10 @@ def load_grid(path: str | Path, check_paths: bool = True) -> GridSpec:
     path = Path(path)
     if not path.exists():
         raise ValueError(f"grid file not found: {path}")
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ValueError(f"{path}: not a readable YAML file ({' '.join(str(e).split())[:200]})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a grid is a YAML mapping with base/cells/lags/seeds")
     raw.setdefault("name", path.stem)

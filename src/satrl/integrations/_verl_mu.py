@@ -16,11 +16,19 @@ config. The ``satrl_mu`` OmegaConf resolver closes that gap: written as
 verl's entry points call ``OmegaConf.resolve(config)`` before any worker exists, reads the whole
 config, and leaves ``"rollout"`` or ``"old_policy"`` in the actor's config (or refuses, see
 :func:`mu_for`). The loss logs it as ``actor/sat_mu_is_rollout``.
+
+The refusals come earlier still, declared ``sat_mu`` or not: :func:`guard_entry_points` runs
+:func:`preflight` at the top of each of verl's PPO entry points (the v1 and legacy ``main_ppo``, the
+one-step-off and fully-async recipes), on the driver, before Ray starts; the advice names the fix for that
+entry point, and :func:`refuse` prints the line again on its own to stderr when the process exits.
 """
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import functools
+import sys
 import warnings
 from typing import Any
 
@@ -32,7 +40,41 @@ MU_VALUES = ("rollout", "old_policy")
 MU_OVERRIDE = "+actor_rollout_ref.actor.policy_loss.sat_mu='${satrl_mu:}'"
 # Trainers whose bypass helper (rollout_corr_helper.apply_bypass_mode) rewrites policy_loss.loss_mode.
 REWRITING_TRAINERS = ("legacy", "fully_async", "one_step_off")
+# The one override that makes verl build actor.policy_loss with SAT's keys (docs/integrations.md).
+SAT_TARGET = "satrl.integrations.verl.SatPolicyLossConfig"
+TARGET_OVERRIDE = f"actor_rollout_ref.actor.policy_loss._target_={SAT_TARGET}"
+# What to run instead of a trainer that rewrites loss_mode in bypass mode, by entry point.
+FIX = {
+    "legacy": "set trainer.use_v1=true (verl's v1 trainer keeps loss_mode in bypass mode)",
+    "recipe": ("run verl's v1 trainer instead of this recipe (python -m verl.trainer.main_ppo "
+               "trainer.v1.trainer_mode=separate_async for asynchronous training; the recipes ignore "
+               "trainer.use_v1)"),
+}
+# apply_bypass_mode's callers in verl 0.9.1, by module: which entry point reached it.
+HELPER_CALLERS = {"verl.trainer.ppo.ray_trainer": "legacy", "verl.experimental.separation.ray_trainer": "recipe"}
 _warned_mu: list[str] = []  # at most one entry: one warning per process
+_refusals: list[str] = []  # satrl's refusal lines, printed again on their own to stderr when the process exits
+
+
+def _print_refusals() -> None:
+    for line in _refusals:
+        print(f"\n{line}", file=sys.stderr, flush=True)
+
+
+def refuse(line: str) -> ValueError:
+    """The one-line refusal as a ``ValueError`` to raise; the line is also printed on its own to stderr
+    when the process exits, so it is the last thing a user sees after Hydra's traceback (which verl's
+    entry points print before they exit)."""
+    if not _refusals:
+        atexit.register(_print_refusals)
+    if line not in _refusals:
+        _refusals.append(line)
+    return ValueError(line)
+
+
+def _node(cfg: Any, key: str) -> Any:
+    """``cfg[key]`` of a DictConfig or dict, else None (any other shape has no such node)."""
+    return cfg.get(key) if cfg is not None and hasattr(cfg, "get") else None
 
 
 def trainer_kind(root: Any) -> str:
@@ -59,20 +101,99 @@ def mu_for(root: Any) -> str:
     """
     from satrl.integrations.verl import VARIANTS  # the registered names (import cycle otherwise)
 
-    rc = (root.get("algorithm") or {}).get("rollout_correction") or {}
-    bypass = bool(rc.get("bypass_mode", False))
-    actor = ((root.get("actor_rollout_ref") or {}).get("actor") or {})
-    loss_mode = (actor.get("policy_loss") or {}).get("loss_mode", "vanilla")
+    rc = _node(_node(root, "algorithm"), "rollout_correction")
+    bypass = bool(_node(rc, "bypass_mode") or False)
+    policy_loss = _node(_node(_node(root, "actor_rollout_ref"), "actor"), "policy_loss")
+    loss_mode = _node(policy_loss, "loss_mode") or "vanilla"
+    check_target(policy_loss)
     kind = trainer_kind(root)
     if bypass and kind in REWRITING_TRAINERS and loss_mode in VARIANTS:
-        fix = ("set trainer.use_v1=true (v1 keeps loss_mode in bypass mode)" if kind == "legacy" else
-               "run verl's v1 trainer (trainer.v1.trainer_mode=separate_async) instead of this recipe")
-        raise ValueError(
+        fix = FIX["legacy" if kind == "legacy" else "recipe"]
+        raise refuse(
             f"satrl: loss_mode={loss_mode} cannot run in the {kind} trainer with "
             f"algorithm.rollout_correction.bypass_mode=true (verl's apply_bypass_mode rewrites loss_mode to "
             f"bypass_mode): {fix}, or set algorithm.rollout_correction.bypass_mode=false (SAT then gates on pi_old)"
         )
     return "rollout" if bypass else "old_policy"
+
+
+def check_target(policy_loss: Any) -> None:
+    """Refuse SAT keys in ``actor.policy_loss`` whose ``_target_`` is not satrl's config class.
+
+    verl builds that node with its ``_target_`` class, and verl's own ``PolicyLossConfig`` rejects keys it
+    does not know (``__init__() got an unexpected keyword argument 'sat_alpha'``); the refusal names the
+    override that is missing. A node without SAT keys needs no override (SAT's defaults apply).
+    """
+    if policy_loss is None or not hasattr(policy_loss, "keys"):
+        return
+    keys = sorted(str(k) for k in policy_loss.keys() if str(k).startswith("sat_"))
+    target = _node(policy_loss, "_target_")
+    if not keys or not isinstance(target, str):
+        return
+    try:  # the class verl will build the node with, and the keys it accepts
+        from hydra.utils import get_class
+
+        from satrl.integrations.verl import SatPolicyLossConfig
+
+        cls = get_class(target)
+        known = {f.name for f in dataclasses.fields(cls)}
+    except Exception:  # not a dataclass satrl can inspect: verl reports what is wrong with it
+        return
+    unknown = [k for k in keys if k not in known]
+    if not unknown:
+        return
+    if issubclass(cls, SatPolicyLossConfig):  # satrl's class: a misspelled key
+        sat_keys = sorted(f.name for f in dataclasses.fields(SatPolicyLossConfig) if f.name.startswith("sat_"))
+        raise refuse(f"satrl: actor_rollout_ref.actor.policy_loss.{unknown[0]} is not one of SAT's keys {sat_keys}")
+    raise refuse(
+        f"satrl: actor_rollout_ref.actor.policy_loss has SAT's keys ({', '.join(unknown)}) but its _target_ is "
+        f"{target}, which refuses them (unexpected keyword argument '{unknown[0]}'): add {TARGET_OVERRIDE}"
+    )
+
+
+def preflight(config: Any) -> None:
+    """satrl's checks of a whole verl config on the driver, before Ray or any worker starts.
+
+    Does nothing unless ``actor_rollout_ref.actor.policy_loss`` selects a satrl ``loss_mode`` or carries
+    SAT's keys. Refuses (one line, :func:`refuse`) a missing ``_target_`` override and a trainer whose
+    bypass helper would replace SAT, whether or not ``sat_mu`` is declared. verl's PPO entry points call
+    it through :func:`guard_entry_points`.
+    """
+    from satrl.integrations.verl import VARIANTS  # the registered names (import cycle otherwise)
+
+    policy_loss = _node(_node(_node(config, "actor_rollout_ref"), "actor"), "policy_loss")
+    if policy_loss is None:
+        return
+    check_target(policy_loss)
+    if _node(policy_loss, "loss_mode") in VARIANTS:
+        mu_for(config)
+
+
+def guard_entry_points() -> None:
+    """Run :func:`preflight` in each of verl's PPO entry points, before Ray starts. Idempotent.
+
+    verl 0.9.1's ``main_ppo`` (v1 and legacy trainers) and the mains of the ``one_step_off_policy`` and
+    ``fully_async_policy`` recipes all begin with ``auto_set_device(config)`` on the driver, on the config
+    Hydra composed, before ``run_ppo`` starts Ray; they import it from ``verl.utils.device`` after ``import
+    verl`` has loaded this plug-in, so they get the wrapper. Without the wrapper the refusals come from the
+    ``${satrl_mu:}`` resolver inside Ray's TaskRunner (when ``sat_mu`` is declared) or from
+    :func:`guard_bypass_helper` at the first training step.
+    """
+    try:
+        from verl.utils import device
+    except ImportError:  # pragma: no cover - a verl without it has other entry points
+        return
+    original = device.auto_set_device
+    if getattr(original, "_satrl_guard", False):
+        return
+
+    @functools.wraps(original)
+    def checked(config, *args, **kwargs):
+        preflight(config)
+        return original(config, *args, **kwargs)
+
+    checked._satrl_guard = True
+    device.auto_set_device = checked
 
 
 def _resolve(*, _root_: Any) -> str:
@@ -132,10 +253,13 @@ def guard_bypass_helper() -> None:
 
         loss_mode = policy_loss_config.get("loss_mode") if policy_loss_config is not None else None
         if loss_mode in VARIANTS:
-            raise ValueError(
+            caller = HELPER_CALLERS.get(sys._getframe(1).f_globals.get("__name__", ""))
+            fix = (FIX[caller] if caller else
+                   f"in the legacy trainer {FIX['legacy']}; in the fully-async or one-step-off recipe {FIX['recipe']}")
+            raise refuse(
                 f"satrl: loss_mode={loss_mode} cannot run where verl's apply_bypass_mode rewrites loss_mode to "
                 "bypass_mode (legacy trainer, fully-async and one-step-off recipes with "
-                "algorithm.rollout_correction.bypass_mode=true): use trainer.use_v1=true, or set "
+                f"algorithm.rollout_correction.bypass_mode=true): {fix}, or set "
                 "algorithm.rollout_correction.bypass_mode=false (SAT then gates on pi_old)"
             )
         return original(batch, rollout_corr_config, policy_loss_config)

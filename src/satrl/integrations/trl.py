@@ -27,7 +27,8 @@ mu, SAT's behaviour policy, is chosen by ``SATGRPOTrainer(..., mu_source=...)`` 
 - ``"auto"`` (default): TRL's ``sampling_per_token_logps`` when the batch has them (TRL keeps the log-probs
   vLLM, or a ``rollout_func``, returned for the sampled tokens), else the old policy. The engine's
   log-probs are the paper's mu; TRL's OPSM makes the same choice.
-- ``"sampling"``: the sampling log-probs, and an error when a batch has none (generation without vLLM).
+- ``"sampling"``: the sampling log-probs; refused when the trainer is built if neither vLLM
+  (``use_vllm=True``) nor a ``rollout_func`` generates, and an error when a batch has none.
 - ``"old_policy"``: TRL's ``old_per_token_logps`` (the policy at generation time, recomputed by the trainer,
   when ``num_iterations > 1``, ``steps_per_generation > gradient_accumulation_steps`` or vLLM importance
   sampling is on; else TRL uses ``per_token_logps.detach()``, d = 0 and the gate never fires).
@@ -50,6 +51,7 @@ process when that call's composition rules the gate out (see ``satrl.integration
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +112,25 @@ class SATGRPOConfig(GRPOConfig):
                           exponent=self.sat_exponent, proxy=self.sat_proxy, invert=self.sat_invert)
 
 
+def _check_sampling_log_probs(args: tuple, kwargs: dict) -> None:
+    """Refuse ``mu_source="sampling"`` before the model loads when TRL will generate without log-probs.
+
+    TRL keeps ``sampling_per_token_logps`` only when vLLM (``use_vllm=True``) or a ``rollout_func``
+    generates; its own generation (transformers, plain or continuous batching) returns none, and every loss
+    call would then fail. Arguments that do not bind to ``GRPOTrainer``'s signature are left to TRL.
+    """
+    try:
+        bound = inspect.signature(GRPOTrainer.__init__).bind_partial(None, *args, **kwargs).arguments
+    except TypeError:
+        return
+    config, rollout_func = bound.get("args"), bound.get("rollout_func")
+    if rollout_func is None and not getattr(config, "use_vllm", False):
+        raise ValueError("SATGRPOTrainer(mu_source='sampling') needs the generator's sampling log-probs, which TRL "
+                         "keeps only when vLLM (use_vllm=True) or a rollout_func generates; this configuration "
+                         "generates with transformers: set use_vllm=True, pass a rollout_func, or use "
+                         "mu_source='auto' or 'old_policy'")
+
+
 class SATGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose clip interval is SAT's (see the module docstring). Needs ``args=SATGRPOConfig``.
 
@@ -121,6 +142,8 @@ class SATGRPOTrainer(GRPOTrainer):
     def __init__(self, *args: Any, mu_source: str = "auto", **kwargs: Any):
         if mu_source not in MU_SOURCES:  # before TRL loads the model: a typo costs nothing
             raise ValueError(f"SATGRPOTrainer(mu_source={mu_source!r}); choose one of {list(MU_SOURCES)}")
+        if mu_source == "sampling":
+            _check_sampling_log_probs(args, kwargs)
         self.mu_source = mu_source
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, SATGRPOConfig):

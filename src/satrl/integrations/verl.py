@@ -61,6 +61,7 @@ from satrl.integrations._verl_mu import (
     MU_OVERRIDE,
     MU_VALUES,
     guard_bypass_helper,
+    guard_entry_points,
     mu_flag,
     register_resolver,
 )
@@ -318,6 +319,7 @@ def register() -> list[str]:
 register()
 register_resolver()  # ${satrl_mu:}, resolved on verl's driver (import verl loads this module there too)
 guard_bypass_helper()  # no silent replacement of SAT by verl's bypass helper, declared sat_mu or not
+guard_entry_points()  # refusals on verl's driver before Ray starts (the PPO entry points' auto_set_device)
 
 __all__ = [
     "MU_METRIC",

@@ -1,5 +1,6 @@
 """satrl.objectives: pure tensor RL objectives (GRPO, GSPO, SAT, DPPO, TIS/IcePop/MIS, CISPO, SAPO, GMPO,
-M2PO, OPSM, KL).
+M2PO, OPSM, KL, and the staleness repairs: decoupled PPO, A-3PO, TOPR, VESPO, M2PO's official clip, verl's
+rejection masks).
 
 ```python
 from satrl.objectives import sat_clip_bounds, clipped_surrogate, policy_loss, aggregate, available_presets
@@ -12,6 +13,7 @@ loss = aggregate(out.loss, mask, "token-mean")
 See docs/objectives.md for every preset's formula, defaults and sources.
 """
 
+from . import vcpo  # noqa: F401, E402  (registers the vcpo correction; imports the seam in .step_size)
 from ._common import LOG_RATIO_CLAMP
 from .aggregation import AGGREGATIONS, aggregate
 from .corrections import CORRECTIONS

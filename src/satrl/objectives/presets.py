@@ -33,7 +33,8 @@ from torch import Tensor
 
 from satrl.tensors import as_bool_mask, clean_adv, masked, masked_frac, masked_mean, seq_mean
 
-from . import offpolicy  # noqa: F401  (registers the peers' trust regions and the opsm correction)
+# registers the peers' trust regions and the opsm correction, the staleness repairs and verl's rejection masks
+from . import offpolicy, rejection, repairs  # noqa: F401
 from .corrections import CORRECTIONS
 from .kl import KL_ESTIMATORS
 from .ratios import RATIO_LEVELS
@@ -74,6 +75,16 @@ PRESETS: Registry[Preset] = Registry("objective preset", {
     "opsm": Preset("token", "ppo", "opsm", source="DeepSeek-AI 2025, DeepSeek-V3.2 (arXiv 2512.02556)"),
     "sat_opsm": Preset("token", "sat", "opsm", source="SAT-GRPO with DeepSeek-V3.2's sequence mask"),
     "m2po": Preset("token", "m2po", source="Zheng et al. 2025, M2PO (arXiv 2510.01161), Alg. 1, Eq. 5"),
+    "vcpo": Preset("token", "ppo", "vcpo", source="Huang et al. 2026, VCPO (arXiv 2602.17616): ESS step size, OPOB"),
+    # staleness repairs (satrl.objectives.repairs, .rejection): issue 33's comparators
+    "m2po_official": Preset("token", "m2po_official", source="Infini-AI-Lab/M2PO repo, compute_m2po_policy_loss"),
+    "decoupled_ppo": Preset("token", "ppo", "decoupled", source="Fu et al. 2025, AReaL (arXiv 2505.24298)"),
+    "sat_decoupled_ppo": Preset("token", "sat", "decoupled", source="SAT on decoupled PPO's proximal ratio"),
+    "a3po": Preset("token", "a3po", source="Wu et al. 2025, A-3PO (arXiv 2512.06547), AReaL's loglinear"),
+    "topr": Preset("token", "topr", source="Le Roux et al. 2025, TOPR (arXiv 2503.14286), Eq. 8; ROLL"),
+    "vespo": Preset("token", "vespo", source="VESPO (arXiv 2602.10693), FloyedShen/VESPO repo"),
+    "grpo_geo_mask": Preset("token", "ppo", "geo_mask", source="verl 0.9.1 rollout correction, seq_mean_k1"),
+    "grpo_k3_mask": Preset("token", "ppo", "kl_mask", source="verl 0.9.1 rollout correction, seq_mean_k3"),
 })
 
 

@@ -17,6 +17,7 @@ REDUCTIONS: dict[str, str] = {
     "tis_max": "max",  # corrections.py: largest truncated IS weight
     "icepop_max": "max",
     "mis_max": "max",
+    "behav_imp_max": "max",  # repairs.py: largest raw behaviour weight pi_prox / mu (decoupled PPO, A-3PO)
 }
 _OPS = {"min": torch.minimum, "max": torch.maximum}
 

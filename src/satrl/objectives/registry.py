@@ -42,7 +42,8 @@ class Component:
     fn: Callable[..., Any]
     params: type[Params]
     # What the component declares, so that nothing downstream compares its name: the optional inputs it
-    # reads (``ref_logp``, ``old_logp``, ``lag``) and free-form traits (e.g. an aggregation's ``share``).
+    # reads (``ref_logp``, ``old_logp``, ``lag``) and free-form traits (e.g. an aggregation's ``share``; a
+    # component's ``step_size`` or ``advantage`` rule, read by satrl.objectives.step_size).
     needs: frozenset[str] = frozenset()
     traits: Mapping[str, Any] = field(default_factory=dict)
 

@@ -23,6 +23,12 @@ def check_supported(cfg: RunConfig) -> None:
         raise ConfigError("r3=true is not supported under data parallel (torchrun) yet; run it on one process")
     if not (cfg.train.device == "cpu" or cfg.train.device.startswith("cuda")):
         raise ConfigError(f"train.device={cfg.train.device}: data parallel runs on cpu (gloo) or cuda (NCCL)")
+    from satrl.objectives.step_size import advantage_rule
+
+    if advantage_rule(cfg.objective) is not None:
+        raise ConfigError(f"objective {cfg.objective.name}: its advantage baseline needs per-sequence gradients, "
+                          "which data parallel does not compute; run on one process (vcpo: or objective.baseline="
+                          "group_mean)")  # fmt: skip
 
 
 def trainer_factory(cfg: RunConfig) -> tuple[type, dict]:
@@ -71,7 +77,7 @@ def run(cfg: RunConfig, leader_run: Callable[[], object]) -> object:
     """Run this process's part of a data-parallel job: ``leader_run()`` (the training loop) on rank 0,
     :func:`serve` elsewhere. Returns the leader's result (None elsewhere)."""
     check_supported(cfg)
-    ctx = dp.init(cfg.train.device)
+    ctx = dp.init(cfg.train.device, cfg.train.rank_timeout_s)
     try:
         if not ctx.leader:
             serve(cfg)

@@ -53,7 +53,7 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
 def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
     torch.set_num_threads(cfg.trainer_threads)  # a grid caps it with train.max_threads (W x threads <= cores)
     torch.manual_seed(cfg.seed)
-    task = make_task(cfg.task.name, **cfg.task.kwargs)  # here too, so bad data fails before any engine starts
+    task = make_task(cfg.task.name, **cfg.task_kwargs)  # here too, so bad data fails before any engine starts
     run.skipped_rows = len(task.skipped) if isinstance(task, SkipsRows) else 0
     trainer, tokenizer = build_trainer(cfg)
     S, P = cfg.steps_per_batch, cfg.train.prompts_per_batch
@@ -62,9 +62,9 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
     K, N = cfg.lag.inflight_every, cfg.engine.max_new_tokens
     rollouts = Rollouts(sched, lambda b: _versions(sched, b, P, K, N), P, n_batches, inflight_every=K)
     keep = snapshot_weights(cfg, trainer)  # what the snapshot store keeps of a version (fp32, or the engine's dtype)
-    state = _resume(run, trainer, rollouts, cfg, keep) if resume else _fresh(run, rollouts, keep)
-    record_session(run.path, trainer.version, cfg.trainer_threads)  # environment.json: code and machine kind
     evaluator = build_evaluator(cfg, tokenizer, task)
+    state = _resume(run, trainer, rollouts, cfg, keep, evaluator.due) if resume else _fresh(run, rollouts, keep)
+    record_session(run.path, trainer.version, cfg.trainer_threads, run.changes)  # environment.json: code, machine
     evaluator.prepare()
     check_context(cfg, trainer.model, tokenizer, [*evaluator.pool, *_first_batch(task, cfg.seed, P)])
     if trainer.version == 0 and evaluator.due(0, cfg.steps):  # the base score: the eval collapse rule's reference
@@ -109,12 +109,15 @@ def _fresh(run: RunDir, rollouts: Rollouts, keep: Callable[[], dict]) -> RunStat
     return state
 
 
-def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfig, keep: Callable[[], dict]) -> RunState:
-    """Apply the run's latest checkpoint (or start over if it has none), check that its settings can go on to
-    ``steps``, and only then rewrite ``config.yaml``: a setting that cannot continue leaves it as it was."""
+def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfig, keep: Callable[[], dict],
+            due: Callable[[int, int], bool]) -> RunState:  # fmt: skip
+    """Apply the run's latest checkpoint (or start over if it has none) once the folder checks out (checkpoint
+    files and config, :meth:`RunDir.load` and :meth:`RunDir.check_config`), check that its settings can go on
+    to ``steps``, and only then cut the logs and rewrite ``config.yaml``: a refused resume changes no file."""
     loaded, steps = run.load(), cfg.steps
     if loaded is None:
         return _fresh(run, rollouts, keep)
+    planned = run.check_config(loaded)
     check_snapshots(loaded.snapshots, cfg.diagnostics.decompose)
     with ckpt.applying(loaded.path):  # a state of the wrong structure is one line naming the checkpoint
         trainer.load_weights(loaded.weights)
@@ -122,8 +125,8 @@ def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfi
         trainer.read_shards(loaded.path)  # data parallel: model and optimizer shards (DCP); nothing on one device
         torch.set_rng_state(loaded.rng)
         rollouts.restore(loaded, trainer.version, keep)
-    run.resume_at(trainer.version, rollouts.state, loaded.wall_s)
-    rollouts.check_continuable(trainer.version, steps)
+    rollouts.check_continuable(trainer.version, steps, planned)
+    run.resume_at(trainer.version, rollouts.state, loaded.wall_s, lambda step: due(step, steps))
     run.save_config()
     return rollouts.state
 

@@ -44,32 +44,56 @@ def step_info(row: dict, last_eval: dict) -> str:
 
 class LineLog:
     """``on_step`` callback printing one plain line every ``every`` steps, after ``seconds`` without a
-    line, and at the last step. ``clock`` is injectable for tests."""
+    line, and at the last step. ``clock`` is injectable for tests.
+
+    The eta is measured from this process's first step on, so start-up (imports, the model, the step-0 eval)
+    does not inflate it: the mean time of a step without an eval times the steps left, plus, once an eval has
+    been seen, its extra time times the evals still due (``eval_every`` as in ``eval.every``; the last step
+    always evaluates). Before the first step there is no rate: ``eta ?``."""
 
     def __init__(self, name: str, total: int, stream: TextIO, every: int | None = None,
-                 seconds: float = LOG_SECONDS, clock=time.monotonic) -> None:  # fmt: skip
+                 seconds: float = LOG_SECONDS, clock=time.monotonic, eval_every: int = 0) -> None:  # fmt: skip
         self.name, self.total, self.stream, self.clock = name, total, stream, clock
         self.every = every or max(1, total // LOG_FRACTION)
-        self.seconds = seconds
+        self.seconds, self.eval_every = seconds, eval_every
         self.t0 = self.last_t = clock()
-        self.first: int | None = None
+        self.prev: float | None = None  # the previous step's time (None before the first step)
+        self.step_s = self.eval_s = 0.0  # summed intervals of steps without / with an eval
+        self.n_step = self.n_eval = 0
         self.last_eval: dict = {}
+
+    def evals_left(self, step: int) -> int:
+        """Evals still due after ``step``: every ``eval_every`` steps, and at the last step."""
+        if step >= self.total:
+            return 0
+        k = self.eval_every
+        periodic = self.total // k - step // k if k > 0 else 0
+        return periodic + (0 if k > 0 and self.total % k == 0 else 1)
+
+    def eta(self, step: int) -> float | None:
+        if not (self.n_step or self.n_eval):
+            return None
+        per_step = self.step_s / self.n_step if self.n_step else self.eval_s / self.n_eval
+        per_eval = max(0.0, self.eval_s / self.n_eval - per_step) if self.n_eval else 0.0
+        return per_step * (self.total - step) + per_eval * self.evals_left(step)
 
     def __call__(self, step: int, row: dict, eval_row: dict | None) -> None:
         if eval_row:
             self.last_eval.update(eval_row)
         now = self.clock()
-        if self.first is None:
-            self.first = step - 1  # a resumed run starts past 0: its rate counts this process's steps only
+        if self.prev is not None:  # a resumed run starts past 0: its rate counts this process's steps only
+            if eval_row:
+                self.eval_s, self.n_eval = self.eval_s + now - self.prev, self.n_eval + 1
+            else:
+                self.step_s, self.n_step = self.step_s + now - self.prev, self.n_step + 1
+        self.prev = now
         if not (step % self.every == 0 or step >= self.total or now - self.last_t >= self.seconds):
             return
         self.last_t = now
-        elapsed, done = now - self.t0, step - self.first
-        eta = elapsed / done * (self.total - step) if done > 0 else 0.0
-        pct = 100 * step // max(self.total, 1)
+        eta = self.eta(step)
         print(
-            f"{self.name} step {step}/{self.total} ({pct}%) {_hms(elapsed)} eta {_hms(eta)} "
-            f"{step_info(row, self.last_eval)}",
+            f"{self.name} step {step}/{self.total} ({step / max(self.total, 1):.0%}) {_hms(now - self.t0)} "
+            f"eta {'?' if eta is None else _hms(eta)} {step_info(row, self.last_eval)}",
             file=self.stream,
             flush=True,
         )
@@ -117,4 +141,5 @@ def train_with_progress(
             return train(cfg, resume=resume)
         if stream.isatty():
             return _with_bar(cfg, resume, stream)
-        return train(cfg, resume=resume, on_step=LineLog(str(cfg.run_dir()), cfg.steps, stream))
+        log = LineLog(str(cfg.run_dir()), cfg.steps, stream, eval_every=cfg.eval.every)
+        return train(cfg, resume=resume, on_step=log)

@@ -76,10 +76,11 @@ class Rollouts:
         if version in self.store.wanted(self.state.next_batch) and version not in self.store.states:
             self.store.states[version] = weights()
 
-    def check_continuable(self, version: int, steps: int) -> None:
-        """Raise RunDirError (one line) if a resumed run cannot go on to ``steps`` (e.g. a changed ``steps=``)."""
+    def check_continuable(self, version: int, steps: int, planned: int) -> None:
+        """Raise RunDirError (one line) if a resumed run cannot go on to ``steps`` (e.g. a changed ``steps=``);
+        its advice keeps the ``planned`` steps the run was trained for."""
         S, state = self.sched.steps_per_batch, self.state
-        again = f"resume with steps={version}, or start a new run for steps={steps}"
+        again = f"resume with steps={planned}, or start a new run for steps={steps}"
         if version > steps:
             raise RunDirError(f"steps={steps}: the run is already at step {version}; {again}")
         if version < steps and state.next_batch * S != version:

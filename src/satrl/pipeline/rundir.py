@@ -24,6 +24,7 @@ from satrl.diagnostics import summarize_run
 from satrl.diagnostics.collapse import CollapseConfig
 from satrl.jsonl import append_jsonl, dumps, numbered_rows, read_jsonl, strict, write_jsonl
 from satrl.training import checkpoint as ckpt
+from satrl.training import dp
 from satrl.types import Sample
 
 
@@ -40,7 +41,8 @@ class RunState:
 @dataclass
 class Loaded:
     """A checkpoint as read from disk, for the loop to apply: the policy ``weights``, the trainer's state, the
-    kept weight ``snapshots`` by version, the torch RNG state, the loop's cursor and the wall clock so far."""
+    kept weight ``snapshots`` by version, the torch RNG state, the loop's cursor, the wall clock so far and the
+    resolved config it was trained with (None in a checkpoint from before it was recorded)."""
 
     path: Path
     weights: dict[str, torch.Tensor]
@@ -49,6 +51,7 @@ class Loaded:
     rng: torch.Tensor
     run: RunState
     wall_s: float
+    config: dict | None = None
 
 
 class RunDirError(ValueError):
@@ -85,16 +88,24 @@ def _foreign(path: Path, config: dict) -> str | None:
 
 def _lock(path: Path):
     """Hold ``path/.satrl.lock`` (flock) for this process; a second process gets a RunDirError naming the
-    holder's pid. A killed holder's lock goes with it, so a stale file never blocks."""
-    f = open(path / LOCK, "a+")  # noqa: SIM115 (held until release())
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        pid = f.read().strip() or "?"
-        f.close()
-        raise RunDirError(f"{path} is in use: satrl process {pid} is training in it; wait for it to end "
-                          f"(or stop it), then run again") from None  # fmt: skip
+    holder's pid. A killed holder's lock goes with it, so a stale file never blocks; a clean release removes
+    the file (``_unlock``), so a lock taken on a file just unlinked is retried on the new one."""
+    while True:
+        f = open(path / LOCK, "a+")  # noqa: SIM115 (held until release())
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            pid = f.read().strip() or "?"
+            f.close()
+            raise RunDirError(f"{path} is in use: satrl process {pid} is training in it; wait for it to end "
+                              f"(or stop it), then run again") from None  # fmt: skip
+        try:
+            if os.stat(path / LOCK).st_ino == os.fstat(f.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        f.close()  # the holder released (and unlinked) it between our open and flock: lock the new file
     f.truncate(0)
     f.write(f"{os.getpid()}\n")
     f.flush()
@@ -145,8 +156,9 @@ class RunDir:
         resume: continue the run in ``path`` instead of refusing a directory that holds one.
 
     A fresh run refuses a folder that holds anything but satrl's own files; the folder is locked while the
-    process trains in it (:meth:`release`). A resumed run writes ``config.yaml`` only once the loop has
-    checked that its settings can continue (:meth:`save_config`), so a refused change destroys nothing.
+    process trains in it (:meth:`release`). A resumed run writes nothing until the loop has checked the whole
+    folder (:meth:`load`, :meth:`check_config`, :meth:`resume_at`), so a refused resume leaves it byte-identical
+    (but for the lock file's pid).
     """
 
     def __init__(
@@ -168,7 +180,8 @@ class RunDir:
         self.wall_before = 0.0
         self.state = RunState()
         self.skipped_rows = 0  # malformed dataset rows the task skipped (summary.json: data/skipped_rows)
-        self.tb = _tensorboard(self.path / "tb")
+        self.changes: dict[str, list] = {}  # config changes a resume made (check_config), recorded by the loop
+        self.tb = None if resume else _tensorboard(self.path / "tb")  # a resume's once it has checked the folder
 
     def save_config(self) -> None:
         tmp = self.path / "config.yaml.tmp"  # atomic: a killed run never leaves a torn config.yaml
@@ -176,8 +189,10 @@ class RunDir:
         tmp.replace(self.path / "config.yaml")
 
     def release(self) -> None:
-        """Let another process train in this folder (the lock also goes when this process dies)."""
+        """Let another process train in this folder (the lock also goes when this process dies). The lock file
+        is removed while still held, so a finished run's folder keeps no ``.satrl.lock``."""
         if self._held is not None:
+            (self.path / LOCK).unlink(missing_ok=True)
             self._held.close()
             self._held = None
 
@@ -198,22 +213,58 @@ class RunDir:
     def load(self) -> Loaded | None:
         """The latest complete checkpoint, for the loop to apply (:meth:`resume_at` then cuts the logs to it);
         None, with one line, if the run was killed before (or while writing) its first checkpoint: the same
-        command then starts over."""
+        command then starts over. A checkpoint the run wrote and that is damaged or gone now (its files missing
+        or changed, or a finished run without one) is a RunDirError or CheckpointError: starting over or going
+        back would rewrite the logs."""
+        why = ckpt.damage(self.ckpt_dir)
+        if why:
+            raise RunDirError(f"{why}; resuming would go back and rewrite the logs: restore it, or start a new run "
+                              "with another out=")  # fmt: skip
         path = ckpt.latest_checkpoint(self.ckpt_dir)
+        if path is None and (self.path / "summary.json").exists():
+            raise RunDirError(f"{self.ckpt_dir}: no complete checkpoint, but the run finished (summary.json): "
+                              "nothing to resume from; restore the checkpoints, or start a new run with another out=")  # fmt: skip
         if path is None:
             print(f"satrl: no complete checkpoint in {self.ckpt_dir}; starting from step 0", file=sys.stderr)
             return None
         weights, state = ckpt.load_checkpoint(path, {"RunState": RunState, "Sample": Sample})
         with ckpt.applying(path):
+            ckpt.check_layout(path, state["trainer"], dp.current() is not None)
+            config = state.get("config")
+            if config is not None and not isinstance(config, dict):
+                raise TypeError(f"config is a {type(config).__name__}, not a mapping")
             return Loaded(path, weights, state["trainer"], dict(state["snapshots"]), state["rng"],
-                          _checked(state["run"]), float(state["wall_s"]))  # fmt: skip
+                          _checked(state["run"]), float(state["wall_s"]), config)  # fmt: skip
 
-    def resume_at(self, step: int, state: RunState, wall_s: float) -> None:
+    def check_config(self, loaded: Loaded) -> int:
+        """Check config.yaml and the resumed run's config against the config ``loaded`` was trained with
+        (:mod:`satrl.pipeline.resume_check`); keep the changes resume allows in :attr:`changes` and return the
+        steps the run was trained for. Reads only."""
+        from satrl.pipeline.resume_check import check
+
+        try:
+            raw = yaml.safe_load((self.path / "config.yaml").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+            raise RunDirError(f"{self.path / 'config.yaml'}: unreadable ({' '.join(str(err).split())[:200]})") from None
+        self.changes, planned = check(self.path, loaded.path, loaded.config, raw, self.config)
+        return planned
+
+    def resume_at(self, step: int, state: RunState, wall_s: float, due=lambda step: True) -> None:
         """Continue the run from a loaded checkpoint at ``step``: log lines written after it are dropped (they
-        will be redone), so the logs of a resumed run equal an uninterrupted one's."""
+        will be redone), so the logs of a resumed run equal an uninterrupted one's. An evaluation at ``step``
+        that is not ``due`` there any more (the end-of-run one of a run now extended) goes too, and the best
+        val score is taken again from the evaluations kept: an extended run equals one longer run. Both logs
+        are checked before either is rewritten; summary.json goes (the run's end writes it again)."""
+        metrics, evals = self._rows_upto("metrics.jsonl", step), self._rows_upto("eval.jsonl", step)
+        if evals and evals[-1]["step"] == step and step > 0 and not due(step):
+            evals.pop()
+            scores = [r.get("val_avg_at_k", r.get("avg_at_k")) for r in evals]
+            state.best = max([s for s in scores if isinstance(s, (int, float)) and math.isfinite(s)], default=-math.inf)
         self.state, self.wall_before = state, wall_s
-        for name in ("metrics.jsonl", "eval.jsonl"):
-            write_jsonl(self.path / name, self._rows_upto(name, step))
+        write_jsonl(self.path / "metrics.jsonl", metrics)
+        write_jsonl(self.path / "eval.jsonl", evals)
+        (self.path / "summary.json").unlink(missing_ok=True)
+        self.tb = _tensorboard(self.path / "tb")
 
     def _rows_upto(self, name: str, step: int) -> list[dict]:
         """The rows of log ``name`` up to ``step``. A torn last line (killed mid-append) is dropped with a
@@ -261,7 +312,7 @@ class RunDir:
         """Save checkpoint ``step`` (the policy ``weights``, the loop's ``payload`` plus the wall clock); the
         best one so far (on val) is kept by every later save. ``write_extra(dir)`` adds files to the checkpoint
         before it is marked complete (data parallel: the model and optimizer shards)."""
-        payload = {**payload, "wall_s": self.wall()}
+        payload = {**payload, "wall_s": self.wall(), "config": self.config}  # resume checks against the config
         best = (self.ckpt_dir / "best").read_text().strip() if (self.ckpt_dir / "best").exists() else None
         name = f"step-{step:06d}"
         if getattr(self, "_best_pending", False):

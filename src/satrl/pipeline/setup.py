@@ -22,7 +22,7 @@ def worker_spec(cfg: RunConfig) -> WorkerSpec:
     return WorkerSpec(
         model=cfg.model.source,
         task=cfg.task.name,
-        task_kwargs=dict(cfg.task.kwargs),
+        task_kwargs=cfg.task_kwargs,  # eval.problem_seed included: the train stream may avoid that eval set
         engine=cfg.engine.name,
         numerics=cfg.engine.numerics,
         engine_kwargs=dict(cfg.engine.kwargs),
@@ -97,6 +97,11 @@ def check_context(cfg: RunConfig, model, tokenizer, problems) -> None:
         return
     longest = max((len(tokenizer(p.prompt)["input_ids"]) for p in problems), default=1)
     need = longest + cfg.engine.max_new_tokens
+    if longest >= limit:  # no max_new_tokens fits: the prompts are the problem
+        raise ConfigError(
+            f"the longest prompt checked is {longest} tokens, as long as or longer than the context of "
+            f"{cfg.model.source} (max_position_embeddings={limit}); shorten the task's prompts (or drop those rows)"
+        )
     if need > limit:
         raise ConfigError(
             f"engine.max_new_tokens={cfg.engine.max_new_tokens}: with the longest prompt checked ({longest} tokens) "
@@ -138,6 +143,9 @@ def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
         tf32=cfg.train.tf32,
         activation_checkpointing=cfg.train.activation_checkpointing,
         logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
+        lr_lag_scaling=cfg.train.lr_lag_scaling,
+        microbatch_order=cfg.train.microbatch_order,
+        compile=cfg.train.compile,
         **extra,
     )
     return trainer, tokenizer

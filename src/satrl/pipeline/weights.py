@@ -184,6 +184,14 @@ class Inbox:
             raise RuntimeError(f"the weights of version {version} never arrived over the trainer's group:\n{self._error}")
 
 
+def _cause(e: BaseException) -> str:
+    """The first line of the innermost error behind ``e`` (gloo's, not the logger's that replaced it)."""
+    while e.__context__ is not None and e.__cause__ is None and isinstance(e, ValueError):
+        e = e.__context__
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 class DistTransport:
     """Trainer side of ``dist``: feeds one engine process at a time over its own group and mirrors what it holds
     (sharing the snapshot store's tensors, no copy), so that a restarted engine is fed again (:meth:`replay`).
@@ -259,5 +267,8 @@ class DistTransport:
         self.send((self.marker, version))  # orders the version among keep lists and requests on the queue
         try:
             wdist.send(version, state_buckets(state, self.dtype, self.bucket_bytes), state_aliases(state), group=group)
-        except RuntimeError as e:  # gloo: the peer closed (died) or the send timed out (hung)
-            raise LinkDown(f"broadcast of version {version} to the engine process failed: {e}") from e
+        except (RuntimeError, ValueError) as e:  # gloo: the peer closed (died) or the send timed out (hung)
+            # Under torchrun (a default group exists) torch's c10d logger, failing to name this group (it is not in
+            # the world's map), turns gloo's RuntimeError into "ValueError: Process group ... is not initialized
+            # in the world group map": the same lost engine.
+            raise LinkDown(f"broadcast of version {version} to the engine process failed: {_cause(e)}") from e

@@ -8,6 +8,7 @@ backend), or as a Ray actor, without the orchestration loop changing.
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,7 +87,9 @@ class RolloutWorker:
             capture_routing=spec.capture_routing,
             **spec.engine_kwargs,
         )
-        self.task = make_task(spec.task, **spec.task_kwargs)
+        with warnings.catch_warnings():  # the main process built the task first and warned of its skipped rows
+            warnings.simplefilter("ignore", UserWarning)
+            self.task = make_task(spec.task, **spec.task_kwargs)
         self._stream = self.task.problems("train", spec.seed)
         self._cursor = 0  # index of the next batch the stream will serve
         self.weights: dict[int, Any] = {}  # version -> state dict (or a handle ``fetch`` turns into one)

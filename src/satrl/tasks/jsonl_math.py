@@ -221,6 +221,13 @@ class JsonlMathTask:
             if self._field(row, key) is None:
                 self.skipped.append((line_no, f"missing or empty {preview(key)}"))
                 return None
+        for key in (self.problem_key, self.answer_key):
+            try:
+                str(self._field(row, key)).encode("utf-8")
+            except UnicodeEncodeError as e:  # a \ud800 escape: JSON parses it, no encoder takes it
+                self.skipped.append((line_no, f"{preview(key)} holds a lone surrogate (\\u{ord(e.object[e.start]):04x} "
+                                              f"escape at character {e.start}), not text"))  # fmt: skip
+                return None
         answer = self._field(row, self.answer_key)
         assert answer is not None
         gold = parse_gold(answer, self.verify_timeout_s)

@@ -6,12 +6,15 @@ else, with references into ``state.safetensors``; format: :mod:`satrl.training.s
 under a temporary name, renamed into place, then named in ``checkpoints/latest`` (itself replaced
 atomically). A killed run therefore finds the previous complete checkpoint or the new one, never a torn
 one; a leftover temporary directory is ignored and removed by the next save. Loading never unpickles: a
-checkpoint with a ``state.pt`` (the old, pickled format) is refused.
+checkpoint with a ``state.pt`` (the old, pickled format) is refused. ``state.json`` records the sha256 of every
+other file of its checkpoint (``files_sha256``), checked on loading: a file damaged on disk is refused in one line
+instead of resumed from (a checkpoint written before the checksums loads unchecked).
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -28,6 +31,7 @@ from satrl import faults
 from satrl.training.safe_state import UnsafeStateError, decode, encode
 
 FILES = ("model.safetensors", "state.safetensors", "state.json")
+CHECKSUMS = "files_sha256"  # the key of state.json's top level that holds them
 
 
 class CheckpointError(ValueError):
@@ -62,7 +66,7 @@ def save_checkpoint(
         save_file(tensors, str(tmp / "state.safetensors"))
         if write_extra is not None:
             write_extra(tmp)
-        (tmp / "state.json").write_text(json.dumps(tree, allow_nan=False))
+        (tmp / "state.json").write_text(json.dumps({**tree, CHECKSUMS: _digests(tmp)}, allow_nan=False))
         faults.point("checkpoint.state")
         if final.exists():
             os.replace(final, root / f".{name}.old")
@@ -85,8 +89,60 @@ def mark_best(root: Path, name: str) -> None:
     _atomic_text(root / "best", name)
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file under a checkpoint folder but state.json (data parallel's shards included)."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "state.json")
+    return {str(p.relative_to(folder)): _sha256(p) for p in files}
+
+
+def _verify(path: Path, tree: Any) -> Any:
+    """``tree`` without its recorded checksums, once every file they name matches; a CheckpointError naming
+    the first file that is missing or changed. A tree without checksums (an older satrl's) passes as it is."""
+    if not isinstance(tree, dict) or CHECKSUMS not in tree:
+        return tree
+    recorded = tree.pop(CHECKSUMS)
+    if not isinstance(recorded, dict):
+        raise CheckpointError(f"{path}: damaged checkpoint ({CHECKSUMS} in state.json is not a mapping)")
+    for name, digest in recorded.items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise CheckpointError(f"{path}: damaged checkpoint (state.json names a file outside it: {name!r})")
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path}: {name} is missing; restore the checkpoint, or start a new run with "
+                                  "another out=")  # fmt: skip
+        if _sha256(path / name) != digest:
+            raise CheckpointError(f"{path}: {name} does not match the checksum recorded when it was saved (damaged "
+                                  "on disk); restore the checkpoint, or start a new run with another out=")  # fmt: skip
+    return tree
+
+
 def _complete(path: Path) -> bool:
     return all((path / f).is_file() for f in FILES) or (path / "state.pt").is_file()
+
+
+def damage(root: Path) -> str | None:
+    """Why the checkpoint ``root/latest`` names cannot be resumed from, when it was written and is damaged
+    now (files missing, or the directory gone while others are left); None otherwise. A run never leaves
+    this state (``latest`` is written after its checkpoint is complete, and never names one that is removed),
+    so resuming from an older checkpoint or from step 0 would only hide the damage and rewrite the logs."""
+    pointer = root / "latest"
+    name = pointer.read_text().strip() if pointer.is_file() else ""
+    if not name.startswith("step-") or "/" in name:
+        return None
+    path = root / name
+    if path.is_dir() and not _complete(path):
+        missing = [f for f in FILES if not (path / f).is_file()]
+        return f"{path}: damaged checkpoint ({', '.join(missing)} missing)"
+    if not path.exists() and any(root.glob("step-*")):
+        return f"{pointer}: names {name}, which is gone (an older checkpoint is left)"
+    return None
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -112,11 +168,25 @@ def load_checkpoint(path: Path, classes: dict[str, type] = {}) -> tuple[dict[str
             )
         raise CheckpointError(f"{path}: not a checkpoint (no state.json)")
     try:
-        tree = json.loads((path / "state.json").read_text())
+        tree = _verify(path, json.loads((path / "state.json").read_text()))
         state = decode(tree, load_file(str(path / "state.safetensors")), classes)
         return load_file(str(path / "model.safetensors")), state
+    except CheckpointError:
+        raise
     except (OSError, ValueError, UnsafeStateError, SafetensorError) as e:  # truncated or foreign files too
         raise CheckpointError(f"{path}: unreadable checkpoint ({_first_line(e)})") from e
+
+
+def check_layout(path: Path, trainer: Any, data_parallel: bool) -> None:
+    """A CheckpointError naming the way on when the checkpoint at ``path`` (its ``trainer`` state) was written
+    by the other kind of run: one process (optimizer state in state.safetensors) or data parallel (model and
+    optimizer in DCP shards, ``shards/``)."""
+    sharded = (path / "shards").is_dir() or (isinstance(trainer, dict) and "opt" not in trainer)
+    if data_parallel and not sharded:
+        raise CheckpointError(f"{path}: written by a one-process run (no shards); resume it without torchrun")
+    if not data_parallel and sharded:
+        raise CheckpointError(f"{path}: written by a data-parallel run (its model and optimizer are in DCP shards); "
+                              "resume it under torchrun")  # fmt: skip
 
 
 @contextmanager

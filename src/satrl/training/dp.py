@@ -10,13 +10,18 @@ The other ranks run :func:`serve`: build the same trainer, then wait for the nex
 rank 0 writes files or talks to engines, and the collectives of every rank line up by construction.
 
 The process group is gloo on CPU and NCCL on CUDA; the control channel is always a gloo group on CPU, with a
-long timeout, because the other ranks wait on it while rank 0 generates and evaluates.
+long timeout, because the other ranks wait on it while rank 0 generates and evaluates. So that a stopped or
+frozen rank does not hang the job for that long, every rank beats a heartbeat into torchrun's store and watches
+the others' (:class:`Watchdog`): one that misses ``train.rank_timeout_s`` is named in one line and the job ends.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import sys
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +46,7 @@ class DataParallel:
     channel: Channel
     mesh: object
     busy: bool = False  # inside a call the other ranks joined (see satrl.pipeline.data_parallel.run)
+    watchdog: Watchdog | None = None
 
     @property
     def leader(self) -> bool:
@@ -60,9 +66,54 @@ def launched() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
-def init(device: str) -> DataParallel:
-    """Join the job torchrun started: the process group (NCCL on CUDA, gloo on CPU), the control channel
-    and the 1-D device mesh FSDP shards over."""
+class Watchdog:
+    """Each second, bump this rank's heartbeat counter in ``store`` and check every other rank's: a rank whose
+    counter has not moved for ``timeout_s`` seconds (stopped, or frozen outside Python's reach) is named on
+    stderr in one line and this process exits 1, so torchrun ends the job; its checkpoints are intact. A rank
+    that ends normally says so first (:meth:`stop`). Counters, not clocks: the nodes' clocks may differ."""
+
+    def __init__(self, store, rank: int, world: int, timeout_s: float) -> None:
+        self.store, self.rank, self.world, self.timeout_s = store, rank, world, timeout_s
+        self._stop = threading.Event()
+        store.set(f"pid/{rank}", str(os.getpid()))
+        threading.Thread(target=self._run, daemon=True, name="satrl-rank-watchdog").start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            self.store.set(f"beat/{self.rank}", "done")
+        except Exception:  # noqa: BLE001 - the store went with the job: nobody is left to watch
+            pass
+
+    def _run(self) -> None:
+        seen = {r: ("", time.monotonic()) for r in range(self.world) if r != self.rank}
+        n = 0
+        try:
+            while not self._stop.wait(1.0 if n else 0.0):
+                n += 1
+                self.store.set(f"beat/{self.rank}", str(n))
+                for r, (last, since) in list(seen.items()):
+                    beat = self.store.get(f"beat/{r}").decode() if self.store.check([f"beat/{r}"]) else ""
+                    if beat == "done":
+                        del seen[r]
+                    elif beat != last:
+                        seen[r] = (beat, time.monotonic())
+                    elif time.monotonic() - since > self.timeout_s and not self._stop.is_set():
+                        self._hung(r)
+        except Exception:  # noqa: BLE001 - the store is gone (the job is ending): stop watching
+            return
+
+    def _hung(self, r: int) -> None:
+        pid = self.store.get(f"pid/{r}").decode() if self.store.check([f"pid/{r}"]) else "?"
+        print(f"satrl train: data parallel: rank {r} (pid {pid}) gave no heartbeat for {self.timeout_s:g} s "
+              "(train.rank_timeout_s): it is stopped or frozen; ending the job (its checkpoints are intact: continue "
+              "with satrl train --resume RUN_DIR under torchrun)", file=sys.stderr, flush=True)  # fmt: skip
+        os._exit(1)
+
+
+def init(device: str, rank_timeout_s: float = 120.0) -> DataParallel:
+    """Join the job torchrun started: the process group (NCCL on CUDA, gloo on CPU), the control channel,
+    the 1-D device mesh FSDP shards over, and the :class:`Watchdog` of the ranks (``rank_timeout_s``)."""
     global _CURRENT
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -74,12 +125,16 @@ def init(device: str) -> DataParallel:
     dist.init_process_group("nccl" if cuda else "gloo", device_id=dev if cuda else None)
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     mesh = init_device_mesh(dev.type, (world,))
-    _CURRENT = DataParallel(rank, world, local, dev, dist.group.WORLD, Channel(control), mesh)
+    store = dist.PrefixStore("satrl/ranks/", dist.distributed_c10d._get_default_store())
+    watchdog = Watchdog(store, rank, world, rank_timeout_s) if world > 1 else None
+    _CURRENT = DataParallel(rank, world, local, dev, dist.group.WORLD, Channel(control), mesh, watchdog=watchdog)
     return _CURRENT
 
 
 def shutdown() -> None:
     global _CURRENT
+    if _CURRENT is not None and _CURRENT.watchdog is not None:
+        _CURRENT.watchdog.stop()
     if dist.is_initialized():
         dist.destroy_process_group()
     _CURRENT = None

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from satrl.models.loading import meta_copy
+from satrl.objectives.step_size import advantage_rule
 from satrl.training import dp as dpm
 from satrl.training.dist_channel import Message
 from satrl.training.trainer import Trainer, plan_microbatches
@@ -52,6 +53,9 @@ class DPTrainer(Trainer):
 
     def __init__(self, model: torch.nn.Module, objective, *, dp: dpm.DataParallel,
                  template: Callable[[], torch.nn.Module], device="cpu", **kw) -> None:  # fmt: skip
+        if advantage_rule(objective) is not None:  # every rank refuses, before any collective
+            raise ValueError("data parallel: the objective's advantage baseline (vcpo's baseline=opob) needs "
+                             "per-sequence gradients, which the sharded trainer does not compute")
         self.dp, self.template = dp, template
         if dp.leader:
             self._announce(dpm.START)

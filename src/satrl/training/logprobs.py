@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+from collections.abc import Callable
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -72,21 +73,66 @@ def _token_logp(head: torch.nn.Module, hidden: torch.Tensor, ids: torch.Tensor, 
     return torch.log_softmax(logits / temperature, dim=-1).gather(-1, ids[:, None]).squeeze(-1)
 
 
+@functools.cache
+def _compiled_token_logp() -> Callable:
+    """``_token_logp`` through torch.compile (``train.compile``), built once, on first use."""
+    return torch.compile(_token_logp, dynamic=True)
+
+
+# The chunk "auto" picks: the most rows whose fp32 [rows, vocab] logits take at most this many bytes (a power of
+# two, 2048 for Qwen3's 151,936 tokens: 1.2 GiB; the backward holds about three such tensors at once).
+AUTO_CHUNK_BYTES = 2 << 30
+
+
+def vocab_size(model: torch.nn.Module) -> int:
+    """The LM head's output size (the model's config where it has none)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(model.config.vocab_size)
+
+
+def chunk_for_vocab(vocab: int) -> int:
+    """``logprob_chunk_tokens=auto``: the largest power of two of rows whose fp32 logits fit AUTO_CHUNK_BYTES
+    (at least 16 rows)."""
+    rows = max(16, AUTO_CHUNK_BYTES // (4 * max(vocab, 1)))
+    return 1 << (rows.bit_length() - 1)
+
+
+def resolve_chunk_tokens(chunk_tokens: int | str, model: torch.nn.Module) -> int:
+    """``train.logprob_chunk_tokens`` as the number the trainer uses: ``auto`` from the model's vocabulary."""
+    if chunk_tokens == "auto":
+        return chunk_for_vocab(vocab_size(model))
+    if not isinstance(chunk_tokens, int) or chunk_tokens < 0:
+        raise ValueError(f"logprob_chunk_tokens must be an int >= 0 or 'auto', got {chunk_tokens!r}")
+    return chunk_tokens
+
+
+def full_logits_bytes(rows: int, length: int, width: int, vocab: int, dtype: torch.dtype) -> int:
+    """An estimate of the full path's (``chunk_tokens=0``) vocabulary-sized tensors for one microbatch: the
+    model's logits [rows, length, V] in the compute dtype and their gradient, and four fp32 [rows, width, V]
+    (the gathered logits, scaled, their log-softmax, and its gradient). A floor: the decoder's own is extra."""
+    item = torch.finfo(dtype).bits // 8
+    return rows * vocab * (2 * length * item + 4 * width * 4)
+
+
 def chunked_token_logp(
-    head: torch.nn.Module, hidden: torch.Tensor, ids: torch.Tensor, temperature: float, chunk_tokens: int
-) -> torch.Tensor:
+    head: torch.nn.Module, hidden: torch.Tensor, ids: torch.Tensor, temperature: float, chunk_tokens: int,
+    compiled: bool = False,
+) -> torch.Tensor:  # fmt: skip
     """log softmax(head(hidden) / temperature)[ids] for hidden [B, T, H], ids [B, T], ``chunk_tokens`` rows of
     B*T at a time; under autograd each chunk is checkpointed (its logits are recomputed in the backward)."""
     B, T, H = hidden.shape
     flat, flat_ids = hidden.reshape(B * T, H), ids.reshape(B * T)
     grad = torch.is_grad_enabled() and hidden.requires_grad
+    fn = _compiled_token_logp() if compiled else _token_logp
     pieces = []
     for s in range(0, B * T, chunk_tokens):
         h, i = flat[s : s + chunk_tokens], flat_ids[s : s + chunk_tokens]
         if grad:
-            pieces.append(checkpoint(_token_logp, head, h, i, temperature, use_reentrant=False))
+            pieces.append(checkpoint(fn, head, h, i, temperature, use_reentrant=False))
         else:
-            pieces.append(_token_logp(head, h, i, temperature))
+            pieces.append(fn(head, h, i, temperature))
     return torch.cat(pieces).reshape(B, T)
 
 
@@ -119,11 +165,18 @@ def response_logp(
     length: int | None = None,  # the longest row's length, from the CPU batch (None: read it here, a host sync)
     padded: bool | None = None,  # whether any row is shorter than ``length`` (None: let transformers look)
     chunk_tokens: int = 0,  # 0: the full-logits path; > 0: the chunked path (module docstring)
+    width: int | None = None,  # the microbatch's longest response, from the CPU batch (None: the batch's T)
+    compiled: bool = False,  # the chunk's head and log-softmax through torch.compile (chunked path only)
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(y_t | s_t) of each response token [B, T], from temperature-scaled logits (the engine's
-    sampler), and, if ``capture``, the experts each MoE layer used at the scoring positions [B, T, layers, k]."""
+    sampler), and, if ``capture``, the experts each MoE layer used at the scoring positions [B, T, layers, k].
+
+    With ``width`` < T the LM head and the log-softmax run on the first ``width`` response positions only (the
+    microbatch's own longest response, not the batch's) and the result is zero-padded back to [B, T]: the
+    positions cut are past every row's end, masked out wherever they are read."""
     L = int(mb.attention_mask.sum(1).max()) if length is None else length
-    T = mb.mask.shape[1]
+    full_T = mb.mask.shape[1]
+    T = full_T if width is None else max(1, min(width, full_T))
     pos = scoring_positions(mb.prompt_len, T, L)  # [B, T]
     ids, mask = mb.input_ids[:, :L], attention_arg(model, mb.attention_mask[:, :L], padded)
     with contextlib.ExitStack() as stack:
@@ -143,9 +196,18 @@ def response_logp(
         used = None
         if rec is not None:
             r = rec.take()
-            used = r.gather(1, pos[:, :, None, None].expand(-1, -1, *r.shape[2:]))
+            used = _pad_to(r.gather(1, pos[:, :, None, None].expand(-1, -1, *r.shape[2:])), full_T)
+    resp = mb.response_ids[:, :T]
     if chunk_tokens > 0:
-        return chunked_token_logp(model.get_output_embeddings(), hidden, mb.response_ids, temperature, chunk_tokens), used
+        logp = chunked_token_logp(model.get_output_embeddings(), hidden, resp, temperature, chunk_tokens, compiled)
+        return _pad_to(logp, full_T), used
     logits = out.logits.gather(1, pos[..., None].expand(-1, -1, out.logits.shape[-1])).float()
     logp = torch.log_softmax(logits / temperature, dim=-1)
-    return logp.gather(-1, mb.response_ids[..., None]).squeeze(-1), used
+    return _pad_to(logp.gather(-1, resp[..., None]).squeeze(-1), full_T), used
+
+
+def _pad_to(x: torch.Tensor, T: int) -> torch.Tensor:
+    """``x`` [B, W, ...] zero-padded along dim 1 to [B, T, ...] (itself when W == T)."""
+    if x.shape[1] == T:
+        return x
+    return torch.cat([x, x.new_zeros((x.shape[0], T - x.shape[1], *x.shape[2:]))], dim=1)

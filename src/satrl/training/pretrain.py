@@ -282,9 +282,24 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def run_pretrain(args: argparse.Namespace) -> int:
-    """Handler of ``satrl pretrain``: train, write ``--out``, print the final scores. Returns 0."""
+    """Handler of ``satrl pretrain``: train, write ``--out``, print the final scores. Returns 0. The live bar is
+    drawn on a terminal only; in a pipe or log file just the final line prints, and transformers' bars (the
+    shard bar of a model load) stay off either way."""
+    import sys
+
+    from satrl.models.loading import quiet_progress_bars
+
     recipe = RECIPES.get(args.model)
-    record = pretrain(
+    with quiet_progress_bars():
+        record = _run(args, recipe, progress=not args.no_progress and sys.stdout.isatty())
+    final = record.get("final")
+    scores = f" avg@8 = {final['avg_at_k']:.3f}, greedy = {final['greedy_acc']:.3f}" if final else ""
+    print(f"wrote {args.out}: {record['steps_run']} steps in {record['train_time_s']:.0f} s;{scores}")
+    return 0
+
+
+def _run(args: argparse.Namespace, recipe: dict, progress: bool) -> dict[str, Any]:
+    return pretrain(
         kind=args.kind or recipe["kind"],
         task=args.task or recipe["task"],
         steps=args.steps,
@@ -301,9 +316,5 @@ def run_pretrain(args: argparse.Namespace) -> int:
         stop_avg=args.stop_avg,
         final_eval_problems=args.final_eval_problems,
         command=command_line(args),
-        progress=not args.no_progress,
+        progress=progress,
     )
-    final = record.get("final")
-    scores = f" avg@8 = {final['avg_at_k']:.3f}, greedy = {final['greedy_acc']:.3f}" if final else ""
-    print(f"wrote {args.out}: {record['steps_run']} steps in {record['train_time_s']:.0f} s;{scores}")
-    return 0

@@ -1,0 +1,234 @@
+"""verl's entry points as installed, run as docs/integrations.md prints them, up to satrl's config-time decision.
+
+Each command runs in a fresh process, from a scratch working directory (no chdir into verl's source tree),
+through verl's own Hydra ``main``: Hydra composes the installed verl's YAML from the command line, and the
+entry point's first call on the driver (``auto_set_device``) runs satrl's check. ``ray.init`` is replaced
+by an error and ``verl.trainer.main_ppo.run_ppo`` by what verl's TaskRunner does first (``OmegaConf.resolve``),
+so no cluster starts: an accepted command prints the ``sat_mu`` the resolver chose, a refused one exits
+with satrl's line as the last line of its stderr, before Ray.
+
+Also here: the ``verl`` extra brings what verl's v1 and legacy trainers and both recipes import, and a
+forgotten ``_target_`` override is explained before verl's own ``TypeError``. Like the other verl tests,
+these skip without verl and never skip under ``SATRL_REQUIRE_VERL=1`` (``make test-verl``).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import verl
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import MissingConfigException
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from satrl.integrations import _verl_mu
+
+    VERL_MISSING = None
+    VERL_ROOT = Path(verl.__file__).parent
+except ImportError as exc:
+    VERL_MISSING = f"verl is not importable ({exc}); install the extra, see docs/integrations.md"
+
+pytestmark = pytest.mark.skipif(VERL_MISSING is not None, reason=str(VERL_MISSING))
+
+REPO = Path(__file__).resolve().parents[2]
+DOC = REPO / "docs" / "integrations.md"
+# The doc block these tests run: the fenced block right after a doc-test marker naming this file.
+MARKER = re.compile(r"<!-- doc-test: check [^\n]*test_verl_recipes\.py[^\n]* -->\n```bash\n(?P<body>.*?)^```",
+                    re.M | re.S)
+RECIPE_MODULES = {"one_step_off": "verl.experimental.one_step_off_policy.main_ppo",
+                  "fully_async": "verl.experimental.fully_async_policy.fully_async_main"}
+BYPASS_OFF = "algorithm.rollout_correction.bypass_mode=false"
+SAT_MU = "+actor_rollout_ref.actor.policy_loss.sat_mu=${satrl_mu:}"
+
+# Runs `python -m MODULE ARGS` as verl's Hydra main, with no cluster: see the module docstring.
+RUNNER = r"""
+import json, runpy, sys
+
+import ray
+
+
+def no_cluster(*args, **kwargs):
+    raise RuntimeError("satrl test: ray.init reached")
+
+
+ray.init = no_cluster
+from omegaconf import OmegaConf
+
+import verl.trainer.main_ppo as main_ppo
+
+
+def run_ppo(config, task_runner_class):  # what verl's TaskRunner.run does first, on the driver's config
+    OmegaConf.resolve(config)
+    print("SATRL_ACCEPTED " + json.dumps({"sat_mu": config.actor_rollout_ref.actor.policy_loss.get("sat_mu")}))
+
+
+main_ppo.run_ppo = run_ppo
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.fixture(autouse=True)
+def _no_reprint():
+    yield
+    _verl_mu._refusals.clear()  # refusals tested in this process are not reprinted when pytest exits
+
+
+def doc_commands() -> dict[str, list[str]]:
+    """The recipe commands docs/integrations.md prints, as argv after ``python -m``, keyed by recipe."""
+    m = MARKER.search(DOC.read_text())
+    assert m, f"{DOC}: no bash block after a doc-test marker naming test_verl_recipes.py"
+    out = {}
+    for line in m["body"].replace("\\\n", " ").splitlines():
+        words = [w for w in shlex.split(line.split(" #")[0]) if w != "..."]
+        if not words:
+            continue
+        assert words[:2] == ["python", "-m"], f"{DOC}: not a `python -m` command: {line}"
+        recipe = next(k for k, v in RECIPE_MODULES.items() if v == words[2])
+        out[recipe] = words[2:]
+    assert set(out) == set(RECIPE_MODULES), f"{DOC}: the block must print both recipes, found {sorted(out)}"
+    return out
+
+
+def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
+    env.update(OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="0", PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run([sys.executable, "-c", RUNNER, *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def accepted(out: subprocess.CompletedProcess) -> dict:
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("SATRL_ACCEPTED ")]
+    assert len(lines) == 1, out.stdout[-2000:]
+    return json.loads(lines[0].split(" ", 1)[1])
+
+
+def refused(out: subprocess.CompletedProcess) -> str:
+    """satrl's refusal line: the last line of stderr, before Ray started."""
+    assert out.returncode != 0 and "SATRL_ACCEPTED" not in out.stdout, out.stdout[-2000:]
+    assert "ray.init reached" not in out.stderr, out.stderr[-3000:]
+    last = [line for line in out.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith("satrl: "), out.stderr[-3000:]
+    return last
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPE_MODULES))
+def test_recipe_command_as_the_docs_print_it_is_accepted_in_decoupled_mode(tmp_path, recipe):
+    argv = doc_commands()[recipe]
+    assert BYPASS_OFF in argv and SAT_MU in argv
+    assert accepted(run(argv, tmp_path)) == {"sat_mu": "old_policy"}
+
+
+@pytest.mark.parametrize("recipe,drop", [("one_step_off", (BYPASS_OFF,)), ("fully_async", (BYPASS_OFF,)),
+                                         ("one_step_off", (BYPASS_OFF, SAT_MU))])
+def test_recipe_in_bypass_mode_is_refused_before_ray_with_the_recipe_fix(tmp_path, recipe, drop):
+    """The recipes' default, bypass mode, with or without sat_mu declared: refused on the driver, with the
+    fix for a recipe (verl's v1 trainer; trainer.use_v1 means nothing to a recipe)."""
+    line = refused(run([a for a in doc_commands()[recipe] if a not in drop], tmp_path))
+    assert f"in the {recipe} trainer" in line and "trainer.v1.trainer_mode=separate_async" in line
+    assert "set trainer.use_v1=true" not in line and "bypass_mode=false" in line
+
+
+def test_legacy_trainer_in_bypass_mode_is_refused_before_ray_with_the_legacy_fix(tmp_path):
+    argv = [a for a in doc_commands()["one_step_off"] if a != BYPASS_OFF and not a.startswith("hydra.")]
+    argv = ["verl.trainer.main_ppo", *argv[1:], "trainer.use_v1=false", "algorithm.rollout_correction.bypass_mode=true"]
+    line = refused(run(argv, tmp_path))
+    assert "in the legacy trainer" in line and "set trainer.use_v1=true" in line
+
+
+def test_missing_target_override_is_explained_before_verls_type_error(tmp_path):
+    """SAT's keys without the _target_ override: verl's PolicyLossConfig would reject them with a TypeError
+    that names no fix; satrl's line names the override, on the driver, before verl builds the config."""
+    argv = [a for a in doc_commands()["fully_async"] if "._target_=" not in a]
+    line = refused(run([*argv, "+actor_rollout_ref.actor.policy_loss.sat_alpha=0.8"], tmp_path))
+    assert "sat_alpha" in line and _verl_mu.TARGET_OVERRIDE in line
+
+
+def compose_recipe(recipe: str, overrides: list[str]):
+    sub = {"one_step_off": "experimental/one_step_off_policy/config",
+           "fully_async": "experimental/fully_async_policy/config"}[recipe]
+    with initialize_config_dir(config_dir=str(VERL_ROOT / sub), version_base=None):
+        return compose(config_name=f"{recipe}_ppo_trainer", overrides=overrides)
+
+
+def test_one_step_off_needs_the_searchpath_the_docs_print(tmp_path, monkeypatch):
+    """verl's one_step_off YAML finds ppo_trainer through file://verl/trainer/config, relative to the working
+    directory: from anywhere else Hydra cannot compose it, which is why the docs print the override."""
+    monkeypatch.chdir(tmp_path)  # a working directory without verl's source tree, as a user's
+    with pytest.raises(MissingConfigException, match="ppo_trainer"):
+        compose_recipe("one_step_off", [])
+    searchpath = [a for a in doc_commands()["one_step_off"] if a.startswith("hydra.searchpath=")]
+    assert searchpath == ["hydra.searchpath=[pkg://verl.trainer.config]"]
+    assert "actor_rollout_ref" in compose_recipe("one_step_off", searchpath)
+
+
+def test_missing_target_reaches_verls_type_error_and_the_resolver_explains_it():
+    """What satrl's check preempts (verl's own TypeError), and the same explanation from ${satrl_mu:}
+    where only the resolver runs (a driver that skips the entry point's auto_set_device)."""
+    cfg = compose_recipe("fully_async", ["actor_rollout_ref.actor.policy_loss.loss_mode=sat", BYPASS_OFF,
+                                         "+actor_rollout_ref.actor.policy_loss.sat_alpha=0.8", SAT_MU,
+                                         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"])
+    with pytest.raises(Exception, match="unexpected keyword argument 'sat_alpha'"):
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.policy_loss)
+    with pytest.raises(ValueError, match=re.escape(_verl_mu.TARGET_OVERRIDE)):
+        _verl_mu.preflight(cfg)
+    with pytest.raises(ValueError, match=re.escape(_verl_mu.TARGET_OVERRIDE)):
+        OmegaConf.resolve(cfg)
+
+
+def test_a_misspelled_sat_key_is_named_with_sat_keys():
+    cfg = compose_recipe("fully_async", ["actor_rollout_ref.actor.policy_loss.loss_mode=sat", BYPASS_OFF,
+                                         f"actor_rollout_ref.actor.policy_loss._target_={_verl_mu.SAT_TARGET}",
+                                         "+actor_rollout_ref.actor.policy_loss.sat_alfa=0.8"])
+    with pytest.raises(ValueError, match=r"policy_loss.sat_alfa is not one of SAT's keys \['sat_alpha', "):
+        _verl_mu.preflight(cfg)
+
+
+def test_preflight_leaves_other_configs_alone():
+    """Not a SAT config (verl's own losses, an SFT-like config, no config): nothing to check."""
+    cfg = compose_recipe("fully_async", [])  # bypass mode, loss_mode vanilla
+    _verl_mu.preflight(cfg)
+    _verl_mu.preflight(OmegaConf.create({"trainer": {"device": "cpu"}}))
+    _verl_mu.preflight(None)
+
+
+def test_the_entry_points_check_runs_in_verls_auto_set_device():
+    """The hook: verl.utils.device.auto_set_device, the first call of main_ppo and both recipes' mains."""
+    from verl.utils import device
+
+    assert getattr(device.auto_set_device, "_satrl_guard", False)
+    for module in ("trainer/main_ppo.py", *(f"{m.removeprefix('verl.').replace('.', '/')}.py"
+                                            for m in RECIPE_MODULES.values())):
+        source = (VERL_ROOT / module).read_text()
+        assert "from verl.utils.device import auto_set_device" in source, module
+        main = source[source.index("def main(config)"):]
+        assert main.index("auto_set_device(config)") < main.index("run_ppo(config"), module
+
+
+def test_the_verl_extra_brings_what_verls_trainers_and_recipes_import():
+    """verl's v1 trainer (its default), the legacy trainer and both recipes import TransferQueue, cachetools,
+    fastapi and uvicorn beyond verl's own requirements: the verl extra declares them, and they import."""
+    from packaging.requirements import Requirement
+
+    reqs = [Requirement(r) for r in importlib.metadata.requires("satrl-async") or []]
+    extra = {r.name.lower() for r in reqs if r.marker is not None and r.marker.evaluate({"extra": "verl"})}
+    assert {"verl", "transferqueue", "cachetools", "fastapi", "uvicorn"} <= extra, extra
+    modules = ["verl.trainer.ppo.v1", "verl.trainer.main_ppo_v0", *RECIPE_MODULES.values()]
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint('ok')"
+    out = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if out.returncode != 0 and "ModuleNotFoundError" in out.stderr and os.environ.get("SATRL_REQUIRE_VERL") != "1":
+        pytest.skip(f"this environment was not built with the verl extra ({out.stderr.strip().splitlines()[-1]})")
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
