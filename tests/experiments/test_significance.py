@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from satrl.experiments.report import fmt_ci
 from satrl.experiments.stats import (
     compare,
     holm,
@@ -99,7 +100,14 @@ def test_mde_hand_values():
 
 def test_studentized_ci_basics_and_coverage():
     assert all(math.isnan(v) for v in studentized_ci([]))
-    assert studentized_ci([0.3]) == (0.3, 0.3, 0.3) and studentized_ci([0.2, 0.2]) == (0.2, 0.2, 0.2)
+    assert studentized_ci([0.2, 0.2]) == (0.2, 0.2, 0.2)  # a constant sample: zero width
+    # one seed, and two different seeds (every bootstrap t_b is 0 there), have no interval: the report shows the
+    # mean alone, not "± 0.0000" (issue 34)
+    for values in ([0.3], [0.2, 0.5]):
+        m, lo, hi = studentized_ci(values)
+        assert m == pytest.approx(np.mean(values)) and math.isnan(lo) and math.isnan(hi)
+    assert fmt_ci(0.35, math.nan, math.nan) == "35.0 (no interval)"
+    assert fmt_ci(0.0075, math.nan, math.nan, "{:.4f}", 1.0) == "0.0075 (no interval)"
     m, lo, hi = studentized_ci([0.1, 0.4, 0.35, 0.2, 0.3, 0.25])
     assert lo < m < hi and m == pytest.approx(0.26666666)
     # within 3 points of nominal at 5 and 10 seeds (coarse here; docs/benchmarks.md has the full run)

@@ -57,6 +57,8 @@ def fmt_ci(mean: float, lo: float, hi: float, fmt: str = "{:.1f}", scale: float 
     """'mean ± half-width [lo, hi]' (half-width = (hi - lo) / 2; the interval itself may be asymmetric)."""
     if not math.isfinite(mean):
         return "—"
+    if not (math.isfinite(lo) and math.isfinite(hi)):  # one or two seeds: a mean without an interval, not "± 0"
+        return f"{_f(mean, fmt, scale)} (no interval)"
     return f"{_f(mean, fmt, scale)} ± {_f((hi - lo) / 2, fmt, scale)} [{_f(lo, fmt, scale)}, {_f(hi, fmt, scale)}]"
 
 

@@ -63,15 +63,17 @@ def bootstrap_ci(
 ) -> tuple[float, float, float]:
     """Mean and percentile-bootstrap CI of the mean: returns (mean, lo, hi).
 
-    NaN/inf values are dropped. Empty input gives (nan, nan, nan); one value v gives (v, v, v);
-    a constant sample gives a zero-width interval.
+    NaN/inf values are dropped. Empty input gives (nan, nan, nan); one value v gives (v, nan, nan): one seed
+    has no interval (a report shows the mean alone, not "± 0"); a constant sample gives a zero-width interval.
     """
     x = _checked(values, ci)
     n = x.size
     if n == 0:
         return (float("nan"),) * 3
     mean = float(x.mean())
-    if n == 1 or np.all(x == x[0]):
+    if n == 1:
+        return mean, float("nan"), float("nan")
+    if np.all(x == x[0]):
         return mean, mean, mean
     means = _resampled(x, n_resamples, seed, lambda xb: xb.mean(axis=1))
     tail = (1.0 - ci) / 2.0 * 100.0
@@ -118,7 +120,9 @@ def studentized_ci(
     repeated value (se_b = 0, up to rounding) have no t_b and are left out: that is n / n^n of them (0.16 % at
     n = 5, 11 % at n = 3, where the interval is therefore rough). Its simulated coverage is in
     docs/benchmarks.md (``python -m benchmarks.coverage``). NaN/inf values are dropped; empty input gives
-    NaNs; one value or a constant sample gives a zero-width interval.
+    NaNs; a constant sample gives a zero-width interval. One value, and two different values, have no interval
+    (mean, nan, nan): at n = 2 every resample with an SD is the sample itself or its mirror, so every t_b is 0
+    and the "interval" would have zero width however far apart the two values are.
     """
     x = _checked(values, ci)
     n = x.size
@@ -126,8 +130,10 @@ def studentized_ci(
         return (float("nan"),) * 3
     mean = float(x.mean())
     tiny = 1e-12 * max(1.0, float(np.abs(x).max()))  # an SD below this is rounding noise of a constant
-    se = float(x.std(ddof=1)) / np.sqrt(n) if n > 1 else 0.0
-    if n == 1 or se <= tiny:
+    if n == 1:
+        return mean, float("nan"), float("nan")
+    se = float(x.std(ddof=1)) / np.sqrt(n)
+    if se <= tiny:
         return mean, mean, mean
 
     def t_stat(xb: np.ndarray) -> np.ndarray:  # [b, n] -> [b]
@@ -137,7 +143,7 @@ def studentized_ci(
 
     t = _resampled(x, n_resamples, seed, t_stat)
     t = t[np.isfinite(t)]
-    if t.size == 0:
+    if t.size == 0 or np.ptp(t) <= 1e-12:  # no spread of t_b (n = 2): the bootstrap-t says nothing
         return mean, float("nan"), float("nan")
     tail = (1.0 - ci) / 2.0
     t_lo, t_hi = float(np.quantile(t, tail, method="lower")), float(np.quantile(t, 1.0 - tail, method="higher"))
