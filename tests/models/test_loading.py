@@ -118,3 +118,17 @@ def test_loading_prints_no_progress_bar_and_restores_the_setting(tmp_path, capfd
         pass
     assert not hf_logging.is_progress_bar_enabled()  # off before stays off
     hf_logging.enable_progress_bar()
+
+
+def test_loaded_policy_runs_without_hub_kernels_and_its_meta_copy_switches_modes():
+    """transformers >= 5.2x turns hub kernels on by default where `kernels` is installed; a loaded policy must
+    not use them (its numerics would depend on the network), and its meta copy (data parallel's reference)
+    must switch train/eval: with kernels on, `eval()` re-kernelizes and refuses the meta device. Found when a
+    fresh install pulled transformers 5.25 and every torchrun job hung at start."""
+    from satrl.models import load_model, meta_copy
+
+    model = load_model("tiny-arith-moe")
+    assert not getattr(model, "use_kernels", False)
+    copy = meta_copy(model.float().train())
+    copy.to(torch.float32).eval()  # raised "Unsupported device type 'meta'" with kernels on
+    assert not copy.training

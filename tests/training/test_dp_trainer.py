@@ -87,3 +87,26 @@ def test_unsupported_settings_are_refused_in_one_line():
     for overrides, key in ((["r3=true", "model.name=tiny-arith-moe"], "r3"), (["train.device=mps"], "train.device")):
         with pytest.raises(ConfigError, match=key):
             check_supported(load_config(None, overrides))
+
+
+def test_a_failure_while_the_trainer_is_built_keeps_the_job_busy(monkeypatch):
+    """Rank 0 announces START, then the others build the same trainer inside collectives; if rank 0 fails
+    there it must exit (torchrun stops the rest), not send them a STOP they cannot receive: that deadlocked
+    every torchrun job once (a transformers upgrade made rank 0 fail in `_place`; the watchdog sees live
+    heartbeats and never fires). `dp.busy` is what `pipeline.data_parallel.run` reads to choose."""
+    from types import SimpleNamespace
+
+    from satrl.objectives import resolve_objective
+    from satrl.training import dp as dpm
+    from satrl.training.dp_trainer import DPTrainer
+
+    sent = []
+    ctx = SimpleNamespace(leader=True, device="cpu", busy=False, channel=SimpleNamespace(send=sent.append))
+
+    def fail(self, model, uses_ref):
+        raise RuntimeError("rank 0 failed while placing the policy")
+
+    monkeypatch.setattr(DPTrainer, "_place", fail)
+    with pytest.raises(RuntimeError, match="placing"):
+        DPTrainer(object(), resolve_objective("grpo"), dp=ctx, template=lambda: None, lr=1e-3)
+    assert [m.op for m in sent] == [dpm.START] and ctx.busy

@@ -125,10 +125,14 @@ def _loaded(what: str, path: Path, load):
 
 def load_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """The causal LM of a built-in policy or local HF directory, in eval mode, on CPU, in ``dtype``; never
-    downloads anything."""
+    downloads anything. Hub kernels off (``use_kernels=False``): transformers >= 5.2x turns them on by default
+    where the ``kernels`` package is installed, which would swap layers for downloaded kernels (or their
+    fallbacks, depending on the network), and re-kernelize on every ``train()``/``eval()``, which fails on the
+    meta copies data parallel builds. The trainer's numerics are the model's own torch code everywhere."""
     path = resolve_policy_path(path_or_name)
     model = _loaded("the policy", path, lambda: AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, use_safetensors=True, local_files_only=True, attn_implementation="sdpa"))  # fmt: skip
+        path, dtype=dtype, use_safetensors=True, local_files_only=True, attn_implementation="sdpa",
+        use_kernels=False))  # fmt: skip
     return model.eval()
 
 

@@ -59,7 +59,11 @@ class DPTrainer(Trainer):
         self.dp, self.template = dp, template
         if dp.leader:
             self._announce(dpm.START)
+        # From START on the others build the same trainer, inside collectives: a failure here must end this
+        # process (torchrun then stops them), not send them a STOP they cannot receive (a silent deadlock).
+        dp.busy = True
         super().__init__(model, objective, device=dp.device, **kw)
+        dp.busy = False
 
     def _place(self, model: torch.nn.Module, uses_ref: bool) -> tuple[torch.nn.Module, torch.nn.Module | None]:
         """The policy (fp32 master weights) and the reference (compute dtype, forwards only) as FSDP2 shards,
