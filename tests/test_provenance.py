@@ -3,6 +3,7 @@
 import json
 
 import torch
+import transformers
 
 from satrl import provenance
 from satrl.provenance import ENVIRONMENT, cpu_kind, machine_label, read_sessions, record_session
@@ -20,6 +21,7 @@ def test_cpu_kind_reads_the_first_core():
 def test_environment_names_code_kernels_and_versions():
     env = provenance.environment(threads=3)
     assert env["torch"] == torch.__version__ and env["threads"] == 3
+    assert env["transformers"] == transformers.__version__
     assert env["cpu"]["capability"] == torch.backends.cpu.get_cpu_capability()
     json.dumps(env, allow_nan=False)  # strict JSON
 

@@ -53,6 +53,16 @@ def cpu_kind(cpuinfo: str | None = None) -> dict:
     return info
 
 
+def _version(dist: str) -> str | None:
+    """An installed distribution's version, None where it is absent."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
 def environment(threads: int) -> dict:
     """This process's code and machine: what a run's bits depend on."""
     return {
@@ -60,6 +70,7 @@ def environment(threads: int) -> dict:
         "satrl": satrl.__version__,
         "cpu": {**cpu_kind(), "capability": torch.backends.cpu.get_cpu_capability()},  # the kernels torch picks
         "torch": torch.__version__,
+        "transformers": _version("transformers"),  # its model code is the trainer's numerics (5.25 changed defaults)
         "python": platform.python_version(),
         "platform": sys.platform,
         "threads": threads,
