@@ -215,6 +215,11 @@ class EvalConfig(_Strict):
     val_problems: int = Field(80, ge=1, description="Val-part problems per evaluation (checkpoint selection).")
     test_problems: int = Field(100, ge=1, description="Test-part problems per evaluation (reported scores).")
     engine: EngineName | None = Field(None, description="Engine for evaluation (default: the rollout engine).")
+    engine_kwargs: dict[str, Any] | None = Field(
+        None, description="Extra arguments of the evaluation engine (e.g. vLLM's gpu_memory_utilization where it "
+        "shares the trainer's GPU while the rollout engine has a GPU of its own); null: engine.kwargs when the "
+        "evaluation engine is the rollout engine, else none.",
+    )  # fmt: skip
     problem_seed: int | None = Field(
         None, ge=0, description="Seed of the eval problems' draw, passed to the task as eval_seed (tasks with one: "
         "arithmetic, countdown, gym:*); null: the task's own (task.kwargs.eval_seed, default 0: the problems of "

@@ -52,6 +52,32 @@ def import_vllm():
     return vllm
 
 
+def pin_visible_device(device: str | None, env: dict | None = None, cuda_started: bool | None = None) -> None:
+    """Put this process's vLLM on one GPU of its own: ``device="cuda:N"`` narrows ``CUDA_VISIBLE_DEVICES`` to the
+    N-th device this process sees (vLLM has no device argument; it, and the engine-core process it starts, use
+    the devices that variable shows). ``cuda`` or ``cpu`` (or None) leave it as it is. Only before CUDA starts
+    in this process: the engine process of ``backend=local`` is fresh, a trainer's process is not (refused in
+    one line). ``env``/``cuda_started``: the environment and CUDA's state (defaults: this process's)."""
+    if device is None or not device.startswith("cuda:"):
+        return
+    env = os.environ if env is None else env
+    if cuda_started is None:
+        import torch
+
+        cuda_started = torch.cuda.is_initialized()
+    if cuda_started:
+        raise ValueError(f"engine device {device}: CUDA already started in this process, so vLLM cannot be moved "
+                         "to another GPU here; give the device to an engine in its own process (backend=local)")
+    index = device.split(":", 1)[1]
+    if not index.isdigit():
+        raise ValueError(f"engine device {device!r}: expected cuda:N with N a device index")
+    seen = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()] or None
+    if seen is not None and int(index) >= len(seen):
+        raise ValueError(f"engine device {device}: this process sees {len(seen)} GPU(s) (CUDA_VISIBLE_DEVICES="
+                         f"{env['CUDA_VISIBLE_DEVICES']})")
+    env["CUDA_VISIBLE_DEVICES"] = seen[int(index)].strip() if seen else index
+
+
 def is_moe_checkpoint(path: str | Path) -> bool:
     """True if the HF ``config.json`` at ``path`` declares routed experts."""
     cfg = json.loads((Path(path) / "config.json").read_text())
@@ -78,8 +104,9 @@ class VLLMEngine:
         capture_routing: return MoE routing per token; None = auto (on for MoE checkpoints when vLLM supports
             it, off otherwise). True on a model vLLM cannot capture raises with what to do.
         version: initial policy version.
-        device: accepted for a uniform signature; vLLM runs on the platform its build targets (the CPU build on
-            CPU, the GPU build on the GPUs ``CUDA_VISIBLE_DEVICES`` shows).
+        device: ``cuda:N`` puts vLLM on that GPU alone (:func:`pin_visible_device`: in a process where CUDA has
+            not started, e.g. the engine process of ``backend=local``); otherwise vLLM runs on the platform its
+            build targets (the CPU build on CPU, the GPU build on the GPUs ``CUDA_VISIBLE_DEVICES`` shows).
         seed: vLLM's global seed (requests still carry their own).
         weight_transfer: build vLLM's weight-transfer engine (``weights.transport=vllm``): versions then arrive
             through :meth:`open_transfer` and :meth:`receive_weights` instead of :meth:`load_weights`.
@@ -104,6 +131,7 @@ class VLLMEngine:
     ) -> None:
         if device is not None and device != "cpu" and not device.startswith("cuda"):
             raise ValueError(f"the vllm engine runs on cpu or cuda, not {device!r}")
+        pin_visible_device(device)
         vllm = import_vllm()
         self._vllm = vllm
         self.numerics, self._num = numerics, resolve_numerics(numerics)

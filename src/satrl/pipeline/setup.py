@@ -45,13 +45,21 @@ def build_run_dir(cfg: RunConfig, resume: bool = False) -> RunDir:
     )
 
 
+def eval_engine_kwargs(cfg: RunConfig) -> dict:
+    """The evaluation engine's extra arguments: ``eval.engine_kwargs`` where given, else the rollout engine's own
+    when evaluation uses the same engine (its options mean the same there), else none."""
+    if cfg.eval.engine_kwargs is not None:
+        return dict(cfg.eval.engine_kwargs)
+    return dict(cfg.engine.kwargs) if (cfg.eval.engine or cfg.engine.name) == cfg.engine.name else {}
+
+
 def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
     name = cfg.eval.engine or cfg.engine.name
     return Evaluator(
         tokenizer,
         task,
         engine=name,
-        engine_kwargs=dict(cfg.engine.kwargs) if name == cfg.engine.name else {},  # the rollout engine's own
+        engine_kwargs=eval_engine_kwargs(cfg),
         model_path=cfg.model.source,
         numerics=cfg.engine.numerics,
         sampling=sampling_params(cfg),
