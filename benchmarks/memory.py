@@ -57,6 +57,13 @@ SETTINGS = {
 }
 FIXED_BYTES_PER_PARAM = {"before": 4 + 8 + 4 + 4, "after": 4 + 8 + 2 + 0}  # weights, AdamW, reference, scratch
 TARGET_TOKENS = 16384
+RANKS = (1, 6, 8)
+CARD_GB = 80
+# (layout, trainer ranks, vLLM memory fraction on rank 0's GPU, vLLM fraction on an engine GPU of its own)
+LAYOUTS = (
+    ("both vLLMs on rank 0's GPU (0.3 each)", 8, 0.6, 0.0),
+    ("rollout vLLM on GPU 7 (0.85), eval vLLM on rank 0's GPU (0.2)", 7, 0.2, 0.85),
+)
 
 
 def qwen3_config(shape: dict, layers: int, vocab: int):
@@ -174,13 +181,33 @@ def measure_all(shapes: dict, head: str, vocab: int, tokens: list[int]) -> dict:
 SCRATCH = {"before": 4, "after": 0}  # the old code's persistent fp32 scratch copy (no longer exists to measure)
 
 
+def fsdp_buffers(shape: dict, vocab: int, setting: str) -> dict:
+    """FSDP2's working buffers per rank (bytes), counted from the sharding satrl.training.dp applies: one unit
+    per decoder layer and the root (embedding, final norm, LM head). Parameters are all-gathered in the param
+    dtype (bf16 under ``MixedPrecisionPolicy`` on CUDA in *after*, fp32 in *before*): two layers at once (the one
+    running and the one prefetched), and the root for the whole step (FSDP2 keeps the root unsharded between
+    forward and backward). Gradients reach the reduce-scatter unsharded, in the param dtype plus an fp32 copy
+    for ``reduce_dtype``: two layers at once (one reducing while the next is computed) and the root's at the
+    end of the backward. Counted, not measured (no multi-GPU machine here)."""
+    layer_params = param_count(shape, layers=2, vocab=vocab) - param_count(shape, layers=1, vocab=vocab)
+    root_params = param_count(shape, layers=1, vocab=vocab) - layer_params
+    b = 2 if setting == "after" else 4
+    grad_b = b + (4 if b != 4 else 0)
+    gather = 2 * layer_params * b + root_params * b
+    reduce = 2 * layer_params * grad_b + root_params * grad_b
+    return {"gather": gather, "reduce": reduce, "total": gather + reduce}
+
+
 def project(res: dict, shapes: dict, vocab: int, tokens: int, ranks: int, setting: str, name: str) -> dict:
-    """Projected peak bytes per rank (an upper bound: every gradient and every saved activation at once)."""
+    """Projected peak bytes per rank (an upper bound: every gradient and every saved activation at once). On
+    more than one rank FSDP2's working buffers (:func:`fsdp_buffers`) replace the one-device embedding
+    gradient (the root's unsharded gradients are among them)."""
     shape = shapes[name]
     P, L, H = param_count(shape, vocab=vocab), shape["num_hidden_layers"], shape["hidden_size"]
     r = res[setting]
     fixed, grads = P * FIXED_BYTES_PER_PARAM[setting], 4 * P
-    emb_grad = vocab * H * 4  # the embedding's dense gradient, before it is added into the weight's
+    # the embedding's dense gradient, before it is added into the weight's; under FSDP2, its working buffers
+    emb_grad = vocab * H * 4 if ranks == 1 else fsdp_buffers(shape, vocab, setting)["total"]
     saved = tokens * (r["head"] + L * r["layer"][name])
     if setting == "before":  # the full-vocabulary backward: ~3 fp32 [N, V] gradients besides the saved output
         work = tokens * 3 * vocab * 4
@@ -206,22 +233,46 @@ def report(res: dict, shapes: dict, vocab: int, tokens: int, head: str, wall: fl
     for name in shapes:
         b, a = res["before"], res["after"]
         lines.append(f"| {name} | {b['layer'][name]:,.0f} | {b['head']:,.0f} | {a['layer'][name]:,.0f} | {a['head']:,.0f} |")
-    lines += ["", f"Projected peak per rank at {tokens:,} tokens per microbatch (GiB; 8 ranks = FSDP2 sharding of "
-              "weights, gradients, AdamW and reference by 8, activations whole; a projection, not an 8-rank run):",
+    lines += ["", f"Projected peak per rank at {tokens:,} tokens per microbatch (GiB; R ranks = FSDP2 sharding of "
+              "weights, gradients, AdamW and reference by R, activations whole, plus FSDP2's working buffers: "
+              "all-gathered layers and root, unsharded gradients before their reduce-scatter; a projection, not a "
+              "multi-GPU run):",
               "", "| shape | params | setting | ranks | fixed | gradients | activations + working set "
               "| forward + backward | optimizer step | peak |",
               "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for name in shapes:
         for s in SETTINGS:
-            for ranks in (1, 8):
+            for ranks in RANKS:
                 p = project(res, shapes, vocab, tokens, ranks, s, name)
                 lines.append(f"| {name} | {p['params'] / 1e9:.2f}B | {s} | {ranks} | {g(p['fixed'])} | {g(p['grads'])} "
                              f"| {g(p['act'])} | {g(p['train'])} | {g(p['opt'])} | {g(p['peak'])} |")  # fmt: skip
-    first = next(iter(shapes))
+    first, last = next(iter(shapes)), list(shapes)[-1]
+    lines += ["", *layouts(res, shapes, vocab, tokens, last)]
     target = project(res, shapes, vocab, tokens, 1, "after", first)["peak"] / GiB
     lines += ["", f"Target {first} at {tokens:,} tokens on one device <= 40 GiB: {target:.1f} GiB, "
               f"{'met' if target <= 40 else 'NOT met'}. Measured in {wall:.0f} s."]  # fmt: skip
     return "\n".join(lines)
+
+
+def layouts(res: dict, shapes: dict, vocab: int, tokens: int, name: str) -> list[str]:
+    """Where the engines go on one 8 x 80 GB node, per rank, for ``name`` in *after*: rank 0 carries what
+    shares its GPU (vLLM reserves ``gpu_memory_utilization`` x the card), the other trainer ranks the trainer
+    alone, an engine GPU vLLM alone."""
+    g = lambda b: f"{b / GiB:.1f}"  # noqa: E731
+    buf = fsdp_buffers(shapes[name], vocab, "after")
+    out = [f"Where the engines go for {name} on one node of 8 x {CARD_GB} GB (*after*; vLLM reserves its "
+           f"gpu_memory_utilization x {CARD_GB} GB; FSDP2 buffers of the trainer: {g(buf['gather'])} GiB all-gathered, "
+           f"{g(buf['reduce'])} GiB of unsharded gradients):", "",
+           "| layout | trainer ranks | trainer peak / rank | rank 0 GPU | other trainer GPUs | engine GPU | fits |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    for label, ranks, on_rank0, own in LAYOUTS:
+        peak = project(res, shapes, vocab, tokens, ranks, "after", name)["peak"]
+        rank0 = peak + on_rank0 * CARD_GB * 1e9
+        engine = own * CARD_GB * 1e9
+        fits = max(rank0, peak, engine) <= CARD_GB * 1e9
+        out.append(f"| {label} | {ranks} | {g(peak)} | {g(rank0)} | {g(peak)} | {g(engine) if own else '—'} "
+                   f"| {'yes' if fits else 'no'} |")  # fmt: skip
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

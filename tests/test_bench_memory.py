@@ -32,3 +32,14 @@ def test_random_policies_tie_the_lm_head_as_their_shape_says():
         model = memory.random_qwen3(shape, 2, 1000)
         assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
         assert sum(p.numel() for p in model.parameters()) == memory.param_count(shape, 2, vocab=1000)
+
+
+def test_fsdp_buffers_count_two_layers_and_the_root_by_hand():
+    """The tiny shape by hand: a Qwen3 layer is q 64x64, k and v 64x32, o 64x64, q/k norms 16 each, two norms of
+    64, gate/up/down 64x128 each = 37,024 parameters; the root is the tied 1000x64 embedding and the final norm
+    = 64,064. Gathered in bf16: 2 layers + root; unsharded gradients in bf16 plus their fp32 copy: 6 bytes."""
+    buf = memory.fsdp_buffers(memory.QUICK_SHAPES["tiny"], 1000, "after")
+    assert buf["gather"] == 2 * 37_024 * 2 + 64_064 * 2
+    assert buf["reduce"] == 2 * 37_024 * 6 + 64_064 * 6
+    fp32 = memory.fsdp_buffers(memory.QUICK_SHAPES["tiny"], 1000, "before")
+    assert fp32["gather"] == 2 * 37_024 * 4 + 64_064 * 4 and fp32["reduce"] == fp32["gather"]

@@ -31,7 +31,7 @@ from run_helpers import REPO, TINY, read_jsonl, stable  # noqa: E402
 from satrl.provenance import cpu_kind as machine  # noqa: E402  (this machine's kind: CPU vendor, model name)
 
 RECORD = REPO / "tests" / "data" / "replay.json"
-GPU_ONLY = {"qwen3_gpu.yaml"}
+GPU_ONLY = {"qwen3_gpu.yaml", "qwen3_8b.yaml"}
 CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml") if p.name not in GPU_ONLY)
 # 5 steps at broadcast lag 2 with 2 optimizer steps per batch: staleness, clipping and the SAT gate all happen.
 OVERRIDES = ["steps=5", "lag.schedule=broadcast", "lag.n=2", "seed=3", "eval.every=2", "diagnostics.decompose=true"]

@@ -7,7 +7,7 @@ import pytest
 
 from run_helpers import REPO, read_jsonl, stable
 
-GPU_ONLY = {"qwen3_gpu.yaml"}  # a real checkpoint, vLLM and CUDA: checked in tests/test_config.py instead
+GPU_ONLY = {"qwen3_gpu.yaml", "qwen3_8b.yaml"}  # a real checkpoint, vLLM and CUDA: checked in tests/test_config.py instead
 CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml") if p.name not in GPU_ONLY)
 SUMMARY_KEYS = {"best_avg_at_k", "final_avg_at_k", "collapse_step", "d_pi_last25", "steps", "wall_time_s"}
 
