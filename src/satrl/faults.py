@@ -16,6 +16,15 @@ import signal
 from collections.abc import Callable
 
 _counts: dict[str, int] = {}
+_before_kill: list[Callable[[], None]] = []
+
+
+def on_kill(fn: Callable[[], None]) -> None:
+    """Run ``fn`` in this process before any of its faults fires. The engine child registers "let the results
+    already produced reach the parent": a fault at the N-th rollout models a crash during that rollout, and
+    without this a SIGKILL right after a result was queued could beat the thread that sends it, so every
+    restarted engine would lose its first batch too and a ``worker.rollout:2`` run could never progress."""
+    _before_kill.append(fn)
 
 
 def _target() -> tuple[str, int] | None:
@@ -34,6 +43,8 @@ def point(name: str, before: Callable[[], None] | None = None) -> None:
         return
     _counts[name] = _counts.get(name, 0) + 1
     if _counts[name] == target[1]:
+        for fn in _before_kill:
+            fn()
         if before is not None:
             before()
         os.kill(os.getpid(), getattr(signal, os.environ.get("SATRL_FAULT_SIGNAL") or "SIGKILL"))

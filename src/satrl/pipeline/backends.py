@@ -22,6 +22,7 @@ from typing import Protocol
 
 import torch
 
+from satrl import faults
 from satrl.models.loading import PolicyLoadError
 from satrl.pipeline.weights import DistTransport, Inbox, InprocTransport, Link, LinkDown, receive
 from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
@@ -105,17 +106,7 @@ def _serve(spec: WorkerSpec, requests: mp.Queue, results: Connection, link: Link
     parent to read. ``link``: transport ``dist``, join the trainer's group first (weights arrive there while
     the engine loads); with ``in_engine`` (transport ``vllm``) the engine's own workers join it instead."""
     inbox = Inbox(link) if link is not None and not in_engine else None
-    outbox: queue.Queue = queue.Queue()
-
-    def send() -> None:
-        while (item := outbox.get()) is not None:
-            try:
-                results.send_bytes(item)
-            except OSError:  # the parent is gone
-                return
-
-    sender = threading.Thread(target=send, daemon=True)
-    sender.start()
+    outbox, sender = _sender(results)
     try:
         try:
             worker = RolloutWorker(spec)
@@ -135,6 +126,34 @@ def _serve(spec: WorkerSpec, requests: mp.Queue, results: Connection, link: Link
     finally:
         outbox.put(None)
         sender.join(timeout=60)
+
+
+def _sender(results: Connection) -> tuple[queue.Queue, threading.Thread]:
+    """A queue whose items a thread sends over ``results`` until it reads None. A fault (chaos tests) first
+    lets what is queued reach the parent: it models a crash in the work that follows, not in the delivery of
+    work done (``faults.on_kill``)."""
+    outbox: queue.Queue = queue.Queue()
+
+    def send() -> None:
+        while (item := outbox.get()) is not None:
+            try:
+                results.send_bytes(item)
+            except OSError:  # the parent is gone
+                return
+            finally:
+                outbox.task_done()
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    faults.on_kill(lambda: _flushed(outbox))
+    return outbox, sender
+
+
+def _flushed(outbox: queue.Queue, timeout_s: float = 30.0) -> None:
+    """Wait (at most ``timeout_s``: the parent may not be reading) until every queued result is sent."""
+    waiter = threading.Thread(target=outbox.join, daemon=True)
+    waiter.start()
+    waiter.join(timeout_s)
 
 
 class _Stop(Exception):
