@@ -58,6 +58,7 @@ def worker(mode: str, quick: bool, out: Path) -> None:
     from satrl.objectives import resolve_objective
     from satrl.training import dp
     from satrl.training.dp_trainer import DPTrainer
+    from satrl.training.settings import TrainerSettings
 
     torch.set_num_threads(1)
     shape, vocab = (QUICK_SHAPES["tiny"], 1000) if quick else (SHAPES["0.6B"], VOCAB)
@@ -68,7 +69,7 @@ def worker(mode: str, quick: bool, out: Path) -> None:
     with PeakRss() as mem:
         policy = build_policy(shape, vocab, ctx.leader, mode)
         full = sum(p.numel() for p in policy.parameters()) * 4
-        trainer = DPTrainer(policy, objective, dp=ctx, template=lambda: None, lr=1e-6, dtype="bf16")
+        trainer = DPTrainer(policy, objective, TrainerSettings(lr=1e-6, dtype="bf16"), dp=ctx, template=lambda: None)
     row = {"mode": mode, "rank": ctx.rank, "peak": mem.peak, "kept": kept_bytes(trainer), "full_fp32": full}
     (out / f"{mode}-{ctx.rank}.json").write_text(json.dumps(row))
     dp.shutdown()

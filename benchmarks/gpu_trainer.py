@@ -77,6 +77,7 @@ def sat_parity(device: str, steps: int = 2, rtol: float = 1e-4) -> dict:
     within 1e-6 + rtol x |value|, and each weight tensor within rtol in relative norm."""
     from satrl.models import build_tiny_model
     from satrl.objectives import resolve_objective
+    from satrl.training.settings import TrainerSettings
     from satrl.training.trainer import Trainer
 
     model = build_tiny_model("dense", vocab_size=52, seed=0)
@@ -84,8 +85,8 @@ def sat_parity(device: str, steps: int = 2, rtol: float = 1e-4) -> dict:
     adv = torch.linspace(-1, 1, 16)
     runs = []
     for where in ("cpu", device):
-        t = Trainer(copy.deepcopy(model), resolve_objective("sat_grpo"), lr=1e-3, microbatch_tokens=96,
-                    device=where, tf32=False)  # fmt: skip
+        settings = TrainerSettings(lr=1e-3, microbatch_tokens=96, device=where, tf32=False)
+        t = Trainer(copy.deepcopy(model), resolve_objective("sat_grpo"), settings)
         metrics = [t.step(batch, adv) for _ in range(steps)]
         runs.append((metrics, {k: v.detach().cpu() for k, v in t.model.state_dict().items()}))
     (m_cpu, w_cpu), (m_dev, w_dev) = runs
@@ -110,6 +111,7 @@ def rl_batch(device: str, quick: bool, seed: int = 0) -> dict:
     LM head at every token, plus causal attention, over the dense bf16 peak; recomputation is not useful work."""
     from benchmarks.token_efficiency import ROWS, mix, recipe
     from satrl.pipeline.buffer import collate
+    from satrl.training.settings import TrainerSettings
     from satrl.training.trainer import Trainer
     from satrl.types import Sample
 
@@ -127,11 +129,11 @@ def rl_batch(device: str, quick: bool, seed: int = 0) -> dict:
     batch = collate(samples, 0)
     from benchmarks.memory import random_qwen3
 
-    trainer = Trainer(random_qwen3(shape, shape["num_hidden_layers"], vocab), cfg.objective, lr=1e-6,
-                      aggregation=cfg.objective.aggregation, microbatch_tokens=budget, device=device, dtype=t.dtype,
-                      tf32=t.tf32, activation_checkpointing=t.activation_checkpointing,
-                      logprob_chunk_tokens=t.logprob_chunk_tokens, microbatch_order=t.microbatch_order,
-                      recomputed_denominator=True, decompose=True, compile=t.compile)  # fmt: skip
+    settings = TrainerSettings(lr=1e-6, aggregation=cfg.objective.aggregation, microbatch_tokens=budget, device=device,
+                               dtype=t.dtype, tf32=t.tf32, activation_checkpointing=t.activation_checkpointing,
+                               logprob_chunk_tokens=t.logprob_chunk_tokens, microbatch_order=t.microbatch_order,
+                               recomputed_denominator=True, decompose=True, compile=t.compile)  # fmt: skip
+    trainer = Trainer(random_qwen3(shape, shape["num_hidden_layers"], vocab), cfg.objective, settings)
     snapshots = lambda v: trainer.weights()  # noqa: E731  (every row at the trainer's version: lag 0)
     warm = collate(samples[:8], 0)
     for _ in trainer.train_batch(warm, 0, snapshots, stop_at=trainer.version + 1):

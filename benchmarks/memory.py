@@ -114,11 +114,12 @@ def build_trainer(shape: dict, layers: int, vocab: int, setting: str, objective=
     """A trainer of a random Qwen3-shaped policy in one of SETTINGS; by default grpo with a KL term (so that it
     holds a reference model)."""
     from satrl.objectives import resolve_objective
+    from satrl.training.settings import TrainerSettings
     from satrl.training.trainer import Trainer
 
     objective = objective or resolve_objective("grpo", kl_coef=1e-3)
     options = {"lr": 1e-6, "microbatch_tokens": 1 << 30, **SETTINGS[setting], **kw}
-    return Trainer(random_qwen3(shape, layers, vocab), objective, **options)
+    return Trainer(random_qwen3(shape, layers, vocab), objective, TrainerSettings(**options))
 
 
 def saved_bytes(trainer, n_tokens: int, vocab: int) -> int:

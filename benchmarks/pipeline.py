@@ -69,6 +69,7 @@ def sat_step_ratio(repeats: int) -> dict:
     from satrl.models import load_policy
     from satrl.objectives import resolve_objective
     from satrl.pipeline.buffer import collate
+    from satrl.training.settings import TrainerSettings
     from satrl.training.trainer import Trainer
     from satrl.types import Sample
 
@@ -82,7 +83,8 @@ def sat_step_ratio(repeats: int) -> dict:
     ]
     batch = collate(samples, tok.pad_token_id)
     adv = torch.randn(128, generator=g)
-    trainers = {name: Trainer(model, resolve_objective(name), lr=1e-6) for name in ("grpo", "sat_grpo")}
+    settings = TrainerSettings(lr=1e-6)
+    trainers = {name: Trainer(model, resolve_objective(name), settings) for name in ("grpo", "sat_grpo")}
     times: dict[str, list[float]] = {name: [] for name in trainers}
     for _ in range(repeats):
         for name, t in trainers.items():

@@ -17,7 +17,7 @@ import sys
 
 from benchmarks._report import write_section
 from satrl.models import builtin_path
-from satrl.training.pretrain import RECIPES, pretrain
+from satrl.training.pretrain import RECIPES, PretrainSettings, pretrain
 
 BAND = (0.2, 0.6)
 
@@ -39,11 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, recipe in RECIPES.items():
-        rec = pretrain(
+        settings = PretrainSettings(
             kind=recipe["kind"], task=recipe["task"], digits=recipe["digits"], ops=recipe["ops"],
             steps=args.max_steps, seed=0, threads=args.threads, eval_every=args.eval_every,
-            eval_problems=args.eval_problems, stop_avg=BAND[0], final_eval_problems=0, progress=False,
+            eval_problems=args.eval_problems, stop_avg=BAND[0], final_eval_problems=0,
         )  # fmt: skip
+        rec = pretrain(settings, progress=False)
         last = next((h for h in reversed(rec["history"]) if "avg_at_k" in h), {})
         reached = last.get("avg_at_k", 0.0) >= BAND[0]
         shipped_file = builtin_path(name) / "pretrain.json"

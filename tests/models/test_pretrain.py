@@ -8,7 +8,14 @@ import json
 import torch
 
 from satrl.models import build_char_tokenizer, load_policy
-from satrl.training.pretrain import add_pretrain_args, command_line, encode_batch, pretrain, run_pretrain
+from satrl.training.pretrain import (
+    PretrainSettings,
+    add_pretrain_args,
+    command_line,
+    encode_batch,
+    pretrain,
+    run_pretrain,
+)
 
 TOK = build_char_tokenizer()
 TINY = dict(num_hidden_layers=1)  # keep the test fast; the recipe's 4 layers are exercised by the builtins
@@ -27,11 +34,12 @@ def test_encode_batch_labels_only_answer_and_eos():
     assert ids[1, 7:].tolist() == [TOK.pad_token_id] * 2
 
 
-FAST = dict(threads=1, final_eval_problems=0, progress=False, model_cfg=TINY)
+FAST = dict(threads=1, final_eval_problems=0, model_cfg=TINY)
 
 
-def _pretrain(kind, steps, batch_size, seed, warmup, **kw):
-    return pretrain(kind, steps=steps, batch_size=batch_size, seed=seed, warmup=warmup, **FAST, **kw)
+def _pretrain(kind, steps, batch_size, seed, warmup, out_dir=None, **kw):
+    settings = PretrainSettings(kind, steps=steps, batch_size=batch_size, seed=seed, warmup=warmup, **FAST, **kw)
+    return pretrain(settings, out_dir, progress=False)
 
 
 def test_deterministic_for_a_seed(tmp_path):
@@ -110,7 +118,7 @@ def test_run_pretrain_in_a_pipe_draws_no_bar(monkeypatch, capsys):
 
     seen = {}
 
-    def fake(**kwargs):
+    def fake(*args, **kwargs):
         seen["progress"], seen["hf_bars"] = kwargs["progress"], hf_logging.is_progress_bar_enabled()
         return {"steps_run": 2, "train_time_s": 1.0, "final": {"avg_at_k": 0.5, "greedy_acc": 0.5}}
 

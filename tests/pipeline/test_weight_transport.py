@@ -91,10 +91,11 @@ def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32(
     from satrl.models import load_policy
     from satrl.objectives import resolve_objective
     from satrl.pipeline.weights import snapshot_source
+    from satrl.training.settings import TrainerSettings
     from satrl.training.trainer import Trainer
 
     model, _ = load_policy("tiny-arith")
-    trainer = Trainer(model, resolve_objective("grpo"), lr=1e-4)
+    trainer = Trainer(model, resolve_objective("grpo"), TrainerSettings(lr=1e-4))
     assert snapshot_source(trainer, "dist", torch.bfloat16, 1 << 20, decompose=True) == trainer.weights
     assert snapshot_source(trainer, "inproc", torch.bfloat16, 1 << 20, decompose=False) == trainer.weights
     copy = snapshot_source(trainer, "dist", torch.bfloat16, 4096, decompose=False)()

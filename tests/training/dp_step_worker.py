@@ -18,6 +18,7 @@ from satrl.objectives import resolve_objective  # noqa: E402
 from satrl.training import dp  # noqa: E402
 from satrl.training.dist_channel import Message  # noqa: E402
 from satrl.training.dp_trainer import DPTrainer  # noqa: E402
+from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer, cpu_copy, plan_microbatches  # noqa: E402
 
 CASES = [40, 60, 1 << 20]  # microbatch token budgets: 3+ microbatches (odd: padding), several, one (padding only)
@@ -31,7 +32,7 @@ def leader_trainer(ctx, model, obj, kw: dict) -> DPTrainer | None:
     # The other ranks start from the architecture on the meta device, as `satrl train` under torchrun does:
     # every weight they train with comes from rank 0.
     mine = copy.deepcopy(model) if ctx.leader else meta_copy(model)
-    trainer = DPTrainer(mine, obj, dp=ctx, template=lambda: None, **kw)
+    trainer = DPTrainer(mine, obj, TrainerSettings(**kw), dp=ctx, template=lambda: None)
     if ctx.leader:
         return trainer
     while (msg := ctx.channel.recv()).op != dp.STOP:
@@ -60,7 +61,7 @@ def main(out: str) -> None:
         trainer = leader_trainer(ctx, model, obj, kw)
         if trainer is None:
             continue
-        one = Trainer(copy.deepcopy(model), obj, **kw)
+        one = Trainer(copy.deepcopy(model), obj, TrainerSettings(**kw))
         rec = OrderedRecorder()
         with rec:  # FSDP's collectives included: nothing in the microbatch loop may wait for the device
             got = trainer.step(batch, adv)
@@ -91,7 +92,7 @@ def scaled_step(ctx, model, batch, adv) -> dict | None:
     trainer = leader_trainer(ctx, model, obj, kw)
     if trainer is None:
         return None
-    one = Trainer(copy.deepcopy(model), obj, **kw)
+    one = Trainer(copy.deepcopy(model), obj, TrainerSettings(**kw))
     trainer.version = one.version = 4
     got, want = trainer.step(batch, adv), one.step(batch, adv)
     full, ref = trainer.weights(), cpu_copy(one.model)
@@ -108,7 +109,7 @@ def mismatched_architecture(ctx, model) -> str:
         assert ctx.channel.recv().op == dp.START
     mine = copy.deepcopy(model) if ctx.leader else copy.deepcopy(model).to("meta")
     try:
-        DPTrainer(mine, resolve_objective("sat_grpo"), dp=ctx, template=lambda: None, lr=1e-2)
+        DPTrainer(mine, resolve_objective("sat_grpo"), TrainerSettings(lr=1e-2), dp=ctx, template=lambda: None)
     except ValueError as e:
         return str(e)
     return ""

@@ -12,6 +12,7 @@ from test_microbatch_order import ADV, make_batch
 
 from satrl.models import build_char_tokenizer, build_tiny_model
 from satrl.objectives import resolve_objective
+from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow  # inductor compiles each graph with the C++ compiler: minutes on a busy CPU
@@ -22,8 +23,9 @@ def test_compiled_trainer_equals_eager():
     model = build_tiny_model("dense", vocab_size=len(tok), seed=0, num_hidden_layers=2)
     runs = {}
     for compiled in (False, True):
-        t = Trainer(copy.deepcopy(model), resolve_objective("sat_grpo"), lr=1e-2, microbatch_tokens=30,
-                    logprob_chunk_tokens=7, microbatch_order="by_length", compile=compiled)  # fmt: skip
+        settings = TrainerSettings(lr=1e-2, microbatch_tokens=30, logprob_chunk_tokens=7, microbatch_order="by_length",
+                                   compile=compiled)  # fmt: skip
+        t = Trainer(copy.deepcopy(model), resolve_objective("sat_grpo"), settings)
         assert t.compiled == compiled
         metrics = [t.step(make_batch(tok, seed=s), ADV) for s in range(2)]
         runs[compiled] = (metrics, {k: v.detach().clone() for k, v in t.model.state_dict().items()})
@@ -39,4 +41,4 @@ def test_compiled_trainer_equals_eager():
 
 def test_compile_needs_decoder_layers():
     with pytest.raises(ValueError, match="train.compile"):
-        Trainer(torch.nn.Linear(2, 2), resolve_objective("grpo"), lr=1e-3, compile=True)
+        Trainer(torch.nn.Linear(2, 2), resolve_objective("grpo"), TrainerSettings(lr=1e-3, compile=True))

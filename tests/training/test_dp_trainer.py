@@ -99,6 +99,7 @@ def test_a_failure_while_the_trainer_is_built_keeps_the_job_busy(monkeypatch):
     from satrl.objectives import resolve_objective
     from satrl.training import dp as dpm
     from satrl.training.dp_trainer import DPTrainer
+    from satrl.training.settings import TrainerSettings
 
     sent = []
     ctx = SimpleNamespace(leader=True, device="cpu", busy=False, channel=SimpleNamespace(send=sent.append))
@@ -108,5 +109,5 @@ def test_a_failure_while_the_trainer_is_built_keeps_the_job_busy(monkeypatch):
 
     monkeypatch.setattr(DPTrainer, "_place", fail)
     with pytest.raises(RuntimeError, match="placing"):
-        DPTrainer(object(), resolve_objective("grpo"), dp=ctx, template=lambda: None, lr=1e-3)
+        DPTrainer(object(), resolve_objective("grpo"), TrainerSettings(lr=1e-3), dp=ctx, template=lambda: None)
     assert [m.op for m in sent] == [dpm.START] and ctx.busy

@@ -9,6 +9,7 @@ from test_trainer import make_batch, make_trainer
 
 from satrl.models import build_char_tokenizer, build_tiny_model
 from satrl.training.logprobs import response_logp
+from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import plan_microbatches
 
 ADV = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0])
@@ -110,8 +111,9 @@ def test_reference_model_only_with_a_kl_term_and_in_the_compute_dtype(tiny):
     from satrl.objectives import resolve_objective
     from satrl.training.trainer import Trainer
 
-    with_kl = Trainer(copy.deepcopy(model), resolve_objective("grpo", kl_coef=1e-3), lr=1e-2, dtype="bf16")
-    zero_kl = Trainer(copy.deepcopy(model), resolve_objective("grpo", kl_coef=0.0), lr=1e-2)
+    bf16 = TrainerSettings(lr=1e-2, dtype="bf16")
+    with_kl = Trainer(copy.deepcopy(model), resolve_objective("grpo", kl_coef=1e-3), bf16)
+    zero_kl = Trainer(copy.deepcopy(model), resolve_objective("grpo", kl_coef=0.0), TrainerSettings(lr=1e-2))
     assert zero_kl.ref_model is None
     ref = with_kl.ref_model
     assert ref is not None and not ref.training

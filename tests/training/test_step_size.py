@@ -14,6 +14,7 @@ from satrl.objectives import resolve_objective
 from satrl.objectives.step_size import StepInputs, StepSize, advantage_rule, lag_step_scale, step_size_rules
 from satrl.objectives.vcpo import effective_sample_size, ess_step_scale, opob_advantages, sequence_log_weights
 from satrl.training.advantages import group_advantages
+from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer
 
 LN2 = math.log(2.0)
@@ -27,7 +28,7 @@ def tiny():
 
 
 def trainer(model, name="grpo", lr=1e-2, **kw):
-    return Trainer(copy.deepcopy(model), resolve_objective(name, **kw.pop("obj", {})), lr=lr, **kw)
+    return Trainer(copy.deepcopy(model), resolve_objective(name, **kw.pop("obj", {})), TrainerSettings(lr=lr, **kw))
 
 
 def weights_equal(a, b):

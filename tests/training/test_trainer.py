@@ -8,6 +8,7 @@ import torch
 from satrl.models import build_char_tokenizer, build_tiny_model
 from satrl.objectives import resolve_objective
 from satrl.pipeline.buffer import collate
+from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer, microbatches, response_logp
 from satrl.types import Sample
 
@@ -29,7 +30,7 @@ def make_batch(tok, n=6, version=0, seed=0):
 
 
 def make_trainer(model, name="sat_grpo", **kw):
-    return Trainer(copy.deepcopy(model), resolve_objective(name), lr=1e-2, **kw)
+    return Trainer(copy.deepcopy(model), resolve_objective(name), TrainerSettings(lr=1e-2, **kw))
 
 
 def test_response_logp_matches_manual_forward(tiny):

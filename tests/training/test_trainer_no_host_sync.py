@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from satrl.models import build_char_tokenizer, build_tiny_model
 from satrl.objectives import resolve_objective
 from satrl.training import trainer as trainer_mod
+from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer, microbatches
 
 SYNCING = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
@@ -58,7 +59,7 @@ def test_microbatch_loop_has_no_host_sync(tiny, preset, opts):
     model, tok = tiny
     kw = {k: v for k, v in opts.items() if k != "kl_coef"}
     obj = resolve_objective(preset, **({"kl_coef": opts["kl_coef"]} if "kl_coef" in opts else {}))
-    trainer = Trainer(model, obj, lr=1e-3, microbatch_tokens=40, **kw)
+    trainer = Trainer(model, obj, TrainerSettings(lr=1e-3, microbatch_tokens=40, **kw))
     batch = make_batch(tok, n=12, seed=1)
     assert len(list(microbatches(batch, 40))) >= 3  # several microbatches, rows of different lengths
     assert loop_syncs(trainer, batch) == []
@@ -74,5 +75,5 @@ def test_the_loop_check_can_fail(tiny, monkeypatch):
         return real(*args, **kw)
 
     monkeypatch.setattr(trainer_mod, "response_logp", unplanned)
-    trainer = Trainer(model, resolve_objective("sat_grpo"), lr=1e-3, microbatch_tokens=40)
+    trainer = Trainer(model, resolve_objective("sat_grpo"), TrainerSettings(lr=1e-3, microbatch_tokens=40))
     assert "_local_scalar_dense" in loop_syncs(trainer, make_batch(tok, n=12, seed=1))

@@ -19,6 +19,7 @@ from satrl.models import build_char_tokenizer, build_tiny_model  # noqa: E402
 from satrl.objectives import resolve_objective  # noqa: E402
 from satrl.training import dp  # noqa: E402
 from satrl.training.dist_channel import Message  # noqa: E402
+from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer  # noqa: E402
 from satrl.weights.buckets import aliases, unpack  # noqa: E402
 
@@ -35,7 +36,7 @@ def main(out: str) -> None:
     if trainer is None:  # a follower: rank 0 has stopped
         dp.shutdown()
         return
-    one = Trainer(copy.deepcopy(model), obj, **kw)
+    one = Trainer(copy.deepcopy(model), obj, TrainerSettings(**kw))
     trainer.step(batch, adv)
     one.step(batch, adv)
     streams = {}

@@ -473,8 +473,33 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
     dest = Path(dest or out_dir)
     figdir = dest / "figures"
     figdir.mkdir(parents=True, exist_ok=True)
+    boot = (n_resamples, ci, seed)
+    md = _header_md(res, out_dir, command, boot)
+    md += _table1_md(res, cell_stats(res.runs, n_resamples, ci, seed))
+    md += hypotheses_md(res, n_resamples, ci, seed)
+    md += repair_md(res, n_resamples, ci, seed)
+    for i, lb in enumerate(res.meta.get("leaderboards") or []):
+        md += leaderboard_md(res, lb, i, figdir, n_resamples, ci, seed)
+    md += _sensitivity_md(res, boot, sensitivity_min_seed, sensitivity_seeds)
+    explore, tables = exploratory_md(res, n_resamples, ci, seed)
+    md += explore
+    md += regime_md(res)
+    md += _sat_activity_md(res)
+    md += _figures_md(res, tables, dest, figdir)
+    bad = res.runs[res.runs["status"] != "finished"]
+    if len(bad):
+        md += (
+            ["## Runs not finished", ""] + [f"- `{r}`: {s}" for r, s in zip(bad["run"], bad["status"])] + [""]
+        )
+    path = dest / "report.md"
+    path.write_text("\n".join(md))
+    return path
+
+
+def _header_md(res: GridResults, out_dir: str | Path, command: str | None, boot: tuple[int, float, int]) -> list[str]:
+    """The title, the commands and commits behind the report and its runs, and how its statistics are made."""
+    n_resamples, ci, seed = boot
     name = res.meta.get("name") or Path(out_dir).name
-    st = cell_stats(res.runs, n_resamples, ci, seed)
     counts = res.runs["status"].value_counts().to_dict() if len(res.runs) else {}
     k = res.evals["k"].dropna().unique() if len(res.evals) else []
     md = [f"# Grid report: {name}", ""]
@@ -493,68 +518,70 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
            "exact sign-flip test throughout: its p-value with Holm's correction gives the verdict, its own interval "
            "(the shifts it does not reject) and its own MDE (its simulated power) stand next to it. Collapse: the eval rule on val "
            "(`satrl.diagnostics.collapse.eval_collapse`, docs/metrics.md).", ""]  # fmt: skip
-    if not st.empty:
-        ep = endpoints(res)
-        if ep["primary"][0] == "late_avg_at_k":
-            md += ["**These runs predate the val/test split**: their scores are on one set of eval problems, so "
-                   "the best score is selected and reported on the same problems (optimistic by the selection "
-                   "noise); the late-window mean needs no selection and is the endpoint to read. Their summaries "
-                   "were recomputed with today's rules from the runs' own files (eval-rule collapse, realized lag). "
-                   "They have no step-0 evaluation, so the collapse rule's base is the first eval, which makes it "
-                   "flag noise as collapse when the gain after that eval is small: read those counts as an upper "
-                   "bound.", ""]  # fmt: skip
-        warnings = lag_warnings(st, res.label)
-        md += ["## Table 1 with uncertainty", "",
-               "One row per method and configured lag. Realized lag: token-weighted mean, min and max over the "
-               "trained tokens after the first rollout batch (`lag_realized`, mean over seeds, min/max over "
-               f"seeds). Primary endpoint: `{ep['primary'][0]}`, the mean over the evals in the last 25 % of "
-               "steps (no selection). avg@k in %, `mean ± half-width [lo, hi]`. Collapses: runs collapsed under "
-               "the eval rule, out of N, with the median step (unconfirmed: a drop the run ended inside). d_pi: "
-               "mean over the run's last 25 % of steps.", "", table1(res, st), ""]  # fmt: skip
-        if warnings:
-            md += ["**Realized lag differs from the configured lag:**", ""] + [f"- {w}" for w in warnings] + [""]
-    else:
-        md += ["No finished runs yet: nothing to tabulate.", ""]
-    md += hypotheses_md(res, n_resamples, ci, seed)
-    md += repair_md(res, n_resamples, ci, seed)
-    for i, lb in enumerate(res.meta.get("leaderboards") or []):
-        md += leaderboard_md(res, lb, i, figdir, n_resamples, ci, seed)
+    return md
+
+
+def _table1_md(res: GridResults, st: pd.DataFrame) -> list[str]:
+    """Table 1 with uncertainty (or a line saying there is nothing to tabulate yet)."""
+    if st.empty:
+        return ["No finished runs yet: nothing to tabulate.", ""]
+    md: list[str] = []
+    ep = endpoints(res)
+    if ep["primary"][0] == "late_avg_at_k":
+        md += ["**These runs predate the val/test split**: their scores are on one set of eval problems, so "
+               "the best score is selected and reported on the same problems (optimistic by the selection "
+               "noise); the late-window mean needs no selection and is the endpoint to read. Their summaries "
+               "were recomputed with today's rules from the runs' own files (eval-rule collapse, realized lag). "
+               "They have no step-0 evaluation, so the collapse rule's base is the first eval, which makes it "
+               "flag noise as collapse when the gain after that eval is small: read those counts as an upper "
+               "bound.", ""]  # fmt: skip
+    warnings = lag_warnings(st, res.label)
+    md += ["## Table 1 with uncertainty", "",
+           "One row per method and configured lag. Realized lag: token-weighted mean, min and max over the "
+           "trained tokens after the first rollout batch (`lag_realized`, mean over seeds, min/max over "
+           f"seeds). Primary endpoint: `{ep['primary'][0]}`, the mean over the evals in the last 25 % of "
+           "steps (no selection). avg@k in %, `mean ± half-width [lo, hi]`. Collapses: runs collapsed under "
+           "the eval rule, out of N, with the median step (unconfirmed: a drop the run ended inside). d_pi: "
+           "mean over the run's last 25 % of steps.", "", table1(res, st), ""]  # fmt: skip
+    if warnings:
+        md += ["**Realized lag differs from the configured lag:**", ""] + [f"- {w}" for w in warnings] + [""]
+    return md
+
+
+def _sensitivity_md(res: GridResults, boot: tuple[int, float, int], min_seed: int | None,
+                    seed_ranges: tuple[tuple[int, int], ...]) -> list[str]:  # fmt: skip
+    """The declared hypotheses again on subsets of seeds (outside the Holm family), one section each."""
     seeds = res.runs["seed"]
-    subsets = ([(f"seeds >= {sensitivity_min_seed}", seeds >= sensitivity_min_seed,
-                 f"the seeds from {sensitivity_min_seed} on", "without seeds that earlier decisions saw")]
-               if sensitivity_min_seed is not None else [])  # fmt: skip
+    subsets = ([(f"seeds >= {min_seed}", seeds >= min_seed,
+                 f"the seeds from {min_seed} on", "without seeds that earlier decisions saw")]
+               if min_seed is not None else [])  # fmt: skip
     subsets += [(f"seeds {lo}-{hi}", seeds.between(lo, hi), f"seeds {lo}-{hi}", "the runs of one machine kind")
-                for lo, hi in sensitivity_seeds]  # fmt: skip
+                for lo, hi in seed_ranges]  # fmt: skip
+    md: list[str] = []
     for label, keep, which, example in subsets if res.meta.get("hypotheses") else ():
-        md += hypotheses_md(dataclasses.replace(res, runs=res.runs[keep]), n_resamples, ci, seed,
+        md += hypotheses_md(dataclasses.replace(res, runs=res.runs[keep]), *boot,
                             f"Sensitivity: declared hypotheses on {label}",
                             f"The same tests on {which} only (a sensitivity analysis outside the Holm family above, "
                             f"e.g. {example}; see the protocol).")  # fmt: skip
-    explore, tables = exploratory_md(res, n_resamples, ci, seed)
-    md += explore
-    md += regime_md(res)
-    md += _sat_activity_md(res)
+    return md
+
+
+def _figures_md(res: GridResults, tables: dict, dest: Path, figdir: Path) -> list[str]:
+    """Draw the report's figures into ``figdir``; their section (a figure with nothing to draw says why)."""
     baseline = res.meta.get("baseline")
     figures = [plots.eval_curves(res, figdir / "eval_curves.png"), plots.d_pi_curves(res, figdir / "d_pi.png"),
                plots.sat_diagnostics(res, figdir / "sat_diagnostics.png"), plots.gate_check(res, figdir / "gate_check.png"),
                plots.bylag(res, figdir / "bylag.png"), plots.paired(res, tables, baseline, figdir / "paired.png"),
                plots.paired_curves(res, baseline, figdir / "paired_curves.png"),
                plots.dose_response(res, figdir / "dose_response.png")]  # fmt: skip
-    md += ["## Figures", ""]
+    md = ["## Figures", ""]
     for fig in figures:
         md += [f"### {fig.title}", ""]
         if fig.path is None:
             md += [f"Skipped: {fig.note}.", ""]
         else:
             md += [f"![{fig.title}]({fig.path.relative_to(dest).as_posix()})", "", f"*{fig.caption}*", ""]
-    bad = res.runs[res.runs["status"] != "finished"]
-    if len(bad):
-        md += (
-            ["## Runs not finished", ""] + [f"- `{r}`: {s}" for r, s in zip(bad["run"], bad["status"])] + [""]
-        )
-    path = dest / "report.md"
-    path.write_text("\n".join(md))
-    return path
+    return md
 
 
 def add_report_args(parser: argparse.ArgumentParser) -> None:

@@ -6,45 +6,60 @@ and hands the result to the run directory (``eval.jsonl``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from satrl import faults
 from satrl.types import SamplingParams, TrainerLike
 
 
-class Evaluator:
-    """avg@k and greedy accuracy of the trainer's current weights, with the engine's numerics, on the
-    val and test parts of the eval problems (one generation pass over both; scores per part and pooled).
-    Plain arguments (:func:`satrl.pipeline.setup.build_evaluator` builds them from the config):
+@dataclass(frozen=True)
+class EvalEngineSpec:
+    """How to build the evaluation engine (:func:`satrl.engines.registry.engine_for`): its registry ``name``, its
+    extra ``kwargs`` (``eval.engine_kwargs``), the policy's ``model_path`` and the rollout engine's ``numerics``."""
 
-    Args:
-        tokenizer, task: the run's tokenizer and task (its ``eval`` split is scored).
-        engine, engine_kwargs, model_path, numerics: how to build the evaluation engine (:func:`satrl.engines.registry.engine_for`).
+    name: str
+    kwargs: dict[str, Any]
+    model_path: str
+    numerics: str
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """What each evaluation scores and when (the ``eval`` section).
+
+    Attributes:
         sampling, k, seed: sampling settings, samples per problem, the run seed (request seeds derive from it).
         every, at_start: evaluate every this many optimizer steps (0: only at the end), and at step 0.
         val_problems, test_problems: problems of each part per evaluation.
     """
 
-    def __init__(
-        self,
-        tokenizer,
-        task,
-        *,
-        engine: str,
-        engine_kwargs: dict,
-        model_path: str,
-        numerics: str,
-        sampling: SamplingParams,
-        k: int,
-        seed: int,
-        every: int,
-        at_start: bool,
-        val_problems: int,
-        test_problems: int,
-    ) -> None:
+    sampling: SamplingParams
+    k: int
+    seed: int
+    every: int
+    at_start: bool
+    val_problems: int
+    test_problems: int
+
+
+class Evaluator:
+    """avg@k and greedy accuracy of the trainer's current weights, with the engine's numerics, on the
+    val and test parts of the eval problems (one generation pass over both; scores per part and pooled).
+    :func:`satrl.pipeline.setup.build_evaluator` builds it from the config.
+
+    Args:
+        tokenizer, task: the run's tokenizer and task (its ``eval`` split is scored).
+        engine: how to build the evaluation engine, on first use.
+        plan: what is scored and when.
+    """
+
+    def __init__(self, tokenizer, task, engine: EvalEngineSpec, plan: EvalPlan) -> None:
         self.tokenizer, self.task, self.engine = tokenizer, task, None
-        self.engine_name, self.engine_kwargs, self.model_path, self.numerics = engine, engine_kwargs, model_path, numerics
-        self.sampling, self.k, self.seed = sampling, k, seed
-        self.every, self.at_start = every, at_start
-        self.val_problems, self.test_problems = val_problems, test_problems
+        self.spec = engine
+        self.sampling, self.k, self.seed = plan.sampling, plan.k, plan.seed
+        self.every, self.at_start = plan.every, plan.at_start
+        self.val_problems, self.test_problems = plan.val_problems, plan.test_problems
 
     def due(self, step: int, last: int) -> bool:
         if step == 0:
@@ -72,14 +87,9 @@ class Evaluator:
 
         faults.point("eval.start")
         if self.engine is None:
-            self.engine = engine_for(
-                self.engine_name,
-                self.tokenizer,
-                model=trainer.engine_model(),
-                model_path=self.model_path,
-                numerics=self.numerics,
-                **self.engine_kwargs,
-            )
+            spec = self.spec
+            self.engine = engine_for(spec.name, self.tokenizer, model=trainer.engine_model(),
+                                     model_path=spec.model_path, numerics=spec.numerics, **spec.kwargs)  # fmt: skip
             self.prepare()
         self.engine.load_weights(trainer.weights(), trainer.version)
         res = evaluate(

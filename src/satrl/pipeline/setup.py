@@ -6,9 +6,10 @@ from collections.abc import Callable
 
 from satrl.config import ConfigError, RunConfig
 from satrl.pipeline.data_parallel import load_policy_here, trainer_factory
-from satrl.pipeline.evaluator import Evaluator
+from satrl.pipeline.evaluator import EvalEngineSpec, EvalPlan, Evaluator
 from satrl.pipeline.rundir import RunDir
 from satrl.pipeline.worker import WorkerSpec
+from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer
 from satrl.types import SamplingParams
 
@@ -54,22 +55,11 @@ def eval_engine_kwargs(cfg: RunConfig) -> dict:
 
 
 def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
-    name = cfg.eval.engine or cfg.engine.name
-    return Evaluator(
-        tokenizer,
-        task,
-        engine=name,
-        engine_kwargs=eval_engine_kwargs(cfg),
-        model_path=cfg.model.source,
-        numerics=cfg.engine.numerics,
-        sampling=sampling_params(cfg),
-        k=cfg.eval.k,
-        seed=cfg.seed,
-        every=cfg.eval.every,
-        at_start=cfg.eval.at_start,
-        val_problems=cfg.eval.val_problems,
-        test_problems=cfg.eval.test_problems,
-    )
+    e = cfg.eval
+    engine = EvalEngineSpec(e.engine or cfg.engine.name, eval_engine_kwargs(cfg), cfg.model.source, cfg.engine.numerics)
+    plan = EvalPlan(sampling=sampling_params(cfg), k=e.k, seed=cfg.seed, every=e.every, at_start=e.at_start,
+                    val_problems=e.val_problems, test_problems=e.test_problems)  # fmt: skip
+    return Evaluator(tokenizer, task, engine, plan)
 
 
 def backend_options(cfg: RunConfig) -> dict:
@@ -118,6 +108,36 @@ def check_context(cfg: RunConfig, model, tokenizer, problems) -> None:
         )
 
 
+def trainer_settings(cfg: RunConfig) -> TrainerSettings:
+    """The trainer's options from the run's config: the one place the sections map onto it."""
+    t = cfg.train
+    return TrainerSettings(
+        lr=t.lr,
+        aggregation=cfg.objective.aggregation,
+        betas=tuple(t.betas),
+        weight_decay=t.weight_decay,
+        grad_clip=t.grad_clip,
+        temperature=cfg.engine.temperature,
+        microbatch_tokens=t.microbatch_tokens,
+        whole_batch_quantile=t.quantile_scope == "batch",
+        r3=cfg.r3,
+        recomputed_denominator=t.denominator == "recomputed",
+        device=t.device,
+        minibatches=t.minibatches,
+        ppo_epochs=t.ppo_epochs,
+        adv_std_norm=t.adv_std_norm,
+        decompose=cfg.diagnostics.decompose,
+        seed=cfg.seed,
+        dtype=t.dtype,
+        tf32=t.tf32,
+        activation_checkpointing=t.activation_checkpointing,
+        logprob_chunk_tokens=t.logprob_chunk_tokens,
+        lr_lag_scaling=t.lr_lag_scaling,
+        microbatch_order=t.microbatch_order,
+        compile=t.compile,
+    )
+
+
 def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
     """The policy (fp32 master weights) and its trainer; returns ``(trainer, tokenizer)``. Under data parallel only
     rank 0 reads the weights (:func:`~satrl.pipeline.data_parallel.load_policy_here`)."""
@@ -128,32 +148,5 @@ def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
         if moe_num_layers(model) == 0:
             raise ValueError(f"r3=true needs an MoE policy; {cfg.model.source!r} is dense (try model.name=tiny-arith-moe)")
     make, extra = trainer_factory(cfg)  # Trainer, or the data-parallel one under torchrun
-    trainer = make(
-        model,
-        cfg.objective,
-        aggregation=cfg.objective.aggregation,
-        lr=cfg.train.lr,
-        betas=tuple(cfg.train.betas),
-        weight_decay=cfg.train.weight_decay,
-        grad_clip=cfg.train.grad_clip,
-        temperature=cfg.engine.temperature,
-        microbatch_tokens=cfg.train.microbatch_tokens,
-        whole_batch_quantile=cfg.train.quantile_scope == "batch",
-        r3=cfg.r3,
-        recomputed_denominator=cfg.train.denominator == "recomputed",
-        device=cfg.train.device,
-        minibatches=cfg.train.minibatches,
-        ppo_epochs=cfg.train.ppo_epochs,
-        adv_std_norm=cfg.train.adv_std_norm,
-        decompose=cfg.diagnostics.decompose,
-        seed=cfg.seed,
-        dtype=cfg.train.dtype,
-        tf32=cfg.train.tf32,
-        activation_checkpointing=cfg.train.activation_checkpointing,
-        logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
-        lr_lag_scaling=cfg.train.lr_lag_scaling,
-        microbatch_order=cfg.train.microbatch_order,
-        compile=cfg.train.compile,
-        **extra,
-    )
+    trainer = make(model, cfg.objective, trainer_settings(cfg), **extra)
     return trainer, tokenizer

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from satrl.models.loading import meta_copy
 from satrl.objectives.step_size import advantage_rule
 from satrl.training import dp as dpm
 from satrl.training.dist_channel import Message
+from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer, plan_microbatches
 from satrl.types import Batch
 from satrl.weights.buckets import Bucket
@@ -51,8 +53,8 @@ class DPTrainer(Trainer):
     Extra arguments: ``dp`` (this process's :class:`~satrl.training.dp.DataParallel`), ``template`` (builds
     an unsharded copy of the policy, for an engine to copy). Everything else as :class:`Trainer`."""
 
-    def __init__(self, model: torch.nn.Module, objective, *, dp: dpm.DataParallel,
-                 template: Callable[[], torch.nn.Module], device="cpu", **kw) -> None:  # fmt: skip
+    def __init__(self, model: torch.nn.Module, objective, settings: TrainerSettings, *, dp: dpm.DataParallel,
+                 template: Callable[[], torch.nn.Module]) -> None:  # fmt: skip
         if advantage_rule(objective) is not None:  # every rank refuses, before any collective
             raise ValueError("data parallel: the objective's advantage baseline (vcpo's baseline=opob) needs "
                              "per-sequence gradients, which the sharded trainer does not compute")
@@ -62,7 +64,7 @@ class DPTrainer(Trainer):
         # From START on the others build the same trainer, inside collectives: a failure here must end this
         # process (torchrun then stops them), not send them a STOP they cannot receive (a silent deadlock).
         dp.busy = True
-        super().__init__(model, objective, device=dp.device, **kw)
+        super().__init__(model, objective, replace(settings, device=dp.device))
         dp.busy = False
 
     def _place(self, model: torch.nn.Module, uses_ref: bool) -> tuple[torch.nn.Module, torch.nn.Module | None]:

@@ -18,6 +18,7 @@ import json
 import shlex
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,88 +75,76 @@ def _make_task(name: str, digits: int, ops: str) -> Any:
     return make_task(name, digits=digits, ops=ops) if name == "arithmetic" else make_task(name)
 
 
-def pretrain(
-    kind: str = "dense",
-    task: str = "arithmetic",
-    steps: int = 1000,
-    batch_size: int = 128,
-    lr: float = 1e-3,
-    seed: int = 0,
-    out_dir: str | Path | None = None,
-    *,
-    digits: int = 3,
-    ops: str = "+",
-    warmup: int = 50,
-    threads: int = 2,
-    eval_every: int = 0,
-    eval_problems: int = 100,
-    eval_k: int = 8,
-    stop_avg: float | None = None,
-    final_eval_problems: int = 200,
-    command: str | None = None,
-    progress: bool = True,
-    model_cfg: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Train a fresh tiny ``kind`` model for ``steps`` steps; write an HF directory to ``out_dir`` (if
-    given) and return the record that goes into its ``pretrain.json``.
+@dataclass(frozen=True)
+class PretrainSettings:
+    """What ``satrl pretrain`` trains, and how (the CLI's flags; ``RECIPES`` fills the first four per policy).
 
-    ``eval_every`` > 0 scores avg@``eval_k`` on ``eval_problems`` eval problems every that many steps
-    (its sampling uses its own generator, so it does not change training); with ``stop_avg`` the run
-    stops at the first such score >= ``stop_avg``. ``final_eval_problems`` = 0 skips the final score.
+    Attributes:
+        kind: ``dense`` or ``moe`` (:func:`satrl.models.tiny.build_tiny_model`).
+        task, digits, ops: the task whose train split is learned (digits and ops: arithmetic's).
+        steps, batch_size, lr, warmup, seed, threads: the run (results depend on ``threads``: CPU reductions).
+        eval_every, eval_problems, eval_k: score avg@``eval_k`` on ``eval_problems`` eval problems every
+            ``eval_every`` steps (0: never); its sampling has its own generator, so training is unchanged.
+        stop_avg: stop at the first such score >= this.
+        final_eval_problems: problems of the final score (0: none).
+        model_cfg: overrides of the tiny model's config (tests shrink it).
     """
-    if steps < 1 or batch_size < 1:
-        raise ValueError(f"steps and batch_size must be >= 1, got steps={steps}, batch_size={batch_size}")
+
+    kind: str = "dense"
+    task: str = "arithmetic"
+    digits: int = 3
+    ops: str = "+"
+    steps: int = 1000
+    batch_size: int = 128
+    lr: float = 1e-3
+    warmup: int = 50
+    seed: int = 0
+    threads: int = 2
+    eval_every: int = 0
+    eval_problems: int = 100
+    eval_k: int = 8
+    stop_avg: float | None = None
+    final_eval_problems: int = 200
+    model_cfg: dict[str, Any] = field(default_factory=dict)
+
+    def record_args(self) -> dict[str, Any]:
+        """The ``args`` of ``pretrain.json`` (the shipped policies' files have exactly these keys)."""
+        keys = ("kind", "task", "digits", "ops", "steps", "batch_size", "lr", "seed", "warmup", "threads")
+        return {**{k: getattr(self, k) for k in keys}, "betas": [0.9, 0.98], "model_cfg": self.model_cfg}
+
+
+def pretrain(
+    settings: PretrainSettings, out_dir: str | Path | None = None, *, command: str | None = None, progress: bool = True
+) -> dict[str, Any]:
+    """Train a fresh tiny model as ``settings`` say; write an HF directory to ``out_dir`` (if given) and return
+    the record that goes into its ``pretrain.json`` (``command``: the line that reproduces it)."""
+    s = settings
+    if s.steps < 1 or s.batch_size < 1:
+        raise ValueError(f"steps and batch_size must be >= 1, got steps={s.steps}, batch_size={s.batch_size}")
     old_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(s.threads)
     try:
         tokenizer = build_char_tokenizer()
-        the_task = _make_task(task, digits, ops)
+        the_task = _make_task(s.task, s.digits, s.ops)
         ids = dict(
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
             bos_token_id=tokenizer.bos_token_id,
         )
-        model = build_tiny_model(kind, vocab_size=len(tokenizer), seed=seed, **ids, **(model_cfg or {}))
-        torch.manual_seed(seed)
-        history, step, train_s = _train_loop(
-            model,
-            tokenizer,
-            the_task,
-            steps,
-            batch_size,
-            lr,
-            seed,
-            warmup,
-            eval_every,
-            eval_problems,
-            eval_k,
-            stop_avg,
-            progress,
-        )
+        model = build_tiny_model(s.kind, vocab_size=len(tokenizer), seed=s.seed, **ids, **s.model_cfg)
+        torch.manual_seed(s.seed)
+        history, step, train_s = _train_loop(model, tokenizer, the_task, s, progress)
         record: dict[str, Any] = {
             "command": command,
-            "args": dict(
-                kind=kind,
-                task=task,
-                digits=digits,
-                ops=ops,
-                steps=steps,
-                batch_size=batch_size,
-                lr=lr,
-                seed=seed,
-                warmup=warmup,
-                threads=threads,
-                betas=[0.9, 0.98],
-                model_cfg=model_cfg or {},
-            ),
+            "args": s.record_args(),
             "steps_run": step,
             "train_time_s": round(train_s, 2),
             "params": count_params(model),
             "final_loss": history[-1]["loss"] if history else None,
             "history": history,
         }
-        if final_eval_problems > 0:
-            record["final"] = final_scores(model, tokenizer, the_task, final_eval_problems, eval_k)
+        if s.final_eval_problems > 0:
+            record["final"] = final_scores(model, tokenizer, the_task, s.final_eval_problems, s.eval_k)
         if out_dir is not None:
             save_policy(model, tokenizer, out_dir, record)
         return record
@@ -164,25 +153,13 @@ def pretrain(
 
 
 def _train_loop(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    task: Any,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    seed: int,
-    warmup: int,
-    eval_every: int,
-    eval_problems: int,
-    eval_k: int,
-    stop_avg: float | None,
-    progress: bool,
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Any, s: PretrainSettings, progress: bool
 ) -> tuple[list[dict[str, Any]], int, float]:
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(warmup, 1)))
-    eval_set = list(task.problems("eval", seed))[:eval_problems] if eval_every > 0 else []
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / max(s.warmup, 1)))
+    eval_set = list(task.problems("eval", s.seed))[: s.eval_problems] if s.eval_every > 0 else []
     history: list[dict[str, Any]] = []
-    batches = _batches(task, seed, batch_size)
+    batches = _batches(task, s.seed, s.batch_size)
     model.train()
     t0, eval_s, step, loss_ema = time.perf_counter(), 0.0, 0, float("nan")
     columns = [
@@ -193,8 +170,8 @@ def _train_loop(
         TextColumn("{task.fields[info]}"),
     ]
     with Progress(*columns, disable=not progress, transient=False) as bar:
-        job = bar.add_task("pretrain", total=steps, info="")
-        for step in range(1, steps + 1):
+        job = bar.add_task("pretrain", total=s.steps, info="")
+        for step in range(1, s.steps + 1):
             prompts, answers = next(batches)
             loss = model(**encode_batch(tokenizer, prompts, answers)).loss
             opt.zero_grad(set_to_none=True)
@@ -205,15 +182,15 @@ def _train_loop(
             value = loss.item()
             loss_ema = value if step == 1 else 0.95 * loss_ema + 0.05 * value
             bar.update(job, advance=1, info=f"loss {loss_ema:.3f}")
-            if eval_every > 0 and step % eval_every == 0:
+            if s.eval_every > 0 and step % s.eval_every == 0:
                 e0 = time.perf_counter()
-                s = score(model, tokenizer, eval_set, task.reward, k=eval_k, seed=10_000 + step)
+                scored = score(model, tokenizer, eval_set, task.reward, k=s.eval_k, seed=10_000 + step)
                 model.train()
                 eval_s += time.perf_counter() - e0
                 train_s = time.perf_counter() - t0 - eval_s
-                history.append({"step": step, "loss": value, "train_s": round(train_s, 2), **s})
-                bar.update(job, info=f"loss {loss_ema:.3f} avg@{eval_k} {s['avg_at_k']:.3f}")
-                if stop_avg is not None and s["avg_at_k"] >= stop_avg:
+                history.append({"step": step, "loss": value, "train_s": round(train_s, 2), **scored})
+                bar.update(job, info=f"loss {loss_ema:.3f} avg@{s.eval_k} {scored['avg_at_k']:.3f}")
+                if s.stop_avg is not None and scored["avg_at_k"] >= s.stop_avg:
                     break
     if not history or history[-1]["step"] != step:
         history.append({"step": step, "loss": value})
@@ -299,22 +276,20 @@ def run_pretrain(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, recipe: dict, progress: bool) -> dict[str, Any]:
-    return pretrain(
+    settings = PretrainSettings(
         kind=args.kind or recipe["kind"],
         task=args.task or recipe["task"],
+        digits=args.digits if args.digits is not None else recipe["digits"],
+        ops=args.ops or recipe["ops"],
         steps=args.steps,
         batch_size=args.batch_size,
         lr=args.lr,
-        seed=args.seed,
-        out_dir=args.out,
-        digits=args.digits if args.digits is not None else recipe["digits"],
-        ops=args.ops or recipe["ops"],
         warmup=args.warmup,
+        seed=args.seed,
         threads=args.threads,
         eval_every=args.eval_every,
         eval_problems=args.eval_problems,
         stop_avg=args.stop_avg,
         final_eval_problems=args.final_eval_problems,
-        command=command_line(args),
-        progress=progress,
     )
+    return pretrain(settings, args.out, command=command_line(args), progress=progress)

@@ -21,7 +21,6 @@ from satrl.objectives import ObjectiveSpec, aggregate
 from satrl.objectives.aggregation import share_unit
 from satrl.objectives.reductions import reduce_metrics
 from satrl.objectives.step_size import (
-    LAG_SCALINGS,
     StepInputs,
     advantage_rule,
     lag_step_scale,
@@ -36,13 +35,12 @@ from satrl.training.logprobs import (
     response_logp,
     vocab_size,
 )
+from satrl.training.settings import COMPUTE_DTYPES, TrainerSettings
 from satrl.types import Batch
 from satrl.weights.buckets import Bucket, buckets
 
 __all__ = ["Micro", "Trainer", "cpu_copy", "length_order", "microbatches", "plan_microbatches", "response_logp",
            "split_rows", "to_device"]  # fmt: skip
-COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-MICROBATCH_ORDERS = ("shuffled", "by_length")
 
 Snapshots = Callable[[int], "dict[str, torch.Tensor] | None"]
 
@@ -164,78 +162,54 @@ class _Scored(torch.nn.Module):
         return fn(self.policy)
 
 
+class _Targets(NamedTuple):
+    """What one step's microbatches are trained toward, on the device, each row-sliced per microbatch."""
+
+    adv: torch.Tensor  # [B]
+    lag: torch.Tensor  # [B, T] realized lag of each token
+    old_logp: torch.Tensor | None  # [B, T] the recomputed denominator, or None (rollout)
+
+
 class Trainer:
     """Owns the policy, its frozen reference and the optimizer. One :meth:`step` = one optimizer step."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        objective: ObjectiveSpec,
-        *,
-        aggregation: str = "token-mean",
-        lr: float,
-        betas: tuple[float, float] = (0.9, 0.98),
-        weight_decay: float = 0.0,
-        grad_clip: float | None = 1.0,
-        temperature: float = 1.0,
-        microbatch_tokens: int = 4096,
-        whole_batch_quantile: bool = False,
-        r3: bool = False,
-        recomputed_denominator: bool = False,
-        device: str | torch.device = "cpu",
-        minibatches: int = 1,
-        ppo_epochs: int = 1,
-        adv_std_norm: bool = True,
-        decompose: bool = False,
-        seed: int = 0,
-        dtype: str = "fp32",
-        tf32: bool = True,
-        activation_checkpointing: bool = False,
-        logprob_chunk_tokens: int | str = 0,
-        lr_lag_scaling: str = "none",
-        microbatch_order: str = "shuffled",
-        compile: bool = False,
-    ) -> None:
-        self.device = torch.device(device)
-        if dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(COMPUTE_DTYPES)}, got {dtype!r}")
-        if microbatch_order not in MICROBATCH_ORDERS:
-            raise ValueError(f"microbatch_order must be one of {list(MICROBATCH_ORDERS)}, got {microbatch_order!r}")
-        self.microbatch_order = microbatch_order
-        if lr_lag_scaling not in LAG_SCALINGS:
-            raise ValueError(f"lr_lag_scaling must be one of {list(LAG_SCALINGS)}, got {lr_lag_scaling!r}")
+    def __init__(self, model: torch.nn.Module, objective: ObjectiveSpec, settings: TrainerSettings) -> None:
+        s = self.settings = settings
+        self.device = torch.device(s.device)
+        self.microbatch_order = s.microbatch_order
         # Master weights, gradients and AdamW state stay fp32; "bf16" runs the forward (and so the backward's
         # matmuls) under autocast. The reference model only runs forwards: it is kept in the compute dtype.
-        self.dtype, self.compute_dtype = dtype, COMPUTE_DTYPES[dtype]
+        self.dtype, self.compute_dtype = s.dtype, COMPUTE_DTYPES[s.dtype]
         if self.device.type == "cuda":  # fp32 matmuls on TF32 tensor cores (10-bit mantissa inputs), or not
-            torch.backends.cuda.matmul.allow_tf32 = tf32  # a process-wide switch: the last trainer built sets it
-            torch.backends.cudnn.allow_tf32 = tf32
+            torch.backends.cuda.matmul.allow_tf32 = s.tf32  # a process-wide switch: the last trainer built sets it
+            torch.backends.cudnn.allow_tf32 = s.tf32
         uses_ref = "ref_logp" in objective.needs  # a KL term with coefficient 0 needs none: not built
         self.model, self.ref_model = self._place(model, uses_ref)
-        if activation_checkpointing:  # per decoder layer: keep each layer's input, recompute the rest
+        if s.activation_checkpointing:  # per decoder layer: keep each layer's input, recompute the rest
             enable_checkpointing(self.model)
-        self.logprob_chunk_tokens = resolve_chunk_tokens(logprob_chunk_tokens, self.model)
-        self.compiled = compile
-        if compile:  # each decoder layer and the log-prob chunk through torch.compile (inductor)
+        self.logprob_chunk_tokens = resolve_chunk_tokens(s.logprob_chunk_tokens, self.model)
+        self.compiled = s.compile
+        if s.compile:  # each decoder layer and the log-prob chunk through torch.compile (inductor)
             compile_layers(self.model)
-        self.objective, self.aggregation = objective, aggregation
+        self.objective, self.aggregation = objective, s.aggregation
         # A correction (TIS, IcePop, MIS) weighs by pi_old/mu, so it needs pi_old: the trainer's own log-probs
         # at the start of the batch (the paper's Eq. 51 "recomputed" side), whatever the denominator option.
-        self.needs_old_logp = recomputed_denominator or "old_logp" in objective.needs
-        fused = {"fused": True} if compile and self.device.type == "cuda" else {}  # one kernel per step on CUDA
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay, **fused)
-        self.grad_clip = grad_clip
-        self.temperature = temperature
+        self.needs_old_logp = s.recomputed_denominator or "old_logp" in objective.needs
+        fused = {"fused": True} if s.compile and self.device.type == "cuda" else {}  # one kernel per step on CUDA
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay,
+                                     **fused)  # fmt: skip
+        self.grad_clip = s.grad_clip
+        self.temperature = s.temperature
         # The paper's quantile is per microbatch; "batch" scope runs the minibatch as one microbatch.
-        self.microbatch_tokens = 1 << 62 if whole_batch_quantile else microbatch_tokens
-        self.r3 = r3
+        self.microbatch_tokens = 1 << 62 if s.whole_batch_quantile else s.microbatch_tokens
+        self.r3 = s.r3
         # How one rollout batch is trained (train_batch): ppo_epochs passes of `minibatches` optimizer steps.
-        self.minibatches, self.ppo_epochs, self.adv_std_norm = minibatches, ppo_epochs, adv_std_norm
-        self.decompose, self.seed = decompose, seed
+        self.minibatches, self.ppo_epochs, self.adv_std_norm = s.minibatches, s.ppo_epochs, s.adv_std_norm
+        self.decompose, self.seed = s.decompose, s.seed
         # The step-size seam (satrl.objectives.step_size): the objective's declared rules and the lag scaling set
         # each step's lr to base * scale for that opt.step() only. With neither, the lr is never touched.
-        self.step_rules, self.lr_lag_scaling = step_size_rules(objective), lr_lag_scaling
-        self.scales_lr = bool(self.step_rules) or lr_lag_scaling != "none"
+        self.step_rules, self.lr_lag_scaling = step_size_rules(objective), s.lr_lag_scaling
+        self.scales_lr = bool(self.step_rules) or s.lr_lag_scaling != "none"
         self.baseline = advantage_rule(objective)  # None: GRPO's group advantages
         self.version = 0
         self.skipped = 0
@@ -440,26 +414,35 @@ class Trainer:
         Every count the loop needs (the cut into microbatches, their lengths, token counts) is read from the
         batch before it moves to the device, so that the loop itself never waits for the device (pass the
         CPU batch; tests/training/test_trainer_no_host_sync.py)."""
-        dev = self.device
         if self.microbatch_order == "by_length":  # rows of about the same length share a microbatch (and SAT's q)
             order = length_order(mb)
             mb, adv = split_rows(mb, order), adv[order]
             old_logp, version_logp = _pick(old_logp, order), _pick(version_logp, order)
         plan = plan_microbatches(mb, self.microbatch_tokens)
-        n_tok = int(mb.mask.sum())
-        n_seq = int(mb.mask.any(1).sum())
-        mb_tok = [int(mb.mask[p.start : p.end].sum()) for p in plan]
+        n_tok, n_seq = int(mb.mask.sum()), int(mb.mask.any(1).sum())
+        weights = [int(mb.mask[p.start : p.end].sum()) / max(n_tok, 1) for p in plan]  # host-side: the CPU batch's
+        dev = self.device
         mb, adv = to_device(mb, dev), adv.to(dev)
         old_logp = None if old_logp is None else old_logp.to(dev)
         version_logp = None if version_logp is None else version_logp.to(dev)
         self.opt.zero_grad(set_to_none=True)
         self._weights = None  # the last version's CPU copy: whoever needs it holds it by now
         lag = (self.version - mb.versions).clamp(min=0)  # [B, T]
+        losses, per_mb, tok = self._accumulate(plan, mb, _Targets(adv, lag, old_logp), (n_tok, n_seq))
+        losses, per_mb, tok = self._gathered(plan, mb.mask.shape[0], losses, per_mb, tok)
+        self.microbatch_metrics = per_mb  # the last step's, per microbatch in plan order (0-dim tensors; tests)
+        out = self._update(losses, reduce_metrics(per_mb, weights), lambda: self._step_scales(mb.mask, lag, tok))
+        out.update(self._diagnostics(mb, lag, tok, version_logp))
+        return out
+
+    def _accumulate(self, plan: list[Micro], mb: Batch, t: _Targets, counts: tuple[int, int]) -> tuple:
+        """Forward and backward each microbatch of ``plan`` (gradients accumulate); returns each one's loss share
+        (float64, detached), its objective metrics, and the per-token tensors, in plan order."""
+        n_tok, n_seq = counts
         seq_mode = share_unit(self.aggregation) == "sequence"
         tok = {"logp": [], "gate": [], "clipped": [], "d": [], "routing": []}
         losses: list[torch.Tensor] = []  # each microbatch's share of the loss, summed after the loop (no sync)
         per_mb: list[dict[str, torch.Tensor]] = []
-        weights = [k / max(n_tok, 1) for k in mb_tok]  # host-side: counted on the CPU batch
         for p, real in self._assigned(plan, mb):
             sl = slice(p[0], p[1])
             m = row_slice(mb, p[0], p[1])
@@ -473,11 +456,11 @@ class Trainer:
             out = self.objective(
                 logp=logp,
                 behavior_logp=m.behavior_logp,
-                adv=adv[sl],
+                adv=t.adv[sl],
                 mask=m.mask,
                 ref_logp=ref_logp,
-                lag=lag[sl],
-                old_logp=None if old_logp is None else old_logp[sl],
+                lag=t.lag[sl],
+                old_logp=None if t.old_logp is None else t.old_logp[sl],
             )
             share = (m.mask.any(1).sum() / max(n_seq, 1)) if seq_mode else (m.mask.sum() / max(n_tok, 1))
             loss = aggregate(out.loss, m.mask, self.aggregation) * share
@@ -489,18 +472,19 @@ class Trainer:
             for k in ("gate", "clipped", "d"):
                 tok[k].append(getattr(out.tokens, k))
             tok["logp"].append(logp.detach())
-        losses, per_mb, tok = self._gathered(plan, mb.mask.shape[0], losses, per_mb, tok)
-        self.microbatch_metrics = per_mb  # the last step's, per microbatch in plan order (0-dim tensors; tests)
-        total = torch.zeros((), dtype=torch.float64, device=dev)
+        return losses, per_mb, tok
+
+    def _update(self, losses: list[torch.Tensor], reduced: dict[str, torch.Tensor],
+                step_scales: Callable[[], dict[str, torch.Tensor]]) -> dict[str, float]:  # fmt: skip
+        """The non-finite guard and the optimizer step, after one device sync for the guard, the loss and every
+        metric (``reduced``: combined as each declares, satrl.objectives.reductions, still tensors)."""
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
         for loss in losses:  # in microbatch order, as one device sums them
             total = total + loss
-        # One device sync for the guard, the loss and every metric: the metrics combine as each declares
-        # (token mean, min or max; satrl.objectives.reductions), as tensors, then come to the host together.
-        reduced = reduce_metrics(per_mb, weights)
         keys = list(reduced)
         checks = [torch.isfinite(total), self._grads_finite()]
         # The step-size seam: from the whole minibatch's tokens (gathered: the same numbers on every rank).
-        scaling = self._step_scales(mb.mask, lag, tok) if self.scales_lr else {}
+        scaling = step_scales() if self.scales_lr else {}
         if scaling:  # a non-finite scale skips the step like a non-finite gradient
             checks.append(torch.isfinite(scaling["train/lr_scale"]))
         flags = torch.stack(checks).all()
@@ -519,10 +503,7 @@ class Trainer:
             self.skipped += 1
         self.opt.zero_grad(set_to_none=True)
         self.version += 1
-        out = {"loss": total, "skipped": float(not finite), **{f"obj/{k}": v for k, v in scalars.items()}}
-        out.update(scaled)
-        out.update(self._diagnostics(mb, lag, tok, version_logp))
-        return out
+        return {"loss": total, "skipped": float(not finite), **{f"obj/{k}": v for k, v in scalars.items()}, **scaled}
 
     # -- the step-size seam ------------------------------------------------------------------------
     def _step_scales(self, mask: torch.Tensor, lag: torch.Tensor, tok: dict) -> dict[str, torch.Tensor]:
