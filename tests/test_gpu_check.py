@@ -29,15 +29,17 @@ def test_gpu_check_without_cuda_says_what_to_do():
 
 def test_sat_parity_can_fail(monkeypatch):
     """The CPU-vs-device comparison reports a difference when the two runs differ (here: the second run's lr)."""
+    import dataclasses
+
     from benchmarks import gpu_trainer
 
     from satrl.training import trainer as trainer_mod
 
     real, made = trainer_mod.Trainer, []
 
-    def second_run_skewed(*args, **kw):
+    def second_run_skewed(model, objective, settings):
         made.append(1)
-        return real(*args, **{**kw, "lr": kw["lr"] * (1.01 if len(made) == 2 else 1.0)})
+        return real(model, objective, dataclasses.replace(settings, lr=settings.lr * (1.01 if len(made) == 2 else 1.0)))
 
     monkeypatch.setattr(trainer_mod, "Trainer", second_run_skewed)
     assert not gpu_trainer.sat_parity("cpu")["equal"]
