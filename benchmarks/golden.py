@@ -56,17 +56,17 @@ def digest(out: Path) -> dict[str, str]:
 
 
 def _tensors_digest(files: list[Path]) -> str:
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
     entries = {}
     for f in files:
-        raw = f.read_bytes()
-        header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
-        offsets = json.loads((header.get("__metadata__") or {}).get("DCP_SHARDING_INFO", "{}"))
-        for name, t in load_file(f).items():
-            data = t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-            key = f"{name}@{offsets.get(name, {}).get('saved_offsets', [])}"
-            entries[key] = f"{t.dtype}{tuple(t.shape)}:{hashlib.sha256(data).hexdigest()}"
+        with safe_open(f, "pt") as handle:
+            offsets = json.loads((handle.metadata() or {}).get("DCP_SHARDING_INFO", "{}"))
+            for name in handle.keys():
+                t = handle.get_tensor(name)
+                data = t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                key = f"{name}@{offsets.get(name, {}).get('saved_offsets', [])}"
+                entries[key] = f"{t.dtype}{tuple(t.shape)}:{hashlib.sha256(data).hexdigest()}"
     return hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()
 
 

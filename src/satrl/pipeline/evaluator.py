@@ -56,15 +56,13 @@ class Evaluator:
 
     def __init__(self, tokenizer, task, engine: EvalEngineSpec, plan: EvalPlan) -> None:
         self.tokenizer, self.task, self.engine = tokenizer, task, None
-        self.spec = engine
-        self.sampling, self.k, self.seed = plan.sampling, plan.k, plan.seed
-        self.every, self.at_start = plan.every, plan.at_start
-        self.val_problems, self.test_problems = plan.val_problems, plan.test_problems
+        self.spec, self.plan = engine, plan
 
     def due(self, step: int, last: int) -> bool:
         if step == 0:
-            return self.at_start
-        return step == last or (self.every > 0 and step % self.every == 0)
+            return self.plan.at_start
+        every = self.plan.every
+        return step == last or (every > 0 and step % every == 0)
 
     def prepare(self) -> None:
         """Choose the val and test problems (once). Called before training, so that an eval split too small
@@ -76,7 +74,7 @@ class Evaluator:
             return
         try:
             self.pool, self.val_idx, self.test_idx = split_val_test(
-                self.task.problems("eval", 0), self.val_problems, self.test_problems
+                self.task.problems("eval", 0), self.plan.val_problems, self.plan.test_problems
             )
         except ValueError as err:
             raise TaskError(str(err)) from None
@@ -93,7 +91,7 @@ class Evaluator:
             self.prepare()
         self.engine.load_weights(trainer.weights(), trainer.version)
         res = evaluate(
-            self.engine, self.tokenizer, self.task, k=self.k, sampling=self.sampling, seed=self.seed,
+            self.engine, self.tokenizer, self.task, k=self.plan.k, sampling=self.plan.sampling, seed=self.plan.seed,
             problems=self.pool,
         )
         out = {"avg_at_k": res.avg_at_k, "greedy_acc": res.greedy_acc, "k": res.k}
