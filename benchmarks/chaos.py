@@ -37,25 +37,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = ["train.prompts_per_batch=4", "train.group_size=4", "train.minibatches=2", "train.threads=1",
-        "engine.max_new_tokens=5", "eval.val_problems=2", "eval.test_problems=2", "eval.k=2", "checkpoint.every=1",
-        "backend=sequential"]  # fmt: skip
+from benchmarks._tiny import TINY, env, read_stable
+from benchmarks.dp_faults import dp_faults
+from benchmarks.folder_faults import folder_faults
+
 RUN = ["steps=8", "eval.every=2", "lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=7"]
 POINTS = ("checkpoint.weights", "checkpoint.state", "metrics.write", "eval.start", "engine.load_weights",
           "worker.rollout")  # fmt: skip
-VOLATILE = ("wall_s", "perf/")
-
-
-def env(**extra: str) -> dict[str, str]:
-    path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, **extra}
-
-
-def read_stable(path: Path) -> list[dict]:
-    from satrl.jsonl import read_jsonl
-
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in read_jsonl(path)]
 
 
 def _reference(work: Path) -> Path:
@@ -211,14 +199,10 @@ def summary_line(kill: dict | None = None, hostile: dict | None = None, engine: 
 
 
 def _folder_faults(work: Path) -> dict:
-    from benchmarks.folder_faults import folder_faults  # imports this module: not at the top
-
     return folder_faults(work)
 
 
 def _dp_faults(work: Path) -> dict:
-    from benchmarks.dp_faults import dp_faults  # imports this module: not at the top
-
     return dp_faults(work)
 
 

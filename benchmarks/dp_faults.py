@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.chaos import TINY, env, read_stable
+from benchmarks._tiny import TINY, env, read_stable
 
 ARGS = [*TINY, "steps=6", "lag.n=2", "seed=5", "backend=local", "weights.transport=dist", "lag.inflight_every=2",
         "train.rank_timeout_s=5"]  # fmt: skip

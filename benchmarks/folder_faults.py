@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.chaos import TINY, env
+from benchmarks._tiny import TINY, env
 
 RUN = ["steps=4", "lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=7", "eval.every=2"]
 

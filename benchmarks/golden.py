@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.chaos import TINY, env, read_stable
+from benchmarks._tiny import TINY, env, read_stable
 
 RUN = ["steps=4", "lag.n=2", "seed=5", "eval.every=2", "objective.name=sat_grpo"]
 PATHS: dict[str, list[str]] = {

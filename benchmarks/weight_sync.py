@@ -126,7 +126,7 @@ def bytes_path(shape: dict, vocab: int, versions: int) -> dict:
 def _engine(link, shape: dict, vocab: int, versions: int, loaded) -> None:
     """The engine process of the local backend's ``dist`` transport: joins the trainer's group, receives each
     version on its inbox thread and loads it; says so on ``loaded``."""
-    from satrl.pipeline.weights import Inbox
+    from satrl.weights.link import Inbox
 
     torch.set_num_threads(1)
     model = random_qwen3(shape, shape["num_hidden_layers"], vocab)
@@ -144,15 +144,15 @@ def dist_path(shape: dict, vocab: int, versions: int, keep: str = "bf16", device
     ``"fp32"``: ``Trainer.weights``' fp32 copy, when it is on), then ``DistTransport.push`` (bf16 buckets over
     a standalone gloo group) to an engine process that loads it. Timed to the engine's "loaded". ``device``: where
     the trainer's weights live (cuda: each bucket is copied off the GPU on the way, as a GPU trainer's are)."""
-    from satrl.pipeline.weights import DistTransport
     from satrl.training.trainer import cpu_copy
     from satrl.weights.buckets import aliases, buckets, unpack
+    from satrl.weights.transports import DistTransport
 
     ctx = torch.multiprocessing.get_context("spawn")
     loaded = ctx.Queue()
     trainer = random_qwen3(shape, shape["num_hidden_layers"], vocab).to(device)
     transport = DistTransport(lambda message: None, torch.bfloat16)  # markers order the queue: none here
-    link = transport.open(lambda: proc.is_alive())
+    link = transport.open(lambda: proc.is_alive()).link  # the engine side's receiver says where to join
     proc = ctx.Process(target=_engine, args=(link, shape, vocab, versions + 1, loaded))
     proc.start()
     times, peaks = [], []

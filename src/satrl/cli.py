@@ -82,9 +82,8 @@ def run_train(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
         return 0
     from satrl.models.loading import PolicyLoadError
-    from satrl.pipeline.backends import EngineError
+    from satrl.pipeline.errors import EngineError, RunDirError
     from satrl.pipeline.progress import train_with_progress
-    from satrl.pipeline.rundir import RunDirError
     from satrl.tasks import TaskError
     from satrl.training.checkpoint import CheckpointError
     from satrl.types import ContextLengthError

@@ -32,13 +32,19 @@ def _show(part: object) -> str:
     return text if text and text.isprintable() and " " not in text else repr(text)
 
 
+def _registry(where: str):
+    """The registry ``where`` (``"module:ATTR"``), imported when first used (registries live next to their
+    components, some of which import heavy libraries, and some above this module)."""
+    module, attr = where.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def _registered(where: str) -> AfterValidator:
     """A validator: the value must be a name in the registry ``where`` (``"module:ATTR"``), imported when first
     used (registries live next to their components, some of which import heavy libraries)."""
-    module, attr = where.split(":")
 
     def check(name: str) -> str:
-        return getattr(importlib.import_module(module), attr).check(name)
+        return _registry(where).check(name)
 
     return AfterValidator(check)
 
@@ -50,6 +56,7 @@ TaskName = Annotated[str, _registered("satrl.tasks:TASKS")]
 AggregationName = Annotated[str, _registered("satrl.objectives.aggregation:AGGREGATIONS")]
 ScheduleName = Annotated[str, _registered("satrl.pipeline.schedules:SCHEDULES")]
 BackendName = Annotated[str, _registered("satrl.pipeline.backends:BACKENDS")]
+TransportName = Annotated[str, _registered("satrl.weights.transports:TRANSPORTS")]
 
 
 class _Strict(BaseModel):
@@ -127,7 +134,8 @@ class LagConfig(_Strict):
     inflight_every: int = Field(
         0, ge=0, description="In-flight weight updates: every this many decoded tokens a response moves on one version, "
         "up to the first step of its batch (docs/design.md, 'In-flight updates'); each token records its version. "
-        "0 = off. Needs engine=torch and backend sequential or local.",
+        "0 = off. Needs an engine and a backend that declare in-flight support (engine torch or vllm; backend "
+        "sequential or local).",
     )  # fmt: skip
 
 
@@ -236,12 +244,13 @@ class WeightsConfig(_Strict):
     """How each version's weights reach the engine side (docs/design.md, "Weights travel once per version").
     Either way every version travels once and the engine side holds exactly the versions pending batches need."""
 
-    transport: Literal["inproc", "dist", "vllm"] = Field(
-        "inproc", description="inproc: a call (sequential), one pickled state dict per version on the local "
-        "backend's queue, Ray's object store; dist: backend=local only, a 2-process torch.distributed group (gloo) "
-        "between the trainer and the engine process, each version broadcast once as buckets in the engine's dtype; "
-        "vllm: backend=local and engine.name=vllm only, the same broadcast received and loaded by vLLM's own "
-        "weight-transfer API inside vLLM's workers (the engine holds one version).",
+    transport: TransportName = Field(
+        "inproc", description="A name in satrl.weights.transports.TRANSPORTS. inproc: a call (sequential), one "
+        "pickled state dict per version on the local backend's queue, Ray's object store; dist: backend=local only, "
+        "a 2-process torch.distributed group (gloo) between the trainer and the engine process, each version "
+        "broadcast once as buckets in the engine's dtype; vllm: backend=local and an engine with its own weight "
+        "transfer (engine.name=vllm) only, the same broadcast received and loaded by vLLM's own weight-transfer API "
+        "inside vLLM's workers (the engine holds one version).",
     )  # fmt: skip
     bucket_mb: int = Field(256, ge=1, le=2**20, description="dist and vllm: the most MiB per broadcast bucket (a "
                            "larger single tensor gets a bucket of its own).")  # fmt: skip
@@ -275,13 +284,16 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _transport_fits_backend(self) -> RunConfig:
-        transport = self.weights.transport
-        if transport in ("dist", "vllm") and self.backend != "local":
-            raise ValueError(f"weights.transport={transport}: only backend=local supports it (got backend="
-                             f"{self.backend}); use weights.transport=inproc")  # fmt: skip
-        if transport == "vllm" and self.engine.name != "vllm":
-            raise ValueError(f"weights.transport=vllm: needs engine.name=vllm (got {self.engine.name}); use "
-                             f"weights.transport=dist")  # fmt: skip
+        from satrl.engines.registry import own_transfer_engines
+        from satrl.weights.transports import TRANSPORTS
+
+        transport, kind = self.weights.transport, TRANSPORTS.get(self.weights.transport)
+        if self.backend not in kind.backends:
+            raise ValueError(f"weights.transport={transport}: only backend={'/'.join(sorted(kind.backends))} "
+                             f"supports it (got backend={self.backend}); use weights.transport=inproc")  # fmt: skip
+        if kind.own_engine_transfer and self.engine.name not in (able := own_transfer_engines()):
+            raise ValueError(f"weights.transport={transport}: needs engine.name={'/'.join(able)} (got "
+                             f"{self.engine.name}); use weights.transport=dist")  # fmt: skip
         if self.eval.problem_seed is not None and "eval_seed" in self.task.kwargs:
             raise ValueError(f"eval.problem_seed={self.eval.problem_seed} and task.kwargs.eval_seed="
                              f"{self.task.kwargs['eval_seed']} both choose the eval problems; set one")  # fmt: skip
@@ -392,11 +404,16 @@ def _check_inflight(cfg: RunConfig) -> None:
     K tokens), and wait for a version on the sequential and local backends' message paths: refuse the rest in one
     line rather than ignore the setting."""
     K = cfg.lag.inflight_every
-    if K and cfg.engine.name not in ("torch", "vllm"):
-        raise ConfigError(f"lag.inflight_every={K} needs engine.name torch or vllm (got {cfg.engine.name}); "
+    if not K:
+        return
+    from satrl.engines.registry import inflight_engines
+
+    if cfg.engine.name not in (engines := inflight_engines()):
+        raise ConfigError(f"lag.inflight_every={K} needs engine.name {' or '.join(engines)} (got {cfg.engine.name}); "
                           "set lag.inflight_every=0")  # fmt: skip
-    if K and cfg.backend not in ("sequential", "local"):
-        raise ConfigError(f"lag.inflight_every={K} needs backend sequential or local (got {cfg.backend}); "
+    backends = [name for name, kind in _registry("satrl.pipeline.backends:BACKENDS").items() if kind.inflight]
+    if cfg.backend not in backends:
+        raise ConfigError(f"lag.inflight_every={K} needs backend {' or '.join(backends)} (got {cfg.backend}); "
                           "set lag.inflight_every=0")  # fmt: skip
 
 

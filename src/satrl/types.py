@@ -174,7 +174,11 @@ class Engine(Protocol):
     @property
     def version(self) -> int: ...
 
-    def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Completion]: ...
+    def generate(
+        self, requests: list[GenerationRequest], sampling: SamplingParams, switch: Switch | None = None
+    ) -> list[Completion]:
+        """Complete every request (result i answers ``requests[i]``). ``switch``: in-flight weight updates, given
+        only to an engine whose builder declares ``inflight = True`` (``engines.registry.inflight_engines``)."""
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
 

@@ -115,6 +115,7 @@ def test_fuzzed_yaml_file(tmp_path, pairs, top):
 @given(items=st.lists(st.tuples(key, st.one_of(st.text(max_size=15), values.map(lambda v: yaml.safe_dump(v).strip())),
                                 st.booleans()), max_size=4))  # fmt: skip
 @example(items=[("objective.ratio", "True", True), ("objective.trust_region", "3", True)])
+@example(items=[("objective", "", True), ("objective.ratio", "", True)])  # a component left None (found 2026-12-04)
 def test_fuzzed_overrides(items):
     _accepts_or_one_line(None, [f"{k}={v}" if eq else f"{k}{v}" for k, v, eq in items])
 

@@ -136,7 +136,7 @@ def test_a_period_past_the_response_changes_nothing(tmp_path):
 
 
 def test_other_backends_are_refused_and_both_engines_switch():
-    with pytest.raises(ConfigError, match=r"lag.inflight_every=4 needs backend sequential or local \(got ray\)"):
+    with pytest.raises(ConfigError, match=r"lag.inflight_every=4 needs backend local or sequential \(got ray\)"):
         load_config(None, [f"lag.inflight_every={K}", "backend=ray"])
     assert load_config(None, []).lag.inflight_every == 0
     assert load_config(None, [f"lag.inflight_every={K}", "engine.name=vllm"]).lag.inflight_every == K

@@ -10,6 +10,7 @@ each batch's groups are split across actors and merged back.
 import importlib.util
 import os
 import signal
+from dataclasses import replace
 
 import pytest
 
@@ -149,7 +150,7 @@ def test_killed_engine_actor_is_restarted_and_loses_nothing(
     cluster, sequential, tmp_path, monkeypatch, trained_ids
 ):
     factory = KillingRayBackend()
-    with backends.BACKENDS.replaced("ray", factory):
+    with backends.BACKENDS.replaced("ray", replace(backends.BACKENDS.get("ray"), build=factory)):
         metrics, evals = run(tmp_path / "killed", "ray")
     assert factory.killed_pid is not None, "the hook never killed an actor"
     assert len(factory.backend.pids) == 2  # ray.workers reached the backend
@@ -166,7 +167,7 @@ def test_hung_engine_actor_is_restarted_and_loses_nothing(cluster, sequential, t
     """Issue 26, item 2 on Ray: a SIGSTOPped actor owes a batch past engine.timeout_s; it is killed and
     restarted, its shards re-issued, and the run trains exactly the sequential run's samples."""
     factory = KillingRayBackend(signal.SIGSTOP)
-    with backends.BACKENDS.replaced("ray", factory):
+    with backends.BACKENDS.replaced("ray", replace(backends.BACKENDS.get("ray"), build=factory)):
         metrics, evals = run(tmp_path / "hung", "ray", "engine.timeout_s=3")
     assert factory.killed_pid is not None and factory.killed_pid not in factory.backend.final_pids
     assert "hung" in capsys.readouterr().err

@@ -10,7 +10,6 @@ from satrl.config import load_config
 from satrl.pipeline import orchestrator
 from satrl.pipeline.rollouts import horizon
 from satrl.pipeline.schedules import make_schedule
-from satrl.pipeline.weights import payload_weights
 from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
 
 ARGS = ["steps=8", "lag.schedule=broadcast", "lag.n=3", "seed=2"]
@@ -31,6 +30,17 @@ def _spy(monkeypatch):
 
     monkeypatch.setattr(orchestrator, "make_backend", spy)
     return made, requests, pushes
+
+
+def payload_weights(obj) -> bool:
+    """Whether ``obj`` holds a tensor anywhere in its attributes (the check that requests carry no weights)."""
+    if isinstance(obj, torch.Tensor):
+        return True
+    if isinstance(obj, dict):
+        return any(payload_weights(v) for v in obj.values())
+    if isinstance(obj, (list, tuple, set)):
+        return any(payload_weights(v) for v in obj)
+    return hasattr(obj, "__dict__") and payload_weights(vars(obj))
 
 
 def test_payload_weights_finds_tensors():
@@ -87,26 +97,29 @@ class _TransferEngine:
     def load_weights(self, state, version):
         raise AssertionError("a transfer engine never loads weights through the pipeline")
 
-    def generate(self, requests, sampling):
-        return self.inner.generate(requests, sampling)
+    def generate(self, requests, sampling, switch=None):
+        return self.inner.generate(requests, sampling, switch)
 
 
 def test_an_engine_that_holds_one_version_moves_forward_and_refuses_to_go_back():
-    from satrl.pipeline.weights import Link, receive
+    from satrl.weights.link import Link
+    from satrl.weights.messages import Load
+    from satrl.weights.receivers import EngineReceiver
 
     worker = RolloutWorker(WorkerSpec(model="tiny-arith", task="arithmetic", prompts_per_batch=2, group_size=2))
     worker.engine = engine = _TransferEngine(worker.engine)
-    worker.open_transfer(Link(1234, "engine1/"))
+    receiver = EngineReceiver(Link(1234, "engine1/"))
+    receiver.attach(worker)  # the engine's own workers join the trainer's group
     assert engine.link == (1234, "engine1/", "127.0.0.1")
-    receive(worker, ("vllm", 0))
-    receive(worker, ("vllm", 2))
-    assert engine.loaded == [0, 2] and set(worker.weights) == {2}  # version 0 left with the engine
+    receiver.receive(Load(0))
+    receiver.receive(Load(2))
+    assert engine.loaded == [0, 2] and worker.held() == [2]  # version 0 left with the engine
     assert len(worker.rollout(RolloutRequest(0, [2, 2]))) == 4  # on version 2 already: nothing loaded
     with pytest.raises(WeightsMissing, match=r"version 0, whose weights the engine does not hold \(it holds \[2\]"):
         worker.rollout(RolloutRequest(1, [0, 0]))
     worker.engine = engine.inner
     with pytest.raises(TypeError, match="weights.transport=vllm needs an engine with its own weight transfer"):
-        receive(worker, ("vllm", 3))
+        receiver.receive(Load(3))
     worker.close()
 
 
@@ -114,7 +127,7 @@ def test_a_restarted_engine_gets_each_version_just_before_the_first_request_that
     """The refeed after a restart: an engine that holds one version at a time only moves forward, so versions and
     re-issued requests go out interleaved, in order."""
     from satrl.pipeline.backends import ProcessBackend
-    from satrl.pipeline.weights import InprocTransport
+    from satrl.weights.transports import InprocTransport
 
     sent: list[tuple] = []
     backend = ProcessBackend.__new__(ProcessBackend)  # the refeed alone: no engine process
@@ -123,10 +136,14 @@ def test_a_restarted_engine_gets_each_version_just_before_the_first_request_that
     backend.transport.held = {3: {}, 5: {}, 6: {}, 9: {}}
     backend.in_flight = {11: RolloutRequest(11, [5, 5]), 10: RolloutRequest(10, [3, 5]), 12: RolloutRequest(12, [6, 6])}
     backend._refeed()
-    assert [(m[0], m[1] if m[0] == "weights" else m[1].b) for m in sent] == [
+    from satrl.pipeline.engine_process import Rollout
+    from satrl.weights.messages import Put
+
+    assert [("weights", m.version) if isinstance(m, Put) else ("rollout", m.request.b) for m in sent] == [
         ("weights", 3), ("weights", 5), ("rollout", 10), ("rollout", 11), ("weights", 6), ("rollout", 12),
         ("weights", 9),
     ]  # fmt: skip
+    assert all(isinstance(m, (Put, Rollout)) for m in sent)
 
 
 def test_a_push_restarts_the_engine_deadline():
@@ -135,7 +152,7 @@ def test_a_push_restarts_the_engine_deadline():
     import time
 
     from satrl.pipeline.backends import ProcessBackend
-    from satrl.pipeline.weights import InprocTransport
+    from satrl.weights.transports import InprocTransport
 
     backend = ProcessBackend.__new__(ProcessBackend)
     backend.transport = InprocTransport(lambda message: None)

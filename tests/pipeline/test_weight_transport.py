@@ -90,22 +90,28 @@ def test_a_stopped_engine_is_replaced_and_fed_again(tmp_path, monkeypatch):
 def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32():
     from satrl.models import load_policy
     from satrl.objectives import resolve_objective
-    from satrl.pipeline.weights import snapshot_source
+    from satrl.pipeline.setup import snapshot_weights
     from satrl.training.settings import TrainerSettings
     from satrl.training.trainer import Trainer
 
     model, _ = load_policy("tiny-arith")
     trainer = Trainer(model, resolve_objective("grpo"), TrainerSettings(lr=1e-4))
-    assert snapshot_source(trainer, "dist", torch.bfloat16, 1 << 20, decompose=True) == trainer.weights
-    assert snapshot_source(trainer, "inproc", torch.bfloat16, 1 << 20, decompose=False) == trainer.weights
-    copy = snapshot_source(trainer, "dist", torch.bfloat16, 4096, decompose=False)()
+
+    def source(transport: str, decompose: bool, bucket_mb: int = 1):
+        cfg = load_config(None, [f"weights.transport={transport}", f"diagnostics.decompose={str(decompose).lower()}",
+                                 f"weights.bucket_mb={bucket_mb}", "engine.numerics=bf16-weights"])  # fmt: skip
+        return snapshot_weights(cfg, trainer)
+
+    assert source("dist", decompose=True) == trainer.weights
+    assert source("inproc", decompose=False) == trainer.weights
+    copy = source("dist", decompose=False)()
     want = trainer.model.state_dict()
     assert copy.keys() == want.keys()
     assert all(torch.equal(copy[k], v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in want.items())
 
 
 def test_resuming_the_split_from_engine_dtype_snapshots_is_refused():
-    from satrl.pipeline.weights import check_snapshots
+    from satrl.pipeline.setup import check_snapshots
 
     bf16 = {3: {"w": torch.zeros(2, dtype=torch.bfloat16)}}
     check_snapshots(bf16, decompose=False)

@@ -50,6 +50,25 @@ def _vllm(*, model: nn.Module | None = None, model_path: str | None = None, **kw
     return VLLMEngine(resolve_policy_path(model_path), **kwargs)
 
 
+# What each engine declares it can do: switch versions while it decodes (lag.inflight_every, ``generate``'s
+# ``switch``), take versions through a weight-transfer API of its own (weights.transport=vllm).
+_torch.inflight = True
+_vllm.inflight = True
+_vllm.own_transfer = True
+
+
+def inflight_engines() -> list[str]:
+    """The engines that can switch versions while they decode (``Engine.generate``'s ``switch``), as their
+    builders declare with ``inflight = True``."""
+    return [name for name, build in ENGINES.items() if getattr(build, "inflight", False)]
+
+
+def own_transfer_engines() -> list[str]:
+    """The engines that take versions through a weight-transfer API of their own
+    (:class:`~satrl.types.TransferEngine`), as their builders declare with ``own_transfer = True``."""
+    return [name for name, build in ENGINES.items() if getattr(build, "own_transfer", False)]
+
+
 def pad_id(tokenizer: Any) -> int:
     """The tokenizer's pad token id, or its EOS id when it has no pad token (many causal-LM tokenizers, e.g.
     Llama's, define none; padding positions are masked out everywhere, so any valid id serves)."""

@@ -188,7 +188,7 @@ class VLLMEngine:
 
     def open_transfer(self, port: int, prefix: str, host: str = "127.0.0.1") -> None:
         """Have vLLM's workers join the trainer's group (``weights.transport=vllm``; a
-        :class:`satrl.pipeline.weights.Link`'s fields); they receive every version on a thread of their own."""
+        :class:`satrl.weights.link.Link`'s fields); they receive every version on a thread of their own."""
         self.llm.collective_rpc("init_weight_transfer_engine", args=({"port": port, "prefix": prefix, "host": host},))
 
     def receive_weights(self, version: int) -> None:

@@ -8,9 +8,9 @@ receives checkpoint-format tensors and loads them with vLLM's layerwise reload (
 built-in wires (NCCL, CUDA IPC) exist only on GPUs; this module registers a wire of satrl's under the name
 :data:`BACKEND` in vLLM's engine registry, so the same API runs on the CPU build too:
 
-- ``init_transfer_engine`` joins the trainer's two-process gloo group (:class:`satrl.pipeline.weights.Link`,
+- ``init_transfer_engine`` joins the trainer's two-process gloo group (:class:`satrl.weights.link.Link`,
   exactly as the ``dist`` transport's engine process does) and receives every version the trainer broadcasts
-  on a thread of its own (:class:`~satrl.pipeline.weights.Inbox`): the trainer's push never waits for a
+  on a thread of its own (:class:`~satrl.weights.link.Inbox`): the trainer's push never waits for a
   generation, and nothing is pickled (:mod:`satrl.weights.dist`: raw bytes, JSON headers);
 - ``receive_weights`` takes the version named by the update info (waiting for its broadcast if needed) and
   loads it into the model in the model's device.
@@ -30,14 +30,14 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from satrl.pipeline.weights import Inbox, Link
+from satrl.weights.link import Inbox, Link
 
 BACKEND = "satrl_gloo"
 
 
 @dataclass
 class GlooInitInfo(WeightTransferInitInfo):
-    """Where the trainer's group is (:class:`~satrl.pipeline.weights.Link`'s fields)."""
+    """Where the trainer's group is (:class:`~satrl.weights.link.Link`'s fields)."""
 
     port: int
     prefix: str

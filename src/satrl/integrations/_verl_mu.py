@@ -34,8 +34,12 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from satrl.integrations._mu import MuSource
+from satrl.integrations._verl_variants import VARIANTS
+
 RESOLVER = "satrl_mu"
-MU_VALUES = ("rollout", "old_policy")
+VERL_MU = {"rollout": MuSource.ENGINE, "old_policy": MuSource.OLD_POLICY}  # sat_mu's values: what they mean
+MU_VALUES = tuple(VERL_MU)
 # The override that makes verl's trainer tell SAT what old_log_probs is (docs/integrations.md).
 MU_OVERRIDE = "+actor_rollout_ref.actor.policy_loss.sat_mu='${satrl_mu:}'"
 # Trainers whose bypass helper (rollout_corr_helper.apply_bypass_mode) rewrites policy_loss.loss_mode.
@@ -99,8 +103,6 @@ def mu_for(root: Any) -> str:
     ``bypass_mode``: SAT would be replaced (on the driver at least, and on the workers whenever they read
     the driver's config), which satrl does not leave to chance.
     """
-    from satrl.integrations.verl import VARIANTS  # the registered names (import cycle otherwise)
-
     rc = _node(_node(root, "algorithm"), "rollout_correction")
     bypass = bool(_node(rc, "bypass_mode") or False)
     policy_loss = _node(_node(_node(root, "actor_rollout_ref"), "actor"), "policy_loss")
@@ -133,8 +135,6 @@ def check_target(policy_loss: Any) -> None:
     try:  # the class verl will build the node with, and the keys it accepts
         from hydra.utils import get_class
 
-        from satrl.integrations.verl import SatPolicyLossConfig
-
         cls = get_class(target)
         known = {f.name for f in dataclasses.fields(cls)}
     except Exception:  # not a dataclass satrl can inspect: verl reports what is wrong with it
@@ -142,8 +142,8 @@ def check_target(policy_loss: Any) -> None:
     unknown = [k for k in keys if k not in known]
     if not unknown:
         return
-    if issubclass(cls, SatPolicyLossConfig):  # satrl's class: a misspelled key
-        sat_keys = sorted(f.name for f in dataclasses.fields(SatPolicyLossConfig) if f.name.startswith("sat_"))
+    sat_keys = sorted(k for k in known if k.startswith("sat_"))
+    if sat_keys:  # a class that takes SAT's keys (satrl's SatPolicyLossConfig): a misspelled key
         raise refuse(f"satrl: actor_rollout_ref.actor.policy_loss.{unknown[0]} is not one of SAT's keys {sat_keys}")
     raise refuse(
         f"satrl: actor_rollout_ref.actor.policy_loss has SAT's keys ({', '.join(unknown)}) but its _target_ is "
@@ -159,8 +159,6 @@ def preflight(config: Any) -> None:
     bypass helper would replace SAT, whether or not ``sat_mu`` is declared. verl's PPO entry points call
     it through :func:`guard_entry_points`.
     """
-    from satrl.integrations.verl import VARIANTS  # the registered names (import cycle otherwise)
-
     policy_loss = _node(_node(_node(config, "actor_rollout_ref"), "actor"), "policy_loss")
     if policy_loss is None:
         return
@@ -215,12 +213,13 @@ def mu_flag(sat_mu: Any, loss_mode: str) -> float:
     if sat_mu is not None and sat_mu not in MU_VALUES:
         raise ValueError(f"actor.policy_loss.sat_mu={sat_mu!r}; choose one of {list(MU_VALUES)} "
                          f"or write {MU_OVERRIDE}")
-    if sat_mu == "rollout":
-        return 1.0
+    source = VERL_MU.get(sat_mu, MuSource.UNDECLARED)
+    if source is MuSource.ENGINE:
+        return source.value
     if not _warned_mu:
         _warned_mu.append(loss_mode)
         what = ("verl's recomputed pi_old (decoupled mode), not the rollout engine's log-probs"
-                if sat_mu == "old_policy" else
+                if source is MuSource.OLD_POLICY else
                 f"whatever verl put in old_log_probs, which satrl cannot see; declare it with {MU_OVERRIDE}")
         warnings.warn(
             f"satrl loss_mode={loss_mode}: SAT's mu is {what}. Set "
@@ -229,7 +228,7 @@ def mu_flag(sat_mu: Any, loss_mode: str) -> float:
             RuntimeWarning,
             stacklevel=4,
         )
-    return 0.0 if sat_mu == "old_policy" else -1.0
+    return source.value
 
 
 def guard_bypass_helper() -> None:
@@ -249,8 +248,6 @@ def guard_bypass_helper() -> None:
 
     @functools.wraps(original)
     def guarded(batch, rollout_corr_config=None, policy_loss_config=None):
-        from satrl.integrations.verl import VARIANTS
-
         loss_mode = policy_loss_config.get("loss_mode") if policy_loss_config is not None else None
         if loss_mode in VARIANTS:
             caller = HELPER_CALLERS.get(sys._getframe(1).f_globals.get("__name__", ""))

@@ -64,6 +64,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError(f"satrl.integrations.trl needs TRL ({exc}); install it with `pip install '.[trl]'` in a clone of satrl") from exc
 
 from satrl.integrations._gate import composition, gate_capacity, warn_gate_cannot_fire
+from satrl.integrations._mu import MuSource
 from satrl.objectives import ObjectiveInputs, resolve_objective
 from satrl.objectives.sat import LAG_FREE_PROXIES, sat_clip_bounds, sat_score
 
@@ -178,7 +179,7 @@ class SATGRPOTrainer(GRPOTrainer):
         if "tool_mask" in inputs:  # as TRL's _compute_loss
             mask = mask * inputs["tool_mask"]
         logp = per_token_logps.detach()
-        mu, from_sampling = self._sat_mu(logp, inputs)
+        mu, source = self._sat_mu(logp, inputs)
         log_ratio = logp - mu
         sequence = self.importance_sampling_level == "sequence"
         if sequence:  # TRL's sequence log-weight, broadcast: the gate ranks sequences, length-weighted
@@ -195,11 +196,11 @@ class SATGRPOTrainer(GRPOTrainer):
         per_sequence = sequence
         if per_sequence:  # one bound per sequence, TRL's [B, 1] shape (so its gradient path is unchanged)
             lo, hi = lo[:, :1], hi[:, :1]
-        self._sat_log(m, active, per_sequence, from_sampling)
+        self._sat_log(m, active, per_sequence, source)
         return 1.0 - lo, hi - 1.0
 
-    def _sat_mu(self, logp: Tensor, inputs: dict) -> tuple[Tensor, bool]:
-        """SAT's mu for this call [B, T] and whether it is the sampling log-probs (see ``mu_source``)."""
+    def _sat_mu(self, logp: Tensor, inputs: dict) -> tuple[Tensor, MuSource]:
+        """SAT's mu for this call [B, T] and where it came from (see ``mu_source``)."""
         old = inputs.get("old_per_token_logps")
         old = logp if old is None else old  # TRL's own fallback in _compute_loss
         sampling = inputs.get("sampling_per_token_logps")
@@ -208,10 +209,10 @@ class SATGRPOTrainer(GRPOTrainer):
                                "(TRL keeps them when vLLM or a rollout_func generates); use mu_source='auto' or "
                                "'old_policy'")
         if sampling is None or self.mu_source == "old_policy":
-            return old, False
-        return torch.where(torch.isfinite(sampling), sampling, old), True
+            return old, MuSource.OLD_POLICY
+        return torch.where(torch.isfinite(sampling), sampling, old), MuSource.ENGINE
 
-    def _sat_log(self, m: dict[str, Tensor], active: Tensor, per_sequence: bool, from_sampling: bool) -> None:
+    def _sat_log(self, m: dict[str, Tensor], active: Tensor, per_sequence: bool, source: MuSource) -> None:
         comp = composition(active)
         local = torch.stack([m[k].to(torch.float32) for k in SAT_LOG_KEYS]
                             + [comp["n"].to(torch.float32), comp["shortest"].to(torch.float32)])
@@ -219,7 +220,7 @@ class SATGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         for i, key in enumerate(SAT_LOG_KEYS):  # averaged over processes
             self._metrics[mode][f"sat/{key}"].append(sum(r[i] for r in rows) / len(rows))
-        self._metrics[mode]["sat/mu_source"].append(1.0 if from_sampling else 0.0)
+        self._metrics[mode]["sat/mu_source"].append(source.value)
         n, shortest = (int(v) for v in rows[self.accelerator.process_index][-2:])
         budget = gate_capacity(n, shortest, self.args.sat_alpha, per_sequence)
         if budget is not None:

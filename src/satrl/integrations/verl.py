@@ -65,9 +65,9 @@ from satrl.integrations._verl_mu import (
     mu_flag,
     register_resolver,
 )
+from satrl.integrations._verl_variants import VARIANTS, Variant
 from satrl.objectives import ObjectiveOutput, ObjectiveSpec, resolve_objective
 from satrl.objectives.sat import LAG_FREE_PROXIES
-from satrl.registry import Registry
 
 # verl's own policy losses read these (see core_algos.compute_policy_loss_vanilla); same fallbacks here.
 DEFAULT_CLIP_RATIO_C = 3.0
@@ -112,31 +112,6 @@ class SatPolicyLossConfig(PolicyLossConfig):
         if self.sat_mu is not None and self.sat_mu not in MU_VALUES:  # refused when verl builds the config
             raise ValueError(f"actor.policy_loss.sat_mu={self.sat_mu!r}; choose one of {list(MU_VALUES)} "
                              f"or write {MU_OVERRIDE}")
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One registered loss_mode: a satrl preset plus the gate's score and tail."""
-
-    preset: str
-    proxy: str = "log_ratio"
-    invert: bool = False
-    default_agg: str = "token-mean"
-
-    @property
-    def per_sequence(self) -> bool:
-        return self.preset == "sat_gspo"
-
-
-VARIANTS: Registry[Variant] = Registry("satrl loss_mode", {
-    "sat": Variant("sat_grpo"),
-    "sat_invert": Variant("sat_grpo", invert=True),
-    "sat_prob_diff": Variant("sat_grpo", proxy="prob_diff"),
-    # verl's own gspo defaults to seq-mean-token-mean; the actor always passes its loss_agg_mode anyway.
-    "sat_gspo": Variant("sat_gspo", default_agg="seq-mean-token-mean"),
-    "sat_gspo_invert": Variant("sat_gspo", invert=True, default_agg="seq-mean-token-mean"),
-    "sat_gspo_prob_diff": Variant("sat_gspo", proxy="prob_diff", default_agg="seq-mean-token-mean"),
-})
 
 
 def _get(cfg: Any, key: str, default: Any) -> Any:

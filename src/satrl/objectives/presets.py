@@ -161,6 +161,10 @@ class ObjectiveSpec(BaseModel):
     @classmethod
     def _typed(cls, value: Any, info: Any) -> Params:
         """A component's mapping as the typed model its name chooses (the registry is the one list)."""
+        value = value.model_dump() if isinstance(value, Params) else value
+        value = {"name": value} if isinstance(value, str) else value
+        if not isinstance(value, Mapping) or "name" not in value:  # the preset's defaults were not filled in
+            raise ValueError(f"{info.field_name}: expected a component name or a mapping with a name, got {value!r}")
         value = dict(value)
         return SLOTS[info.field_name].get(value.pop("name")).validate(value)
 

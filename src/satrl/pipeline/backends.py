@@ -7,36 +7,27 @@ main process, where ``breakpoint()`` works.
 
 from __future__ import annotations
 
-import collections
 import multiprocessing as mp
 import pickle
-import queue
 import sys
-import threading
 import time
-import traceback
 from collections.abc import Callable
-from dataclasses import replace
-from multiprocessing.connection import Connection
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from satrl import faults
-from satrl.models.loading import PolicyLoadError
-from satrl.pipeline.weights import DistTransport, Inbox, InprocTransport, Link, LinkDown, receive
+from satrl.pipeline.engine_process import Done, Failed, Request, Rollout, Started, Stop, serve
+from satrl.pipeline.errors import EngineError
 from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
 from satrl.registry import Registry
-from satrl.tasks import TaskError
-from satrl.types import ContextLengthError, Sample
+from satrl.types import Sample
+from satrl.weights.link import LinkDown
+from satrl.weights.receivers import InprocReceiver
+from satrl.weights.transports import TRANSPORTS, InprocTransport, TrainerSide, Wiring
 
-
-class EngineError(RuntimeError):
-    """The engine process failed (died or hung) more often in a row than allowed: one line for the user, who
-    can continue the run with ``satrl train --resume`` from its last checkpoint."""
-
-
-READY = -2  # the batch number of the engine process's "started" message
+if TYPE_CHECKING:
+    from satrl.config import RunConfig
 
 
 class Backend(Protocol):
@@ -67,7 +58,9 @@ class SequentialBackend:
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.worker = RolloutWorker(spec)
-        self.transport = InprocTransport(lambda message: receive(self.worker, message))
+        receiver = InprocReceiver()  # weights.transport=inproc only (config): a call in this process
+        receiver.attach(self.worker)
+        self.transport = InprocTransport(receiver.receive)
         self.pending: dict[int, RolloutRequest] = {}
         self.restarts = 0  # the engine runs in this process, which cannot restart itself
         self._busy = 0.0
@@ -98,111 +91,6 @@ class SequentialBackend:
         self.worker.close()
 
 
-def _serve(spec: WorkerSpec, requests: mp.Queue, results: Connection, link: Link | None = None,
-           in_engine: bool = False) -> None:  # fmt: skip
-    """Child-process loop. Payloads are pickled by hand so tensors are copied, never fd-shared. Results go
-    back over a pipe whose only writer is this process, so the parent sees this process's death as EOF
-    (even mid-message) instead of waiting forever; a sender thread keeps generation from waiting on the
-    parent to read. ``link``: transport ``dist``, join the trainer's group first (weights arrive there while
-    the engine loads); with ``in_engine`` (transport ``vllm``) the engine's own workers join it instead."""
-    inbox = Inbox(link) if link is not None and not in_engine else None
-    outbox, sender = _sender(results)
-    try:
-        try:
-            worker = RolloutWorker(spec)
-        except (TaskError, PolicyLoadError) as e:  # bad user input: the parent raises it as it is (one line)
-            outbox.put(pickle.dumps((-1, 0.0, e)))
-            return
-        except Exception:  # e.g. an engine that refuses its config: the parent raises it with this traceback
-            outbox.put(pickle.dumps((-1, 0.0, RuntimeError(f"the engine process could not start:\n{traceback.format_exc()}"))))
-            return
-        if in_engine and link is not None:
-            worker.open_transfer(link)
-        outbox.put(pickle.dumps((READY, 0.0, None)))  # start-up is over: the rollout deadline starts now
-        try:
-            _serve_loop(worker, requests, outbox, inbox)
-        finally:  # a child process skips atexit handlers: stop the engine's own processes (vLLM) here
-            worker.close()
-    finally:
-        outbox.put(None)
-        sender.join(timeout=60)
-
-
-def _sender(results: Connection) -> tuple[queue.Queue, threading.Thread]:
-    """A queue whose items a thread sends over ``results`` until it reads None. A fault (chaos tests) first
-    lets what is queued reach the parent: it models a crash in the work that follows, not in the delivery of
-    work done (``faults.on_kill``)."""
-    outbox: queue.Queue = queue.Queue()
-
-    def send() -> None:
-        while (item := outbox.get()) is not None:
-            try:
-                results.send_bytes(item)
-            except OSError:  # the parent is gone
-                return
-            finally:
-                outbox.task_done()
-
-    sender = threading.Thread(target=send, daemon=True)
-    sender.start()
-    faults.on_kill(lambda: _flushed(outbox))
-    return outbox, sender
-
-
-def _flushed(outbox: queue.Queue, timeout_s: float = 30.0) -> None:
-    """Wait (at most ``timeout_s``: the parent may not be reading) until every queued result is sent."""
-    waiter = threading.Thread(target=outbox.join, daemon=True)
-    waiter.start()
-    waiter.join(timeout_s)
-
-
-class _Stop(Exception):
-    """The parent said stop (or is gone) while an in-flight rollout waited for weights."""
-
-
-def _serve_loop(worker: RolloutWorker, requests: mp.Queue, outbox: queue.Queue, inbox: Inbox | None) -> None:
-    parent = mp.parent_process()
-    pending: collections.deque[RolloutRequest] = collections.deque()
-
-    def take() -> None:  # one message: weights and keeps apply now, rollouts queue up in order
-        while True:
-            try:
-                payload = requests.get(timeout=5.0)
-                break
-            except queue.Empty:  # not a daemon (engines such as vLLM spawn processes), so leave with the parent
-                if parent is not None and not parent.is_alive():
-                    raise _Stop from None
-        if payload is None:
-            raise _Stop
-        req = receive(worker, pickle.loads(payload), inbox)  # a dist marker waits for its broadcast
-        if req is not None:
-            pending.append(req)
-
-    worker.wait = take  # an in-flight rollout reads weights pushed after it started (lag.inflight_every)
-    while True:
-        try:
-            while not pending:
-                take()
-            req = pending.popleft()
-            t0 = time.perf_counter()
-            out: object = _rollout(worker, req)
-        except _Stop:
-            return
-        outbox.put(pickle.dumps((req.b, time.perf_counter() - t0, out)))
-
-
-def _rollout(worker: RolloutWorker, req: RolloutRequest) -> object:
-    """The samples of ``req``, or the exception the parent raises (user errors as they are, one line)."""
-    try:
-        return worker.rollout(req)
-    except _Stop:  # not a failure of this batch: the loop ends
-        raise
-    except (TaskError, ContextLengthError) as e:  # bad user input: the parent raises it as it is (one line)
-        return e
-    except Exception:  # the parent re-raises it with the child's traceback
-        return RuntimeError(f"rollout of batch {req.b} failed in the engine process:\n{traceback.format_exc()}")
-
-
 class ProcessBackend:
     """The engine in its own process, generating while the trainer trains.
 
@@ -220,9 +108,9 @@ class ProcessBackend:
             training step longer than the limit is not the engine's hang).
         start_timeout_s: the most seconds an engine process may take to start (``engine.start_timeout_s``).
         max_restarts: engine faults in a row tolerated (``engine.max_restarts``).
-        transport: ``inproc`` (each version pickled onto the request queue), ``dist`` (broadcast over a gloo
-            group with the engine process, ``pipeline.weights.DistTransport``) or ``vllm`` (the same broadcast,
-            received and loaded by vLLM's weight-transfer API in vLLM's workers); ``weights.transport``.
+        transport: ``weights.transport``, a name in :data:`satrl.weights.transports.TRANSPORTS` (``inproc``: each
+            version pickled onto the request queue; ``dist``: broadcast over a gloo group with the engine process;
+            ``vllm``: the same broadcast, received and loaded by vLLM's weight-transfer API in vLLM's workers).
         bucket_bytes: ``dist``'s most bytes per bucket (``weights.bucket_mb``).
     """
 
@@ -241,19 +129,16 @@ class ProcessBackend:
         self.transport = self._transport(transport, bucket_bytes)
         self._start()
 
-    def _transport(self, name: str, bucket_bytes: int) -> InprocTransport | DistTransport:
-        if name == "inproc":
-            return InprocTransport(self._send)  # each version pickled once, on this (the trainer's) thread
-        if name not in ("dist", "vllm"):
-            raise ValueError(f"weights.transport: unknown transport {name!r}")
+    def _transport(self, name: str, bucket_bytes: int) -> TrainerSide:
         from satrl.engines.torch_engine import resolve_numerics
 
-        if name == "vllm":  # vLLM builds its weight-transfer engine at start-up
-            self.spec = replace(self.spec, engine_kwargs={**self.spec.engine_kwargs, "weight_transfer": True})
+        kind = TRANSPORTS.get(name)
+        if kind.engine_kwargs:  # e.g. vLLM builds its weight-transfer engine at start-up
+            self.spec = replace(self.spec, engine_kwargs={**self.spec.engine_kwargs, **kind.engine_kwargs})
         dtype = resolve_numerics(self.spec.numerics).weights  # the engine rounds to it anyway: same weights, fewer bytes
-        return DistTransport(self._send, dtype, bucket_bytes, self.timeout_s, self.start_timeout_s, marker=name)
+        return kind.build(Wiring(self._send, dtype, bucket_bytes, self.timeout_s, self.start_timeout_s))
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: Request) -> None:
         self.requests.put(pickle.dumps(message))
 
     def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
@@ -278,13 +163,10 @@ class ProcessBackend:
     def _start(self) -> None:
         self.requests = self.ctx.Queue()
         self.results, child_end = self.ctx.Pipe(duplex=False)
-        dist_ = isinstance(self.transport, DistTransport)
-        link = self.transport.open(lambda: self.proc.is_alive()) if dist_ else None
-        in_engine = dist_ and self.transport.marker == "vllm"
+        receiver = self.transport.open(lambda: self.proc.is_alive())  # the engine side, sent to the child
         # Not a daemon: daemonic processes may not have children, and vLLM starts its own. The child exits
         # when told (close), or by itself when this process is gone.
-        self.proc = self.ctx.Process(target=_serve, args=(self.spec, self.requests, child_end, link, in_engine),
-                                     daemon=False)  # fmt: skip
+        self.proc = self.ctx.Process(target=serve, args=(self.spec, self.requests, child_end, receiver), daemon=False)
         self.proc.start()
         child_end.close()  # the child now holds the only write end: its death reads as EOF here
         self._started, self._since = False, time.monotonic()  # the deadline's clock: start-up first
@@ -322,14 +204,14 @@ class ProcessBackend:
             due = sorted(v for v in self.transport.held if v <= max(req.versions) and v not in fed)
             self.transport.replay(due)
             fed.update(due)
-            self._send(("rollout", req))
+            self._send(Rollout(req))
         self.transport.replay(sorted(set(self.transport.held) - fed))
 
     def submit(self, req: RolloutRequest) -> None:
         if not self.in_flight and self._started:  # an idle engine: this request's deadline starts now
             self._since = time.monotonic()
         self.in_flight[req.b] = req
-        self._send(("rollout", req))
+        self._send(Rollout(req))
 
     def _overdue(self) -> bool:
         limit = self.timeout_s if self._started else self.start_timeout_s
@@ -346,23 +228,23 @@ class ProcessBackend:
                     elif self._overdue():
                         self._restart(hung=True)
                     continue
-                b, busy, out = pickle.loads(self.results.recv_bytes())
+                result = pickle.loads(self.results.recv_bytes())  # noqa: S301 - from the child we spawned
             except (EOFError, OSError, pickle.UnpicklingError):  # the child died, perhaps mid-message
                 self._restart()
                 continue
-            if isinstance(out, Exception):
-                raise out
             self._since = time.monotonic()
-            if b == READY:
-                self._started = True
-                continue
-            self._deaths = 0
-            self._busy += busy
-            if self.in_flight.pop(b, None) is not None:  # never hand a batch over twice
-                self.done[b] = out
-            if not block:
-                continue
-            return
+            match result:
+                case Failed(error):
+                    raise error
+                case Started():
+                    self._started = True
+                case Done(b, busy_s, samples):
+                    self._deaths = 0
+                    self._busy += busy_s
+                    if self.in_flight.pop(b, None) is not None:  # never hand a batch over twice
+                        self.done[b] = samples
+                    if block:
+                        return
 
     def result(self, b: int) -> list[Sample]:
         while b not in self.done:
@@ -380,7 +262,7 @@ class ProcessBackend:
 
     def _stop(self) -> None:
         if self.proc.is_alive() and not self._overdue():  # a hung engine would not read the request to stop
-            self.requests.put(None)
+            self._send(Stop())
             self.proc.join(timeout=30)
         if self.proc.is_alive():
             self.proc.kill()
@@ -390,8 +272,7 @@ class ProcessBackend:
         self.requests.cancel_join_thread()
         self.requests.close()
         self.results.close()
-        if isinstance(self.transport, DistTransport):
-            self.transport.close()
+        self.transport.close()
 
     def close(self) -> None:
         self._stop()
@@ -403,14 +284,42 @@ def _ray(spec: WorkerSpec, **options) -> Backend:
     return RayBackend(spec, **options)
 
 
-# name (the config's ``backend``) -> builder(spec, **options) -> Backend; a new backend is one more register call.
-BACKENDS: Registry[Callable[..., Backend]] = Registry("backend")
-BACKENDS.register("sequential", SequentialBackend)
-BACKENDS.register("local", ProcessBackend)
-BACKENDS.register("ray", _ray)
+def _local_options(cfg: RunConfig) -> dict:
+    e = cfg.engine
+    return {"timeout_s": e.timeout_s, "start_timeout_s": e.start_timeout_s, "max_restarts": e.max_restarts,
+            "transport": cfg.weights.transport, "bucket_bytes": cfg.weights.bucket_mb * 2**20}  # fmt: skip
+
+
+def _ray_options(cfg: RunConfig) -> dict:
+    return {"num_workers": cfg.ray.workers, "address": cfg.ray.address, "num_gpus": cfg.ray.gpus,
+            "timeout_s": cfg.engine.timeout_s, "max_hang_restarts": cfg.engine.max_restarts}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BackendKind:
+    """One ``backend``: how to build it from a worker spec and its own settings, and which config fields those
+    settings are (``options(cfg)``), so that no caller compares backend names."""
+
+    build: Callable[..., Backend]
+    options: Callable[[RunConfig], dict]
+    inflight: bool  # an in-flight rollout can wait for a version on its message path (lag.inflight_every)
+
+
+# name (the config's ``backend``) -> its kind; a new backend is one more register call.
+BACKENDS: Registry[BackendKind] = Registry("backend")
+BACKENDS.register("sequential", BackendKind(SequentialBackend, lambda cfg: {}, inflight=True))  # its engine cannot be restarted
+BACKENDS.register("local", BackendKind(ProcessBackend, _local_options, inflight=True))
+BACKENDS.register("ray", BackendKind(_ray, _ray_options, inflight=False))
+
+
+def backend_options(cfg: RunConfig) -> dict:
+    """Keyword arguments of the chosen backend beyond the worker spec: the engine's deadlines and restarts and the
+    weight transport (``local``), the ``ray:`` section and the rollout deadline (``ray``), none for
+    ``sequential`` (its engine runs in this process, which cannot restart itself)."""
+    return BACKENDS.get(cfg.backend).options(cfg)
 
 
 def make_backend(name: str, spec: WorkerSpec, **options) -> Backend:
     """The backend ``name`` (the config's ``backend``) running workers built from ``spec``; ``options`` are its
-    own settings (``pipeline.setup.backend_options``: the engine's deadlines and restarts, the ``ray:`` section)."""
-    return BACKENDS.get(name)(spec, **options)
+    own settings (:func:`backend_options`)."""
+    return BACKENDS.get(name).build(spec, **options)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from satrl.config import ConfigError, RunConfig
+from satrl.pipeline.setup import build_trainer
 from satrl.training import dp
 from satrl.training.dist_channel import Message
 
@@ -31,37 +32,9 @@ def check_supported(cfg: RunConfig) -> None:
                           "group_mean)")  # fmt: skip
 
 
-def trainer_factory(cfg: RunConfig) -> tuple[type, dict]:
-    """The trainer class and its extra arguments: :class:`Trainer` on one device, else the data-parallel one
-    with this process's context and a way to build an unsharded copy of the policy (for an engine)."""
-    from satrl.training.trainer import Trainer
-
-    ctx = dp.current()
-    if ctx is None:
-        return Trainer, {}
-    from satrl.models import load_policy
-    from satrl.training.dp_trainer import DPTrainer
-
-    return DPTrainer, {"dp": ctx, "template": lambda: load_policy(cfg.model.source)[0]}
-
-
-def load_policy_here(cfg: RunConfig):
-    """``(model, tokenizer)`` for this process: the loaded policy on one device and on rank 0; on the other
-    ranks of a data-parallel job, the architecture on the meta device (no weights read: the trainer fills
-    their shards from rank 0's, so only rank 0's host ever holds the full weights)."""
-    from satrl.models import empty_model, load_policy, load_tokenizer
-
-    ctx = dp.current()
-    if ctx is None or ctx.leader:
-        return load_policy(cfg.model.source)
-    return empty_model(cfg.model.source), load_tokenizer(cfg.model.source)
-
-
 def serve(cfg: RunConfig) -> None:
     """Ranks > 0: wait for rank 0 to start the trainer, build the same one, then join each call it announces
     until it stops (or the job ends: torchrun stops every rank when one fails)."""
-    from satrl.pipeline.setup import build_trainer
-
     ctx = dp.current()
     torch.set_num_threads(cfg.trainer_threads)
     torch.manual_seed(cfg.seed)

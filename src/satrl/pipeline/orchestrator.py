@@ -19,21 +19,20 @@ import torch
 from satrl.config import RunConfig
 from satrl.diagnostics.lag import multi_version
 from satrl.engines.registry import pad_id
-from satrl.pipeline.backends import make_backend
+from satrl.pipeline.backends import backend_options, make_backend
 from satrl.pipeline.buffer import collate
 from satrl.pipeline.rollouts import Rollouts, Taken
 from satrl.pipeline.rundir import RunDir, RunState
 from satrl.pipeline.schedules import Schedule, inflight_versions, make_schedule
 from satrl.pipeline.setup import (
-    backend_options,
     build_evaluator,
     build_run_dir,
     build_trainer,
     check_context,
+    check_snapshots,
     snapshot_weights,
     worker_spec,
 )
-from satrl.pipeline.weights import check_snapshots
 from satrl.provenance import record_session
 from satrl.tasks import make_task
 from satrl.training import checkpoint as ckpt

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from satrl.pipeline.backends import EngineError
+from satrl.pipeline.errors import EngineError
 from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
 from satrl.types import Sample
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from satrl.config import ConfigError, build_config
-from satrl.pipeline.rundir import RunDirError
+from satrl.pipeline.errors import RunDirError
 
 RESUMABLE = ("steps", "eval.every", "checkpoint.every", "train.max_threads", "engine.timeout_s",
              "engine.start_timeout_s", "engine.max_restarts")  # fmt: skip

@@ -23,6 +23,7 @@ from satrl.config import ConfigError, RunConfig, load_config
 from satrl.diagnostics import summarize_run
 from satrl.diagnostics.collapse import CollapseConfig
 from satrl.jsonl import append_jsonl, dumps, numbered_rows, read_jsonl, strict, write_jsonl
+from satrl.pipeline.errors import RunDirError
 from satrl.training import checkpoint as ckpt
 from satrl.training import dp
 from satrl.types import Sample
@@ -52,11 +53,6 @@ class Loaded:
     run: RunState
     wall_s: float
     config: dict | None = None
-
-
-class RunDirError(ValueError):
-    """A run directory that must not be written, resumed or summarized as it is: one line naming the folder
-    or file:line and how to go on (``satrl train`` exits 2)."""
 
 
 LOCK = ".satrl.lock"  # held (flock) by the process training in the folder; the kernel drops it when that dies

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from satrl.config import ConfigError, RunConfig
-from satrl.pipeline.data_parallel import load_policy_here, trainer_factory
 from satrl.pipeline.evaluator import EvalEngineSpec, EvalPlan, Evaluator
 from satrl.pipeline.rundir import RunDir
 from satrl.pipeline.worker import WorkerSpec
+from satrl.training import dp
 from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer
 from satrl.types import SamplingParams
+from satrl.weights.buckets import aliases, unpack
+from satrl.weights.transports import TRANSPORTS
 
 
 def sampling_params(cfg: RunConfig) -> SamplingParams:
@@ -62,27 +66,28 @@ def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
     return Evaluator(tokenizer, task, engine, plan)
 
 
-def backend_options(cfg: RunConfig) -> dict:
-    """Keyword arguments of the chosen backend beyond the worker spec: the engine's deadlines and restarts
-    (``local``), the ``ray:`` section and the rollout deadline (``ray``), none for ``sequential`` (its engine runs
-    in this process, which cannot restart itself)."""
-    e = cfg.engine
-    if cfg.backend == "local":
-        return {"timeout_s": e.timeout_s, "start_timeout_s": e.start_timeout_s, "max_restarts": e.max_restarts,
-                "transport": cfg.weights.transport, "bucket_bytes": cfg.weights.bucket_mb * 2**20}  # fmt: skip
-    if cfg.backend == "ray":
-        return {"num_workers": cfg.ray.workers, "address": cfg.ray.address, "num_gpus": cfg.ray.gpus,
-                "timeout_s": e.timeout_s, "max_hang_restarts": e.max_restarts}  # fmt: skip
-    return {}
-
-
-def snapshot_weights(cfg: RunConfig, trainer) -> Callable[[], dict]:
-    """The weights the snapshot store keeps per version (``pipeline.weights.snapshot_source``)."""
+def snapshot_weights(cfg: RunConfig, trainer) -> Callable[[], dict[str, torch.Tensor]]:
+    """What the snapshot store keeps of a version that pending batches need (``Rollouts.offer``): the trainer's
+    full fp32 CPU copy (``Trainer.weights``) when the transport sends it as it is (its ``full_snapshots``), and
+    whenever the Δπ/Δimpl split (``diagnostics.decompose``) reads it, since its log-probs must be today's;
+    otherwise one copy in the engine's dtype, assembled from the trainer's bucket stream
+    (``Trainer.weight_buckets``, gathered from the shards under data parallel) without ever building an fp32
+    one. The engine rounds to that dtype anyway, so it generates with the same weights either way."""
     from satrl.engines.torch_engine import resolve_numerics
-    from satrl.pipeline.weights import snapshot_source
 
-    dtype = resolve_numerics(cfg.engine.numerics).weights
-    return snapshot_source(trainer, cfg.weights.transport, dtype, cfg.weights.bucket_mb * 2**20, cfg.diagnostics.decompose)
+    if TRANSPORTS.get(cfg.weights.transport).full_snapshots or cfg.diagnostics.decompose:
+        return trainer.weights
+    dtype, bucket_bytes = resolve_numerics(cfg.engine.numerics).weights, cfg.weights.bucket_mb * 2**20
+    return lambda: unpack(trainer.weight_buckets(dtype, bucket_bytes), aliases(trainer.model))
+
+
+def check_snapshots(snapshots: dict[int, dict[str, torch.Tensor]], decompose: bool) -> None:
+    """Refuse (one line) to resume with ``diagnostics.decompose`` on from a checkpoint whose kept snapshots are
+    engine-dtype copies (written by a ``dist`` run without it): the split needs the exact fp32 weights."""
+    low = sorted(v for v, s in snapshots.items() if any(t.dtype != torch.float32 for t in s.values() if t.is_floating_point()))
+    if decompose and low:
+        raise ConfigError(f"diagnostics.decompose=true: the checkpoint keeps versions {low} in the engine's dtype only "
+                         f"(saved by a weights.transport=dist run without it); resume with diagnostics.decompose=false")  # fmt: skip
 
 
 def check_context(cfg: RunConfig, model, tokenizer, problems) -> None:
@@ -140,7 +145,7 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
 
 def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
     """The policy (fp32 master weights) and its trainer; returns ``(trainer, tokenizer)``. Under data parallel only
-    rank 0 reads the weights (:func:`~satrl.pipeline.data_parallel.load_policy_here`)."""
+    rank 0 reads the weights (:func:`load_policy_here`)."""
     model, tokenizer = load_policy_here(cfg)
     if cfg.r3:
         from satrl.models.routing import moe_num_layers
@@ -150,3 +155,29 @@ def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
     make, extra = trainer_factory(cfg)  # Trainer, or the data-parallel one under torchrun
     trainer = make(model, cfg.objective, trainer_settings(cfg), **extra)
     return trainer, tokenizer
+
+
+def trainer_factory(cfg: RunConfig) -> tuple[type, dict]:
+    """The trainer class and its extra arguments: :class:`Trainer` on one device, else the data-parallel one
+    with this process's context and a way to build an unsharded copy of the policy (for an engine)."""
+    from satrl.training.trainer import Trainer
+
+    ctx = dp.current()
+    if ctx is None:
+        return Trainer, {}
+    from satrl.models import load_policy
+    from satrl.training.dp_trainer import DPTrainer
+
+    return DPTrainer, {"dp": ctx, "template": lambda: load_policy(cfg.model.source)[0]}
+
+
+def load_policy_here(cfg: RunConfig):
+    """``(model, tokenizer)`` for this process: the loaded policy on one device and on rank 0; on the other
+    ranks of a data-parallel job, the architecture on the meta device (no weights read: the trainer fills
+    their shards from rank 0's, so only rank 0's host ever holds the full weights)."""
+    from satrl.models import empty_model, load_policy, load_tokenizer
+
+    ctx = dp.current()
+    if ctx is None or ctx.leader:
+        return load_policy(cfg.model.source)
+    return empty_model(cfg.model.source), load_tokenizer(cfg.model.source)

@@ -52,7 +52,7 @@ class WorkerSpec:
 @dataclass
 class RolloutRequest:
     """Generate batch ``b``; group ``g`` starting with the weights of version ``versions[g]``. A request names
-    versions only: the weights reach the worker once per version (:meth:`RolloutWorker.put`, ``pipeline.weights``),
+    versions only: the weights reach the worker once per version (:meth:`RolloutWorker.put`, :mod:`satrl.weights`),
     under in-flight updates possibly after the request (the worker then waits for them, :attr:`RolloutWorker.wait`)."""
 
     b: int
@@ -61,9 +61,6 @@ class RolloutRequest:
     # up to ``cap`` (schedules.inflight_version). 0: each group keeps its version to the end.
     inflight_every: int = 0
     cap: int = 0
-
-
-IN_ENGINE = "held by the engine"  # a held version that lives only inside the engine (weights.transport=vllm)
 
 
 class WeightsMissing(RuntimeError):
@@ -93,6 +90,7 @@ class RolloutWorker:
         self._stream = self.task.problems("train", spec.seed)
         self._cursor = 0  # index of the next batch the stream will serve
         self.weights: dict[int, Any] = {}  # version -> state dict (or a handle ``fetch`` turns into one)
+        self.in_engine: int | None = None  # the version only the engine holds (weights.transport=vllm)
         # Takes the next weight-sync message (local backend): how an in-flight rollout waits for a version the
         # trainer has not made yet. None: every version must be held already (sequential backend).
         self.wait: Callable[[], None] | None = None
@@ -105,16 +103,19 @@ class RolloutWorker:
         """Forget every held version not in ``versions`` (no pending batch is generated with it)."""
         self.weights = {v: w for v, w in self.weights.items() if v in versions}
 
+    def held(self) -> list[int]:
+        """The versions this worker can generate with, in order."""
+        return sorted({*self.weights, *([] if self.in_engine is None else [self.in_engine])})
+
     def open_transfer(self, link) -> None:
         """``weights.transport=vllm``: the engine's own workers join the trainer's group (a ``Link``)."""
         self._transfer_engine().open_transfer(link.port, link.prefix, link.host)
 
     def load_in_engine(self, version: int) -> None:
         """``weights.transport=vllm``: the engine loads ``version`` through its own API. It holds that one
-        only, so every version it held before is gone (a batch that still needs one is WeightsMissing)."""
+        only, so the version it held before is gone (a batch that still needs it is WeightsMissing)."""
         self._transfer_engine().receive_weights(version)
-        self.weights = {v: w for v, w in self.weights.items() if w is not IN_ENGINE}
-        self.weights[version] = IN_ENGINE
+        self.in_engine = version
 
     def _transfer_engine(self) -> TransferEngine:
         if not isinstance(self.engine, TransferEngine):
@@ -168,9 +169,8 @@ class RolloutWorker:
         if self.engine.version != version:
             faults.point("engine.load_weights")
             state = self._held(b, version, wait)
-            if state is IN_ENGINE:  # never: load_in_engine forgets a version as soon as the engine leaves it
-                raise WeightsMissing(f"batch {b}: version {version} was in the engine, which is on {self.engine.version} now")
-            self.engine.load_weights(state if fetch is None else fetch(state), version)
+            if state is not None:  # None: the engine loaded it itself while the rollout waited (vllm)
+                self.engine.load_weights(state if fetch is None else fetch(state), version)
 
     def _switch(self, req: RolloutRequest, start: int, fetch: Callable[[Any], dict] | None) -> Switch:
         """The engine's hook for in-flight updates: before decode step t, the version the schedule fixes for it
@@ -181,12 +181,14 @@ class RolloutWorker:
         return Switch(req.inflight_every, use)
 
     def _held(self, b: int, version: int, wait: bool = False) -> Any:
-        while wait and self.wait is not None and version not in self.weights:
+        while wait and self.wait is not None and version not in self.held():
             self.wait()  # in flight: the trainer pushes this version once it has made it
-        if version not in self.weights:
-            raise WeightsMissing(f"batch {b} is generated with version {version}, whose weights the engine does not "
-                                 f"hold (it holds {sorted(self.weights)}, and its engine is on {self.engine.version})")  # fmt: skip
-        return self.weights[version]
+        if version in self.weights:
+            return self.weights[version]
+        if version == self.in_engine == self.engine.version:
+            return None
+        raise WeightsMissing(f"batch {b} is generated with version {version}, whose weights the engine does not "
+                             f"hold (it holds {self.held()}, and its engine is on {self.engine.version})")  # fmt: skip
 
     def _generate(self, b: int, groups: list[int], problems: list[Problem], switch=None) -> list[Sample]:
         G, seed = self.spec.group_size, self.spec.seed
@@ -197,8 +199,7 @@ class RolloutWorker:
                 rid = f"b{b:06d}-g{g:04d}-i{i:03d}"
                 requests.append(GenerationRequest(rid, list(prompt_ids), request_seed("rollout", seed, b, g, i)))
                 meta.append((g, problems[g]))
-        extra = {} if switch is None else {"switch": switch}  # the torch and vLLM engines switch (config refuses others)
-        completions = self.engine.generate(requests, self.spec.sampling, **extra)
+        completions = self.engine.generate(requests, self.spec.sampling, switch=switch)
         out = []
         for c, (g, problem) in zip(completions, meta):
             score = self._score(problem, c.text)

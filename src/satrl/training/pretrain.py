@@ -14,6 +14,7 @@ count), so both are recorded in ``pretrain.json`` together with the exact comman
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import shlex
 import time
@@ -69,10 +70,12 @@ def _batches(task: Any, seed: int, batch_size: int) -> Iterator[tuple[list[str],
 
 
 def _make_task(name: str, digits: int, ops: str) -> Any:
+    """The task ``name``, given ``digits`` and ``ops`` where its factory declares them (arithmetic's do)."""
     # Imported lazily: pretraining lives in training/, which may use tasks (docs/design.md, "Layers").
-    from satrl.tasks import make_task
+    from satrl.tasks import TASKS, make_task
 
-    return make_task(name, digits=digits, ops=ops) if name == "arithmetic" else make_task(name)
+    declared = inspect.signature(TASKS.get(name)).parameters
+    return make_task(name, **{k: v for k, v in {"digits": digits, "ops": ops}.items() if k in declared})
 
 
 @dataclass(frozen=True)

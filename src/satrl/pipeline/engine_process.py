@@ -1,0 +1,176 @@
+"""The engine process of the ``local`` backend: its loop, and the typed messages it exchanges with the parent.
+
+Requests (parent -> engine, one ``multiprocessing`` queue, in order): the weight messages of the run's transport
+(:mod:`satrl.weights.messages`), :class:`Rollout` and :class:`Stop`. Results (engine -> parent, a pipe whose
+only writer is the engine process): :class:`Started`, :class:`Done` and :class:`Failed`.
+
+Both directions are pickled (``pickle.dumps`` by hand, so tensors are copied, never fd-shared). That is the one
+place satrl unpickles, and it is safe for the reason multiprocessing itself is: both ends are processes of the
+same run, the parent spawned the child, and nothing on disk or on a network socket is ever unpickled
+(docs/design.md, "What crosses a process boundary").
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing as mp
+import pickle
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from satrl import faults
+from satrl.models.loading import PolicyLoadError
+from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
+from satrl.tasks import TaskError
+from satrl.types import ContextLengthError, Sample
+from satrl.weights.messages import WeightMessage
+from satrl.weights.receivers import Receiver
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Generate this batch once every version it needs is held."""
+
+    request: RolloutRequest
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Leave the loop (the run is over, or the engine is being replaced)."""
+
+
+@dataclass(frozen=True)
+class Started:
+    """The engine is built: start-up is over and the rollout deadline starts now."""
+
+
+@dataclass(frozen=True)
+class Done:
+    """The samples of batch ``b``, generated in ``busy_s`` seconds."""
+
+    b: int
+    busy_s: float
+    samples: list[Sample]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The engine could not start or a rollout failed: the parent raises ``error`` (user errors as they are, one
+    line; anything else with the engine process's traceback)."""
+
+    error: Exception
+
+
+Request = WeightMessage | Rollout | Stop
+Result = Started | Done | Failed
+
+
+def serve(spec: WorkerSpec, requests: mp.Queue, results: Connection, receiver: Receiver) -> None:
+    """Child-process main. Results go back over a pipe whose only writer is this process, so the parent sees its
+    death as EOF (even mid-message) instead of waiting forever; a sender thread keeps generation from waiting on
+    the parent to read. ``receiver`` is the transport's engine side: started before the engine is built (``dist``
+    receives the first version while the engine loads), attached to the worker once it exists."""
+    receiver.start()
+    outbox, sender = sender_thread(results)
+    try:
+        try:
+            worker = RolloutWorker(spec)
+        except (TaskError, PolicyLoadError) as e:  # bad user input: the parent raises it as it is (one line)
+            outbox.put(pickle.dumps(Failed(e)))
+            return
+        except Exception:  # e.g. an engine that refuses its config: the parent raises it with this traceback
+            outbox.put(pickle.dumps(Failed(RuntimeError(f"the engine process could not start:\n{traceback.format_exc()}"))))
+            return
+        receiver.attach(worker)
+        outbox.put(pickle.dumps(Started()))
+        try:
+            _serve_loop(worker, receiver, requests, outbox)
+        finally:  # a child process skips atexit handlers: stop the engine's own processes (vLLM) here
+            worker.close()
+    finally:
+        outbox.put(None)
+        sender.join(timeout=60)
+
+
+def sender_thread(results: Connection) -> tuple[queue.Queue, threading.Thread]:
+    """A queue whose items a thread sends over ``results`` until it reads None. A fault (chaos tests) first
+    lets what is queued reach the parent: it models a crash in the work that follows, not in the delivery of
+    work done (``faults.on_kill``)."""
+    outbox: queue.Queue = queue.Queue()
+
+    def send() -> None:
+        while (item := outbox.get()) is not None:
+            try:
+                results.send_bytes(item)
+            except OSError:  # the parent is gone
+                return
+            finally:
+                outbox.task_done()
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    faults.on_kill(lambda: _flushed(outbox))
+    return outbox, sender
+
+
+def _flushed(outbox: queue.Queue, timeout_s: float = 30.0) -> None:
+    """Wait (at most ``timeout_s``: the parent may not be reading) until every queued result is sent."""
+    waiter = threading.Thread(target=outbox.join, daemon=True)
+    waiter.start()
+    waiter.join(timeout_s)
+
+
+class _Stopped(Exception):
+    """The parent said stop (or is gone) while an in-flight rollout waited for weights."""
+
+
+def _next(requests: mp.Queue) -> Request:
+    parent = mp.parent_process()
+    while True:
+        try:
+            return pickle.loads(requests.get(timeout=5.0))  # noqa: S301 - from the parent that spawned us
+        except queue.Empty:  # not a daemon (engines such as vLLM spawn processes), so leave with the parent
+            if parent is not None and not parent.is_alive():
+                raise _Stopped from None
+
+
+def _serve_loop(worker: RolloutWorker, receiver: Receiver, requests: mp.Queue, outbox: queue.Queue) -> None:
+    pending: collections.deque[RolloutRequest] = collections.deque()
+
+    def take() -> None:  # one message: weights and keeps apply now, rollouts queue up in order
+        match _next(requests):
+            case Stop():
+                raise _Stopped
+            case Rollout(req):
+                pending.append(req)
+            case message:
+                receiver.receive(message)  # a dist Take waits for its broadcast
+
+    worker.wait = take  # an in-flight rollout reads weights pushed after it started (lag.inflight_every)
+    while True:
+        try:
+            while not pending:
+                take()
+            req = pending.popleft()
+            t0 = time.perf_counter()
+            out: Result = _rollout(worker, req, t0)
+        except _Stopped:
+            return
+        outbox.put(pickle.dumps(out))
+
+
+def _rollout(worker: RolloutWorker, req: RolloutRequest, t0: float) -> Result:
+    """The samples of ``req``, or the error the parent raises (user errors as they are, one line)."""
+    try:
+        samples = worker.rollout(req)
+    except _Stopped:  # not a failure of this batch: the loop ends
+        raise
+    except (TaskError, ContextLengthError) as e:  # bad user input: the parent raises it as it is (one line)
+        return Failed(e)
+    except Exception:  # the parent re-raises it with the child's traceback
+        return Failed(RuntimeError(f"rollout of batch {req.b} failed in the engine process:\n{traceback.format_exc()}"))
+    return Done(req.b, time.perf_counter() - t0, samples)

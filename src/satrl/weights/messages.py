@@ -1,0 +1,54 @@
+"""What the trainer side of a transport tells the engine side, in queue order: typed, frozen messages.
+
+The request queue of the ``local`` backend carries these between rollout requests, so a version is put, taken
+or loaded before the first request that needs it and forgotten only after the last one. The engine side
+(:mod:`satrl.weights.receivers`) dispatches on the type with ``match``; a message a receiver does not expect
+is a ``TypeError``, never a silent no-op.
+
+Which messages a transport sends:
+
+- ``inproc``: :class:`Put` (the weights themselves) and :class:`Keep`;
+- ``dist``: :class:`Take` (the version was broadcast over the trainer's group: take it from the inbox) and
+  :class:`Keep`;
+- ``vllm``: :class:`Load` (the engine loads the broadcast version through its own weight-transfer API) and
+  :class:`Keep`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Put:
+    """Hold ``state``, the weights of ``version`` (``inproc``: the message carries them)."""
+
+    version: int
+    state: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Take:
+    """Hold ``version``, whose weights arrive over the trainer's group (``dist``): wait for them if needed."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class Load:
+    """Have the engine load ``version`` through its own weight-transfer API (``vllm``); the engine then holds
+    that version only."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Forget every held version not in ``versions`` (no pending batch is generated with one)."""
+
+    versions: tuple[int, ...]
+
+
+WeightMessage = Put | Take | Load | Keep

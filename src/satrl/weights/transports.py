@@ -1,0 +1,207 @@
+"""The trainer side of each weight transport, and the registry where ``weights.transport`` names one.
+
+A transport feeds one engine side at a time and mirrors what it holds (sharing the snapshot store's tensors, no
+copy), so that a restarted engine is fed again (:meth:`TrainerSide.replay`). ``open`` makes the receiver that
+goes to the next engine process (:mod:`satrl.weights.receivers`); ``send`` puts one
+:mod:`weight message <satrl.weights.messages>` on the request queue, in order among the rollout requests.
+
+Each registry entry (:class:`TransportKind`) declares what it needs, so no caller compares transport names: the
+backends that can carry it, whether the engine must have a weight-transfer API of its own, what the engine
+must be built with, and whether the snapshot store must keep full fp32 copies.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from satrl.registry import Registry
+from satrl.weights import dist as wdist
+from satrl.weights.buckets import DEFAULT_BUCKET_BYTES, state_aliases, state_buckets
+from satrl.weights.link import Link, LinkDown, cause, gloo
+from satrl.weights.messages import Keep, Load, Put, Take, WeightMessage
+from satrl.weights.receivers import BroadcastReceiver, EngineReceiver, InprocReceiver, Receiver
+
+Send = Callable[[WeightMessage], None]
+
+
+class TrainerSide(Protocol):
+    """What a backend uses of a transport. ``held``: the versions the engine side holds (version -> state)."""
+
+    held: dict[int, dict[str, torch.Tensor]]
+
+    def open(self, alive: Callable[[], bool]) -> Receiver:
+        """The receiver for the next engine process (``alive``: whether that process still runs)."""
+
+    def push(self, version: int, state: dict[str, torch.Tensor]) -> None: ...
+
+    def keep(self, versions: set[int]) -> None: ...
+
+    def replay(self, versions: list[int]) -> None:
+        """Feed a fresh engine these held versions again, in order."""
+
+    def close(self) -> None: ...
+
+
+class InprocTransport:
+    """``inproc``: each version's state dict in one :class:`Put` message (a call in this process on the
+    ``sequential`` backend, one pickled message on the ``local`` backend's queue)."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.held: dict[int, dict[str, torch.Tensor]] = {}
+
+    def open(self, alive: Callable[[], bool]) -> InprocReceiver:
+        return InprocReceiver()
+
+    def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        self.held[version] = state
+        self.send(Put(version, state))
+
+    def keep(self, versions: set[int]) -> None:
+        self.held = {v: s for v, s in self.held.items() if v in versions}
+        self.send(Keep(tuple(sorted(versions))))
+
+    def replay(self, versions: list[int]) -> None:
+        for v in versions:
+            self.send(Put(v, self.held[v]))
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """Where a broadcast version goes on the engine side: the receiver that takes it, and the message that tells
+    it to (``dist``: the engine process's inbox and :class:`Take`; ``vllm``: vLLM's workers and :class:`Load`)."""
+
+    receiver: Callable[[Link], Receiver]
+    announce: Callable[[int], WeightMessage]
+
+
+class DistTransport:
+    """``dist`` and ``vllm``: the trainer and the engine side form a two-process gloo group of their own
+    (:class:`~satrl.weights.link.Link`); each version is broadcast once as buckets in the engine's ``dtype``, and
+    the queue carries only the message that orders it among keep lists and requests.
+
+    ``timeout_s``: the most seconds a broadcast may wait for the engine (``engine.timeout_s``);
+    ``start_timeout_s``: the most a fresh engine may take to join (``engine.start_timeout_s``)."""
+
+    def __init__(self, send: Send, dtype: torch.dtype, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 timeout_s: float = 1800.0, start_timeout_s: float = 1800.0,
+                 to: Broadcast = Broadcast(BroadcastReceiver, Take)) -> None:  # fmt: skip
+        self.send, self.dtype, self.bucket_bytes, self.to = send, dtype, bucket_bytes, to
+        self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
+        self.held: dict[int, dict[str, torch.Tensor]] = {}
+        self.store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=start_timeout_s),
+                                   wait_for_workers=False)  # fmt: skip
+        self._generation = 0
+        self._group: dist.ProcessGroup | None = None
+        self._join_error: Exception | None = None
+        self._joining: threading.Thread | None = None
+        self._alive: Callable[[], bool] = lambda: True
+
+    def open(self, alive: Callable[[], bool]) -> Receiver:
+        """A fresh group for the next engine process; joined in the background while it starts, and waited for
+        at the first push."""
+        self._generation += 1
+        link = Link(self.store.port, f"engine{self._generation}/")
+        self._group, self._alive, self._join_error = None, alive, None
+        self._joining = threading.Thread(target=self._join, args=(link, self._generation), daemon=True)
+        self._joining.start()
+        return self.to.receiver(link)
+
+    def _join(self, link: Link, generation: int) -> None:
+        try:
+            group = gloo(dist.PrefixStore(link.prefix, self.store), 0, link.host, self.start_timeout_s)
+            group.set_timeout(datetime.timedelta(seconds=self.timeout_s))  # joined: now the hang deadline
+        except Exception as e:  # noqa: BLE001 - reported by the push that waits for it
+            group, error = None, e
+        else:
+            error = None
+        if generation == self._generation:  # a replaced engine's late join must not overwrite its successor's
+            self._group, self._join_error = group, error
+
+    def close(self) -> None:
+        self._group = None  # the engine process is gone; its group with it
+
+    def _connected(self) -> dist.ProcessGroup:
+        while self._joining is not None and self._joining.is_alive():
+            self._joining.join(0.5)
+            if not self._alive():
+                raise LinkDown("the engine process exited before joining the trainer's group")
+        if self._group is None:
+            raise LinkDown(f"the engine process did not join the trainer's group: {self._join_error}")
+        return self._group
+
+    def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        self.held[version] = state
+        self._broadcast(version)
+
+    def keep(self, versions: set[int]) -> None:
+        self.held = {v: s for v, s in self.held.items() if v in versions}
+        self.send(Keep(tuple(sorted(versions))))
+
+    def replay(self, versions: list[int]) -> None:
+        for v in versions:
+            self._broadcast(v)
+
+    def _broadcast(self, version: int) -> None:
+        group = self._connected()
+        state = self.held[version]
+        self.send(self.to.announce(version))  # orders the version among keep lists and requests on the queue
+        try:
+            wdist.send(version, state_buckets(state, self.dtype, self.bucket_bytes), state_aliases(state), group=group)
+        except (RuntimeError, ValueError) as e:  # gloo: the peer closed (died) or the send timed out (hung)
+            # Under torchrun (a default group exists) torch's c10d logger, failing to name this group (it is not in
+            # the world's map), turns gloo's RuntimeError into "ValueError: Process group ... is not initialized
+            # in the world group map": the same lost engine.
+            raise LinkDown(f"broadcast of version {version} to the engine process failed: {cause(e)}") from e
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What a backend knows when it builds a transport's trainer side."""
+
+    send: Send
+    dtype: torch.dtype  # the engine's weight dtype: it rounds to it anyway, so broadcast no more bytes
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    timeout_s: float = 1800.0
+    start_timeout_s: float = 1800.0
+
+
+@dataclass(frozen=True)
+class TransportKind:
+    """One ``weights.transport``: how to build its trainer side, and what it needs (declared, never compared)."""
+
+    build: Callable[[Wiring], TrainerSide]
+    backends: frozenset[str]  # the backends (``backend``) that carry it
+    doc: str
+    own_engine_transfer: bool = False  # the engine must have a weight-transfer API of its own (types.TransferEngine)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # what the engine is built with to receive this way
+    full_snapshots: bool = False  # the snapshot store keeps the trainer's fp32 copy, not an engine-dtype one
+
+
+def _dist(w: Wiring, to: Broadcast = Broadcast(BroadcastReceiver, Take)) -> DistTransport:
+    return DistTransport(w.send, w.dtype, w.bucket_bytes, w.timeout_s, w.start_timeout_s, to)
+
+
+TRANSPORTS: Registry[TransportKind] = Registry("weights transport")
+TRANSPORTS.register("inproc", TransportKind(
+    lambda w: InprocTransport(w.send), frozenset({"sequential", "local", "ray"}), full_snapshots=True,
+    doc="a call (sequential), one pickled state dict per version on the local backend's queue, Ray's object store"))
+TRANSPORTS.register("dist", TransportKind(
+    _dist, frozenset({"local"}),
+    doc="a 2-process gloo group between the trainer and the engine process, each version broadcast once as "
+        "buckets in the engine's dtype"))
+TRANSPORTS.register("vllm", TransportKind(
+    lambda w: _dist(w, Broadcast(EngineReceiver, Load)), frozenset({"local"}), own_engine_transfer=True,
+    engine_kwargs={"weight_transfer": True},
+    doc="the same broadcast, received and loaded by vLLM's own weight-transfer API inside vLLM's workers (the "
+        "engine holds one version)"))  # fmt: skip
