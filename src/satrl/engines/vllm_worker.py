@@ -17,6 +17,8 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file
 
+from satrl.dtypes import named_dtype
+
 
 def _register_transfer_engine() -> None:
     try:
@@ -60,7 +62,7 @@ class SatrlWorkerExtension:
         return self._satrl_reload(state, round_to)
 
     def _satrl_reload(self, state: dict[str, torch.Tensor], round_to: str | None) -> int:
-        dtype = getattr(torch, round_to) if round_to else None
+        dtype = named_dtype(round_to) if round_to else None
         device = next(self._satrl_model().parameters()).device
 
         def cast(t: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from satrl.dtypes import WIRE
+
 # Dtypes that may cross the channel, by code (the index). Append only.
-DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.bool, torch.bfloat16, torch.float16, torch.uint8]
 MAX_DIMS = 6
 _META = 2 + MAX_DIMS  # per tensor: dtype code (-1: None), ndim, shape
 
@@ -32,7 +33,7 @@ def _meta(t: torch.Tensor | None) -> list[int]:
         return [-1, 0] + [0] * MAX_DIMS
     if t.dim() > MAX_DIMS:
         raise ValueError(f"a tensor of {t.dim()} dims cannot cross the channel (at most {MAX_DIMS})")
-    return [DTYPES.index(t.dtype), t.dim(), *t.shape, *[0] * (MAX_DIMS - t.dim())]
+    return [WIRE.index(t.dtype), t.dim(), *t.shape, *[0] * (MAX_DIMS - t.dim())]
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -72,7 +73,7 @@ class Channel:
             if code < 0:
                 tensors.append(None)
                 continue
-            dtype, shape = DTYPES[code], shape[:ndim]
+            dtype, shape = WIRE[code], shape[:ndim]
             n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
             tensors.append(buf[at: at + n].clone().view(dtype).reshape(shape))
             at += n

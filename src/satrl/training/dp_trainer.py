@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from satrl.dtypes import dtype_name, named_dtype
 from satrl.models.loading import meta_copy
 from satrl.objectives.step_size import advantage_rule
 from satrl.training import dp as dpm
@@ -32,7 +33,6 @@ from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer, plan_microbatches
 from satrl.types import Batch
 from satrl.weights.buckets import Bucket
-from satrl.weights.dist import DTYPES
 
 BATCH_FIELDS = ("input_ids", "attention_mask", "prompt_len", "mask", "response_ids", "behavior_logp", "versions",
                 "rewards", "group_index", "routing")  # fmt: skip
@@ -125,7 +125,7 @@ class DPTrainer(Trainer):
             self.version = msg.ints[0]
             self.weights()
         elif msg.op == dpm.BUCKETS:
-            for _ in self.weight_buckets(DTYPES[msg.text] if msg.text else None, msg.ints[0]):
+            for _ in self.weight_buckets(named_dtype(msg.text) if msg.text else None, msg.ints[0]):
                 pass  # every rank gathers each parameter; only rank 0 keeps the buckets
         elif msg.op == dpm.LOAD_WEIGHTS:
             self.load_weights({})
@@ -216,7 +216,7 @@ class DPTrainer(Trainer):
     def weight_buckets(self, dtype: torch.dtype | None, bucket_bytes: int) -> Iterator[Bucket]:
         """The full weights as buckets, gathered from the shards one parameter at a time: every rank walks the
         stream together (announced), rank 0 yields it. Consume it to the end: the others are in its collectives."""
-        name = str(dtype).removeprefix("torch.") if dtype is not None else ""
+        name = dtype_name(dtype) if dtype is not None else ""
         with self._joined(dpm.BUCKETS, ints=[bucket_bytes], text=name):
             _reshard(self.model)  # FSDP keeps the root gathered after a forward: start from plain shards
             yield from super().weight_buckets(dtype, bucket_bytes)

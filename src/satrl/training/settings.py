@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
+from satrl.dtypes import CONFIG_DTYPES
 from satrl.objectives.step_size import LAG_SCALINGS
 
-COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 MICROBATCH_ORDERS = ("shuffled", "by_length")
 
 
@@ -69,7 +69,7 @@ class TrainerSettings:
     compile: bool = False
 
     def __post_init__(self) -> None:
-        for name, allowed in (("dtype", COMPUTE_DTYPES), ("microbatch_order", MICROBATCH_ORDERS),
+        for name, allowed in (("dtype", CONFIG_DTYPES), ("microbatch_order", MICROBATCH_ORDERS),
                               ("lr_lag_scaling", LAG_SCALINGS)):  # fmt: skip
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")

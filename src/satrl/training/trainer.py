@@ -17,6 +17,7 @@ import torch
 from torch.func import functional_call
 
 from satrl import diagnostics as diag
+from satrl.dtypes import CONFIG_DTYPES
 from satrl.objectives import ObjectiveSpec, aggregate
 from satrl.objectives.aggregation import share_unit
 from satrl.objectives.reductions import reduce_metrics
@@ -35,7 +36,7 @@ from satrl.training.logprobs import (
     response_logp,
     vocab_size,
 )
-from satrl.training.settings import COMPUTE_DTYPES, TrainerSettings
+from satrl.training.settings import TrainerSettings
 from satrl.types import Batch
 from satrl.weights.buckets import Bucket, buckets
 
@@ -179,7 +180,7 @@ class Trainer:
         self.microbatch_order = s.microbatch_order
         # Master weights, gradients and AdamW state stay fp32; "bf16" runs the forward (and so the backward's
         # matmuls) under autocast. The reference model only runs forwards: it is kept in the compute dtype.
-        self.dtype, self.compute_dtype = s.dtype, COMPUTE_DTYPES[s.dtype]
+        self.dtype, self.compute_dtype = s.dtype, CONFIG_DTYPES[s.dtype]
         if self.device.type == "cuda":  # fp32 matmuls on TF32 tensor cores (10-bit mantissa inputs), or not
             torch.backends.cuda.matmul.allow_tf32 = s.tf32  # a process-wide switch: the last trainer built sets it
             torch.backends.cudnn.allow_tf32 = s.tf32

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from satrl.dtypes import dtype_name
+
 __all__ = ["Bucket", "DEFAULT_BUCKET_BYTES", "aliases", "buckets", "state_aliases", "state_buckets", "unpack"]
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20  # large enough to amortise a collective, small next to any GPU's memory
@@ -34,7 +36,7 @@ class Bucket:
 
     def header(self) -> dict:
         """What a receiver needs to allocate and split the bucket (JSON-able)."""
-        dtype = str(self.flat.dtype).removeprefix("torch.")
+        dtype = dtype_name(self.flat.dtype)
         return {"names": list(self.names), "shapes": [list(s) for s in self.shapes], "dtype": dtype}
 
     def tensors(self) -> dict[str, torch.Tensor]:

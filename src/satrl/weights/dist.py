@@ -16,13 +16,10 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
+from satrl.dtypes import named_dtype
 from satrl.weights.buckets import Bucket, unpack
 
 __all__ = ["receive", "send"]
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int64": torch.int64,
-          "int32": torch.int32, "bool": torch.bool, "uint8": torch.uint8}
-
 
 def _backend(group) -> str:
     """The group's backend name; a standalone group (a ``ProcessGroupGloo`` built on its own store, as the local
@@ -82,7 +79,7 @@ def receive(src: int = 0, group=None) -> tuple[int, dict[str, torch.Tensor]]:
         h = msg["bucket"]
         shapes = tuple(tuple(s) for s in h["shapes"])
         numel = sum(math.prod(s) for s in shapes)
-        dtype = DTYPES[h["dtype"]]
+        dtype = named_dtype(h["dtype"])
         raw = torch.empty(numel * dtype.itemsize, dtype=torch.uint8, device=dev)
         dist.broadcast(raw, group=group, group_src=src)
         got.append(Bucket(tuple(h["names"]), shapes, raw.cpu().view(dtype)))

@@ -1,0 +1,30 @@
+"""The one table of dtypes satrl names: how a dtype is spelled on a wire or in a header, and in the config.
+
+A dtype crosses a process boundary by name (the weight wire's JSON headers, ``satrl.weights.dist``; the data
+parallel channel's messages, ``satrl.training.dist_channel``, by its index in :data:`WIRE`) and reaches vLLM by
+name; the config spells the trainer's compute dtype ``fp32`` / ``bf16``. Imports nothing of satrl.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Every dtype that may cross a wire. The data-parallel channel sends the index: append, never reorder.
+WIRE: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.int64, torch.int32, torch.bool, torch.bfloat16,
+                                 torch.float16, torch.uint8)  # fmt: skip
+# ``train.dtype``: the config's spelling of the trainer's compute dtype.
+CONFIG_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: torch's own name, as headers and vLLM spell it."""
+    return str(dtype).removeprefix("torch.")
+
+
+def named_dtype(name: str) -> torch.dtype:
+    """The wire dtype called ``name`` (:func:`dtype_name`'s inverse); ValueError for any other name, so a header
+    cannot make the receiver build an arbitrary attribute of ``torch``."""
+    for dtype in WIRE:
+        if dtype_name(dtype) == name:
+            return dtype
+    raise ValueError(f"unknown dtype {name!r} on the wire; expected one of {[dtype_name(d) for d in WIRE]}")
