@@ -284,14 +284,14 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _transport_fits_backend(self) -> RunConfig:
-        from satrl.engines.registry import own_transfer_engines
+        from satrl.engines.registry import engines_declaring
         from satrl.weights.transports import TRANSPORTS
 
         transport, kind = self.weights.transport, TRANSPORTS.get(self.weights.transport)
         if self.backend not in kind.backends:
             raise ValueError(f"weights.transport={transport}: only backend={'/'.join(sorted(kind.backends))} "
                              f"supports it (got backend={self.backend}); use weights.transport=inproc")  # fmt: skip
-        if kind.own_engine_transfer and self.engine.name not in (able := own_transfer_engines()):
+        if kind.own_engine_transfer and self.engine.name not in (able := engines_declaring("own_transfer")):
             raise ValueError(f"weights.transport={transport}: needs engine.name={'/'.join(able)} (got "
                              f"{self.engine.name}); use weights.transport=dist")  # fmt: skip
         if self.eval.problem_seed is not None and "eval_seed" in self.task.kwargs:
@@ -406,9 +406,9 @@ def _check_inflight(cfg: RunConfig) -> None:
     K = cfg.lag.inflight_every
     if not K:
         return
-    from satrl.engines.registry import inflight_engines
+    from satrl.engines.registry import engines_declaring
 
-    if cfg.engine.name not in (engines := inflight_engines()):
+    if cfg.engine.name not in (engines := engines_declaring("inflight")):
         raise ConfigError(f"lag.inflight_every={K} needs engine.name {' or '.join(engines)} (got {cfg.engine.name}); "
                           "set lag.inflight_every=0")  # fmt: skip
     backends = [name for name, kind in _registry("satrl.pipeline.backends:BACKENDS").items() if kind.inflight]

@@ -178,7 +178,7 @@ class Engine(Protocol):
         self, requests: list[GenerationRequest], sampling: SamplingParams, switch: Switch | None = None
     ) -> list[Completion]:
         """Complete every request (result i answers ``requests[i]``). ``switch``: in-flight weight updates, given
-        only to an engine whose builder declares ``inflight = True`` (``engines.registry.inflight_engines``)."""
+        only to an engine whose builder declares ``inflight = True`` (``engines.registry.engines_declaring``)."""
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
 

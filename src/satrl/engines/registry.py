@@ -57,16 +57,11 @@ _vllm.inflight = True
 _vllm.own_transfer = True
 
 
-def inflight_engines() -> list[str]:
-    """The engines that can switch versions while they decode (``Engine.generate``'s ``switch``), as their
-    builders declare with ``inflight = True``."""
-    return [name for name, build in ENGINES.items() if getattr(build, "inflight", False)]
-
-
-def own_transfer_engines() -> list[str]:
-    """The engines that take versions through a weight-transfer API of their own
-    (:class:`~satrl.types.TransferEngine`), as their builders declare with ``own_transfer = True``."""
-    return [name for name, build in ENGINES.items() if getattr(build, "own_transfer", False)]
+def engines_declaring(trait: str) -> list[str]:
+    """The engines whose builders declare ``trait = True``: ``inflight`` (they switch versions while they decode,
+    ``Engine.generate``'s ``switch``) or ``own_transfer`` (a weight-transfer API of their own,
+    :class:`~satrl.types.TransferEngine`)."""
+    return [name for name, build in ENGINES.items() if getattr(build, trait, False)]
 
 
 def pad_id(tokenizer: Any) -> int:

@@ -181,7 +181,7 @@ class RolloutWorker:
         return Switch(req.inflight_every, use)
 
     def _held(self, b: int, version: int, wait: bool = False) -> Any:
-        while wait and self.wait is not None and version not in self.held():
+        while wait and self.wait is not None and version not in self.weights and version != self.in_engine:
             self.wait()  # in flight: the trainer pushes this version once it has made it
         if version in self.weights:
             return self.weights[version]

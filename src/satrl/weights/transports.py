@@ -85,6 +85,10 @@ class Broadcast:
     announce: Callable[[int], WeightMessage]
 
 
+TO_ENGINE_PROCESS = Broadcast(BroadcastReceiver, Take)  # dist
+TO_ENGINE_API = Broadcast(EngineReceiver, Load)  # vllm
+
+
 class DistTransport:
     """``dist`` and ``vllm``: the trainer and the engine side form a two-process gloo group of their own
     (:class:`~satrl.weights.link.Link`); each version is broadcast once as buckets in the engine's ``dtype``, and
@@ -95,7 +99,7 @@ class DistTransport:
 
     def __init__(self, send: Send, dtype: torch.dtype, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout_s: float = 1800.0, start_timeout_s: float = 1800.0,
-                 to: Broadcast = Broadcast(BroadcastReceiver, Take)) -> None:  # fmt: skip
+                 to: Broadcast = TO_ENGINE_PROCESS) -> None:  # fmt: skip
         self.send, self.dtype, self.bucket_bytes, self.to = send, dtype, bucket_bytes, to
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         self.held: dict[int, dict[str, torch.Tensor]] = {}
@@ -188,7 +192,7 @@ class TransportKind:
     full_snapshots: bool = False  # the snapshot store keeps the trainer's fp32 copy, not an engine-dtype one
 
 
-def _dist(w: Wiring, to: Broadcast = Broadcast(BroadcastReceiver, Take)) -> DistTransport:
+def _dist(w: Wiring, to: Broadcast = TO_ENGINE_PROCESS) -> DistTransport:
     return DistTransport(w.send, w.dtype, w.bucket_bytes, w.timeout_s, w.start_timeout_s, to)
 
 
@@ -201,7 +205,7 @@ TRANSPORTS.register("dist", TransportKind(
     doc="a 2-process gloo group between the trainer and the engine process, each version broadcast once as "
         "buckets in the engine's dtype"))
 TRANSPORTS.register("vllm", TransportKind(
-    lambda w: _dist(w, Broadcast(EngineReceiver, Load)), frozenset({"local"}), own_engine_transfer=True,
+    lambda w: _dist(w, TO_ENGINE_API), frozenset({"local"}), own_engine_transfer=True,
     engine_kwargs={"weight_transfer": True},
     doc="the same broadcast, received and loaded by vLLM's own weight-transfer API inside vLLM's workers (the "
         "engine holds one version)"))  # fmt: skip
