@@ -57,6 +57,7 @@ def worker(mode: str, quick: bool, out: Path) -> None:
     from benchmarks.weight_sync import PeakRss
     from satrl.objectives import resolve_objective
     from satrl.training import dp
+    from satrl.training import dp_calls as calls
     from satrl.training.dp_trainer import DPTrainer
     from satrl.training.settings import TrainerSettings
 
@@ -65,12 +66,12 @@ def worker(mode: str, quick: bool, out: Path) -> None:
     objective = resolve_objective("grpo", kl_coef=1e-3)
     ctx = dp.init("cpu")
     if not ctx.leader:
-        assert ctx.channel.recv().op == dp.START  # as a rank serving `satrl train` does
+        assert isinstance(calls.decode(ctx.channel.recv()), calls.Start)  # as a rank serving `satrl train` does
     with PeakRss() as mem:
         policy = build_policy(shape, vocab, ctx.leader, mode)
         full = sum(p.numel() for p in policy.parameters()) * 4
         trainer = DPTrainer(policy, objective, TrainerSettings(lr=1e-6, dtype="bf16"), dp=ctx, template=lambda: None)
-    row = {"mode": mode, "rank": ctx.rank, "peak": mem.peak, "kept": kept_bytes(trainer), "full_fp32": full}
+    row = {"mode": mode, "rank": ctx.rank, "peak": mem.peak, "kept": kept_bytes(trainer.trainer), "full_fp32": full}
     (out / f"{mode}-{ctx.rank}.json").write_text(json.dumps(row))
     dp.shutdown()
 

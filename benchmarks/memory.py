@@ -125,7 +125,7 @@ def build_trainer(shape: dict, layers: int, vocab: int, setting: str, objective=
 def saved_bytes(trainer, n_tokens: int, vocab: int) -> int:
     """Bytes the policy forward saves for the backward (activations: distinct storages, parameters excluded;
     autocast's bf16 weight copies are N-independent and drop out of the per-token slope)."""
-    from satrl.training.trainer import plan_microbatches
+    from satrl.training.microbatches import plan_microbatches
 
     params = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
     seen: dict[int, int] = {}

@@ -77,7 +77,7 @@ def lengths_batch(prompts: list[int], responses: list[int]):
 
 def ordered(batch, order: str, seed: int = 0):
     """The batch's rows in the order one step of ``microbatch_order=order`` cuts them (minibatches=1, epoch 0)."""
-    from satrl.training.trainer import epoch_order, length_order, split_rows
+    from satrl.training.microbatches import epoch_order, length_order, split_rows
 
     rows = epoch_order(seed, 0, 0, batch.mask.shape[0])  # train_batch's permutation, then the step's own order
     batch = split_rows(batch, rows)
@@ -86,7 +86,7 @@ def ordered(batch, order: str, seed: int = 0):
 
 def efficiency(batch, budget: int) -> dict:
     """Token-position ratios of the trainer's plan of ``batch`` (already in the step's order)."""
-    from satrl.training.trainer import plan_microbatches
+    from satrl.training.microbatches import plan_microbatches
 
     plan = plan_microbatches(batch, budget)
     lengths = batch.attention_mask.sum(1)
@@ -116,8 +116,12 @@ def trace_peak(cfg, batch, layers: int | None = None, vocab: int | None = None) 
     from transformers import Qwen3ForCausalLM
 
     from benchmarks.memory import SHAPES, VOCAB, qwen3_config
+    from satrl.dtypes import CONFIG_DTYPES
     from satrl.objectives import aggregate
-    from satrl.training.trainer import Trainer, _Scored, plan_microbatches, row_slice
+    from satrl.training.microbatches import plan_microbatches, row_slice
+    from satrl.training.placement import OneDevice
+    from satrl.training.settings import TrainerSettings
+    from satrl.training.trainer import Trainer, _Scored
 
     t = cfg.train
     shape = SHAPES["0.6B"]
@@ -125,22 +129,23 @@ def trace_peak(cfg, batch, layers: int | None = None, vocab: int | None = None) 
     p = plan[efficiency(batch, t.microbatch_tokens)["largest"]]
     config = qwen3_config(shape, layers or shape["num_hidden_layers"], vocab or VOCAB)
 
-    class Traced(Trainer):
-        def _place(self, model, uses_ref):  # as Trainer's, without a deepcopy (fake parameters cannot be swapped)
+    class Traced(OneDevice):
+        def place(self, model, uses_ref, device, dtype):  # as OneDevice's, without a deepcopy (fake parameters)
             ref = None
             if uses_ref:
                 default = torch.get_default_dtype()
-                torch.set_default_dtype(self.compute_dtype)
+                torch.set_default_dtype(CONFIG_DTYPES[dtype])
                 try:
                     ref = Qwen3ForCausalLM(config).eval()  # run under no_grad (MemTracker hooks every parameter)
                 finally:
                     torch.set_default_dtype(default)
             return model.train(), ref
 
+    settings = TrainerSettings(lr=t.lr, aggregation=cfg.objective.aggregation, microbatch_tokens=t.microbatch_tokens,
+                               dtype=t.dtype, activation_checkpointing=t.activation_checkpointing,
+                               logprob_chunk_tokens=t.logprob_chunk_tokens, microbatch_order=t.microbatch_order)  # fmt: skip
     with FakeTensorMode(allow_non_fake_inputs=True):
-        tr = Traced(Qwen3ForCausalLM(config), cfg.objective, aggregation=cfg.objective.aggregation, lr=t.lr,
-                     microbatch_tokens=t.microbatch_tokens, dtype=t.dtype, activation_checkpointing=t.activation_checkpointing,
-                     logprob_chunk_tokens=t.logprob_chunk_tokens, microbatch_order=t.microbatch_order)  # fmt: skip
+        tr = Trainer(Qwen3ForCausalLM(config), cfg.objective, settings, Traced(torch.device("cpu")))
         for q in tr.model.parameters():  # AdamW's state, as after the first step
             tr.opt.state[q] = {"step": torch.zeros(()), "exp_avg": torch.zeros_like(q), "exp_avg_sq": torch.zeros_like(q)}
         m = row_slice(batch, p.start, p.end)
@@ -155,7 +160,7 @@ def trace_peak(cfg, batch, layers: int | None = None, vocab: int | None = None) 
                     ref = tr._logp(tr.ref_model, m, p)[0]
             out = tr.objective(logp=logp, behavior_logp=m.behavior_logp, adv=torch.ones(p.end - p.start), mask=m.mask,
                                ref_logp=ref, lag=torch.zeros_like(m.versions), old_logp=None)  # fmt: skip
-            return aggregate(out.loss, m.mask, tr.aggregation)
+            return aggregate(out.loss, m.mask, tr.settings.aggregation)
 
         with tracker:  # under a module (_Scored), so that MemTracker accepts the LM head's calls chunk by chunk
             _Scored(tr.model)(lambda _: body()).backward()

@@ -100,7 +100,7 @@ def _hwm() -> int:
 
 def bytes_path(shape: dict, vocab: int, versions: int) -> dict:
     """The bytes path in one process: CPU copy, pickle, unpickle, load."""
-    from satrl.training.trainer import cpu_copy
+    from satrl.training.placement import cpu_copy
 
     trainer, engine = random_qwen3(shape, shape["num_hidden_layers"], vocab), random_qwen3(shape, shape["num_hidden_layers"], vocab)
     pack, load, peaks = [], [], []
@@ -144,7 +144,7 @@ def dist_path(shape: dict, vocab: int, versions: int, keep: str = "bf16", device
     ``"fp32"``: ``Trainer.weights``' fp32 copy, when it is on), then ``DistTransport.push`` (bf16 buckets over
     a standalone gloo group) to an engine process that loads it. Timed to the engine's "loaded". ``device``: where
     the trainer's weights live (cuda: each bucket is copied off the GPU on the way, as a GPU trainer's are)."""
-    from satrl.training.trainer import cpu_copy
+    from satrl.training.placement import cpu_copy
     from satrl.weights.buckets import aliases, buckets, unpack
     from satrl.weights.transports import DistTransport
 

@@ -62,7 +62,7 @@ def requests(tok, n=32, seed0=0):
 def trainer_logp(model, comps, temperature):
     """The trainer's own fp32 log-probs of the sampled tokens (satrl.training.trainer.response_logp)."""
     from satrl.pipeline.buffer import collate
-    from satrl.training.trainer import response_logp
+    from satrl.training.logprobs import response_logp
     from satrl.types import Sample
 
     samples = [Sample(c.request_id, c.request_id, c.prompt_ids, c.response_ids, c.behavior_logp,

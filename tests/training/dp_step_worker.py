@@ -16,27 +16,28 @@ from test_trainer_no_host_sync import SYNCING, OrderedRecorder  # noqa: E402
 from satrl.models import build_char_tokenizer, build_tiny_model, meta_copy  # noqa: E402
 from satrl.objectives import resolve_objective  # noqa: E402
 from satrl.training import dp  # noqa: E402
-from satrl.training.dist_channel import Message  # noqa: E402
+from satrl.training import dp_calls as calls  # noqa: E402
 from satrl.training.dp_trainer import DPTrainer  # noqa: E402
+from satrl.training.microbatches import plan_microbatches  # noqa: E402
+from satrl.training.placement import cpu_copy  # noqa: E402
 from satrl.training.settings import TrainerSettings
-from satrl.training.trainer import Trainer, cpu_copy, plan_microbatches  # noqa: E402
+from satrl.training.trainer import Trainer  # noqa: E402
 
 CASES = [40, 60, 1 << 20]  # microbatch token budgets: 3+ microbatches (odd: padding), several, one (padding only)
 
 
 def leader_trainer(ctx, model, obj, kw: dict) -> DPTrainer | None:
-    """Rank 0's DPTrainer; on the other ranks, build the same trainer, follow rank 0's announced calls until it
+    """Rank 0's DPTrainer; on the other ranks, build the same trainer, serve rank 0's announced calls until it
     stops, and return None."""
     if not ctx.leader:
-        assert ctx.channel.recv().op == dp.START
+        assert isinstance(calls.decode(ctx.channel.recv()), calls.Start)
     # The other ranks start from the architecture on the meta device, as `satrl train` under torchrun does:
     # every weight they train with comes from rank 0.
     mine = copy.deepcopy(model) if ctx.leader else meta_copy(model)
     trainer = DPTrainer(mine, obj, TrainerSettings(**kw), dp=ctx, template=lambda: None)
     if ctx.leader:
         return trainer
-    while (msg := ctx.channel.recv()).op != dp.STOP:
-        trainer.follow(msg)
+    trainer.serve()
     return None
 
 
@@ -66,9 +67,9 @@ def main(out: str) -> None:
         with rec:  # FSDP's collectives included: nothing in the microbatch loop may wait for the device
             got = trainer.step(batch, adv)
         want = one.step(batch, adv)
-        per_mb = [[{k: float(v) for k, v in m.items()} for m in t.microbatch_metrics] for t in (trainer, one)]
+        per_mb = [[{k: float(v) for k, v in m.items()} for m in t.microbatch_metrics] for t in (trainer.trainer, one)]
         full, ref = trainer.weights(), cpu_copy(one.model)
-        ctx.channel.send(Message(dp.STOP))
+        calls.announce(ctx.channel, calls.Stop())
         results.append({
             "microbatches": len(plan_microbatches(batch, budget)),
             "per_mb": per_mb, "metrics": [got, want],
@@ -96,17 +97,17 @@ def scaled_step(ctx, model, batch, adv) -> dict | None:
     trainer.version = one.version = 4
     got, want = trainer.step(batch, adv), one.step(batch, adv)
     full, ref = trainer.weights(), cpu_copy(one.model)
-    ctx.channel.send(Message(dp.STOP))
+    calls.announce(ctx.channel, calls.Stop())
     return {"metrics": [got, want], "max_weight_diff": max(float((full[k] - ref[k]).abs().max()) for k in ref),
             "moved": max(float((ref[k] - v).abs().max()) for k, v in cpu_copy(model).items()),
-            "lr_after": trainer.opt.param_groups[0]["lr"]}  # fmt: skip
+            "lr_after": trainer.trainer.opt.param_groups[0]["lr"]}  # fmt: skip
 
 
 def mismatched_architecture(ctx, model) -> str:
     """Rank 1 passes a meta copy made with `Module.to("meta")`, which unties the LM head: every rank must refuse
     it when the trainer is built, instead of hanging in a collective. Returns the error (or "" if none)."""
     if not ctx.leader:
-        assert ctx.channel.recv().op == dp.START
+        assert isinstance(calls.decode(ctx.channel.recv()), calls.Start)
     mine = copy.deepcopy(model) if ctx.leader else copy.deepcopy(model).to("meta")
     try:
         DPTrainer(mine, resolve_objective("sat_grpo"), TrainerSettings(lr=1e-2), dp=ctx, template=lambda: None)

@@ -26,7 +26,7 @@ def test_compiled_trainer_equals_eager():
         settings = TrainerSettings(lr=1e-2, microbatch_tokens=30, logprob_chunk_tokens=7, microbatch_order="by_length",
                                    compile=compiled)  # fmt: skip
         t = Trainer(copy.deepcopy(model), resolve_objective("sat_grpo"), settings)
-        assert t.compiled == compiled
+        assert t.settings.compile == compiled
         metrics = [t.step(make_batch(tok, seed=s), ADV) for s in range(2)]
         runs[compiled] = (metrics, {k: v.detach().clone() for k, v in t.model.state_dict().items()})
     (eager_m, eager_w), (comp_m, comp_w) = runs[False], runs[True]

@@ -90,24 +90,25 @@ def test_unsupported_settings_are_refused_in_one_line():
 
 
 def test_a_failure_while_the_trainer_is_built_keeps_the_job_busy(monkeypatch):
-    """Rank 0 announces START, then the others build the same trainer inside collectives; if rank 0 fails
-    there it must exit (torchrun stops the rest), not send them a STOP they cannot receive: that deadlocked
-    every torchrun job once (a transformers upgrade made rank 0 fail in `_place`; the watchdog sees live
+    """Rank 0 announces Start, then the others build the same trainer inside collectives; if rank 0 fails
+    there it must exit (torchrun stops the rest), not send them a Stop they cannot receive: that deadlocked
+    every torchrun job once (a transformers upgrade made rank 0 fail while placing the policy; the watchdog sees live
     heartbeats and never fires). `dp.busy` is what `pipeline.data_parallel.run` reads to choose."""
     from types import SimpleNamespace
 
     from satrl.objectives import resolve_objective
-    from satrl.training import dp as dpm
+    from satrl.training import dp_calls as calls
     from satrl.training.dp_trainer import DPTrainer
     from satrl.training.settings import TrainerSettings
+    from satrl.training.sharded import Sharded
 
     sent = []
     ctx = SimpleNamespace(leader=True, device="cpu", busy=False, channel=SimpleNamespace(send=sent.append))
 
-    def fail(self, model, uses_ref):
+    def fail(self, model, uses_ref, device, dtype):
         raise RuntimeError("rank 0 failed while placing the policy")
 
-    monkeypatch.setattr(DPTrainer, "_place", fail)
+    monkeypatch.setattr(Sharded, "place", fail)
     with pytest.raises(RuntimeError, match="placing"):
         DPTrainer(object(), resolve_objective("grpo"), TrainerSettings(lr=1e-3), dp=ctx, template=lambda: None)
-    assert [m.op for m in sent] == [dpm.START] and ctx.busy
+    assert [type(calls.decode(m)) for m in sent] == [calls.Start] and ctx.busy

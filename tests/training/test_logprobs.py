@@ -9,8 +9,8 @@ from test_trainer import make_batch, make_trainer
 
 from satrl.models import build_char_tokenizer, build_tiny_model
 from satrl.training.logprobs import response_logp
+from satrl.training.microbatches import plan_microbatches
 from satrl.training.settings import TrainerSettings
-from satrl.training.trainer import plan_microbatches
 
 ADV = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0])
 
@@ -132,9 +132,9 @@ def test_snapshot_forward_keeps_no_weight_copy_and_equals_a_loaded_copy(tiny):
     got = trainer.version_logp(batch, {0: snapshot}.get)
     scratch = copy.deepcopy(trainer.model).eval()
     scratch.load_state_dict(snapshot)
-    expect, _ = response_logp(scratch, batch, trainer.temperature)
+    expect, _ = response_logp(scratch, batch, trainer.settings.temperature)
     assert torch.equal(got[batch.mask], expect[batch.mask])
-    now, _ = response_logp(trainer.model, batch, trainer.temperature)
+    now, _ = response_logp(trainer.model, batch, trainer.settings.temperature)
     assert not torch.equal(now[batch.mask], expect[batch.mask])  # the snapshot really was swapped in
     held = [k for k, v in vars(trainer).items() if isinstance(v, torch.nn.Module) and k not in ("model", "ref_model")]
     assert held == []
@@ -163,10 +163,10 @@ def test_config_fields_reach_the_trainer():
     over = ["train.dtype=bf16", "train.activation_checkpointing=true", "train.logprob_chunk_tokens=64",
             "objective.name=sat_grpo", "objective.kl_coef=0", "diagnostics.decompose=false"]  # fmt: skip
     trainer, _ = build_trainer(load_config(None, over))
-    assert (trainer.dtype, trainer.logprob_chunk_tokens, trainer.ref_model) == ("bf16", 64, None)
+    assert (trainer.settings.dtype, trainer.logprob_chunk_tokens, trainer.ref_model) == ("bf16", 64, None)
     assert any(getattr(m, "gradient_checkpointing", False) for m in trainer.model.modules())
     plain, _ = build_trainer(load_config(None, []))
-    assert (plain.dtype, plain.logprob_chunk_tokens) == ("fp32", 0)
+    assert (plain.settings.dtype, plain.logprob_chunk_tokens) == ("fp32", 0)
 
 
 def test_snapshot_forward_in_bf16_is_close_to_fp32(tiny):

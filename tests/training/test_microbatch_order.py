@@ -14,7 +14,7 @@ from satrl.models import build_char_tokenizer, build_tiny_model
 from satrl.pipeline.buffer import collate
 from satrl.training import trainer as trainer_mod
 from satrl.training.logprobs import chunk_for_vocab, full_logits_bytes, response_logp, vocab_size
-from satrl.training.trainer import Micro, length_order, plan_microbatches, row_slice, split_rows
+from satrl.training.microbatches import Micro, length_order, plan_microbatches, row_slice, split_rows
 from satrl.types import Sample
 
 ADV = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.3, -0.3, 0.0])
@@ -178,3 +178,15 @@ def test_token_efficiency_of_the_fixed_mixes(name, decoder, head):
     assert by_len["decoder"] == pytest.approx(decoder, abs=0.005) and by_len["head"] == pytest.approx(head, abs=0.005)
     assert by_len["decoder"] <= 1.10 and by_len["head"] <= 1.10
     assert shuffled["head"] < shuffled["head_batch_width"] and shuffled["decoder"] > 1.3
+
+
+def test_traced_peak_of_one_microbatch_runs_the_trainer():
+    """benchmarks/token_efficiency.py's trace: the real Trainer (a fake-tensor placement) on a 1-layer Qwen3 shape
+    runs one microbatch's forward and backward; every part of the peak is counted and the peak holds the largest."""
+    from benchmarks.token_efficiency import recipe, trace_peak
+
+    cfg = recipe()
+    out = trace_peak(cfg, ordered(lengths_batch(*mix("rl")), cfg.train.microbatch_order), layers=1, vocab=1024)
+    parts = [out[k] for k in ("param_gib", "grad_gib", "act_gib", "opt_gib")]
+    assert all(p > 0 for p in parts) and out["peak_gib"] >= max(parts)
+    assert out["rows"] >= 1 and out["longest"] >= out["width"] >= 1

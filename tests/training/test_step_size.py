@@ -232,7 +232,7 @@ def test_a_non_finite_scale_skips_the_step_and_keeps_the_lr(tiny):
 
 
 def test_sequence_scores_are_each_rows_weight_and_score_norm(tiny):
-    from satrl.training.trainer import row_slice
+    from satrl.training.microbatches import row_slice
 
     model, tok = tiny
     batch = make_batch(tok)

@@ -8,8 +8,10 @@ import torch
 from satrl.models import build_char_tokenizer, build_tiny_model
 from satrl.objectives import resolve_objective
 from satrl.pipeline.buffer import collate
+from satrl.training.logprobs import response_logp
+from satrl.training.microbatches import microbatches
 from satrl.training.settings import TrainerSettings
-from satrl.training.trainer import Trainer, microbatches, response_logp
+from satrl.training.trainer import Trainer
 from satrl.types import Sample
 
 

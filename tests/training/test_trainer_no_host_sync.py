@@ -11,8 +11,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from satrl.models import build_char_tokenizer, build_tiny_model
 from satrl.objectives import resolve_objective
 from satrl.training import trainer as trainer_mod
+from satrl.training.microbatches import microbatches
 from satrl.training.settings import TrainerSettings
-from satrl.training.trainer import Trainer, microbatches
+from satrl.training.trainer import Trainer
 
 SYNCING = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
            "repeat_interleave", "masked_scatter"}  # fmt: skip

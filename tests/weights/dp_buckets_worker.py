@@ -18,7 +18,7 @@ from test_trainer import make_batch  # noqa: E402
 from satrl.models import build_char_tokenizer, build_tiny_model  # noqa: E402
 from satrl.objectives import resolve_objective  # noqa: E402
 from satrl.training import dp  # noqa: E402
-from satrl.training.dist_channel import Message  # noqa: E402
+from satrl.training import dp_calls as calls  # noqa: E402
 from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer  # noqa: E402
 from satrl.weights.buckets import aliases, unpack  # noqa: E402
@@ -42,7 +42,7 @@ def main(out: str) -> None:
     streams = {}
     for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
         streams[name] = unpack(list(trainer.weight_buckets(dtype, 4096)), aliases(trainer.model))
-    ctx.channel.send(Message(dp.STOP))
+    calls.announce(ctx.channel, calls.Stop())
     ref = one.model.state_dict()
     fp32, bf16 = streams["fp32"], streams["bf16"]
     report = {

@@ -1,7 +1,7 @@
 """Which rank does what in a data-parallel run (``torchrun --nproc_per_node=N -m satrl train ...``).
 
 Rank 0 runs the training loop as on one device, with a data-parallel trainer; every other rank serves that
-trainer's calls (:mod:`satrl.training.dp`, docs/design.md "Data parallel"). Settings data parallel does not
+trainer's calls (:mod:`satrl.training.dp_calls`, docs/design.md "Data parallel"). Settings data parallel does not
 support are refused here, on every rank, before any process group exists: one line naming the setting.
 """
 
@@ -15,7 +15,7 @@ import torch
 from satrl.config import ConfigError, RunConfig
 from satrl.pipeline.setup import build_trainer
 from satrl.training import dp
-from satrl.training.dist_channel import Message
+from satrl.training import dp_calls as calls
 
 
 def check_supported(cfg: RunConfig) -> None:
@@ -38,12 +38,10 @@ def serve(cfg: RunConfig) -> None:
     ctx = dp.current()
     torch.set_num_threads(cfg.trainer_threads)
     torch.manual_seed(cfg.seed)
-    msg = ctx.channel.recv()
-    if msg.op != dp.START:
-        return  # dp.STOP: rank 0 refused the run before training began
+    if not isinstance(calls.decode(ctx.channel.recv()), calls.Start):
+        return  # Stop: rank 0 refused the run before training began
     trainer, _ = build_trainer(cfg)
-    while (msg := ctx.channel.recv()).op != dp.STOP:
-        trainer.follow(msg)
+    trainer.serve()
 
 
 def run(cfg: RunConfig, leader_run: Callable[[], object]) -> object:
@@ -61,9 +59,9 @@ def run(cfg: RunConfig, leader_run: Callable[[], object]) -> object:
             # Between calls the others wait on the channel: release them. Inside a call they are in a
             # collective this process left; exiting non-zero makes torchrun stop them.
             if not getattr(ctx, "busy", False):
-                ctx.channel.send(Message(dp.STOP))
+                calls.announce(ctx.channel, calls.Stop())
             raise
-        ctx.channel.send(Message(dp.STOP))
+        calls.announce(ctx.channel, calls.Stop())
         return result
     finally:
         sys.stdout.flush()

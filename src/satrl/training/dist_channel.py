@@ -1,7 +1,8 @@
-"""Rank 0 tells the other ranks what to do next: an op code, a few ints, a string and some tensors.
+"""Rank 0 tells the other ranks what to do next: a call's code, a few ints, a string and some tensors.
 
 Under data parallel only rank 0 runs the loop (engine, run directory, evaluator); the other ranks wait here
-for the next trainer call and then join its collectives (:mod:`satrl.training.dp`). Everything travels as
+for the next trainer call and then join its collectives (:mod:`satrl.training.dp_calls` says what each call
+carries). Everything travels as
 tensors broadcast over a gloo group (CPU, with a long timeout: the others wait while rank 0 generates or
 evaluates), never as pickles: a header of fixed size, then the shapes and dtypes, then one byte buffer.
 """

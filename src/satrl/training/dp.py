@@ -1,13 +1,12 @@
-"""Data parallel training with FSDP2, launched by ``torchrun --nproc_per_node=N -m satrl train ...``.
+"""Data parallel training with FSDP2, launched by ``torchrun --nproc_per_node=N -m satrl train ...``: this
+process's place in the job (:class:`DataParallel`), the process groups, the ranks' :class:`Watchdog`, FSDP2's
+sharding. Which ranks do what for a run config is :mod:`satrl.pipeline.data_parallel`.
 
-The mechanism: the process group, the control channel, FSDP2 sharding; the launch (which ranks do what
-for a run config) is :mod:`satrl.pipeline.data_parallel`. Design (docs/design.md, "Data parallel"): rank 0 is the controller. It alone runs the training loop
+Design (docs/design.md, "Data parallel"): rank 0 alone runs the training loop
 (:func:`satrl.pipeline.orchestrator.train`): the rollout backend and its engine, the run directory, the
-evaluator, the snapshot store. Its trainer is a :class:`~satrl.training.dp_trainer.DPTrainer`, whose every
-call that needs the other ranks (a step, pi_old, gathering the weights, a checkpoint) first announces itself
-on a control channel (:mod:`satrl.training.dist_channel`) with the data it needs, such as the minibatch.
-The other ranks run :func:`serve`: build the same trainer, then wait for the next call and join it. So only
-rank 0 writes files or talks to engines, and the collectives of every rank line up by construction.
+evaluator, the snapshot store. Its trainer is a :class:`~satrl.training.dp_trainer.DPTrainer`, which announces
+each call that needs the other ranks (:mod:`satrl.training.dp_calls`) on a control channel
+(:mod:`satrl.training.dist_channel`); the other ranks build the same trainer and run each call they receive.
 
 The process group is gloo on CPU and NCCL on CUDA; the control channel is always a gloo group on CPU, with a
 long timeout, because the other ranks wait on it while rank 0 generates and evaluates. So that a stopped or
@@ -29,8 +28,6 @@ import torch.distributed as dist
 
 from satrl.training.dist_channel import Channel
 
-# Ops on the control channel (rank 0 -> the others).
-START, STEP, LOGP, GATHER, LOAD_WEIGHTS, SAVE, LOAD, STOP, BUCKETS = range(9)
 CONTROL_TIMEOUT = datetime.timedelta(days=7)  # the others wait on rank 0's loop: generation, evaluation, I/O
 
 

@@ -9,8 +9,8 @@ weights then equal the previous version's), so lag schedules stay a pure functio
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -29,6 +29,7 @@ from satrl.objectives.step_size import (
 )
 from satrl.tensors import scoring_positions
 from satrl.training.advantages import group_advantages
+from satrl.training.batch_loop import Snapshots, train_batch, version_logp
 from satrl.training.logprobs import (
     chunk_for_vocab,
     full_logits_bytes,
@@ -36,97 +37,21 @@ from satrl.training.logprobs import (
     response_logp,
     vocab_size,
 )
+from satrl.training.microbatches import (
+    Micro,
+    length_order,
+    pick,
+    plan_microbatches,
+    row_slice,
+    split_rows,
+    to_device,
+)
+from satrl.training.placement import OneDevice, Placement
 from satrl.training.settings import TrainerSettings
 from satrl.types import Batch
-from satrl.weights.buckets import Bucket, buckets
+from satrl.weights.buckets import Bucket
 
-__all__ = ["Micro", "Trainer", "cpu_copy", "length_order", "microbatches", "plan_microbatches", "response_logp",
-           "split_rows", "to_device"]  # fmt: skip
-
-Snapshots = Callable[[int], "dict[str, torch.Tensor] | None"]
-
-
-def cpu_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A detached CPU copy of ``model``'s state dict (the one place the trainer copies weights off the model)."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-
-
-def split_rows(batch: Batch, rows: torch.Tensor) -> Batch:
-    """The sub-batch of the given row indices (T kept, so per-token tensors line up across pieces)."""
-    pick = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in batch.__dict__.items()}
-    pick["sample_ids"] = [batch.sample_ids[i] for i in rows.tolist()] if batch.sample_ids else []
-    return Batch(**pick)
-
-
-def to_device(batch: Batch, device: torch.device) -> Batch:
-    """The batch with every tensor on ``device`` (a no-op on the same device)."""
-    moved = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.__dict__.items()}
-    return Batch(**moved)
-
-
-def row_slice(batch: Batch, start: int, end: int) -> Batch:
-    """Rows ``start:end`` of a batch as views (no copy, no index tensor, no device work)."""
-    pick = {k: (v[start:end] if isinstance(v, torch.Tensor) else v) for k, v in batch.__dict__.items()}
-    pick["sample_ids"] = batch.sample_ids[start:end]
-    return Batch(**pick)
-
-
-class Micro(NamedTuple):
-    """One microbatch of a plan: rows ``start:end``, the longest row (prompt + response) ``longest``, whether a
-    row is shorter (``padded``), and ``width``, the longest response (the LM head's positions per row)."""
-
-    start: int
-    end: int
-    longest: int
-    padded: bool
-    width: int
-
-
-def plan_microbatches(mb: Batch, token_budget: int) -> list[Micro]:
-    """Cut consecutive rows into microbatches whose padded length fits the budget (at least one row each):
-    ``(start, end, longest, padded, width)`` per microbatch (:class:`Micro`). Read on the host: pass the CPU
-    batch, so that the device never waits for it."""
-    lengths = mb.attention_mask.sum(1).tolist()
-    responses = (mb.attention_mask.sum(1) - mb.prompt_len).tolist()
-    plan, start = [], 0
-    while start < len(lengths):
-        end, longest = start, 0
-        while end < len(lengths):
-            longest_next = max(longest, lengths[end])
-            if end > start and longest_next * (end - start + 1) > token_budget:
-                break
-            longest, end = longest_next, end + 1
-        width = max(1, min(mb.mask.shape[1], max(responses[start:end])))
-        plan.append(Micro(start, end, longest, min(lengths[start:end]) < longest, width))
-        start = end
-    return plan
-
-
-def length_order(mb: Batch) -> torch.Tensor:
-    """``microbatch_order=by_length``: the rows longest first, so that the consecutive rows one microbatch takes
-    are of about the same length; ties in batch order. The key is prompt + 2 x response: the response counts in
-    the decoder's positions (prompt + response) and again in the LM head's (response), so that neither the
-    decoder's nor the head's padding dominates (benchmarks/token_efficiency.py: 1.06x and 1.07x on the RL mix,
-    against 1.02x and 1.13x for prompt + response alone). Read on the host (the CPU batch)."""
-    lengths = mb.attention_mask.sum(1).to(torch.int64)
-    key = 2 * lengths - mb.prompt_len.to(torch.int64)
-    return torch.sort(key, descending=True, stable=True).indices
-
-
-def microbatches(mb: Batch, token_budget: int) -> Iterator[Batch]:
-    """The microbatches of :func:`plan_microbatches`, as batches."""
-    for p in plan_microbatches(mb, token_budget):
-        yield row_slice(mb, p.start, p.end)
-
-
-def epoch_order(seed: int, index: int, epoch: int, n: int) -> torch.Tensor:
-    """The row order of one pass over a batch: a permutation of ``n`` rows, distinct and reproducible for each
-    (run seed, batch index, epoch). The mixing constants are arbitrary primes, kept so runs reproduce."""
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 7919 + index * 31 + epoch))
-
-
-def _pick(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
-    return None if x is None else x[rows]
+__all__ = ["Trainer"]
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:
@@ -172,44 +97,42 @@ class _Targets(NamedTuple):
 
 
 class Trainer:
-    """Owns the policy, its frozen reference and the optimizer. One :meth:`step` = one optimizer step."""
+    """Owns the policy, its frozen reference and the optimizer. One :meth:`step` = one optimizer step.
 
-    def __init__(self, model: torch.nn.Module, objective: ObjectiveSpec, settings: TrainerSettings) -> None:
+    ``placement`` says where the weights live (:mod:`satrl.training.placement`): the whole policy on
+    ``settings.device`` by default, or FSDP2 shards across ranks (:class:`satrl.training.sharded.Sharded`). The
+    trainer reads its options from ``settings`` and keeps as attributes only what it derives from them."""
+
+    def __init__(self, model: torch.nn.Module, objective: ObjectiveSpec, settings: TrainerSettings,
+                 placement: Placement | None = None) -> None:  # fmt: skip
         s = self.settings = settings
         self.device = torch.device(s.device)
-        self.microbatch_order = s.microbatch_order
+        self.placement = placement if placement is not None else OneDevice(self.device)
         # Master weights, gradients and AdamW state stay fp32; "bf16" runs the forward (and so the backward's
         # matmuls) under autocast. The reference model only runs forwards: it is kept in the compute dtype.
-        self.dtype, self.compute_dtype = s.dtype, CONFIG_DTYPES[s.dtype]
+        self.compute_dtype = CONFIG_DTYPES[s.dtype]
         if self.device.type == "cuda":  # fp32 matmuls on TF32 tensor cores (10-bit mantissa inputs), or not
             torch.backends.cuda.matmul.allow_tf32 = s.tf32  # a process-wide switch: the last trainer built sets it
             torch.backends.cudnn.allow_tf32 = s.tf32
         uses_ref = "ref_logp" in objective.needs  # a KL term with coefficient 0 needs none: not built
-        self.model, self.ref_model = self._place(model, uses_ref)
+        self.model, self.ref_model = self.placement.place(model, uses_ref, self.device, s.dtype)
         if s.activation_checkpointing:  # per decoder layer: keep each layer's input, recompute the rest
             enable_checkpointing(self.model)
         self.logprob_chunk_tokens = resolve_chunk_tokens(s.logprob_chunk_tokens, self.model)
-        self.compiled = s.compile
         if s.compile:  # each decoder layer and the log-prob chunk through torch.compile (inductor)
             compile_layers(self.model)
-        self.objective, self.aggregation = objective, s.aggregation
+        self.objective = objective
         # A correction (TIS, IcePop, MIS) weighs by pi_old/mu, so it needs pi_old: the trainer's own log-probs
         # at the start of the batch (the paper's Eq. 51 "recomputed" side), whatever the denominator option.
         self.needs_old_logp = s.recomputed_denominator or "old_logp" in objective.needs
         fused = {"fused": True} if s.compile and self.device.type == "cuda" else {}  # one kernel per step on CUDA
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay,
                                      **fused)  # fmt: skip
-        self.grad_clip = s.grad_clip
-        self.temperature = s.temperature
         # The paper's quantile is per microbatch; "batch" scope runs the minibatch as one microbatch.
         self.microbatch_tokens = 1 << 62 if s.whole_batch_quantile else s.microbatch_tokens
-        self.r3 = s.r3
-        # How one rollout batch is trained (train_batch): ppo_epochs passes of `minibatches` optimizer steps.
-        self.minibatches, self.ppo_epochs, self.adv_std_norm = s.minibatches, s.ppo_epochs, s.adv_std_norm
-        self.decompose, self.seed = s.decompose, s.seed
         # The step-size seam (satrl.objectives.step_size): the objective's declared rules and the lag scaling set
         # each step's lr to base * scale for that opt.step() only. With neither, the lr is never touched.
-        self.step_rules, self.lr_lag_scaling = step_size_rules(objective), s.lr_lag_scaling
+        self.step_rules = step_size_rules(objective)
         self.scales_lr = bool(self.step_rules) or s.lr_lag_scaling != "none"
         self.baseline = advantage_rule(objective)  # None: GRPO's group advantages
         self.version = 0
@@ -219,17 +142,9 @@ class Trainer:
 
         self.is_moe = moe_num_layers(model) > 0
 
-    def _place(self, model: torch.nn.Module, uses_ref: bool) -> tuple[torch.nn.Module, torch.nn.Module | None]:
-        """The policy on the device with fp32 master weights, and the frozen reference in the compute dtype if
-        a KL term needs one (copied before the policy moves, so the device never holds an fp32 copy of it)."""
-        ref = None
-        if uses_ref:
-            ref = copy.deepcopy(model).to(self.device, self.compute_dtype).eval().requires_grad_(False)
-        return model.float().to(self.device).train(), ref
-
     def _autocast(self) -> contextlib.AbstractContextManager:
         """The compute-dtype context of every forward (nothing at all in fp32, so fp32 numbers are unchanged)."""
-        if self.dtype == "fp32":
+        if self.settings.dtype == "fp32":
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
@@ -241,9 +156,9 @@ class Trainer:
             plan = Micro(*plan, m.mask.shape[1])
         self._check_full_logits(plan)
         with self._autocast():
-            return response_logp(model, m, self.temperature, self._routing(m), capture, length=plan.longest,
+            return response_logp(model, m, self.settings.temperature, self._routing(m), capture, length=plan.longest,
                                  padded=plan.padded, chunk_tokens=self.logprob_chunk_tokens,
-                                 width=plan.width, compiled=self.compiled)  # fmt: skip
+                                 width=plan.width, compiled=self.settings.compile)  # fmt: skip
 
     def _check_full_logits(self, p: Micro) -> None:
         """On CUDA with ``logprob_chunk_tokens=0``: refuse a microbatch whose full-vocabulary logits would not fit
@@ -263,54 +178,69 @@ class Trainer:
 
     # -- state -------------------------------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
-        """A detached CPU copy of the current weights, safe to hand to an engine or a checkpoint.
+        """A detached CPU copy of the current weights, safe to hand to an engine or a checkpoint (empty on a
+        data-parallel rank other than 0).
 
         Copied at most once per version: the loop pushes them to the engine and the snapshot store, the
         evaluator and the checkpoint read them at the same version, and all get the same dict (treat it as
         read-only). The copy is dropped at the next optimizer step, or when the weights are loaded."""
-        if self._weights is None or self._weights[0] != self.version:
-            self._weights = (self.version, cpu_copy(self.model))
+        if not self.weights_held():
+            self._weights = (self.version, self.placement.weights(self.model))
         return self._weights[1]
+
+    def weights_held(self) -> bool:
+        """Whether :meth:`weights` would return the copy it holds (no gathering, no copy)."""
+        return self._weights is not None and self._weights[0] == self.version
 
     def weight_buckets(self, dtype: torch.dtype | None, bucket_bytes: int) -> Iterator[Bucket]:
         """The current weights as a stream of flat buckets in ``dtype`` (None: as held), tied weights once
         (``satrl.weights.buckets``): at most one bucket on the host at a time, never a full fp32 copy. The
         ``dist`` transport's source; consume it to the end before the next step."""
-        return buckets(self.model, dtype, bucket_bytes)
+        return self.placement.buckets(self.model, dtype, bucket_bytes)
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Set the policy's weights (resume from a checkpoint)."""
-        self.model.load_state_dict(weights)
+        self.placement.load(self.model, weights)
         self._weights = None
 
     def state_dict(self) -> dict:
-        return {"opt": self.opt.state_dict(), "version": self.version, "skipped": self.skipped}
+        return {**self.placement.optimizer_state(self.opt), "version": self.version, "skipped": self.skipped}
 
     def load_state_dict(self, state: dict) -> None:
-        if "opt" not in state:  # its optimizer state is in DCP shards (satrl.training.dp_trainer)
-            raise ValueError("written by a data-parallel run: resume it under torchrun")
-        self.opt.load_state_dict(state["opt"])
+        self.placement.load_optimizer_state(self.opt, state)
         self.version, self.skipped = state["version"], state["skipped"]
         self._weights = None
 
+    def write_shards(self, path: Path) -> None:
+        """Write the state the placement keeps in shards into checkpoint folder ``path`` (none on one device)."""
+        self.placement.write(path, self.model, self.opt)
+
+    def read_shards(self, path: Path) -> None:
+        """Read what :meth:`write_shards` wrote."""
+        self.placement.read(path, self.model, self.opt)
+        self._weights = None
+
+    def engine_model(self) -> torch.nn.Module:
+        """The policy as one module, for an engine to copy (its weights then come from :meth:`weights`)."""
+        return self.placement.engine_model(self.model)
+
     # -- log-probs ---------------------------------------------------------------------------------
     def _routing(self, mb: Batch) -> torch.Tensor | None:
-        if self.r3 and mb.routing is None:  # replaying nothing would silently turn R3 off
+        if self.settings.r3 and mb.routing is None:  # replaying nothing would silently turn R3 off
             raise ValueError(
                 "r3=true but these samples carry no MoE routing: the engine did not capture it "
                 "(use engine=torch, or an engine build that returns routed experts), or set r3=false"
             )
-        return mb.routing if self.r3 else None
+        return mb.routing if self.settings.r3 else None
 
     @torch.no_grad()
     def logp_with(self, state: dict[str, torch.Tensor] | None, mb: Batch) -> torch.Tensor:  # [B, T]
         """Log-probs under other weights (a snapshot), or under the current ones if ``state`` is None.
 
-        A snapshot runs through the policy's own modules with its tensors swapped in (``functional_call``): no
-        second model is kept. Its weights come to the device for this call only, in the dtype of the tensors they
-        replace (fp32 master weights): under bf16 autocast a bf16 copy would run the norms and the embedding in
-        bf16 and show a policy lag where there is none, so at lag 0 this equals the current forward bit for bit."""
-        if self.microbatch_order == "by_length":  # the same rows, cut as the step cuts them; back in batch order
+        On one device a snapshot runs through the policy's own modules with its tensors swapped in
+        (``functional_call``): no second model is kept, and its weights come to the device for this call only
+        (:meth:`Placement.swapped`); at lag 0 this equals the current forward bit for bit."""
+        if self.settings.microbatch_order == "by_length":  # the same rows, cut as the step cuts them; back in batch order
             order = length_order(mb)
             return self._logp_with(state, split_rows(mb, order))[torch.argsort(order)]
         return self._logp_with(state, mb)
@@ -319,71 +249,42 @@ class Trainer:
         plan = plan_microbatches(mb, self.microbatch_tokens)
         dev_mb = to_device(mb, self.device)
         if state is None:
-            pieces = [self._logp(self.model, row_slice(dev_mb, p[0], p[1]), p)[0] for p in plan]
+            return self._current_logp(plan, dev_mb)
+        with self.placement.swapped(self.model, state) as tensors:
+            if tensors is None:  # the snapshot is in the parameters for now
+                return self._current_logp(plan, dev_mb)
+            swapped = {f"policy.{k}": v for k, v in tensors.items()}
+            scored = _Scored(self.model)
+            pieces = []
+            for p in plan:
+                m = row_slice(dev_mb, p[0], p[1])
+                pieces.append(functional_call(scored, swapped, (lambda model, m=m, p=p: self._logp(model, m, p)[0],),
+                                              tie_weights=False, strict=False))  # fmt: skip
             return torch.cat(pieces).cpu()
-        own = self.model.state_dict()
-        if state.keys() != own.keys():
-            raise ValueError("snapshot weights do not match the policy's state dict keys")
-        swapped = {f"policy.{k}": v.to(self.device, own[k].dtype) for k, v in state.items()}
-        scored = _Scored(self.model)
-        pieces = []
-        for p in plan:
-            m = row_slice(dev_mb, p[0], p[1])
-            pieces.append(functional_call(scored, swapped, (lambda model, m=m, p=p: self._logp(model, m, p)[0],),
-                                          tie_weights=False, strict=False))  # fmt: skip
-        return torch.cat(pieces).cpu()
 
-    @torch.no_grad()
-    def version_logp(self, mb: Batch, snapshots: Snapshots) -> torch.Tensor | None:  # [B, T]
-        """log pi^(l) for each token's own version l (for the d = Delta_pi + Delta_impl split): one forward per
-        version present, each token picking its own. A row sampled by one version takes that forward whole, as
-        before in-flight updates; padding counts as the row's newest version."""
-        out = torch.zeros(mb.mask.shape)
-        row_version = torch.where(mb.mask, mb.versions, mb.versions.min()).max(1).values
-        token_version = torch.where(mb.mask, mb.versions, row_version[:, None])  # [B, T]
-        for v in token_version.unique().tolist():
-            state = snapshots(int(v))
-            if state is None:
-                return None
-            rows = (token_version == v).any(1).nonzero().squeeze(1)
-            lp = self.logp_with(state, split_rows(mb, rows))
-            out[rows] = torch.where(token_version[rows] == v, lp, out[rows])
-        return out
+    def _current_logp(self, plan: list[Micro], dev_mb: Batch) -> torch.Tensor:  # [B, T]
+        pieces = [self._logp(self.model, row_slice(dev_mb, p[0], p[1]), p)[0] for p in plan]
+        return torch.cat(pieces).cpu()
 
     # -- one rollout batch -------------------------------------------------------------------------
     def train_batch(
         self, batch: Batch, index: int, snapshots: Snapshots, stop_at: int
     ) -> Iterator[tuple[dict[str, float], torch.Tensor]]:
-        """Train rollout batch number ``index``: everything the trainer does with it, in order.
+        """Train rollout batch number ``index`` (:func:`satrl.training.batch_loop.train_batch`)."""
+        return train_batch(self, batch, index, snapshots, stop_at)
 
-        1. GRPO advantages from the batch's rewards and groups;
-        2. pi_old, the trainer's own log-probs before the batch, when a correction or the recomputed
-           denominator needs it;
-        3. for the d = Delta_pi + Delta_impl split (``decompose``), the log-probs under each sample's own
-           weight version (``snapshots``: version -> weights);
-        4. ``ppo_epochs`` passes, each a seeded permutation of the rows cut into ``minibatches`` optimizer steps.
+    def version_logp(self, mb: Batch, snapshots: Snapshots) -> torch.Tensor | None:  # [B, T]
+        """log pi^(l) for each token's own version l (:func:`satrl.training.batch_loop.version_logp`)."""
+        return version_logp(self, mb, snapshots)
 
-        Yields ``(metrics, rows)`` after every optimizer step, so that the loop can push weights, log and
-        evaluate between steps; stops as soon as the version reaches ``stop_at`` (the run's last step).
-        """
-        batch_metrics: dict[str, float] = {}
+    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Per-row advantages [B]: GRPO's group advantages, or the objective's own baseline (VCPO's OPOB, from
+        each sequence's weight and score norm) with its metrics."""
         if self.baseline is None:
-            adv = group_advantages(batch.rewards, batch.group_index, self.adv_std_norm)
-        else:  # the objective's own baseline (VCPO's OPOB), from each sequence's weight and score norm
-            log_w, score_sq = self.sequence_scores(batch)
-            adv, stats = self.baseline(batch.rewards, batch.group_index, log_w, score_sq, self.adv_std_norm)
-            batch_metrics = {f"obj/{k}": float(v) for k, v in stats.items()}
-        old_logp = self.logp_with(None, batch) if self.needs_old_logp else None
-        vlogp = self.version_logp(batch, snapshots) if self.decompose else None
-        for epoch in range(self.ppo_epochs):
-            if self.version >= stop_at:
-                return
-            for rows in torch.tensor_split(epoch_order(self.seed, index, epoch, batch.mask.shape[0]), self.minibatches):
-                metrics = self.step(split_rows(batch, rows), adv[rows], _pick(old_logp, rows), _pick(vlogp, rows))
-                metrics.update(batch_metrics)
-                yield metrics, rows
-                if self.version >= stop_at:
-                    return
+            return group_advantages(batch.rewards, batch.group_index, self.settings.adv_std_norm), {}
+        log_w, score_sq = self.sequence_scores(batch)
+        adv, stats = self.baseline(batch.rewards, batch.group_index, log_w, score_sq, self.settings.adv_std_norm)
+        return adv, {f"obj/{k}": float(v) for k, v in stats.items()}
 
     def sequence_scores(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:  # [B], [B] float64, CPU
         """Per row i, at the current weights: log w_i = sum_t (log pi - log mu) and ||grad_theta sum_t log pi||^2,
@@ -415,10 +316,10 @@ class Trainer:
         Every count the loop needs (the cut into microbatches, their lengths, token counts) is read from the
         batch before it moves to the device, so that the loop itself never waits for the device (pass the
         CPU batch; tests/training/test_trainer_no_host_sync.py)."""
-        if self.microbatch_order == "by_length":  # rows of about the same length share a microbatch (and SAT's q)
+        if self.settings.microbatch_order == "by_length":  # rows of about the same length share a microbatch (and SAT's q)
             order = length_order(mb)
             mb, adv = split_rows(mb, order), adv[order]
-            old_logp, version_logp = _pick(old_logp, order), _pick(version_logp, order)
+            old_logp, version_logp = pick(old_logp, order), pick(version_logp, order)
         plan = plan_microbatches(mb, self.microbatch_tokens)
         n_tok, n_seq = int(mb.mask.sum()), int(mb.mask.any(1).sum())
         weights = [int(mb.mask[p.start : p.end].sum()) / max(n_tok, 1) for p in plan]  # host-side: the CPU batch's
@@ -430,21 +331,21 @@ class Trainer:
         self._weights = None  # the last version's CPU copy: whoever needs it holds it by now
         lag = (self.version - mb.versions).clamp(min=0)  # [B, T]
         losses, per_mb, tok = self._accumulate(plan, mb, _Targets(adv, lag, old_logp), (n_tok, n_seq))
-        losses, per_mb, tok = self._gathered(plan, mb.mask.shape[0], losses, per_mb, tok)
+        losses, per_mb, tok = self.placement.gathered(plan, mb.mask.shape[0], losses, per_mb, tok)
         self.microbatch_metrics = per_mb  # the last step's, per microbatch in plan order (0-dim tensors; tests)
         out = self._update(losses, reduce_metrics(per_mb, weights), lambda: self._step_scales(mb.mask, lag, tok))
         out.update(self._diagnostics(mb, lag, tok, version_logp))
         return out
 
-    def _accumulate(self, plan: list[Micro], mb: Batch, t: _Targets, counts: tuple[int, int]) -> tuple:
+    def _accumulate(self, plan: list[Micro], mb: Batch, t: _Targets, totals: tuple[int, int]) -> tuple:
         """Forward and backward each microbatch of ``plan`` (gradients accumulate); returns each one's loss share
         (float64, detached), its objective metrics, and the per-token tensors, in plan order."""
-        n_tok, n_seq = counts
-        seq_mode = share_unit(self.aggregation) == "sequence"
+        n_tok, n_seq = totals
+        seq_mode = share_unit(self.settings.aggregation) == "sequence"
         tok = {"logp": [], "gate": [], "clipped": [], "d": [], "routing": []}
         losses: list[torch.Tensor] = []  # each microbatch's share of the loss, summed after the loop (no sync)
         per_mb: list[dict[str, torch.Tensor]] = []
-        for p, real in self._assigned(plan, mb):
+        for p, counts in self.placement.assigned(plan):
             sl = slice(p[0], p[1])
             m = row_slice(mb, p[0], p[1])
             logp, used = self._logp(self.model, m, p, capture=self.is_moe and m.routing is not None)
@@ -464,8 +365,8 @@ class Trainer:
                 old_logp=None if t.old_logp is None else t.old_logp[sl],
             )
             share = (m.mask.any(1).sum() / max(n_seq, 1)) if seq_mode else (m.mask.sum() / max(n_tok, 1))
-            loss = aggregate(out.loss, m.mask, self.aggregation) * share
-            if not real:  # data parallel's padding microbatch: it runs for the collectives and adds nothing
+            loss = aggregate(out.loss, m.mask, self.settings.aggregation) * share
+            if not counts:  # a placement's zero-weight copy (it runs so that every rank runs as many): adds nothing
                 loss = loss * 0.0
             loss.backward()
             losses.append(loss.detach().to(torch.float64))
@@ -483,7 +384,7 @@ class Trainer:
         for loss in losses:  # in microbatch order, as one device sums them
             total = total + loss
         keys = list(reduced)
-        checks = [torch.isfinite(total), self._grads_finite()]
+        checks = [torch.isfinite(total), self.placement.grads_finite(self.model)]
         # The step-size seam: from the whole minibatch's tokens (gathered: the same numbers on every rank).
         scaling = step_scales() if self.scales_lr else {}
         if scaling:  # a non-finite scale skips the step like a non-finite gradient
@@ -494,8 +395,8 @@ class Trainer:
         scalars = dict(zip(keys, host[2:]))
         scaled = dict(zip(scaling, host[2 + len(keys) :]))
         if finite:
-            if self.grad_clip is not None:
-                scalars["grad_norm"] = self._clip_grads()
+            if self.settings.grad_clip is not None:
+                scalars["grad_norm"] = self.placement.clip_grads(self.model, self.settings.grad_clip)
             if scaled:
                 self._scaled_opt_step(scaled["train/lr_scale"])
             else:
@@ -522,8 +423,8 @@ class Trainer:
                 out.update({f"obj/{k}": v.to(torch.float64) for k, v in metrics.items()})
             out["obj/step_scale"] = obj
             scale = scale * obj
-        if self.lr_lag_scaling != "none":
-            s, S = lag_step_scale(lag, mask, self.lr_lag_scaling)
+        if self.settings.lr_lag_scaling != "none":
+            s, S = lag_step_scale(lag, mask, self.settings.lr_lag_scaling)
             out["train/lag_lr_scale"], out["train/lr_lag"] = s, S
             scale = scale * s
         out["train/lr_scale"] = scale
@@ -540,34 +441,6 @@ class Trainer:
         finally:
             for group, lr in zip(self.opt.param_groups, base):
                 group["lr"] = lr
-
-    # -- how a step's microbatches are spread (one device: all here; satrl.training.dp overrides these) --
-    def _assigned(self, plan: list, mb: Batch) -> list[tuple[Micro, bool]]:
-        """The microbatches this process runs, each with whether it is real (False: zero-weight padding)."""
-        return [(p, True) for p in plan]
-
-    def _gathered(self, plan: list, rows: int, losses: list, per_mb: list, tok: dict) -> tuple[list, list, dict]:
-        """Every microbatch's loss and metrics in plan order, and the per-token tensors of all ``rows``, from
-        the pieces this process ran (in :meth:`_assigned`'s order, padding included)."""
-        return losses, per_mb, {k: torch.cat(v) for k, v in tok.items() if v}
-
-    def engine_model(self) -> torch.nn.Module:
-        """The policy as one module, for an engine to copy (its weights then come from :meth:`weights`)."""
-        return self.model
-
-    def write_shards(self, path) -> None:
-        """Write the state kept in shards across processes into checkpoint folder ``path`` (none on one device)."""
-
-    def read_shards(self, path) -> None:
-        """Read what :meth:`write_shards` wrote (nothing on one device)."""
-
-    def _grads_finite(self) -> torch.Tensor:
-        """Whether every gradient is finite, as a 0-dim bool tensor (no sync)."""
-        grads = [torch.isfinite(p.grad).all() for p in self.model.parameters() if p.grad is not None]
-        return torch.stack(grads).all() if grads else torch.ones((), dtype=torch.bool, device=self.device)
-
-    def _clip_grads(self) -> float:
-        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
 
     def _diagnostics(self, mb: Batch, lag: torch.Tensor, tok: dict, version_logp: torch.Tensor | None) -> dict:
         engine_routing = None

@@ -1,0 +1,161 @@
+"""Where the trainer's weights live, and so how a step's work is spread: the seam between the
+:class:`~satrl.training.trainer.Trainer` and data parallel.
+
+The trainer computes one optimizer step over a minibatch and never asks which process it runs in. Everything
+that depends on where the parameters are is a method of its :class:`Placement`:
+
+- :class:`OneDevice` (here): the policy whole on one device; every microbatch runs here.
+- :class:`satrl.training.sharded.Sharded`: FSDP2 shards over the ranks of a torchrun job; each rank runs whole
+  microbatches and the per-microbatch results come back to every rank (docs/design.md, "Data parallel").
+
+A placement holds no training state of its own: the trainer passes the model and optimizer it owns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from satrl.dtypes import CONFIG_DTYPES
+from satrl.training.microbatches import Micro
+from satrl.weights.buckets import Bucket, buckets
+
+__all__ = ["OneDevice", "Placement", "cpu_copy"]
+
+
+def cpu_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of ``model``'s state dict (the one place the trainer copies weights off the model)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+class Placement(Protocol):
+    """What the trainer asks of the place its weights live in (one device, or shards across ranks)."""
+
+    def place(self, model: torch.nn.Module, uses_ref: bool, device: torch.device, dtype: str
+              ) -> tuple[torch.nn.Module, torch.nn.Module | None]:  # fmt: skip
+        """The policy to train (fp32 master weights) and, if ``uses_ref``, a frozen reference in compute ``dtype``."""
+        ...
+
+    def assigned(self, plan: list[Micro]) -> list[tuple[Micro, bool]]:
+        """The microbatches this process runs, each with whether it counts (False: a zero-weight copy that
+        runs only so that every process runs the same number of forwards)."""
+        ...
+
+    def gathered(self, plan: list[Micro], rows: int, losses: list, per_mb: list, tok: dict) -> tuple[list, list, dict]:
+        """Every microbatch's loss and metrics in plan order, and the per-token tensors of all ``rows``, from
+        the pieces this process ran (in :meth:`assigned`'s order)."""
+        ...
+
+    def grads_finite(self, model: torch.nn.Module) -> torch.Tensor:
+        """Whether every gradient is finite, as a 0-dim bool tensor (no host sync), the same everywhere."""
+        ...
+
+    def clip_grads(self, model: torch.nn.Module, max_norm: float) -> float:
+        """Clip the gradients' global norm to ``max_norm``; returns the norm before clipping."""
+        ...
+
+    def weights(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The full weights as a detached CPU copy (empty where this process does not hold them)."""
+        ...
+
+    def buckets(self, model: torch.nn.Module, dtype: torch.dtype | None, bucket_bytes: int) -> Iterator[Bucket]:
+        """The full weights as a stream of flat buckets (:mod:`satrl.weights.buckets`)."""
+        ...
+
+    def load(self, model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+        """Set the policy's weights from a full state dict."""
+        ...
+
+    def swapped(self, model: torch.nn.Module, state: dict[str, torch.Tensor]
+                ) -> contextlib.AbstractContextManager[dict[str, torch.Tensor] | None]:  # fmt: skip
+        """Around forwards under a snapshot's weights: yields the tensors to call the policy with
+        (``functional_call``), or None where the snapshot was put into the parameters in place (and is taken
+        out on exit, the current weights back bit for bit)."""
+        ...
+
+    def optimizer_state(self, opt: torch.optim.Optimizer) -> dict:
+        """What a checkpoint's state.json-side state holds of the optimizer ({} where it goes to shards)."""
+        ...
+
+    def load_optimizer_state(self, opt: torch.optim.Optimizer, state: dict) -> None:
+        """Restore what :meth:`optimizer_state` gave (refusing a checkpoint written by another placement)."""
+        ...
+
+    def write(self, path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        """Write the state kept in shards into checkpoint folder ``path`` (nothing for one device)."""
+        ...
+
+    def read(self, path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        """Read what :meth:`write` wrote."""
+        ...
+
+    def engine_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The policy as one plain module, for an engine to copy (its weights then come from :meth:`weights`)."""
+        ...
+
+
+class OneDevice:
+    """The whole policy on ``device``: every microbatch runs here, nothing is sharded."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def place(self, model, uses_ref, device, dtype):
+        # The reference is copied before the policy moves, so the device never holds an fp32 copy of it.
+        ref = None
+        if uses_ref:
+            ref = copy.deepcopy(model).to(device, CONFIG_DTYPES[dtype]).eval().requires_grad_(False)
+        return model.float().to(device).train(), ref
+
+    def assigned(self, plan):
+        return [(p, True) for p in plan]
+
+    def gathered(self, plan, rows, losses, per_mb, tok):
+        return losses, per_mb, {k: torch.cat(v) for k, v in tok.items() if v}
+
+    def grads_finite(self, model):
+        grads = [torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None]
+        return torch.stack(grads).all() if grads else torch.ones((), dtype=torch.bool, device=self.device)
+
+    def clip_grads(self, model, max_norm):
+        return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+
+    def weights(self, model):
+        return cpu_copy(model)
+
+    def buckets(self, model, dtype, bucket_bytes):
+        return buckets(model, dtype, bucket_bytes)
+
+    def load(self, model, weights):
+        model.load_state_dict(weights)
+
+    @contextlib.contextmanager
+    def swapped(self, model, state):
+        own = model.state_dict()
+        if state.keys() != own.keys():
+            raise ValueError("snapshot weights do not match the policy's state dict keys")
+        # In the dtype of the tensors they replace (fp32 master weights): under bf16 autocast a bf16 copy would
+        # run the norms and the embedding in bf16 and show a policy lag where there is none.
+        yield {k: v.to(self.device, own[k].dtype) for k, v in state.items()}
+
+    def optimizer_state(self, opt):
+        return {"opt": opt.state_dict()}
+
+    def load_optimizer_state(self, opt, state):
+        if "opt" not in state:  # its optimizer state is in DCP shards (satrl.training.sharded)
+            raise ValueError("written by a data-parallel run: resume it under torchrun")
+        opt.load_state_dict(state["opt"])
+
+    def write(self, path, model, opt):
+        pass  # everything is in the state dicts
+
+    def read(self, path, model, opt):
+        pass
+
+    def engine_model(self, model):
+        return model
