@@ -51,7 +51,7 @@ def _registered(where: str) -> AfterValidator:
 
 # Config fields that name a registered choice (the registry is the only list of valid names).
 EngineName = Annotated[str, _registered("satrl.engines.registry:ENGINES")]
-NumericsName = Annotated[str, _registered("satrl.engines.torch_engine:NUMERICS")]
+NumericsName = Annotated[str, _registered("satrl.engines.numerics:NUMERICS")]
 TaskName = Annotated[str, _registered("satrl.tasks:TASKS")]
 AggregationName = Annotated[str, _registered("satrl.objectives.aggregation:AGGREGATIONS")]
 ScheduleName = Annotated[str, _registered("satrl.pipeline.schedules:SCHEDULES")]

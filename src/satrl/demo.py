@@ -102,7 +102,7 @@ def d_pi_last25(met: list[dict]) -> float | None:
 
 
 def _row(name: str, path: Path, met: list[dict]) -> str:
-    from satrl.experiments.report import _f as _num  # "—" for a missing or non-finite number, as in reports
+    from satrl.experiments.mdtext import _f as _num  # "—" for a missing or non-finite number, as in reports
 
     s = json.loads((path / "summary.json").read_text())
     lag = s.get("lag_realized") or {}

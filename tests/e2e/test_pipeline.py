@@ -102,11 +102,11 @@ def test_engine_process_start_failure_is_reported_with_its_cause():
 
 def test_weights_are_copied_to_cpu_at_most_once_per_version(run_tiny, monkeypatch):
     """Pushing weights, evaluating and checkpointing at every step all read one CPU copy per version."""
-    from satrl.training import trainer as trainer_mod
+    from satrl.training import placement
 
     copies: list[int] = []
-    original = trainer_mod.cpu_copy
-    monkeypatch.setattr(trainer_mod, "cpu_copy", lambda model: copies.append(1) or original(model))
+    original = placement.cpu_copy
+    monkeypatch.setattr(placement, "cpu_copy", lambda model: copies.append(1) or original(model))
     out = run_tiny("steps=6", "lag.schedule=broadcast", "lag.n=1", "eval.every=1", "checkpoint.every=1",
                    "diagnostics.decompose=true")  # fmt: skip
     assert len(read_jsonl(out / "eval.jsonl")) >= 6 and (out / "checkpoints").is_dir()

@@ -15,7 +15,7 @@ import pytest
 
 from satrl.config import load_config
 from satrl.experiments.grid import load_grid, run_grid_spec
-from satrl.experiments.report import fmt_ci
+from satrl.experiments.mdtext import fmt_ci
 from satrl.experiments.stats import mean_ci
 from satrl.models.tiny import build_tiny_model
 from satrl.models.tokenizer import build_char_tokenizer

@@ -6,10 +6,12 @@ import textwrap
 import pytest
 
 from satrl.experiments.grid import load_grid, run_grid_spec
+from satrl.experiments.mdtext import fmt_ci
 from satrl.experiments.plots import paired_eval_diffs
-from satrl.experiments.report import add_report_args, build_report, fmt_ci, rules_out, run_report
+from satrl.experiments.report import add_report_args, build_report, run_report
 from satrl.experiments.stats import compare, iut_row, mean_ci, sign_flip_mde
 from satrl.experiments.store import pack_results
+from satrl.experiments.verdicts import rules_out
 
 FIGS = ["eval_curves.png", "d_pi.png", "sat_diagnostics.png", "gate_check.png", "bylag.png", "paired.png",
         "paired_curves.png"]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from satrl.experiments.report import fmt_ci
+from satrl.experiments.mdtext import fmt_ci
 from satrl.experiments.stats import (
     compare,
     holm,

@@ -5,9 +5,10 @@ builds an engine by its name in the :data:`ENGINES` registry (``"torch"``; ``"vl
 :mod:`satrl.engines.vllm_engine`); :data:`NUMERICS` holds the engine numerics.
 """
 
+from satrl.engines.numerics import NUMERICS, resolve_numerics
 from satrl.engines.registry import ENGINES, make_engine
 from satrl.engines.sampling import request_uniforms, sample_step, sampling_logprobs, truncate_logits
-from satrl.engines.torch_engine import NUMERICS, TorchEngine, resolve_numerics
+from satrl.engines.torch_engine import TorchEngine
 
 __all__ = [
     "ENGINES",

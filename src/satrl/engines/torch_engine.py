@@ -5,9 +5,8 @@ prompts are left-padded (positions count real tokens only), the prefill keeps on
 logits, each step samples with :func:`satrl.engines.sampling.sample_step`, and rows that finished (EOS)
 are dropped from the batch and the KV cache, so no compute is spent on padding after a stop.
 
-Numerics (``numerics=``) decide how the engine's copy of the weights differs from the trainer's fp32:
-``fp32`` (none), ``bf16`` (bf16 weights and compute), ``bf16-weights`` (weights rounded to bf16, fp32
-compute: a realistic implementation mismatch at fp32 speed on CPUs without bf16 units; the default).
+Numerics (``numerics=``, :mod:`satrl.engines.numerics`) decide how the engine's copy of the weights differs
+from the trainer's fp32; ``bf16-weights`` (weights rounded to bf16, fp32 compute) is this engine's default.
 """
 
 from __future__ import annotations
@@ -16,43 +15,22 @@ import copy
 import inspect
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
+from satrl.engines.numerics import resolve_numerics
 from satrl.engines.sampling import request_uniforms, sample_step
 from satrl.models.routing import capture_routing as _capture_routing
 from satrl.models.routing import moe_num_layers, moe_top_k
-from satrl.registry import Registry
 from satrl.types import Completion, ContextLengthError, GenerationRequest, SamplingParams
-
-
-@dataclass(frozen=True)
-class Numerics:
-    """Compute dtype of the engine's model and the dtype its weights are rounded through."""
-
-    compute: torch.dtype
-    weights: torch.dtype
-
-
-NUMERICS: Registry[Numerics] = Registry("numerics", {
-    "fp32": Numerics(torch.float32, torch.float32),
-    "bf16": Numerics(torch.bfloat16, torch.bfloat16),
-    "bf16-weights": Numerics(torch.float32, torch.bfloat16),
-})
 
 
 def cache_argument(model: nn.Module) -> str:
     """The KV-cache argument of ``model.forward``: ``cache`` in transformers >= 5.2x, ``past_key_values`` before.
     An unknown name is swallowed by ``**kwargs`` and decoding silently runs without a cache, so ask forward()."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def resolve_numerics(name: str) -> Numerics:
-    """The :class:`Numerics` of ``name`` (``engine.numerics``); :class:`~satrl.registry.UnknownChoice` otherwise."""
-    return NUMERICS.get(name)
 
 
 class TorchEngine:
@@ -113,7 +91,7 @@ class TorchEngine:
 
     @torch.no_grad()
     def _round_weights(self) -> None:
-        if self._num.weights != self._num.compute:
+        if self._num.rounds:
             for p in self.model.parameters():
                 p.copy_(p.to(self._num.weights))
 

@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import save as save_safetensors
 
 from satrl.dtypes import dtype_name
-from satrl.engines.torch_engine import resolve_numerics
+from satrl.engines.numerics import resolve_numerics
 from satrl.tensors import scoring_slice
 from satrl.types import Completion, GenerationRequest, SamplingParams, Switch
 
@@ -152,7 +152,7 @@ class VLLMEngine:
             kwargs["weight_transfer_config"] = {"backend": BACKEND}
         kwargs.update(llm_kwargs)
         self.llm = self._start(kwargs, capture_routing)
-        if self._num.weights != self._num.compute:
+        if self._num.rounds:
             self.llm.collective_rpc("satrl_round_weights", args=(dtype_name(self._num.weights),))
 
     def _start(self, kwargs: dict, requested: bool | None):
@@ -182,7 +182,7 @@ class VLLMEngine:
         """Copy the trainer's tensors (HF names) into the running engine and set ``version``."""
         # tied weights share storage; safetensors refuses shared tensors, so each gets its own copy
         payload = save_safetensors({k: v.detach().cpu().contiguous().clone() for k, v in state_dict.items()})
-        round_to = dtype_name(self._num.weights) if self._num.weights != self._num.compute else None
+        round_to = dtype_name(self._num.weights) if self._num.rounds else None
         self.llm.collective_rpc("satrl_load_weights", args=(payload, round_to))
         self._version = int(version)
 

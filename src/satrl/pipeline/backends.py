@@ -130,7 +130,7 @@ class ProcessBackend:
         self._start()
 
     def _transport(self, name: str, bucket_bytes: int) -> TrainerSide:
-        from satrl.engines.torch_engine import resolve_numerics
+        from satrl.engines.numerics import resolve_numerics
 
         kind = TRANSPORTS.get(name)
         if kind.engine_kwargs:  # e.g. vLLM builds its weight-transfer engine at start-up

@@ -73,7 +73,7 @@ def snapshot_weights(cfg: RunConfig, trainer) -> Callable[[], dict[str, torch.Te
     otherwise one copy in the engine's dtype, assembled from the trainer's bucket stream
     (``Trainer.weight_buckets``, gathered from the shards under data parallel) without ever building an fp32
     one. The engine rounds to that dtype anyway, so it generates with the same weights either way."""
-    from satrl.engines.torch_engine import resolve_numerics
+    from satrl.engines.numerics import resolve_numerics
 
     if TRANSPORTS.get(cfg.weights.transport).full_snapshots or cfg.diagnostics.decompose:
         return trainer.weights

@@ -1,0 +1,43 @@
+"""How an engine's copy of the weights differs from the trainer's fp32 (``engine.numerics``): one table for every
+engine, so that ``bf16`` means the same rounding in the torch engine and in vLLM.
+
+- ``fp32``: none (the engine computes as the trainer does);
+- ``bf16``: bf16 weights and compute;
+- ``bf16-weights``: weights rounded to bf16, fp32 compute: a realistic implementation mismatch at fp32 speed on
+  CPUs without bf16 units (the torch engine's default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from satrl.registry import Registry
+
+__all__ = ["NUMERICS", "Numerics", "resolve_numerics"]
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """Compute dtype of the engine's model and the dtype its weights are rounded through."""
+
+    compute: torch.dtype
+    weights: torch.dtype
+
+    @property
+    def rounds(self) -> bool:
+        """Whether weights pass through a narrower dtype than the engine computes in (``bf16-weights``)."""
+        return self.weights != self.compute
+
+
+NUMERICS: Registry[Numerics] = Registry("numerics", {
+    "fp32": Numerics(torch.float32, torch.float32),
+    "bf16": Numerics(torch.bfloat16, torch.bfloat16),
+    "bf16-weights": Numerics(torch.float32, torch.bfloat16),
+})
+
+
+def resolve_numerics(name: str) -> Numerics:
+    """The :class:`Numerics` of ``name`` (``engine.numerics``); :class:`~satrl.registry.UnknownChoice` otherwise."""
+    return NUMERICS.get(name)
