@@ -90,3 +90,29 @@ def test_the_weight_layer_imports_neither_the_pipeline_nor_the_engines(forbidden
     bad = {v: sorted(w for w in ws if w == forbidden or w.startswith(forbidden + "."))
            for v, ws in edges.items() if v == "satrl.weights" or v.startswith("satrl.weights.")}  # fmt: skip
     assert not any(bad.values()), bad
+
+
+def _pipeline_imports(package: str) -> dict[str, list[str]]:
+    """For each module of ``satrl.pipeline.<package>``: the modules of ``satrl.pipeline`` it imports from outside
+    that package."""
+    inside = f"satrl.pipeline.{package}"
+    return {v: sorted(w for w in ws if w.startswith("satrl.pipeline.") and not w.startswith(inside))
+            for v, ws in graph().items() if v == inside or v.startswith(inside + ".")}  # fmt: skip
+
+
+def test_the_engine_side_imports_only_the_loops_leaves():
+    """The engine-process side (workers, backends, the child's loop) knows the lag schedules and the one-line
+    errors, nothing else of the loop and nothing of the launch wiring."""
+    imported = _pipeline_imports("engine_side")
+    assert imported, "no engine_side modules found"
+    bad = {v: [w for w in ws if w not in ("satrl.pipeline.errors", "satrl.pipeline.schedules")]
+           for v, ws in imported.items()}  # fmt: skip
+    assert not any(bad.values()), bad
+
+
+def test_the_launch_wiring_never_imports_the_loop():
+    imported = _pipeline_imports("launch")
+    assert imported, "no launch modules found"
+    loop = ("satrl.pipeline.orchestrator", "satrl.pipeline.progress", "satrl.pipeline.rollouts")
+    bad = {v: [w for w in ws if w in loop] for v, ws in imported.items()}
+    assert not any(bad.values()), bad

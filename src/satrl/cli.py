@@ -124,7 +124,7 @@ def _train(cfg, args: argparse.Namespace, train_with_progress) -> dict | None:
 
     if not launched():
         return run()
-    from satrl.pipeline.data_parallel import run as run_data_parallel
+    from satrl.pipeline.launch.data_parallel import run as run_data_parallel
 
     return run_data_parallel(cfg, run)
 

@@ -55,7 +55,7 @@ NumericsName = Annotated[str, _registered("satrl.engines.numerics:NUMERICS")]
 TaskName = Annotated[str, _registered("satrl.tasks:TASKS")]
 AggregationName = Annotated[str, _registered("satrl.objectives.aggregation:AGGREGATIONS")]
 ScheduleName = Annotated[str, _registered("satrl.pipeline.schedules:SCHEDULES")]
-BackendName = Annotated[str, _registered("satrl.pipeline.backends:BACKENDS")]
+BackendName = Annotated[str, _registered("satrl.pipeline.engine_side.backends:BACKENDS")]
 TransportName = Annotated[str, _registered("satrl.weights.transports:TRANSPORTS")]
 
 
@@ -411,7 +411,7 @@ def _check_inflight(cfg: RunConfig) -> None:
     if cfg.engine.name not in (engines := engines_declaring("inflight")):
         raise ConfigError(f"lag.inflight_every={K} needs engine.name {' or '.join(engines)} (got {cfg.engine.name}); "
                           "set lag.inflight_every=0")  # fmt: skip
-    backends = [name for name, kind in _registry("satrl.pipeline.backends:BACKENDS").items() if kind.inflight]
+    backends = [name for name, kind in _registry("satrl.pipeline.engine_side.backends:BACKENDS").items() if kind.inflight]
     if cfg.backend not in backends:
         raise ConfigError(f"lag.inflight_every={K} needs backend {' or '.join(backends)} (got {cfg.backend}); "
                           "set lag.inflight_every=0")  # fmt: skip

@@ -80,7 +80,7 @@ def test_a_prompt_longer_than_the_context_says_so():
     from types import SimpleNamespace
 
     from satrl.config import ConfigError, load_config
-    from satrl.pipeline.setup import check_context
+    from satrl.pipeline.launch.setup import check_context
 
     cfg = load_config(None, ["engine.max_new_tokens=8"])
     model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64))
@@ -122,7 +122,7 @@ def test_the_skipped_rows_warning_is_printed_once(tmp_path):
     process on the local backend) builds it again and must not print the same warning a second time."""
     import warnings
 
-    from satrl.pipeline.worker import RolloutWorker, WorkerSpec
+    from satrl.pipeline.engine_side.worker import RolloutWorker, WorkerSpec
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(f'{{"problem": "{i}+1", "answer": "{i + 1}"}}\n' for i in range(40)) + "not json\n")

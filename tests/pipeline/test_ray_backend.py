@@ -16,7 +16,7 @@ import pytest
 
 from run_helpers import TINY, read_jsonl, same_samples_diff
 from satrl.config import load_config
-from satrl.pipeline import backends
+from satrl.pipeline.engine_side import backends
 from satrl.pipeline.orchestrator import train
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
@@ -57,7 +57,7 @@ def sequential(tmp_path_factory):
 
 @needs_ray
 def test_split_groups_covers_every_group_once():
-    from satrl.pipeline.ray_backend import split_groups
+    from satrl.pipeline.engine_side.ray_backend import split_groups
 
     assert split_groups(4, 2) == [[0, 1], [2, 3]]
     assert split_groups(5, 2) == [[0, 1], [2, 3, 4]]
@@ -111,7 +111,7 @@ class KillingRayBackend:
         self.sig = sig
 
     def __call__(self, spec, **options):
-        from satrl.pipeline.ray_backend import RayBackend
+        from satrl.pipeline.engine_side.ray_backend import RayBackend
 
         hook = self
 

@@ -8,9 +8,9 @@ import torch
 from run_helpers import TINY, read_jsonl, stable
 from satrl.config import load_config
 from satrl.pipeline import orchestrator
+from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
 from satrl.pipeline.rollouts import horizon
 from satrl.pipeline.schedules import make_schedule
-from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
 
 ARGS = ["steps=8", "lag.schedule=broadcast", "lag.n=3", "seed=2"]
 
@@ -126,7 +126,7 @@ def test_an_engine_that_holds_one_version_moves_forward_and_refuses_to_go_back()
 def test_a_restarted_engine_gets_each_version_just_before_the_first_request_that_needs_it():
     """The refeed after a restart: an engine that holds one version at a time only moves forward, so versions and
     re-issued requests go out interleaved, in order."""
-    from satrl.pipeline.backends import ProcessBackend
+    from satrl.pipeline.engine_side.backends import ProcessBackend
     from satrl.weights.transports import InprocTransport
 
     sent: list[tuple] = []
@@ -136,7 +136,7 @@ def test_a_restarted_engine_gets_each_version_just_before_the_first_request_that
     backend.transport.held = {3: {}, 5: {}, 6: {}, 9: {}}
     backend.in_flight = {11: RolloutRequest(11, [5, 5]), 10: RolloutRequest(10, [3, 5]), 12: RolloutRequest(12, [6, 6])}
     backend._refeed()
-    from satrl.pipeline.engine_process import Rollout
+    from satrl.pipeline.engine_side.engine_process import Rollout
     from satrl.weights.messages import Put
 
     assert [("weights", m.version) if isinstance(m, Put) else ("rollout", m.request.b) for m in sent] == [
@@ -151,7 +151,7 @@ def test_a_push_restarts_the_engine_deadline():
     than engine.timeout_s must not read as an engine hang once the version arrives."""
     import time
 
-    from satrl.pipeline.backends import ProcessBackend
+    from satrl.pipeline.engine_side.backends import ProcessBackend
     from satrl.weights.transports import InprocTransport
 
     backend = ProcessBackend.__new__(ProcessBackend)

@@ -90,7 +90,7 @@ def test_a_stopped_engine_is_replaced_and_fed_again(tmp_path, monkeypatch):
 def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32():
     from satrl.models import load_policy
     from satrl.objectives import resolve_objective
-    from satrl.pipeline.setup import snapshot_weights
+    from satrl.pipeline.launch.setup import snapshot_weights
     from satrl.training.settings import TrainerSettings
     from satrl.training.trainer import Trainer
 
@@ -111,7 +111,7 @@ def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32(
 
 
 def test_resuming_the_split_from_engine_dtype_snapshots_is_refused():
-    from satrl.pipeline.setup import check_snapshots
+    from satrl.pipeline.launch.setup import check_snapshots
 
     bf16 = {3: {"w": torch.zeros(2, dtype=torch.bfloat16)}}
     check_snapshots(bf16, decompose=False)
@@ -179,9 +179,9 @@ def test_data_parallel_dist_equals_one_process(tmp_path):
 def test_an_engine_that_fails_to_start_is_an_error_not_a_hang(tmp_path):
     """Under dist the first push waits for the engine process to join: one that fails at start-up is its
     error in the parent (read from the results pipe), never a wait for the group."""
-    from satrl.pipeline.backends import ProcessBackend
-    from satrl.pipeline.setup import worker_spec
-    from satrl.pipeline.worker import RolloutRequest
+    from satrl.pipeline.engine_side.backends import ProcessBackend
+    from satrl.pipeline.engine_side.worker import RolloutRequest
+    from satrl.pipeline.launch.setup import worker_spec
 
     spec = worker_spec(load_config(None, [*TINY, "engine.kwargs={bogus: 1}", f"out={tmp_path / 'run'}"]))
     backend = ProcessBackend(spec, timeout_s=60, start_timeout_s=120, transport="dist")

@@ -81,7 +81,7 @@ def test_microbatch_loop_has_no_host_sync(steps):
 
 def test_unsupported_settings_are_refused_in_one_line():
     from satrl.config import ConfigError, load_config
-    from satrl.pipeline.data_parallel import check_supported
+    from satrl.pipeline.launch.data_parallel import check_supported
 
     check_supported(load_config(None, []))  # the defaults run
     for overrides, key in ((["r3=true", "model.name=tiny-arith-moe"], "r3"), (["train.device=mps"], "train.device")):
@@ -93,7 +93,7 @@ def test_a_failure_while_the_trainer_is_built_keeps_the_job_busy(monkeypatch):
     """Rank 0 announces Start, then the others build the same trainer inside collectives; if rank 0 fails
     there it must exit (torchrun stops the rest), not send them a Stop they cannot receive: that deadlocked
     every torchrun job once (a transformers upgrade made rank 0 fail while placing the policy; the watchdog sees live
-    heartbeats and never fires). `dp.busy` is what `pipeline.data_parallel.run` reads to choose."""
+    heartbeats and never fires). `dp.busy` is what `pipeline.launch.data_parallel.run` reads to choose."""
     from types import SimpleNamespace
 
     from satrl.objectives import resolve_objective

@@ -271,7 +271,7 @@ def test_train_batch_steps_on_the_opob_advantages(tiny, monkeypatch):
 
 def test_data_parallel_refuses_the_per_sequence_baseline_in_one_line():
     from satrl.config import ConfigError, load_config
-    from satrl.pipeline.data_parallel import check_supported
+    from satrl.pipeline.launch.data_parallel import check_supported
 
     check_supported(load_config(None, ["objective.name=vcpo", "objective.baseline=group_mean"]))  # ESS alone runs
     check_supported(load_config(None, ["train.lr_lag_scaling=inverse"]))

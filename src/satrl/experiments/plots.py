@@ -45,6 +45,22 @@ def _colors(cells: list[str]) -> dict[str, tuple]:
     return {c: cmap(i % cmap.N) for i, c in enumerate(cells)}
 
 
+def _legend_right(fig: plt.Figure, axes) -> None:
+    """One legend for the whole figure, right of its axes, each label once (a curve's ``(n=...)`` suffix dropped)."""
+    handles = {h.get_label().split(" (n=")[0]: h for ax in axes for h in ax.get_lines()
+               if not h.get_label().startswith("_")}  # fmt: skip
+    fig.legend(list(handles.values()), list(handles.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+
+
+def _save(fig: plt.Figure, path: Path, title: str | None = None) -> None:
+    """Give the figure its title (and lay it out), write it at 110 dpi cropped to what is drawn, and close it."""
+    if title is not None:
+        fig.suptitle(title)
+        fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
 def _seed_matrix(df: pd.DataFrame, key: str, smooth: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Rows of one (cell, lag): steps [S], values [n_seeds, S] (NaN where a seed lacks a step)."""
     wide = df.pivot_table(index="seed", columns="step", values=key, aggfunc="mean").sort_index(axis=1)
@@ -94,19 +110,8 @@ def _per_lag_figure(res: GridResults, df: pd.DataFrame, key: str, path: Path, ti
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(ylabel)
-    handles = {
-        h.get_label().split(" (n=")[0]: h
-        for ax in axes[0]
-        for h in ax.get_lines()
-        if not h.get_label().startswith("_")
-    }
-    fig.legend(
-        list(handles.values()), list(handles.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8
-    )
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    _legend_right(fig, axes[0])
+    _save(fig, path, title)
     return True
 
 
@@ -167,15 +172,8 @@ def sat_diagnostics(res: GridResults, path: Path) -> FigureOut:
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
-    handles = {h.get_label().split(" (n=")[0]: h for ax in axes.ravel() for h in ax.get_lines()
-               if not h.get_label().startswith("_")}  # fmt: skip
-    fig.legend(
-        list(handles.values()), list(handles.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8
-    )
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    _legend_right(fig, axes.ravel())
+    _save(fig, path, title)
     return FigureOut(title, caption, path)
 
 
@@ -219,8 +217,7 @@ def gate_check(res: GridResults, path: Path) -> FigureOut:
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    _save(fig, path)
     return FigureOut(title, caption, path)
 
 
@@ -251,14 +248,8 @@ def bylag(res: GridResults, path: Path) -> FigureOut:
         ax.set_ylabel(metric.replace("_", " "))
         ax.set_title(f"{metric.replace('_', ' ')} by lag")
         ax.grid(alpha=0.3)
-    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
-    fig.legend(
-        list(handles.values()), list(handles.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8
-    )
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    _legend_right(fig, axes[0])
+    _save(fig, path, title)
     return FigureOut(title, caption, path)
 
 
@@ -290,10 +281,7 @@ def dose_response(res: GridResults, path: Path) -> FigureOut:
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    _save(fig, path, title)
     return FigureOut(title, caption, path)
 
 
@@ -358,10 +346,7 @@ def paired_curves(res: GridResults, baseline: str | None, path: Path) -> FigureO
         ax.set_xlabel("optimizer step")
     for ax in axes[:, 0]:
         ax.set_ylabel(f"method - {base} (points)")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    _save(fig, path, title)
     return FigureOut(title, caption, path)
 
 
@@ -393,8 +378,5 @@ def paired(res: GridResults, tables: dict[str, pd.DataFrame], baseline: str | No
         ax.set_xlabel(f"{name}: method - {base} (avg@k points)")
         ax.set_title(name)
         ax.grid(alpha=0.3, axis="x")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    _save(fig, path, title)
     return FigureOut(title, caption, path)

@@ -69,8 +69,9 @@ class SnapshotStore:
     def wanted(self, b_training: int) -> set[int]:
         return set().union(*(self.needed(b) for b in range(b_training, b_training + self.horizon + 1)))
 
-    def offer(self, version: int, weights: Callable[[], dict[str, torch.Tensor]], b_training: int) -> None:
-        """Keep the current weights if a pending batch needs them; forget versions no one needs."""
+    def update(self, version: int, weights: Callable[[], dict[str, torch.Tensor]], b_training: int) -> None:
+        """Store the weights of ``version`` (just trained) if a pending batch needs them; forget versions no one
+        needs any more."""
         wanted = self.wanted(b_training)
         if version in wanted and version not in self.states:
             self.states[version] = weights()

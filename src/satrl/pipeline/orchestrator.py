@@ -19,12 +19,9 @@ import torch
 from satrl.config import RunConfig
 from satrl.diagnostics.lag import multi_version
 from satrl.engines.registry import pad_id
-from satrl.pipeline.backends import backend_options, make_backend
 from satrl.pipeline.buffer import collate
-from satrl.pipeline.rollouts import Rollouts, Taken
-from satrl.pipeline.rundir import RunDir, RunState
-from satrl.pipeline.schedules import Schedule, inflight_versions, make_schedule
-from satrl.pipeline.setup import (
+from satrl.pipeline.engine_side.backends import backend_options, make_backend
+from satrl.pipeline.launch.setup import (
     build_evaluator,
     build_run_dir,
     build_trainer,
@@ -33,6 +30,9 @@ from satrl.pipeline.setup import (
     snapshot_weights,
     worker_spec,
 )
+from satrl.pipeline.rollouts import Rollouts, Taken
+from satrl.pipeline.rundir import RunDir, RunState
+from satrl.pipeline.schedules import Schedule, inflight_versions, make_schedule
 from satrl.provenance import record_session
 from satrl.tasks import make_task
 from satrl.training import checkpoint as ckpt
@@ -60,9 +60,9 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
     sched = make_schedule(cfg.lag.schedule, S, cfg.lag.n, cfg.lag.max_staleness, cfg.seed, cfg.lag.on_stale)
     K, N = cfg.lag.inflight_every, cfg.engine.max_new_tokens
     rollouts = Rollouts(sched, lambda b: _versions(sched, b, P, K, N), P, n_batches, inflight_every=K)
-    keep = snapshot_weights(cfg, trainer)  # what the snapshot store keeps of a version (fp32, or the engine's dtype)
+    snapshot = snapshot_weights(cfg, trainer)  # a version's weights as the store holds them (fp32, or the engine's dtype)
     evaluator = build_evaluator(cfg, tokenizer, task)
-    state = _resume(run, trainer, rollouts, cfg, keep, evaluator.due) if resume else _fresh(run, rollouts, keep)
+    state = _resume(run, trainer, rollouts, cfg, snapshot, evaluator.due) if resume else _fresh(run, rollouts, snapshot)
     record_session(run.path, trainer.version, cfg.trainer_threads, run.changes)  # environment.json: code, machine
     evaluator.prepare()
     check_context(cfg, trainer.model, tokenizer, [*evaluator.pool, *_first_batch(task, cfg.seed, P)])
@@ -75,7 +75,7 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
             batch = collate(got.samples, pad_id(tokenizer))
             t0 = time.perf_counter()
             for metrics, rows in trainer.train_batch(batch, b, rollouts.store.get, stop_at=cfg.steps):  # train it
-                rollouts.offer(trainer.version, keep, b)  # push the new weights
+                rollouts.trained(trainer.version, snapshot, b)  # push the new weights
                 metrics.update(_batch_metrics(batch, rows, time.perf_counter() - t0, got, rollouts))
                 got = Taken(got.samples, 0.0, 0, 0, 0)  # waits, drops, holds, timeouts: logged on the first step
                 run.log_step(trainer.version, metrics)
@@ -102,20 +102,20 @@ def _versions(sched: Schedule, b: int, P: int, every: int = 0, tokens: int = 1) 
     return set().union(*(inflight_versions(sched.version(b, g), cap, every, tokens) for g in range(P)))
 
 
-def _fresh(run: RunDir, rollouts: Rollouts, keep: Callable[[], dict]) -> RunState:
+def _fresh(run: RunDir, rollouts: Rollouts, snapshot: Callable[[], dict]) -> RunState:
     state = run.fresh()
-    rollouts.fresh(state, keep)
+    rollouts.fresh(state, snapshot)
     return state
 
 
-def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfig, keep: Callable[[], dict],
+def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfig, snapshot: Callable[[], dict],
             due: Callable[[int, int], bool]) -> RunState:  # fmt: skip
     """Apply the run's latest checkpoint (or start over if it has none) once the folder checks out (checkpoint
     files and config, :meth:`RunDir.load` and :meth:`RunDir.check_config`), check that its settings can go on
     to ``steps``, and only then cut the logs and rewrite ``config.yaml``: a refused resume changes no file."""
     loaded, steps = run.load(), cfg.steps
     if loaded is None:
-        return _fresh(run, rollouts, keep)
+        return _fresh(run, rollouts, snapshot)
     planned = run.check_config(loaded)
     check_snapshots(loaded.snapshots, cfg.diagnostics.decompose)
     with ckpt.applying(loaded.path):  # a state of the wrong structure is one line naming the checkpoint
@@ -123,7 +123,7 @@ def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfi
         trainer.load_state_dict(loaded.trainer)
         trainer.read_shards(loaded.path)  # data parallel: model and optimizer shards (DCP); nothing on one device
         torch.set_rng_state(loaded.rng)
-        rollouts.restore(loaded, trainer.version, keep)
+        rollouts.restore(loaded, trainer.version, snapshot)
     rollouts.check_continuable(trainer.version, steps, planned)
     run.resume_at(trainer.version, rollouts.state, loaded.wall_s, lambda step: due(step, steps))
     run.save_config()

@@ -142,7 +142,7 @@ def _finite_or_none(x: float) -> float | None:
 
 
 class RunDir:
-    """One run's directory. Plain arguments (:func:`satrl.pipeline.setup.build_run_dir` builds them from the config):
+    """One run's directory. Plain arguments (:func:`satrl.pipeline.launch.setup.build_run_dir` builds them from the config):
 
     Args:
         path: the directory.

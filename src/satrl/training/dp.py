@@ -1,6 +1,6 @@
 """Data parallel training with FSDP2, launched by ``torchrun --nproc_per_node=N -m satrl train ...``: this
 process's place in the job (:class:`DataParallel`), the process groups, the ranks' :class:`Watchdog`, FSDP2's
-sharding. Which ranks do what for a run config is :mod:`satrl.pipeline.data_parallel`.
+sharding. Which ranks do what for a run config is :mod:`satrl.pipeline.launch.data_parallel`.
 
 Design (docs/design.md, "Data parallel"): rank 0 alone runs the training loop
 (:func:`satrl.pipeline.orchestrator.train`): the rollout backend and its engine, the run directory, the
@@ -42,7 +42,7 @@ class DataParallel:
     group: object  # the data plane (FSDP's collectives, the step's reductions)
     channel: Channel
     mesh: object
-    busy: bool = False  # inside a call the other ranks joined (see satrl.pipeline.data_parallel.run)
+    busy: bool = False  # inside a call the other ranks joined (see satrl.pipeline.launch.data_parallel.run)
     watchdog: Watchdog | None = None
 
     @property

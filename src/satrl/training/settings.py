@@ -1,6 +1,6 @@
 """How a :class:`~satrl.training.trainer.Trainer` trains: one typed, frozen object instead of two dozen keyword
 arguments. The run's config sections (``train``, ``objective.aggregation``, ``engine.temperature``, ``r3``,
-``diagnostics.decompose``, ``seed``) map onto it in one place, :func:`satrl.pipeline.setup.trainer_settings`; tests
+``diagnostics.decompose``, ``seed``) map onto it in one place, :func:`satrl.pipeline.launch.setup.trainer_settings`; tests
 and benchmarks build it directly. The trainer never sees the config classes.
 """
 

@@ -1,7 +1,7 @@
 """Ray backend: the rollout worker as Ray actors, sharing each batch's prompt groups (extra ``ray``).
 
 The orchestration loop and the trainer stay in the driver process (``breakpoint()`` still works there); each
-engine worker is a Ray actor wrapping the same :class:`~satrl.pipeline.worker.RolloutWorker` the local
+engine worker is a Ray actor wrapping the same :class:`~satrl.pipeline.engine_side.worker.RolloutWorker` the local
 backends use, with the same rollout body (``RolloutWorker.rollout`` given the actor's groups). A batch's P
 prompt groups are split into contiguous shards, one per actor, and the shards' samples are merged sorted by
 sample id. Samples equal the local backend's because sampling depends only on
@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
+from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
 from satrl.pipeline.errors import EngineError
-from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
 from satrl.types import Sample
 
 try:
@@ -89,7 +89,7 @@ class _Shard:
 
 
 class RayBackend:
-    """Rollouts on ``num_workers`` Ray engine actors (implements :class:`~satrl.pipeline.backends.Backend`).
+    """Rollouts on ``num_workers`` Ray engine actors (implements :class:`~satrl.pipeline.engine_side.backends.Backend`).
 
     Args:
         spec: how each actor builds its rollout worker.
@@ -102,7 +102,7 @@ class RayBackend:
         timeout_s: how long :meth:`result` waits for a batch (config ``engine.timeout_s``) before the actors that
             owe it count as hung: they are killed and restarted by Ray, their shards re-issued, with a fresh
             deadline (plus ``restart_timeout_s`` for the restart).
-        max_hang_restarts: hangs in a row for one batch before :class:`~satrl.pipeline.backends.EngineError`, one
+        max_hang_restarts: hangs in a row for one batch before :class:`~satrl.pipeline.engine_side.backends.EngineError`, one
             line (config ``engine.max_restarts``).
     """
 

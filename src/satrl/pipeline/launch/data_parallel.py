@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from satrl.config import ConfigError, RunConfig
-from satrl.pipeline.setup import build_trainer
+from satrl.pipeline.launch.setup import build_trainer
 from satrl.training import dp
 from satrl.training import dp_calls as calls
 

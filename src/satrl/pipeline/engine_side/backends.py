@@ -1,6 +1,6 @@
 """Backends run the rollout worker: in this process (``sequential``) or in a child process (``local``).
 
-Both take the same :class:`~satrl.pipeline.worker.RolloutRequest` objects and return the same samples,
+Both take the same :class:`~satrl.pipeline.engine_side.worker.RolloutRequest` objects and return the same samples,
 because sampling depends only on per-request seeds and the requested weights. The trainer stays in the
 main process, where ``breakpoint()`` works.
 """
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from satrl.pipeline.engine_process import Done, Failed, Request, Rollout, Started, Stop, serve
+from satrl.pipeline.engine_side.engine_process import Done, Failed, Request, Rollout, Started, Stop, serve
+from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutWorker, WorkerSpec
 from satrl.pipeline.errors import EngineError
-from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
 from satrl.registry import Registry
 from satrl.types import Sample
 from satrl.weights.link import LinkDown
@@ -279,7 +279,7 @@ class ProcessBackend:
 
 
 def _ray(spec: WorkerSpec, **options) -> Backend:
-    from satrl.pipeline.ray_backend import RayBackend  # optional extra: ray
+    from satrl.pipeline.engine_side.ray_backend import RayBackend  # optional extra: ray
 
     return RayBackend(spec, **options)
 

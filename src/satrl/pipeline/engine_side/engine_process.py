@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 
 from satrl import faults
 from satrl.models.loading import PolicyLoadError
-from satrl.pipeline.worker import RolloutRequest, RolloutWorker, WorkerSpec
+from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutWorker, WorkerSpec
 from satrl.tasks import TaskError
 from satrl.types import ContextLengthError, Sample
 from satrl.weights.messages import WeightMessage

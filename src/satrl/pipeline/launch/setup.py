@@ -7,9 +7,9 @@ from collections.abc import Callable
 import torch
 
 from satrl.config import ConfigError, RunConfig
+from satrl.pipeline.engine_side.worker import WorkerSpec
 from satrl.pipeline.evaluator import EvalEngineSpec, EvalPlan, Evaluator
 from satrl.pipeline.rundir import RunDir
-from satrl.pipeline.worker import WorkerSpec
 from satrl.training import dp
 from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer
@@ -67,7 +67,7 @@ def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
 
 
 def snapshot_weights(cfg: RunConfig, trainer) -> Callable[[], dict[str, torch.Tensor]]:
-    """What the snapshot store keeps of a version that pending batches need (``Rollouts.offer``): the trainer's
+    """What the snapshot store keeps of a version that pending batches need (``Rollouts.trained``): the trainer's
     full fp32 CPU copy (``Trainer.weights``) when the transport sends it as it is (its ``full_snapshots``), and
     whenever the Δπ/Δimpl split (``diagnostics.decompose``) reads it, since its log-probs must be today's;
     otherwise one copy in the engine's dtype, assembled from the trainer's bucket stream
