@@ -5,8 +5,9 @@ that is meant to change no behaviour provably changes none.
 
 Bits depend on the CPU as well as the code: torch picks its fp32 kernels by CPU, so the same commit gives
 last-digit differences on an AMD EPYC and on an Intel Xeon from the first step on (and, through sampling,
-different trajectories later). The record therefore keeps one run set per machine kind (CPU vendor and model
-name). On a recorded kind the test is exact; on a kind no record covers it can only check the first optimizer
+different trajectories later). The record therefore keeps one run set per machine kind (CPU vendor, model name
+and the vector kernels torch picks: two "AMD EPYC" machines, one with AVX-512 and one without, differ in the 6th
+digit at step 1, seen 2026-12-04). On a recorded kind the test is exact; on a kind no record covers it can only check the first optimizer
 step to a tolerance, and says so.
 
     .venv/bin/python tests/e2e/replay.py          # a change MEANT to move numbers: record this machine only
@@ -27,14 +28,22 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run_helpers, when run as a script
 
+import torch  # noqa: E402
+
 from run_helpers import REPO, TINY, read_jsonl, stable  # noqa: E402
-from satrl.provenance import cpu_kind as machine  # noqa: E402  (this machine's kind: CPU vendor, model name)
+from satrl.provenance import cpu_kind  # noqa: E402
 
 RECORD = REPO / "tests" / "data" / "replay.json"
 GPU_ONLY = {"qwen3_gpu.yaml", "qwen3_8b.yaml"}
 CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml") if p.name not in GPU_ONLY)
 # 5 steps at broadcast lag 2 with 2 optimizer steps per batch: staleness, clipping and the SAT gate all happen.
 OVERRIDES = ["steps=5", "lag.schedule=broadcast", "lag.n=2", "seed=3", "eval.every=2", "diagnostics.decompose=true"]
+
+
+def machine() -> dict:
+    """This machine's kind: CPU vendor, model name and ``capability``, the vector kernels torch picks (``AVX2``,
+    ``AVX512``, ...), as ``environment.json`` records them."""
+    return {**cpu_kind(), "capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def _family(model: str | None) -> str | None:
@@ -45,14 +54,15 @@ def _family(model: str | None) -> str | None:
 
 
 def covers(recorded: dict, here: dict) -> bool:
-    """A recorded machine covers this one if the vendors match and the model names do, clock aside (a record
-    whose model name was not kept covers every model of its vendor)."""
+    """A recorded machine covers this one if the vendors, the model names (clock aside) and torch's kernel
+    capabilities match (a record whose model name was not kept covers every model of its vendor)."""
     model = recorded.get("model")
-    return recorded["vendor"] == here["vendor"] and (model is None or _family(model) == _family(here["model"]))
+    return (recorded["vendor"] == here["vendor"] and (model is None or _family(model) == _family(here["model"]))
+            and recorded["capability"] == here["capability"])  # fmt: skip
 
 
 def load_record() -> list[dict]:
-    """The recorded machines, each ``{"vendor", "model", "runs": {config: {"metrics", "eval"}}}``."""
+    """The recorded machines, each ``{"vendor", "model", "capability", "runs": {config: {"metrics", "eval"}}}``."""
     return json.loads(RECORD.read_text())["machines"]
 
 

@@ -50,7 +50,7 @@ def test_replay_is_bit_identical(tmp_path, config):
         diffs = [exact_diff(got, m["runs"][config]) for m in mine]
         assert None in diffs, f"{config} on {here}: {diffs[0]}"
         return
-    kinds = [f"{m['vendor']} {m.get('model') or '(any model)'}" for m in record]
+    kinds = [f"{m['vendor']} {m.get('model') or '(any model)'} {m['capability']}" for m in record]
     warnings.warn(f"no replay record for {here} (recorded: {kinds}); only step 1 checked, to rtol {RTOL}. "
                   "On an unchanged commit, `python tests/e2e/replay.py --add` records this kind.", stacklevel=1)
     diffs = [exact_diff(got, m["runs"][config]) and first_step_diff(got, m["runs"][config]) for m in record]
@@ -67,7 +67,7 @@ def test_recorded_kinds_differ_and_agree_at_step_one():
     """Each recorded kind earns its place (its bits differ from the others'), and the kinds agree at step 1
     within the tolerance used on an unrecorded kind, so that tolerance is no looser than the machines need."""
     record = load_record()
-    assert {frozenset(m) for m in record} == {frozenset({"vendor", "model", "runs"})}
+    assert {frozenset(m) for m in record} == {frozenset({"vendor", "model", "capability", "runs"})}
     for a, b in zip(record, record[1:]):
         assert not covers(a, b) and not covers(b, a), "two records cover the same machine kind"
         differ = [c for c in CONFIGS if exact_diff(a["runs"][c], b["runs"][c]) is not None]
@@ -85,21 +85,24 @@ def test_step_one_tolerance_catches_a_real_change():
 
 
 def test_machine_kind_covering():
-    amd_any = {"vendor": "AuthenticAMD", "model": None}
-    xeon = {"vendor": "GenuineIntel", "model": "Intel(R) Xeon(R) Processor @ 2.00GHz"}
-    assert covers(amd_any, {"vendor": "AuthenticAMD", "model": "AMD EPYC 7B13"})
+    amd_any = {"vendor": "AuthenticAMD", "model": None, "capability": "AVX2"}
+    xeon = {"vendor": "GenuineIntel", "model": "Intel(R) Xeon(R) Processor @ 2.00GHz", "capability": "AVX512"}
+    assert covers(amd_any, {"vendor": "AuthenticAMD", "model": "AMD EPYC 7B13", "capability": "AVX2"})
     assert not covers(amd_any, xeon)
     assert covers(xeon, dict(xeon)) and not covers(xeon, {**xeon, "model": "Intel(R) Xeon(R) Platinum 8481C"})
     # the advertised clock is not part of the kind (both names seen, same bits), the rest of the name is
     assert covers(xeon, {**xeon, "model": "Intel(R) Xeon(R) Processor"})
     assert covers({**xeon, "model": "Intel(R) Xeon(R) Processor"}, {**xeon, "model": "Intel(R) Xeon(R) Processor @ 3.1 GHz"})
     assert not covers(xeon, {**xeon, "model": "Intel(R) Xeon(R) Processor v2 @ 2.00GHz"})
+    # the same model name with other vector kernels is another kind (an AMD EPYC with and without AVX-512)
+    epyc = {"vendor": "AuthenticAMD", "model": "AMD EPYC", "capability": "AVX2"}
+    assert not covers(epyc, {**epyc, "capability": "AVX512"}) and not covers({**epyc, "capability": "AVX512"}, epyc)
 
 
 def test_unrecorded_kind_falls_back_to_step_one(tmp_path, monkeypatch):
     """The path a third CPU kind takes: the run is checked at step 1 against the recorded kinds, with a warning."""
     import test_replay
 
-    monkeypatch.setattr(test_replay, "machine", lambda: {"vendor": "OtherVendor", "model": "a CPU never recorded"})
+    monkeypatch.setattr(test_replay, "machine", lambda: {"vendor": "OtherVendor", "model": "a CPU never recorded", "capability": "AVX2"})
     with pytest.warns(UserWarning, match="no replay record"):
         test_replay.test_replay_is_bit_identical(tmp_path, "grpo.yaml")
