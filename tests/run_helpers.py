@@ -81,6 +81,15 @@ def row_diff(x: dict, y: dict, rtol: float, atol: float, exact: tuple[str, ...] 
 
 
 
+def rounding_atol(metrics: dict, key: str) -> float:
+    """The absolute rounding that summing in another order (microbatch order, a compiled kernel) may leave in the
+    metric ``key``. ``logratio_var`` is E[x^2] - E[x]^2: its fp32 sums round at the scale of E[x^2] = var + mean^2,
+    not of the variance left after the cancellation (an AVX-512 AMD EPYC, 2026-12-04: var 0.1184, mean 3.42, two
+    microbatch orders 1.9e-6 apart, 1.6e-5 of the variance and 1.6e-7 of E[x^2]); 1e-7 for every other metric."""
+    mean = {"obj/logratio_var": "obj/ppo_kl", "mismatch/logratio_var": "mismatch/d_mean"}.get(key)
+    return 1e-6 * (metrics[key] + metrics[mean] ** 2) if mean else 1e-7
+
+
 def collated_routing(completions, pad_id: int = 0):
     """The trainer-row routing [B, L, layers, k] of engine completions, placed exactly as the pipeline places
     it (``pipeline.buffer.collate``: response token t at input position prompt_len - 1 + t, -1 elsewhere)."""

@@ -1,5 +1,6 @@
 """``train.compile``: every decoder layer and the log-prob chunk through torch.compile (inductor, built on this CPU)
-give the eager numbers within the stated tolerance: each metric within 1e-5 relative (+1e-7 absolute), the
+give the eager numbers within the stated tolerance: each metric within 1e-5 relative (+ `run_helpers.rounding_atol`
+absolute: 1e-7, or 1e-6 of E[x^2] for the log-ratio variance, whose cancellation amplifies rounding), the
 weights after two AdamW steps within 1e-4 in relative norm (Adam's first steps are ~lr x sign(grad), so a
 rounding-level gradient difference moves a weight by up to lr). Inductor fuses and reorders fp32 reductions
 (RMSNorm, softmax), so the bits differ: measured 3e-6 (metrics) and 2e-5 (weights) on the tiny policy."""
@@ -10,6 +11,7 @@ import pytest
 import torch
 from test_microbatch_order import ADV, make_batch
 
+from run_helpers import rounding_atol
 from satrl.models import build_char_tokenizer, build_tiny_model
 from satrl.objectives import resolve_objective
 from satrl.training.settings import TrainerSettings
@@ -33,7 +35,7 @@ def test_compiled_trainer_equals_eager():
     for a, b in zip(comp_m, eager_m):
         assert a.keys() == b.keys()
         for k in b:
-            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), k
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=rounding_atol(b, k)), k
     for k, v in eager_w.items():
         if v.is_floating_point():
             assert float((comp_w[k] - v).norm() / v.norm().clamp(min=1e-12)) <= 1e-4, k

@@ -9,6 +9,7 @@ import yaml
 from benchmarks.token_efficiency import efficiency, lengths_batch, mix, ordered
 from test_trainer import make_trainer
 
+from run_helpers import rounding_atol
 from satrl.config import build_config, load_config
 from satrl.models import build_char_tokenizer, build_tiny_model
 from satrl.pipeline.buffer import collate
@@ -102,15 +103,6 @@ def test_length_order_is_a_stable_longest_first_permutation(tiny):
             assert a < b
 
 
-def _rounding(metrics: dict, key: str) -> float:
-    """The absolute rounding a reordered sum may leave in ``key``. logratio_var is E[x^2] - E[x]^2: its sums'
-    fp32 rounding scales with E[x^2] = var + mean^2, not with the variance left after the cancellation (on an
-    AVX-512 AMD EPYC, 2026-12-04: var 0.1184, mean 3.42, E[x^2] 11.8, and the two orders differ by 1.9e-6, 1.6e-5 of
-    the variance and 1.6e-7 of E[x^2])."""
-    mean = {"obj/logratio_var": "obj/ppo_kl", "mismatch/logratio_var": "mismatch/d_mean"}.get(key)
-    return 1e-6 * (metrics[key] + metrics[mean] ** 2) if mean else 1e-7
-
-
 def test_by_length_step_equals_shuffled_on_one_microbatch(tiny):
     """With the whole minibatch in one microbatch the order only reorders sums: the same step to fp32 rounding."""
     model, tok = tiny
@@ -121,7 +113,7 @@ def test_by_length_step_equals_shuffled_on_one_microbatch(tiny):
     (ms, ws), (mb, wb) = out["shuffled"], out["by_length"]
     assert ms.keys() == mb.keys()
     for k in ms:
-        assert mb[k] == pytest.approx(ms[k], rel=1e-5, abs=_rounding(ms, k)), k
+        assert mb[k] == pytest.approx(ms[k], rel=1e-5, abs=rounding_atol(ms, k)), k
     for k in ws:  # AdamW's first step is ~lr x sign(grad): a rounding-level gradient can move a weight by 1e-6
         torch.testing.assert_close(wb[k], ws[k], atol=1e-5, rtol=1e-4)
 
