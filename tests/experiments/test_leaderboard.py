@@ -51,6 +51,22 @@ def test_screen_ranks_on_validation_and_reports_test_with_repaired_fraction(out)
     assert (out / "figures" / "leaderboard_0.png").stat().st_size > 1000
 
 
+def test_the_screens_validation_score_reads_its_own_seeds_only(tmp_path, make_run):
+    """A confirmation's later seeds (here 4-9, where `good` leads on validation by 39 points) must not enter the
+    screen's selection score: the promotion rule names the screen's seeds."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "grid.yaml").write_text(textwrap.dedent(GRID))
+    for s in range(10):
+        good_val = 0.59 if s < 4 else 0.99
+        for cell, lag, val in (("grpo", 0, 0.7), ("grpo", 32, 0.6), ("good", 32, good_val), ("bad", 32, 0.61)):
+            make_run(out, cell, lag, s, {"late_test_avg_at_k": 0.7, "summary_version": 2}, evals=_evals(val, 0.7))
+    sec = build_report(out, n_resamples=200).read_text().split("## Leaderboard: Screen")[1].split("\n## ")[0]
+    table = [line for line in sec.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [line.split(" | ")[1] for line in table] == ["Bad", "GRPO", "Good"]
+    assert next(line for line in table if "| Good |" in line).endswith(" -1.0 |")
+
+
 def test_a_hypothesis_with_seeds_is_tested_on_those_seeds_only(out):
     md = build_report(out, n_resamples=200).read_text()
     row = next(line for line in md.splitlines() if line.startswith("| P1 |"))

@@ -52,7 +52,9 @@ def rows(res: GridResults, lb: dict, n_resamples: int, ci: float, seed: int) -> 
     lag, base, ref = int(lb["lag"]), lb["base"], int(lb["reference_lag"])
     endpoint = lb.get("endpoint", "late_test_avg_at_k")
     st = cell_stats(runs, n_resamples, ci, seed)
-    val = late_val(res) if lb.get("select_on") else {}
+    seeds = lb.get("seeds")
+    val = {k: v for k, v in late_val(res).items() if not seeds or int(seeds[0]) <= k[2] <= int(seeds[1])} \
+        if lb.get("select_on") else {}  # the screen's seeds only, as its endpoint: a promotion rule names them
     base_val = {s: v for (c, g, s), v in val.items() if c == base and g == lag}
     out = []
     for cell in [c for c in res.cell_order() if ((runs["cell"] == c) & (runs["lag"] == lag)).any()]:
