@@ -63,12 +63,18 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def machine_kind() -> dict:
+    """What decides this machine's bits: CPU vendor, model name and ``capability``, the vector kernels torch picks
+    (``AVX2``, ``AVX512``, ...; two "AMD EPYC" machines with and without AVX-512 differ in fp32's last digits)."""
+    return {**cpu_kind(), "capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def environment(threads: int) -> dict:
     """This process's code and machine: what a run's bits depend on."""
     return {
         "git_commit": git_commit(),
         "satrl": satrl.__version__,
-        "cpu": {**cpu_kind(), "capability": torch.backends.cpu.get_cpu_capability()},  # the kernels torch picks
+        "cpu": machine_kind(),
         "torch": torch.__version__,
         "transformers": _version("transformers"),  # its model code is the trainer's numerics (5.25 changed defaults)
         "python": platform.python_version(),

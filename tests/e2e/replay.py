@@ -28,22 +28,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run_helpers, when run as a script
 
-import torch  # noqa: E402
-
 from run_helpers import REPO, TINY, read_jsonl, stable  # noqa: E402
-from satrl.provenance import cpu_kind  # noqa: E402
+from satrl.provenance import machine_kind as machine  # noqa: E402  (vendor, model name, torch's kernel capability)
 
 RECORD = REPO / "tests" / "data" / "replay.json"
 GPU_ONLY = {"qwen3_gpu.yaml", "qwen3_8b.yaml"}
 CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml") if p.name not in GPU_ONLY)
 # 5 steps at broadcast lag 2 with 2 optimizer steps per batch: staleness, clipping and the SAT gate all happen.
 OVERRIDES = ["steps=5", "lag.schedule=broadcast", "lag.n=2", "seed=3", "eval.every=2", "diagnostics.decompose=true"]
-
-
-def machine() -> dict:
-    """This machine's kind: CPU vendor, model name and ``capability``, the vector kernels torch picks (``AVX2``,
-    ``AVX512``, ...), as ``environment.json`` records them."""
-    return {**cpu_kind(), "capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def _family(model: str | None) -> str | None:
