@@ -29,15 +29,16 @@ def test_environment_names_code_kernels_and_versions():
 def test_sessions_append_on_resume_and_restart_on_a_fresh_run(tmp_path, monkeypatch):
     kinds = iter([XEON, XEON, "vendor_id : AuthenticAMD\nmodel name : AMD EPYC 7B13\n", XEON])
     monkeypatch.setattr(provenance, "cpu_kind", lambda cpuinfo=None: cpu_kind(next(kinds)))
+    cap = f" ({torch.backends.cpu.get_cpu_capability()})"  # this machine's kernels, recorded with the kind
     record_session(tmp_path, 0, 1)
     assert [s["from_step"] for s in read_sessions(tmp_path)] == [0]
-    assert machine_label(read_sessions(tmp_path)) == "GenuineIntel Intel(R) Xeon(R) Processor @ 2.00GHz"
+    assert machine_label(read_sessions(tmp_path)) == "GenuineIntel Intel(R) Xeon(R) Processor @ 2.00GHz" + cap
     record_session(tmp_path, 40, 1)  # resumed on the same kind: one kind in the label
-    assert machine_label(read_sessions(tmp_path)) == "GenuineIntel Intel(R) Xeon(R) Processor @ 2.00GHz"
+    assert machine_label(read_sessions(tmp_path)) == "GenuineIntel Intel(R) Xeon(R) Processor @ 2.00GHz" + cap
     record_session(tmp_path, 80, 1)  # resumed on another kind
     assert [s["from_step"] for s in read_sessions(tmp_path)] == [0, 40, 80]
     assert machine_label(read_sessions(tmp_path)) == (
-        "GenuineIntel Intel(R) Xeon(R) Processor @ 2.00GHz then AuthenticAMD AMD EPYC 7B13"
+        f"GenuineIntel Intel(R) Xeon(R) Processor @ 2.00GHz{cap} then AuthenticAMD AMD EPYC 7B13{cap}"
     )
     record_session(tmp_path, 0, 1)  # started over (no checkpoint): the old sessions no longer describe it
     assert [s["from_step"] for s in read_sessions(tmp_path)] == [0]
@@ -50,3 +51,12 @@ def test_a_torn_or_missing_file_reads_as_no_sessions(tmp_path):
     record_session(tmp_path, 12, 1)  # resuming over a torn file keeps what is known from now on
     assert [s["from_step"] for s in read_sessions(tmp_path)] == [12]
     assert machine_label([{"cpu": {}}]) == "unknown CPU"
+
+
+def test_one_model_name_with_other_kernels_is_another_kind():
+    """Two "AMD EPYC" machines, with and without AVX-512, differ in fp32's last digits: the label tells them apart
+    (and a session from before the capability was recorded keeps the old label)."""
+    amd = {"vendor": "AuthenticAMD", "model": "AMD EPYC"}
+    sessions = [{"cpu": {**amd, "capability": "AVX2"}}, {"cpu": {**amd, "capability": "AVX512"}}, {"cpu": amd}]
+    assert machine_label(sessions) == "AuthenticAMD AMD EPYC (AVX2) then AuthenticAMD AMD EPYC (AVX512) then " \
+        "AuthenticAMD AMD EPYC"

@@ -108,12 +108,14 @@ def read_sessions(run_path: Path) -> list[dict]:
 
 
 def machine_label(sessions: list[dict]) -> str | None:
-    """The CPU kinds a run's sessions ran on, in order, e.g. ``"GenuineIntel Intel(R) Xeon(R) Processor"``
-    (several joined by ``" then "``); None for a run without ``environment.json``."""
+    """The CPU kinds a run's sessions ran on, in order, e.g. ``"GenuineIntel Intel(R) Xeon(R) Processor (AVX512)"``
+    (torch's kernel capability in brackets where the session recorded it; several joined by ``" then "``); None
+    for a run without ``environment.json``."""
     kinds: list[str] = []
     for s in sessions:
         cpu = s.get("cpu") or {}
         kind = " ".join(str(x) for x in (cpu.get("vendor"), cpu.get("model")) if x) or "unknown CPU"
+        kind += f" ({cpu['capability']})" if cpu.get("capability") else ""
         if not kinds or kinds[-1] != kind:
             kinds.append(kind)
     return " then ".join(kinds) or None

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from satrl.experiments.report import build_report, mixed_seeds
+from satrl.experiments.report import build_report, hypothesis_mixed_seeds, mixed_seeds
 from satrl.experiments.store import find_runs, load_evals, load_metrics, load_results, load_runs, pack_results
 
 
@@ -134,3 +134,26 @@ def test_a_seed_whose_paired_runs_ran_on_different_cpu_kinds_is_flagged(tmp_path
             "differences on this seed mix in a machine difference): sat/lag8 on AuthenticAMD X; grpo/lag8, ppo/lag8 "
             "on GenuineIntel X.") in md
     assert "Seed 1's" not in md
+
+
+def test_declared_hypotheses_say_whether_their_own_pairs_mix_cpu_kinds(tmp_path, make_run):
+    """A staged trial's later cells share seeds with earlier cells run on another machine: the seed is flagged,
+    and each declared hypothesis says whether its own pairs are on one kind."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "grid.yaml").write_text(
+        "baseline: grpo\ncells: {grpo: {}, sat: {}, gspo: {}, sat_gspo: {}}\nhypotheses:\n"
+        "  H1: {method: sat, base: grpo, lag: 8}\n  C1: {method: sat_gspo, base: gspo, lag: 8}\n"
+        "  C2: {method: sat_gspo, base: gspo, lag: 8, seeds: [1, 1]}\n")
+    # seed 0: grpo and sat on Intel, the later gspo pair on AMD (clean for C1); seed 1: sat_gspo on AMD, gspo on Intel
+    kinds = {("grpo", 0): "GenuineIntel", ("sat", 0): "GenuineIntel", ("gspo", 0): "AuthenticAMD",
+             ("sat_gspo", 0): "AuthenticAMD", ("grpo", 1): "GenuineIntel", ("sat", 1): "GenuineIntel",
+             ("gspo", 1): "GenuineIntel", ("sat_gspo", 1): "AuthenticAMD"}  # fmt: skip
+    for (cell, seed), vendor in kinds.items():
+        d = make_run(out, cell, 8, seed, {"late_test_avg_at_k": 0.5})
+        (d / "environment.json").write_text(json.dumps({"sessions": [{"cpu": {"vendor": vendor, "model": "X"}}]}))
+    res = load_results(out)
+    assert hypothesis_mixed_seeds(res.runs, res.meta["hypotheses"]) == {"H1": [], "C1": [1], "C2": [1]}
+    md = build_report(out, n_resamples=200).read_text()
+    assert ("- Declared hypotheses (their own pairs only): each pair on one kind in H1; C1 pairs across kinds on "
+            "seed(s) 1; C2 pairs across kinds on seed(s) 1.") in md

@@ -157,6 +157,28 @@ def _machines_note(res: GridResults) -> list[str]:
         where = "; ".join(f"{', '.join(names)} on {kind}" for kind, names in by_kind.items())
         out.append(f"- **Seed {seed}'s paired runs ran on different CPU kinds** (every comparison pairs runs by "
                    f"seed, so its differences on this seed mix in a machine difference): {where}.")
+    if len(out) > 1 and res.meta.get("hypotheses"):
+        across = {n: s for n, s in hypothesis_mixed_seeds(res.runs, res.meta["hypotheses"]).items() if s}
+        within = [n for n in res.meta["hypotheses"] if n not in across]
+        words = [f"each pair on one kind in {', '.join(within)}"] if within else []
+        words += [f"{n} pairs across kinds on seed(s) {', '.join(map(str, s))}" for n, s in across.items()]
+        out.append(f"- Declared hypotheses (their own pairs only): {'; '.join(words)}.")
+    return out
+
+
+def hypothesis_mixed_seeds(runs: pd.DataFrame, hypotheses: dict) -> dict[str, list[int]]:
+    """hypothesis -> the seeds (within its ``seeds`` range) on which its method's run and a base's run ran on
+    different CPU kinds; only runs that recorded a kind count. A staged trial's later cells can share seeds with
+    earlier cells run elsewhere, and a test is clean when its own pairs are."""
+    rec = runs.dropna(subset=["machine"]) if "machine" in runs else runs.iloc[:0]
+    out = {}
+    for name, h in hypotheses.items():
+        bases = [h["base"]] if isinstance(h["base"], str) else list(h["base"])
+        lo, hi = map(int, h.get("seeds") or (-1, 10**9))
+        at = rec[(rec["lag"] == int(h["lag"])) & rec["seed"].between(lo, hi)]
+        kind = {c: dict(zip(g["seed"], g["machine"])) for c, g in at.groupby("cell")}
+        method = kind.get(h["method"], {})
+        out[name] = sorted({int(s) for b in bases for s, k in kind.get(b, {}).items() if s in method and method[s] != k})
     return out
 
 
