@@ -210,7 +210,7 @@ def test_runner_records_failures_and_skips_finished_on_rerun(tmp_path, fake_trai
     assert status["history"] == []  # the first invocation has no earlier one
     (first,) = status2["history"]  # the second keeps the first: its command, commit and the runs it finished
     assert first["started"] == status["started"] and first["git_commit"] == status["git_commit"]
-    assert first["cpu"] == status["cpu"] == provenance.cpu_kind()  # where each session ran (bits depend on it)
+    assert first["cpu"] == status["cpu"] == provenance.machine_kind()  # where each session ran (bits depend on it)
     assert first["finished"] == sorted(res.names("finished"))
 
 

@@ -157,3 +157,36 @@ def test_declared_hypotheses_say_whether_their_own_pairs_mix_cpu_kinds(tmp_path,
     md = build_report(out, n_resamples=200).read_text()
     assert ("- Declared hypotheses (their own pairs only): each pair on one kind in H1; C1 pairs across kinds on "
             "seed(s) 1; C2 pairs across kinds on seed(s) 1.") in md
+
+
+def _status(started, cpu, runs, history=()):
+    return {"grid": "g", "command": ["satrl", "grid"], "cpu": cpu, "started": started, "updated": started,
+            "history": list(history), "counts": {}, "runs": {n: {"status": s} for n, s in runs.items()}}
+
+
+def test_packing_a_second_session_merges_its_status_into_the_packed_one(tmp_path, make_run):
+    """Two machines resume one grid from a pack: the second pack keeps the first's history and the records of the
+    runs it finished (the second session only skipped them); packing the same status again changes nothing."""
+    first, second, dest = tmp_path / "m1", tmp_path / "m2", tmp_path / "packed"
+    make_run(first, "grpo", 8, 0, {"best_avg_at_k": 0.3})
+    (first / "grid_status.json").write_text(json.dumps(_status(
+        "2026-01-01T10:00:00", "Intel", {"grpo/lag8/seed0": "finished", "grpo/lag8/seed1": "running"})))
+    pack_results(first, dest)
+    make_run(second, "grpo", 8, 1, {"best_avg_at_k": 0.5})
+    earlier = _status("2026-01-01T09:00:00", "Intel", {})  # a history entry both files hold
+    (second / "grid_status.json").write_text(json.dumps(_status(
+        "2026-01-02T10:00:00", "AMD", {"grpo/lag8/seed0": "skipped", "grpo/lag8/seed1": "finished"},
+        history=[earlier | {"finished": []}])))
+    old = json.loads((dest / "grid_status.json").read_text())
+    old["history"] = [earlier | {"finished": []}]
+    (dest / "grid_status.json").write_text(json.dumps(old))
+    pack_results(second, dest)
+    merged = json.loads((dest / "grid_status.json").read_text())
+    assert [h["started"] for h in merged["history"]] == ["2026-01-01T09:00:00", "2026-01-01T10:00:00"]
+    assert merged["history"][1]["finished"] == ["grpo/lag8/seed0"] and merged["history"][1]["cpu"] == "Intel"
+    assert merged["started"] == "2026-01-02T10:00:00" and merged["cpu"] == "AMD"
+    assert merged["runs"] == {"grpo/lag8/seed0": {"status": "finished"}, "grpo/lag8/seed1": {"status": "finished"}}
+    assert merged["counts"] == {"finished": 2}
+    pack_results(second, dest)  # the same pack again
+    assert json.loads((dest / "grid_status.json").read_text()) == merged
+    assert {r.seed for r in find_runs(dest)} == {0, 1}

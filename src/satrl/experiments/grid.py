@@ -26,8 +26,8 @@ from typing import Any
 
 from satrl.experiments.changes import GridChangedError, changed_runs, guard_changes
 from satrl.experiments.spec import GridSpec, Run, expand, load_grid, render_value, select, spec_to_yaml
-from satrl.experiments.status import has_checkpoint, run_status
-from satrl.provenance import cpu_kind, git_commit
+from satrl.experiments.status import has_checkpoint, run_status, session_entry
+from satrl.provenance import git_commit, machine_kind
 
 __all__ = ["GridChangedError", "GridResult", "GridSpec", "Run", "add_grid_args", "default_command", "expand",
            "load_grid", "render_value", "run_grid", "run_grid_spec", "thread_env"]  # fmt: skip
@@ -78,11 +78,8 @@ def _history(status_path: Path) -> list[dict[str, Any]]:
     if not isinstance(prev, dict):
         return []
     history = [h for h in prev.get("history") or [] if isinstance(h, dict)]
-    if "started" in prev:
-        runs = prev.get("runs") or {}
-        history.append({k: prev.get(k) for k in ("command", "git_commit", "cpu", "started", "updated", "workers", "threads")}
-                       | {"finished": sorted(n for n, r in runs.items() if (r or {}).get("status") == "finished")})  # fmt: skip
-    return history
+    last = session_entry(prev)
+    return history + ([last] if last else [])
 
 
 @dataclass
@@ -126,7 +123,7 @@ class _Runner:
         self.active: dict[str, tuple[Run, subprocess.Popen, float, Any]] = {}
         self.durations: list[float] = []
         self.meta = {"grid": spec.name, "out": str(out), "command": sys.argv, "git_commit": git_commit(),
-                     "cpu": cpu_kind(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "workers": workers,
+                     "cpu": machine_kind(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "workers": workers,
                      "threads": env.get("OMP_NUM_THREADS")}  # fmt: skip
         self.meta["history"] = _history(self.out / "grid_status.json")
         for r in runs:

@@ -35,3 +35,39 @@ def run_status(run_dir: str | Path, summary: dict[str, Any] | None = None) -> st
     if (Path(run_dir) / "error.txt").exists():
         return "failed"
     return "partial" if has_checkpoint(run_dir) else "new"
+
+
+_SESSION_KEYS = ("command", "git_commit", "cpu", "started", "updated", "workers", "threads")
+
+
+def session_entry(status: dict[str, Any]) -> dict[str, Any] | None:
+    """One grid invocation as a ``history`` entry of ``grid_status.json``: its command, commit, machine and times,
+    and the runs it finished. None for a status without a ``started`` time (nothing ran)."""
+    if "started" not in status:
+        return None
+    runs = status.get("runs") or {}
+    finished = sorted(n for n, r in runs.items() if (r or {}).get("status") == "finished")
+    return {k: status.get(k) for k in _SESSION_KEYS} | {"finished": finished}
+
+
+def merge_status(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` (a grid's status, packed now) over ``old`` (the status already in the pack, from earlier sessions,
+    maybe on other machines): every invocation once in ``history`` (by its ``started`` time, the fuller entry
+    kept), each run's latest record, except that a run an earlier session finished and this one only skipped keeps
+    the record that finished it; counts recomputed. Packing the same status twice changes nothing."""
+    entries: dict[str, dict[str, Any]] = {}
+    for h in [*(old.get("history") or []), session_entry(old), *(new.get("history") or [])]:
+        if not isinstance(h, dict) or not h.get("started") or h["started"] == new.get("started"):
+            continue  # new's own session is its top level, not history
+        prev = entries.get(h["started"])
+        if prev is None or len(h.get("finished") or []) >= len(prev.get("finished") or []):
+            entries[h["started"]] = h
+    runs = dict(old.get("runs") or {})
+    for name, rec in (new.get("runs") or {}).items():
+        if not ((rec or {}).get("status") == "skipped" and (runs.get(name) or {}).get("status") == "finished"):
+            runs[name] = rec
+    counts: dict[str, int] = {}
+    for rec in runs.values():
+        counts[(rec or {}).get("status", "pending")] = counts.get((rec or {}).get("status", "pending"), 0) + 1
+    history = sorted(entries.values(), key=lambda h: h["started"])
+    return {**new, "history": history, "counts": counts, "runs": dict(sorted(runs.items()))}

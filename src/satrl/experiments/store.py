@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from satrl.experiments.status import run_status
+from satrl.experiments.status import merge_status, run_status
 from satrl.jsonl import read_jsonl  # the one tolerant JSONL reader (torn lines skipped)
 from satrl.provenance import ENVIRONMENT, machine_label, read_sessions
 
@@ -233,21 +233,35 @@ def _copy_portable(src: Path, dst: Path, out_dir: Path) -> Path:
     return dst
 
 
+def _pack_status(out_dir: Path, dest: Path) -> Path:
+    """grid_status.json into dest, merged with the one dest already holds (earlier sessions, other machines), so
+    a pack never loses the history of the runs it already holds."""
+    dest.mkdir(parents=True, exist_ok=True)
+    new, old = _read_json(out_dir / "grid_status.json"), _read_json(dest / "grid_status.json")
+    if new is None or old is None:  # nothing to merge with (or a file not the grid's): copied as it is
+        return _copy_portable(out_dir / "grid_status.json", dest / "grid_status.json", out_dir)
+    new = json.loads(portable(json.dumps(new), out_dir))
+    (dest / "grid_status.json").write_text(json.dumps(merge_status(old, new), indent=1) + "\n")
+    return dest / "grid_status.json"
+
+
 def pack_results(out_dir: str | Path, dest: str | Path) -> list[Path]:
     """Copy what is worth committing for every finished run into dest, mirroring the layout.
 
     Per run: summary.json, config.yaml, eval.jsonl, environment.json and metrics.jsonl.gz (gzip, mtime 0 so the bytes
-    are stable). Plus grid.yaml and grid_status.json. Never checkpoints or logs. Text files pass through
+    are stable). Plus grid.yaml and grid_status.json (merged into dest's own, if it has one: earlier sessions'
+    history and finished runs are kept). Never checkpoints or logs. Text files pass through
     :func:`portable`, so no machine path is packed. dest can be read by
     load_results/report, and used as `--out` of the same grid to continue it elsewhere. Returns the
     files written.
     """
     out_dir, dest = Path(out_dir), Path(dest)
     written: list[Path] = []
-    for name in ("grid.yaml", "grid_status.json"):
-        if (out_dir / name).exists():
-            dest.mkdir(parents=True, exist_ok=True)
-            written.append(_copy_portable(out_dir / name, dest / name, out_dir))
+    if (out_dir / "grid.yaml").exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        written.append(_copy_portable(out_dir / "grid.yaml", dest / "grid.yaml", out_dir))
+    if (out_dir / "grid_status.json").exists():
+        written.append(_pack_status(out_dir, dest))
     for r in find_runs(out_dir):
         if run_status(r.path) != "finished":
             continue
