@@ -23,8 +23,9 @@ so a few sequences carry each update. VCPO answers with two controls, neither of
              R_i - b_g                        (adv_std_norm=false)
 
    The trainer measures each ||grad log pi(tau_i)||^2 and log w_i with one forward and backward per sequence at
-   the batch's first weights (pi_old), before the advantages: B extra single-row passes per rollout batch, which
-   cannot be batched (per-sequence gradients), several times a step's own training compute (docs/objectives.md).
+   the batch's first weights (pi_old), before the advantages: B extra single-row passes per rollout batch
+   (per-sequence gradients; a batched per-sample gradient would hold B of them at once), several times a step's
+   own training compute (docs/objectives.md).
    ``baseline=group_mean`` keeps GRPO's advantages (the ESS step size alone) and skips those passes.
 
 What their code does, and what we do (read at mit-han-lab/vcpo, ``verl/workers/actor/megatron_actor.py``:
