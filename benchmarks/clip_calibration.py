@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import argparse
 import glob
-import gzip
-import json
 import math
 import sys
 from pathlib import Path
 
+from satrl.experiments.store import metrics_path
+from satrl.jsonl import read_jsonl
+
 
 def run_clipfrac(run: Path, key: str = "obj/clipfrac") -> float:
     """Mean of ``key`` over the steps of one run's metrics.jsonl(.gz)."""
-    path = run / "metrics.jsonl"
-    opener = open
-    if not path.exists():
-        path, opener = run / "metrics.jsonl.gz", gzip.open
-    with opener(path, "rt") as f:
-        values = [row[key] for row in map(json.loads, f) if key in row]
+    path = metrics_path(run) or run / "metrics.jsonl"
+    values = [row[key] for row in read_jsonl(path) if key in row]
     if not values:
         raise ValueError(f"{path}: no {key!r} in any row")
     return sum(values) / len(values)

@@ -37,7 +37,7 @@ import yaml
 
 from satrl.config import ConfigError, RunConfig, build_config
 from satrl.diagnostics.summary import summarize_run
-from satrl.experiments.store import GridRun, find_runs
+from satrl.experiments.store import GridRun, find_runs, metrics_path
 from satrl.jsonl import read_jsonl, strict
 
 LEGACY_MINIBATCHES = 4  # the default of train.minibatches before it became 1; every saved config holds the key
@@ -85,14 +85,10 @@ def _current_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _metrics_path(run_path: Path) -> Path | None:
-    return next((run_path / n for n in ("metrics.jsonl", "metrics.jsonl.gz") if (run_path / n).exists()), None)
-
-
 def upgrade_summary(run_path: Path, summary: dict[str, Any], cfg: RunConfig) -> dict[str, Any]:
     """A version-1 summary completed with today's keys (module docstring); others, or a run without its
     metrics file, unchanged."""
-    mp = _metrics_path(run_path)
+    mp = metrics_path(run_path)
     if summary.get("summary_version") or mp is None:
         return summary
     evals = read_jsonl(run_path / "eval.jsonl") if (run_path / "eval.jsonl").exists() else []

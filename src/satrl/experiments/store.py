@@ -113,7 +113,8 @@ def load_runs(out_dir: str | Path) -> pd.DataFrame:
     return df[cols + [c for c in df.columns if c not in cols]]
 
 
-def _metrics_path(run_path: Path) -> Path | None:
+def metrics_path(run_path: Path) -> Path | None:
+    """A run's metrics log: metrics.jsonl while it trains, metrics.jsonl.gz once packed; None if neither."""
     for name in ("metrics.jsonl", "metrics.jsonl.gz"):
         if (run_path / name).exists():
             return run_path / name
@@ -149,7 +150,7 @@ def load_metrics(out_dir: str | Path) -> pd.DataFrame:
     """Per-step metrics of every run (metrics.jsonl or .jsonl.gz): cell, lag, seed, step, <keys...>."""
 
     def reader(p: Path) -> list[dict]:
-        mp = _metrics_path(p)
+        mp = metrics_path(p)
         return read_jsonl(mp) if mp else []
 
     return _long_frame(find_runs(out_dir), reader)
@@ -270,7 +271,7 @@ def pack_results(out_dir: str | Path, dest: str | Path) -> list[Path]:
         for name in PACKED_FILES:
             if (r.path / name).exists():
                 written.append(_copy_portable(r.path / name, target / name, out_dir))
-        mp = _metrics_path(r.path)
+        mp = metrics_path(r.path)
         if mp is not None:
             gz = target / "metrics.jsonl.gz"
             if mp.suffix == ".gz":
