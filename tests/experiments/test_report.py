@@ -368,6 +368,7 @@ def test_report_says_when_a_grid_is_incomplete(tmp_path, make_run):
         make_run(out, cell, lag, 0, {"best_avg_at_k": 0.3})
     md = build_report(out, n_resamples=100).read_text()
     assert "**Incomplete: 3 of 6 planned runs finished** (1 complete seed(s) in every cell and lag" in md
+    assert "Not finished: grpo/lag1 seed 1; grpo/lag8 seed 1; sat/lag8 seed 1." in md
     for cell, lag in (("grpo", 1), ("grpo", 8), ("sat", 8)):
         make_run(out, cell, lag, 1, {"best_avg_at_k": 0.3})
     assert "Incomplete" not in build_report(out, n_resamples=100).read_text()

@@ -208,7 +208,28 @@ def _progress_note(res: GridResults) -> str:
     complete = int(per_cell.min()) if len(per_cell) == len(plan) else 0
     return (f" **Incomplete: {done} of {planned} planned runs finished** ({complete} complete seed(s) in every "
             f"cell and lag; the grid plans {seeds}): tests below use the seeds present on both sides of each "
-            "comparison, and a verdict is final only at the planned seed count.")
+            f"comparison, and a verdict is final only at the planned seed count. Not finished: {_missing(res, plan)}.")
+
+
+def _missing(res: GridResults, plan: dict) -> str:
+    """'grpo/lag1 seeds 24-33, ...': each cell and lag's planned seeds (from the grid's first_seed) that have no
+    finished run, as contiguous ranges, so a reader sees whether a gap is a cell never run or a stopped grid."""
+    first = int(res.meta.get("first_seed") or 0)
+    have = res.finished.groupby(["cell", "lag"])["seed"].agg(set) if len(res.finished) else {}
+    parts = []
+    for (cell, lag), n in plan.items():
+        todo = [s for s in range(first, first + n) if s not in have.get((cell, lag), set())]
+        spans = []  # contiguous runs of missing seeds, "24-33" or "7"
+        for s in todo:
+            if spans and spans[-1][1] == s - 1:
+                spans[-1][1] = s
+            else:
+                spans.append([s, s])
+        if spans:
+            where = f"{cell}/lag{lag}" if lag is not None else cell
+            parts.append(f"{where} seed{'s' if len(todo) > 1 else ''} "
+                         + ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans))
+    return "; ".join(parts[:8]) + (f"; and {len(parts) - 8} more cells" if len(parts) > 8 else "")
 
 
 def _coverage_note(res: GridResults, ci: float) -> str:
