@@ -1,11 +1,14 @@
 """Match a fixed-ε trust region's clip fraction to a target's: the repair trial's GSPO ε calibration (stage C).
 
     python -m benchmarks.clip_calibration 'TARGET_GLOB' EPS_A 'GLOB_A' EPS_B 'GLOB_B'
+    python -m benchmarks.clip_calibration --compare 'TARGET_GLOB' 'MATCHED_GLOB'   # did the match hold?
 
 Each GLOB names run folders (``<cell>/lag<n>/seed<s>``, live or packed). A run's clip fraction is the mean over
 its logged steps of ``obj/clipfrac``; a group's is the mean over its runs. The two calibration points (ε, clip
 fraction) define a line in (ε, log clip fraction); the printed ε is where that line meets the target's clip
 fraction, rounded to 0.005 (the rule declared in ``docs/results/repair_trial/protocol.md``, stage C).
+``--compare`` reads the runs trained at the matched ε afterwards and prints their clip fraction's relative difference
+to the target's, against the protocol's 25 % tolerance.
 """
 
 from __future__ import annotations
@@ -47,7 +50,36 @@ def matched_eps(a: tuple[float, float], b: tuple[float, float], target: float, s
     return round(round(eps / step) * step, 10)
 
 
+TOLERANCE = 0.25  # the protocol's: beyond it the findings say the match did not hold
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" + "s" * (n != 1)
+
+
+def compare(target: str, matched: str) -> str:
+    """One line: both groups' clip fractions, the relative difference (matched − target) / target, and whether it
+    is within the protocol's tolerance."""
+    t, n_t = group_clipfrac(target)
+    m, n_m = group_clipfrac(matched)
+    rel = (m - t) / t
+    held = "within" if abs(rel) <= TOLERANCE else "beyond"
+    return (f"target {t:.5f} ({_runs(n_t)}); matched {m:.5f} ({_runs(n_m)}); relative difference {rel:+.1%}, "
+            f"{held} the {TOLERANCE:.0%} tolerance")
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--compare"]:
+        if len(argv) != 3:
+            print("clip_calibration: --compare takes two globs: TARGET_GLOB MATCHED_GLOB", file=sys.stderr)
+            return 2
+        try:
+            print(compare(argv[1], argv[2]))
+        except (ValueError, OSError, KeyError) as e:
+            print(f"clip_calibration: {e}", file=sys.stderr)
+            return 2
+        return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("target", help="run folders whose clip fraction is matched (a glob)")
     p.add_argument("eps_a", type=float)

@@ -41,3 +41,18 @@ def test_command_reads_run_folders(tmp_path, capsys):
     assert "target clip fraction 0.05000 (2 runs)" in out and "matched eps 0.095" in out
     assert main([f"{tmp_path}/none/seed*", *argv[1:]]) == 2
     assert "matches no run folder" in capsys.readouterr().err
+
+
+def test_compare_says_whether_the_match_held(tmp_path, capsys):
+    _run(tmp_path / "sat/lag1/seed1", [0.04])
+    _run(tmp_path / "sat/lag1/seed2", [0.06])  # target 0.05
+    _run(tmp_path / "near/lag1/seed1", [0.06], gz=True)  # +20 %: within 25 %
+    _run(tmp_path / "far/lag1/seed1", [0.03])  # -40 %: beyond
+    assert main(["--compare", f"{tmp_path}/sat/lag1/seed*", f"{tmp_path}/near/lag1/seed*"]) == 0
+    out = capsys.readouterr().out
+    assert "target 0.05000 (2 runs); matched 0.06000 (1 run); relative difference +20.0%, within" in out
+    assert main(["--compare", f"{tmp_path}/sat/lag1/seed*", f"{tmp_path}/far/lag1/seed*"]) == 0
+    assert "relative difference -40.0%, beyond the 25% tolerance" in capsys.readouterr().out
+    assert main(["--compare", f"{tmp_path}/sat/lag1/seed*"]) == 2
+    assert main(["--compare", f"{tmp_path}/sat/lag1/seed*", f"{tmp_path}/none/seed*"]) == 2
+    assert "matches no run folder" in capsys.readouterr().err
