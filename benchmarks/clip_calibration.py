@@ -68,36 +68,36 @@ def compare(target: str, matched: str) -> str:
             f"{held} the {TOLERANCE:.0%} tolerance")
 
 
+def calibrate(args: argparse.Namespace) -> str:
+    """The calibration's three lines: the target's clip fraction, the two points', and the matched ε."""
+    target, n_t = group_clipfrac(args.target)
+    fa, n_a = group_clipfrac(args.runs_a)
+    fb, n_b = group_clipfrac(args.runs_b)
+    eps = matched_eps((args.eps_a, fa), (args.eps_b, fb), target)
+    return (f"target clip fraction {target:.5f} ({n_t} runs)\n"
+            f"eps {args.eps_a:g}: {fa:.5f} ({n_a} runs); eps {args.eps_b:g}: {fb:.5f} ({n_b} runs)\n"
+            f"matched eps {eps:.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--compare"]:
-        if len(argv) != 3:
-            print("clip_calibration: --compare takes two globs: TARGET_GLOB MATCHED_GLOB", file=sys.stderr)
-            return 2
-        try:
-            print(compare(argv[1], argv[2]))
-        except (ValueError, OSError, KeyError) as e:
-            print(f"clip_calibration: {e}", file=sys.stderr)
-            return 2
-        return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("target", help="run folders whose clip fraction is matched (a glob)")
     p.add_argument("eps_a", type=float)
     p.add_argument("runs_a", help="run folders trained at eps_a (a glob)")
     p.add_argument("eps_b", type=float)
     p.add_argument("runs_b", help="run folders trained at eps_b (a glob)")
-    args = p.parse_args(argv)
     try:
-        target, n_t = group_clipfrac(args.target)
-        fa, n_a = group_clipfrac(args.runs_a)
-        fb, n_b = group_clipfrac(args.runs_b)
-        eps = matched_eps((args.eps_a, fa), (args.eps_b, fb), target)
+        if argv[:1] == ["--compare"]:
+            if len(argv) != 3:
+                raise ValueError("--compare takes two globs: TARGET_GLOB MATCHED_GLOB")
+            out = compare(argv[1], argv[2])
+        else:
+            out = calibrate(p.parse_args(argv))
     except (ValueError, OSError, KeyError) as e:
         print(f"clip_calibration: {e}", file=sys.stderr)
         return 2
-    print(f"target clip fraction {target:.5f} ({n_t} runs)")
-    print(f"eps {args.eps_a:g}: {fa:.5f} ({n_a} runs); eps {args.eps_b:g}: {fb:.5f} ({n_b} runs)")
-    print(f"matched eps {eps:.3f}")
+    print(out)
     return 0
 
 

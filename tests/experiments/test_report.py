@@ -374,6 +374,17 @@ def test_report_says_when_a_grid_is_incomplete(tmp_path, make_run):
     assert "Incomplete" not in build_report(out, n_resamples=100).read_text()
 
 
+def test_incomplete_line_names_missing_seeds_as_ranges(tmp_path, make_run):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "grid.yaml").write_text("seeds: 5\nfirst_seed: 20\nlags: [1]\ncells: {grpo: {}, sat: {seeds: 2}}\n")
+    for seed in (20, 22):
+        make_run(out, "grpo", 1, seed, {"best_avg_at_k": 0.3})
+    md = build_report(out, n_resamples=100).read_text()
+    # seeds 21 and 23-24 of grpo are gaps (two ranges); sat plans 2 seeds from first_seed and has none
+    assert "Not finished: grpo/lag1 seeds 21, 23-24; sat/lag1 seeds 20-21." in md
+
+
 def test_paired_eval_diffs_by_hand():
     import numpy as np
     import pandas as pd

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 import sys
 import time
@@ -204,27 +205,23 @@ def _progress_note(res: GridResults) -> str:
     planned, done = sum(plan.values()), len(res.finished)
     if done >= planned:
         return ""
-    per_cell = res.finished.groupby(["cell", "lag"]).size()
-    complete = int(per_cell.min()) if len(per_cell) == len(plan) else 0
+    have = res.finished.groupby(["cell", "lag"])["seed"].agg(set)  # (cell, lag) -> finished seeds
+    complete = int(have.map(len).min()) if len(have) == len(plan) else 0
     return (f" **Incomplete: {done} of {planned} planned runs finished** ({complete} complete seed(s) in every "
             f"cell and lag; the grid plans {seeds}): tests below use the seeds present on both sides of each "
-            f"comparison, and a verdict is final only at the planned seed count. Not finished: {_missing(res, plan)}.")
+            "comparison, and a verdict is final only at the planned seed count. Not finished: "
+            f"{_missing(plan, have, int(res.meta.get('first_seed') or 0))}.")
 
 
-def _missing(res: GridResults, plan: dict) -> str:
-    """'grpo/lag1 seeds 24-33, ...': each cell and lag's planned seeds (from the grid's first_seed) that have no
+def _missing(plan: dict, have: pd.Series, first: int) -> str:
+    """'grpo/lag1 seeds 24-33; ...': each cell and lag's planned seeds (counted from the grid's first_seed) with no
     finished run, as contiguous ranges, so a reader sees whether a gap is a cell never run or a stopped grid."""
-    first = int(res.meta.get("first_seed") or 0)
-    have = res.finished.groupby(["cell", "lag"])["seed"].agg(set) if len(res.finished) else {}
     parts = []
     for (cell, lag), n in plan.items():
         todo = [s for s in range(first, first + n) if s not in have.get((cell, lag), set())]
-        spans = []  # contiguous runs of missing seeds, "24-33" or "7"
-        for s in todo:
-            if spans and spans[-1][1] == s - 1:
-                spans[-1][1] = s
-            else:
-                spans.append([s, s])
+        # consecutive seeds share seed - position: each group is one contiguous range
+        runs = (list(g) for _, g in itertools.groupby(enumerate(todo), lambda x: x[1] - x[0]))
+        spans = [(g[0][1], g[-1][1]) for g in runs]
         if spans:
             where = f"{cell}/lag{lag}" if lag is not None else cell
             parts.append(f"{where} seed{'s' if len(todo) > 1 else ''} "
