@@ -47,6 +47,7 @@ from satrl.training.microbatches import (
     to_device,
 )
 from satrl.training.placement import OneDevice, Placement
+from satrl.training.score_norms import score_norms
 from satrl.training.settings import TrainerSettings
 from satrl.types import Batch
 from satrl.weights.buckets import Bucket
@@ -148,22 +149,24 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
-    def _logp(self, model: torch.nn.Module, m: Batch, plan: Micro, capture: bool = False):
+    def _logp(self, model: torch.nn.Module, m: Batch, plan: Micro, capture: bool = False, full_logits: bool = False):
         """``response_logp`` of microbatch ``m`` with the host-side facts of its plan entry (no host sync): the
         decoder on its longest row, the LM head on its longest response (a plain ``(start, end, longest,
-        padded)`` tuple: on the batch's whole response width)."""
+        padded)`` tuple: on the batch's whole response width). ``full_logits``: the full path whatever
+        ``logprob_chunk_tokens`` (the score norms need the LM head called once per microbatch)."""
         if not isinstance(plan, Micro):
             plan = Micro(*plan, m.mask.shape[1])
-        self._check_full_logits(plan)
+        chunk = 0 if full_logits else self.logprob_chunk_tokens
+        self._check_full_logits(plan, chunk)
         with self._autocast():
             return response_logp(model, m, self.settings.temperature, self._routing(m), capture, length=plan.longest,
-                                 padded=plan.padded, chunk_tokens=self.logprob_chunk_tokens,
+                                 padded=plan.padded, chunk_tokens=chunk,
                                  width=plan.width, compiled=self.settings.compile)  # fmt: skip
 
-    def _check_full_logits(self, p: Micro) -> None:
+    def _check_full_logits(self, p: Micro, chunk: int) -> None:
         """On CUDA with ``logprob_chunk_tokens=0``: refuse a microbatch whose full-vocabulary logits would not fit
         in the device memory free now (an estimate, :func:`full_logits_bytes`), before any of it runs."""
-        if self.logprob_chunk_tokens > 0 or self.device.type != "cuda":
+        if chunk > 0 or self.device.type != "cuda":
             return
         need = full_logits_bytes(p.end - p.start, p.longest, p.width, vocab_size(self.model), self.compute_dtype)
         free, _ = torch.cuda.mem_get_info(self.device)
@@ -288,20 +291,17 @@ class Trainer:
 
     def sequence_scores(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:  # [B], [B] float64, CPU
         """Per row i, at the current weights: log w_i = sum_t (log pi - log mu) and ||grad_theta sum_t log pi||^2,
-        the inputs of an objective's advantage rule (VCPO's OPOB). One forward and one backward per row, through
-        ``torch.autograd.grad``: the parameters' ``.grad`` are not touched."""
-        dev_mb = to_device(batch, self.device)
-        lengths = batch.attention_mask.sum(1).tolist()
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        the inputs of an objective's advantage rule (VCPO's OPOB). One forward and one backward per microbatch
+        of the step's plan (:func:`satrl.training.score_norms.score_norms`), with the full-logits path: the
+        backward stops at the layers' outputs, so the parameters' ``.grad`` are not touched."""
         log_w, score_sq = [], []
-        for i, length in enumerate(lengths):
-            m = row_slice(dev_mb, i, i + 1)
-            logp, _ = self._logp(self.model, m, Micro(i, i + 1, length, False, batch.mask.shape[1]))
-            grads = torch.autograd.grad(torch.where(m.mask, logp, 0.0).sum(), params, allow_unused=True)
-            norms = torch._foreach_norm([g for g in grads if g is not None])  # per tensor, then summed in float64
-            score_sq.append(torch.stack(norms).to(torch.float64).square().sum())
-            log_w.append(torch.where(m.mask, logp.detach().to(torch.float64) - m.behavior_logp.to(torch.float64), 0.0).sum())
-        return torch.stack(log_w).cpu(), torch.stack(score_sq).cpu()
+        for p in plan_microbatches(batch, self.microbatch_tokens):
+            m = to_device(row_slice(batch, p.start, p.end), self.device)
+            logp, sq = score_norms(self.model, lambda m=m, p=p: self._logp(self.model, m, p, full_logits=True)[0],
+                                   m.mask)  # fmt: skip
+            log_w.append(torch.where(m.mask, logp.to(torch.float64) - m.behavior_logp.to(torch.float64), 0.0).sum(1))
+            score_sq.append(sq)
+        return torch.cat(log_w).cpu(), torch.cat(score_sq).cpu()
 
     # -- one optimizer step ------------------------------------------------------------------------
     def step(
