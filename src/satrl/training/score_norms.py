@@ -83,16 +83,16 @@ def _outer_self(u: Outer) -> Tensor:  # [B]
     for s in _groups(B, N * N if ghost else o * i):
         L, R = u.left[s], u.right[s]
         if ghost:
-            out.append(_f64((L @ L.transpose(1, 2)) * (R @ R.transpose(1, 2))).sum((1, 2)))
+            out.append(_f64(((L @ L.transpose(1, 2)) * (R @ R.transpose(1, 2))).sum((1, 2))))
         else:
-            out.append(_f64(L.transpose(1, 2) @ R).square().sum((1, 2)))
+            out.append(_f64((L.transpose(1, 2) @ R).square().sum((1, 2))))
     return torch.cat(out)
 
 
 def _left_gram(a: Tensor, b: Tensor) -> Tensor:  # [B, N, M]: l^a_n . l^b_m, either side one-hot (int) or dense
     a_ids, b_ids = a.dtype in (torch.int32, torch.int64), b.dtype in (torch.int32, torch.int64)
     if a_ids and b_ids:
-        return (a[:, :, None] == b[:, None, :]).to(torch.float64)
+        return a[:, :, None] == b[:, None, :]
     if a_ids:
         return b.gather(2, a[:, None, :].expand(-1, b.shape[1], -1)).transpose(1, 2)
     if b_ids:
@@ -105,19 +105,19 @@ def _dense_outer(d: Tensor, u: Outer) -> Tensor:  # [B]: sum_n l_n^T D r_n
         picked = d.gather(1, u.left[..., None].expand(-1, -1, d.shape[-1]))  # D's rows at the ids
     else:
         picked = u.left.to(d.dtype) @ d
-    return _f64(picked * u.right).sum((1, 2))
+    return _f64((picked * u.right).sum((1, 2)))
 
 
 def _cross(u: Use, v: Use) -> Tensor:  # [B]
     if isinstance(u, Dense) and isinstance(v, Dense):
-        return _f64(u.value * v.value).flatten(1).sum(1)
+        return _f64((u.value * v.value).flatten(1).sum(1))
     if isinstance(u, Dense) or isinstance(v, Dense):
         d, o = (u, v) if isinstance(u, Dense) else (v, u)
         return _dense_outer(d.value, o)
     out = []
     for s in _groups(u.right.shape[0], u.right.shape[1] * v.right.shape[1]):
-        gram = _left_gram(u.left[s], v.left[s]).to(torch.float64)
-        out.append((gram * _f64(u.right[s] @ v.right[s].transpose(1, 2))).sum((1, 2)))
+        right = u.right[s] @ v.right[s].transpose(1, 2)
+        out.append(_f64((_left_gram(u.left[s], v.left[s]).to(right.dtype) * right).sum((1, 2))))
     return torch.cat(out)
 
 

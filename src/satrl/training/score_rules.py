@@ -152,23 +152,38 @@ def _router(m: nn.Module, args: tuple, out: tuple, tape: Tape) -> Record | None:
     return Record([logits], build)
 
 
-def _scatter_rows(v: Tensor, token_idx: Tensor, n: int, tape: Tape) -> Tensor:
-    """An expert's per-token ``v`` [n_e, d] placed at its tokens of the flattened [n = B*L] batch, zeros elsewhere,
-    as [B, L, d]: the tokens another expert took contribute nothing to this expert's gradient."""
-    return per_row(v.new_zeros(n, v.shape[-1]).index_copy(0, token_idx, v), tape)
+def _row_slots(token_idx: Tensor, n: int, rows: int) -> tuple[Tensor, int]:
+    """Where an expert's tokens go in a compact per-row layout: token ``token_idx[j]`` of the flattened [n = B*L]
+    batch to slot ``row * width + rank in its row``, ``width`` the most tokens of one row the expert took. A row
+    holds only this expert's tokens (about L k / E of L), so its grams are that much smaller than [L, L]."""
+    row = token_idx // (n // rows)
+    order = torch.sort(row, stable=True).indices
+    counts = torch.bincount(row, minlength=rows)
+    width = int(counts.max()) if counts.numel() else 0
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=order.device) - starts[row[order]]
+    return row * width + rank, max(width, 1)
+
+
+def _scatter_rows(v: Tensor, slots: Tensor, width: int, tape: Tape) -> Tensor:
+    """An expert's per-token ``v`` [n_e, d] in its compact per-row layout [B, width, d] (zeros past a row's
+    tokens, which contribute nothing)."""
+    return v.new_zeros(tape.rows * width, v.shape[-1]).index_copy(0, slots, v).reshape(tape.rows, width, -1).to(tape.dtype)
 
 
 def _expert_record(m: nn.Module, e: int, token_idx: Tensor, n: int, x: Tensor, gu: Tensor, h: Tensor,
                    y: Tensor, tape: Tape) -> Record:  # fmt: skip
     def build(grads):
         g_gu, g_y = grads
+        slots, width = _row_slots(token_idx, n, tape.rows)
         uses = []
         if g_gu is not None and m.gate_up_proj.requires_grad:
-            uses.append((key(m.gate_up_proj, e), Outer(_scatter_rows(g_gu, token_idx, n, tape),
-                                                       _scatter_rows(x, token_idx, n, tape), gu.shape[-1])))
+            uses.append((key(m.gate_up_proj, e), Outer(_scatter_rows(g_gu, slots, width, tape),
+                                                       _scatter_rows(x, slots, width, tape), gu.shape[-1])))
         if g_y is not None and m.down_proj.requires_grad:
-            uses.append((key(m.down_proj, e), Outer(_scatter_rows(g_y, token_idx, n, tape),
-                                                    _scatter_rows(h, token_idx, n, tape), y.shape[-1])))
+            uses.append((key(m.down_proj, e), Outer(_scatter_rows(g_y, slots, width, tape),
+                                                    _scatter_rows(h, slots, width, tape), y.shape[-1])))
         return uses
 
     return Record([gu, y], build)
