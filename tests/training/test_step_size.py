@@ -94,6 +94,9 @@ def test_opob_advantages_by_hand():
     torch.testing.assert_close(adv[6:], torch.tensor([-0.5, 0.5]))
     # |b_g - mean_g R| per response: 1/3 for group 0's three, 0 for the others
     assert float(m["opob_shift"]) == pytest.approx((3 * (2 / 3 - 1 / 3)) / 8)
+    assert float(m["opob_shift_signed"]) == pytest.approx((3 * (2 / 3 - 1 / 3)) / 8)  # group 0's moved up
+    _, m_down = opob_advantages(1 - R, g, log_w, sq, std_norm=False)  # rewards flipped: the baseline moves down
+    assert float(m_down["opob_shift_signed"]) == pytest.approx(-(3 * (2 / 3 - 1 / 3)) / 8)
     normed, _ = opob_advantages(R, g, log_w, sq, std_norm=True)
     sigma0 = math.sqrt(2 / 9)  # population std of 1, 0, 0
     torch.testing.assert_close(normed[:3], torch.tensor([1 / 3, -2 / 3, -2 / 3]) / (sigma0 + 1e-6))
@@ -261,7 +264,8 @@ def test_train_batch_steps_on_the_opob_advantages(tiny, monkeypatch):
     monkeypatch.setattr(t, "step", lambda mb, adv, *a: got.append((mb.sample_ids, adv)) or {})
     (metrics, rows), = list(t.train_batch(batch, 0, lambda v: None, stop_at=1))
     ids, adv = got[0]
-    assert torch.equal(adv, want[rows]) and metrics == {"obj/opob_shift": float(stats["opob_shift"])}
+    assert torch.equal(adv, want[rows]) and metrics == {f"obj/{k}": float(v) for k, v in stats.items()}
+    assert set(metrics) == {"obj/opob_shift", "obj/opob_shift_signed"}
     assert not torch.allclose(want, group_advantages(batch.rewards, batch.group_index))  # OPOB moved the baseline
     t.baseline = None  # vcpo with baseline=group_mean: GRPO's advantages
     got.clear()

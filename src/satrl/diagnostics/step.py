@@ -14,6 +14,7 @@ import torch
 from satrl.diagnostics.lag import by_lag, lag_stats
 from satrl.diagnostics.mismatch import decompose_mismatch, gate_tv_share, mismatch_stats
 from satrl.diagnostics.routing import routing_disagreement
+from satrl.diagnostics.update import update_stats
 
 __all__ = ["step_diagnostics"]
 
@@ -28,6 +29,7 @@ def step_diagnostics(
     logp_at_version: torch.Tensor | None = None,
     engine_routing: torch.Tensor | None = None,
     trainer_routing: torch.Tensor | None = None,
+    adv: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """All diagnostics of one batch, as ``{metrics.jsonl key: 0-dim detached tensor}``.
 
@@ -41,11 +43,12 @@ def step_diagnostics(
         tok: the objective's per-token tensors (``tok/gate``, ``tok/clipped``, ``tok/d``; any may be absent).
         logp_at_version: [B, T] trainer log-probs under the sample's weight version (snapshot ring).
         engine_routing, trainer_routing: [B, T, layers, top_k] expert indices (MoE only).
+        adv: [B] (or [B, T]) the step's advantages, for ``update/*`` (:mod:`satrl.diagnostics.update`).
 
     Keys: ``mismatch/{d_pi,d_mean,d_p90_abs,d_max_abs,logratio_var}``, ``lag/{mean,min,max}``,
     ``bylag/<k>/{frac_tokens,abs_d,clipfrac,gate_rate}``, ``gate/{tv_share,tv_lift,tv_mass_mean}``,
     ``mismatch/{d_policy,d_impl,frac_policy,frac_impl}``, ``moe/route_disagree``,
-    ``moe/route_disagree/layer<i>``, ``moe/expert_diff``.
+    ``moe/route_disagree/layer<i>``, ``moe/expert_diff``, ``update/{ess_ratio,adv_pos_share}``.
     """
     tok = dict(tok or {})
     out: dict[str, torch.Tensor] = {}
@@ -70,6 +73,10 @@ def step_diagnostics(
         dec = decompose_mismatch(logp, logp_at_version, behavior_logp, mask)
         for k in ("d_policy", "d_impl", "frac_policy", "frac_impl"):
             out[f"mismatch/{k}"] = dec[k]
+    if adv is not None:
+        d = tok.get("tok/d", logp.detach() - behavior_logp.detach())
+        for k, v in update_stats(d, mask, adv).items():
+            out[f"update/{k}"] = v
     if engine_routing is not None and trainer_routing is not None:
         for k, v in routing_disagreement(engine_routing, trainer_routing, mask).items():
             out[f"moe/{k}"] = v

@@ -66,7 +66,7 @@ from .registry import Params
 from .step_size import StepInputs, StepSize
 from .trust_regions import ObjectiveInputs
 
-__all__ = ["effective_sample_size", "ess_step_scale", "opob_advantages", "sequence_log_weights"]
+__all__ = ["effective_sample_size", "ess_step_scale", "opob_advantages", "opob_shift", "sequence_log_weights"]
 
 
 class VCPOParams(Params):
@@ -132,7 +132,9 @@ def opob_advantages(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """VCPO's off-policy optimal baseline (module docstring, control 2): A_i = (R_i - b_g) / (sigma_g + eps),
     b_g = sum_g W_i R_i / sum_g W_i, W_i = w_i^2 score_sq_i. Returns ``(adv [B] in rewards' dtype, metrics)``,
-    metric ``opob_shift``: the mean over sequences of |b_g - mean_g R| (0 where W is uniform in every group).
+    metrics ``opob_shift``: the mean over sequences of |b_g - mean_g R| (0 where W is uniform in every group), and
+    ``opob_shift_signed``: the mean of b_g - mean_g R (> 0: the baseline moved up, so more responses count as
+    worse than expected).
 
     Written as GRPO's centred reward minus a weighted mean of the centred rewards, so that uniform W gives GRPO's
     advantages (to rounding) and a group whose rewards are all equal gets exactly 0, as under GRPO. W is
@@ -141,21 +143,40 @@ def opob_advantages(
     advantages, which the trainer's guard turns into a skipped step.
     """
     f64 = torch.float64
+    centered, shift, inv, count = _opob(rewards, group_index, log_w, score_sq)
+    adv = centered - shift
+    if std_norm:
+        var = torch.zeros(count.numel(), dtype=f64, device=centered.device).index_add_(0, inv, centered.square()) / count
+        adv = adv / (var.sqrt()[inv] + eps)
+    zero = torch.zeros((), dtype=f64)
+    return adv.to(rewards.dtype), {"opob_shift": shift.abs().mean() if count.numel() else zero,
+                                   "opob_shift_signed": shift.mean() if count.numel() else zero}  # fmt: skip
+
+
+@torch.no_grad()
+def opob_shift(rewards: Tensor, group_index: Tensor, log_w: Tensor, score_sq: Tensor) -> Tensor:  # [B] float64
+    """Per row, its group's b_g - mean_g R: the amount :func:`opob_advantages` subtracts from GRPO's centred reward
+    (same arguments; 0 where W is uniform in the group, to rounding). For a framework that centres and scales the
+    rewards itself (the TRL plug-in, :mod:`satrl.integrations.trl_vcpo`)."""
+    return _opob(rewards, group_index, log_w, score_sq)[1]
+
+
+def _opob(rewards: Tensor, group_index: Tensor, log_w: Tensor, score_sq: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(R - mean_g R, b_g - mean_g R per row, group of each row, group sizes), float64: the shared part of
+    :func:`opob_advantages` and :func:`opob_shift`."""
+    f64 = torch.float64
     R = rewards.to(f64)
+    dev = R.device
     _, inv = torch.unique(group_index, return_inverse=True)
     G = int(inv.max()) + 1 if inv.numel() else 0
-    count = torch.zeros(G, dtype=f64).index_add_(0, inv, torch.ones_like(R))
-    centered = R - (torch.zeros(G, dtype=f64).index_add_(0, inv, R) / count)[inv]
+    count = torch.zeros(G, dtype=f64, device=dev).index_add_(0, inv, torch.ones_like(R))
+    centered = R - (torch.zeros(G, dtype=f64, device=dev).index_add_(0, inv, R) / count)[inv]
     log_W = 2 * log_w.to(f64) + score_sq.to(f64).log()
-    top = torch.full((G,), float("-inf"), dtype=f64).scatter_reduce(0, inv, log_W, "amax")
+    top = torch.full((G,), float("-inf"), dtype=f64, device=dev).scatter_reduce(0, inv, log_W, "amax")
     p = torch.where(top[inv] == float("-inf"), 1.0, torch.exp(log_W - top[inv]))
-    z = torch.zeros(G, dtype=f64).index_add_(0, inv, p)
-    shift = torch.zeros(G, dtype=f64).index_add_(0, inv, p * centered) / z  # b_g - mean_g R
-    adv = centered - shift[inv]
-    if std_norm:
-        var = torch.zeros(G, dtype=f64).index_add_(0, inv, centered.square()) / count
-        adv = adv / (var.sqrt()[inv] + eps)
-    return adv.to(rewards.dtype), {"opob_shift": shift.abs()[inv].mean() if G else torch.zeros((), dtype=f64)}
+    z = torch.zeros(G, dtype=f64, device=dev).index_add_(0, inv, p)
+    shift = torch.zeros(G, dtype=f64, device=dev).index_add_(0, inv, p * centered) / z  # b_g - mean_g R
+    return centered, shift[inv], inv, count
 
 
 def _step_rule(*, ess_rule, ess_base_ratio, ess_weight_cap, baseline):

@@ -334,7 +334,7 @@ class Trainer:
         losses, per_mb, tok = self.placement.gathered(plan, mb.mask.shape[0], losses, per_mb, tok)
         self.microbatch_metrics = per_mb  # the last step's, per microbatch in plan order (0-dim tensors; tests)
         out = self._update(losses, reduce_metrics(per_mb, weights), lambda: self._step_scales(mb.mask, lag, tok))
-        out.update(self._diagnostics(mb, lag, tok, version_logp))
+        out.update(self._diagnostics(mb, lag, tok, version_logp, adv))
         return out
 
     def _accumulate(self, plan: list[Micro], mb: Batch, t: _Targets, totals: tuple[int, int]) -> tuple:
@@ -442,7 +442,8 @@ class Trainer:
             for group, lr in zip(self.opt.param_groups, base):
                 group["lr"] = lr
 
-    def _diagnostics(self, mb: Batch, lag: torch.Tensor, tok: dict, version_logp: torch.Tensor | None) -> dict:
+    def _diagnostics(self, mb: Batch, lag: torch.Tensor, tok: dict, version_logp: torch.Tensor | None,
+                     adv: torch.Tensor) -> dict:  # fmt: skip
         engine_routing = None
         if "routing" in tok:  # the engine's experts at the scoring positions, vs the ones this forward used
             pos = scoring_positions(mb.prompt_len, mb.mask.shape[1], mb.routing.shape[1])  # [B, T]
@@ -456,5 +457,6 @@ class Trainer:
             logp_at_version=version_logp,
             engine_routing=engine_routing,
             trainer_routing=tok.get("routing"),
+            adv=adv,
         )
         return {k: float(v) for k, v in out.items()}
