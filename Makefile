@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: this build machine's pip finds the CPU wheel locally (PIP_FIND_LINKS). On another
-	# machine without a GPU, install the CPU wheel into .venv before `make` (README: "Install"):
+	# machine without a GPU, install the CPU wheel into .venv before `make` (README: "Installation"):
 	#   .venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 	# otherwise pip pulls the default (CUDA) build, several GB.
 	$(BIN)/pip install -q torch==2.13.0
