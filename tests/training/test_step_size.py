@@ -282,3 +282,27 @@ def test_data_parallel_refuses_the_per_sequence_baseline_in_one_line():
     with pytest.raises(ConfigError) as err:
         check_supported(load_config(None, ["objective.name=vcpo"]))
     assert "objective.baseline=group_mean" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_vcpos_two_controls_are_independent_switches(tiny):
+    """ess_step=false leaves no step rule (the base lr); baseline=opob_unweighted is OPOB with every w_i = 1;
+    both are saved resolved in the objective's config."""
+    from satrl.config import load_config
+    from satrl.objectives.vcpo import opob_unweighted_advantages
+
+    off = resolve_objective("vcpo", ess_step=False)
+    assert step_size_rules(off) == [] and advantage_rule(off) is opob_advantages
+    unweighted = resolve_objective("vcpo", baseline="opob_unweighted", ess_step=False)
+    assert advantage_rule(unweighted) is opob_unweighted_advantages and step_size_rules(unweighted) == []
+    assert len(step_size_rules(resolve_objective("vcpo", baseline="group_mean"))) == 1
+    R = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    g = torch.tensor([0, 0, 0, 0])
+    log_w = torch.tensor([3.0, 0.0, 0.0, -2.0], dtype=torch.float64)
+    sq = torch.tensor([1.0, 4.0, 1.0, 2.0], dtype=torch.float64)
+    got, _ = opob_unweighted_advantages(R, g, log_w, sq, std_norm=False)
+    b = (1 * 1 + 2 * 1) / (1 + 4 + 1 + 2)  # sum ||g||^2 R / sum ||g||^2, the weights ignored
+    torch.testing.assert_close(got, R - b)
+    assert not torch.allclose(got, opob_advantages(R, g, log_w, sq, std_norm=False)[0])
+    cfg = load_config(None, ["objective.name=vcpo", "objective.ess_step=false", "objective.baseline=opob_unweighted"])
+    dumped = cfg.objective.model_dump()
+    assert "ess_step" in str(dumped) and "opob_unweighted" in str(dumped)

@@ -22,11 +22,12 @@ so a few sequences carry each update. VCPO answers with two controls, neither of
        A_i = (R_i - b_g) / (sigma_g + 1e-6)   (train.adv_std_norm; sigma_g the group's population reward std)
              R_i - b_g                        (adv_std_norm=false)
 
-   The trainer measures each ||grad log pi(tau_i)||^2 and log w_i with one forward and backward per sequence at
-   the batch's first weights (pi_old), before the advantages: B extra single-row passes per rollout batch
-   (per-sequence gradients; a batched per-sample gradient would hold B of them at once), several times a step's
-   own training compute (docs/objectives.md).
-   ``baseline=group_mean`` keeps GRPO's advantages (the ESS step size alone) and skips those passes.
+   The trainer measures each ||grad log pi(tau_i)||^2 and log w_i at the batch's first weights (pi_old), before
+   the advantages, with one batched forward and one backward per microbatch that forms no weight gradient
+   (:mod:`satrl.training.score_norms`: ghost norms, exact; docs/benchmarks.md, "VCPO cost").
+   ``baseline=group_mean`` keeps GRPO's advantages (the ESS step size alone) and skips that pass;
+   ``baseline=opob_unweighted`` takes w_i = 1 (the gradient-norm-weighted baseline, no importance weights), and
+   ``ess_step=false`` turns control 1 off: each control is a switch of its own (issue 48's factorial).
 
 What their code does, and what we do (read at mit-han-lab/vcpo, ``verl/workers/actor/megatron_actor.py``:
 ``_optimizer_step_with_buffer``, ``_update_grad_buffers``, ``_compute_grad_norms``; and
@@ -79,9 +80,14 @@ class VCPOParams(Params):
     ess_weight_cap: float | None = Field(
         None, gt=0, description="C: ESS over min(w_i, C) instead of w_i (VCPO's use_clipped); null: uncapped."
     )
-    baseline: Literal["opob", "group_mean"] = Field(
-        "opob", description="opob: VCPO's off-policy optimal baseline (one extra forward+backward per sequence); "
-        "group_mean: GRPO's advantages unchanged (the ESS step size alone).",
+    ess_step: bool = Field(
+        True, description="Control 1, the ESS step size, on (VCPO) or off (the base lr on every step; the baseline "
+        "alone).",
+    )  # fmt: skip
+    baseline: Literal["opob", "opob_unweighted", "group_mean"] = Field(
+        "opob", description="Control 2. opob: VCPO's off-policy optimal baseline, W_i = w_i^2 ||grad log pi(tau_i)||^2 "
+        "(one extra batched forward+backward per batch); opob_unweighted: the same with w_i = 1 (the classic "
+        "gradient-norm-weighted baseline, no importance weights); group_mean: GRPO's advantages unchanged.",
     )  # fmt: skip
 
 
@@ -179,7 +185,10 @@ def _opob(rewards: Tensor, group_index: Tensor, log_w: Tensor, score_sq: Tensor)
     return centered, shift[inv], inv, count
 
 
-def _step_rule(*, ess_rule, ess_base_ratio, ess_weight_cap, baseline):
+def _step_rule(*, ess_rule, ess_base_ratio, ess_weight_cap, ess_step, baseline):
+    if not ess_step:
+        return None
+
     def rule(inp: StepInputs) -> StepSize:
         return ess_step_scale(inp.d, inp.mask, ess_rule=ess_rule, ess_base_ratio=ess_base_ratio,
                               ess_weight_cap=ess_weight_cap)  # fmt: skip
@@ -187,8 +196,15 @@ def _step_rule(*, ess_rule, ess_base_ratio, ess_weight_cap, baseline):
     return rule
 
 
-def _advantage_rule(*, ess_rule, ess_base_ratio, ess_weight_cap, baseline):
-    return opob_advantages if baseline == "opob" else None
+def opob_unweighted_advantages(rewards: Tensor, group_index: Tensor, log_w: Tensor, score_sq: Tensor,
+                               std_norm: bool = True) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
+    """:func:`opob_advantages` with every w_i = 1: b_g = sum_g ||grad log pi(tau_i)||^2 R_i / sum_g ||...||^2, the
+    gradient-norm-weighted baseline without importance weights (``baseline=opob_unweighted``; ``log_w`` ignored)."""
+    return opob_advantages(rewards, group_index, torch.zeros_like(log_w), score_sq, std_norm)
+
+
+def _advantage_rule(*, ess_rule, ess_base_ratio, ess_weight_cap, ess_step, baseline):
+    return {"opob": opob_advantages, "opob_unweighted": opob_unweighted_advantages}.get(baseline)
 
 
 @CORRECTIONS.register("vcpo", params=VCPOParams, traits={"step_size": _step_rule, "advantage": _advantage_rule})
