@@ -32,15 +32,31 @@ def trial_overrides(name: str) -> list[str]:
     return [f"{k}={v}" for k, v in extra.items() if k.startswith(("task.", "eval."))]
 
 
+def grid_problem_seed(name: str) -> int | None:
+    grid = GRIDS / f"{name}.yaml"
+    return (yaml.safe_load(grid.read_text()).get("extra") or {}).get("eval.problem_seed") if grid.exists() else None
+
+
 def fresh_seeds() -> list[int]:
-    """The recommended seed, and the repair trial grid's own once it exists."""
+    """The recommended seed, and the repair trial's and the VCPO factorial's own (issue 48)."""
     seeds = [FRESH_SEED]
-    grid = GRIDS / "repair_trial.yaml"
-    if grid.exists():
-        seed = (yaml.safe_load(grid.read_text()).get("extra") or {}).get("eval.problem_seed")
+    for name in ("repair_trial", "vcpo_factorial"):
+        seed = grid_problem_seed(name)
         if seed is not None and seed not in seeds:
             seeds.append(seed)
     return seeds
+
+
+def test_the_factorials_problems_share_none_with_the_repair_trials():
+    """The VCPO factorial (issue 48) is scored on problems no earlier trial saw: besides the sat and damage trials'
+    (above), none of the repair trial's (eval.problem_seed 1000)."""
+    base = trial_overrides("damage_trial")
+    factorial, repair = grid_problem_seed("vcpo_factorial"), grid_problem_seed("repair_trial")
+    assert factorial is not None and factorial != repair
+    new_val, new_test = scored_problems([*base, f"eval.problem_seed={factorial}"])
+    old_val, old_test = scored_problems([*base, f"eval.problem_seed={repair}"])
+    for a, b in zip(texts(new_val + new_test), texts(old_val + old_test)):
+        assert not a & b
 
 
 def texts(problems) -> tuple[set[str], set[str]]:
@@ -77,10 +93,11 @@ def test_without_the_key_the_problems_are_todays():
     assert scored_problems(["eval.problem_seed=0"]) == (got_val, got_test)  # seed 0 is the task's default
 
 
-def test_fresh_problems_stay_out_of_training():
+@pytest.mark.parametrize("seed", fresh_seeds())
+def test_fresh_problems_stay_out_of_training(seed):
     """Arithmetic's eval partition is a keyed hash of the expression: whatever the eval seed, no eval problem is
     ever a train problem."""
-    task = make_task("arithmetic", eval_seed=FRESH_SEED)
+    task = make_task("arithmetic", eval_seed=seed)
     for p in task.problems("eval", 0):
         a, op, b = p.prompt[:3], p.prompt[3], p.prompt[4:7]
         assert task.split_of(int(a), op, int(b)) == "eval"
