@@ -126,6 +126,7 @@ def test_render_value_round_trips_through_yaml(value, text):
             "cells.a: base config .*nope.yaml does not exist",
         ),
         ("base: base.yaml\nlags: [1]\ncells: {'a/b': {}}\n", "cell name 'a/b'"),
+        ("base: base.yaml\nlags: [1]\ncells: {'..': {}}\n", "cell name '..'"),  # its runs: outside --out
         ("base: base.yaml\nlags: [1]\ncells: {a: {}}\nhypotheses: {H1: {method: x, base: a, lag: 1}}\n",
          "hypotheses.H1.method: 'x' is not a cell"),
         ("base: base.yaml\nlags: [1]\ncells: {a: {}, b: {}}\nhypotheses: {H1: {method: b, base: a, lag: 8}}\n",
@@ -292,6 +293,7 @@ def test_signal_stops_children_and_marks_interrupted(tmp_path, fake_trainer, sig
     assert proc.wait(timeout=20) == 130
     status = json.loads((out / "grid_status.json").read_text())
     assert status["counts"] == {"interrupted": 2}
+    assert not (out / ".satrl-grid.lock").exists()  # Ctrl-C / SIGTERM release --out for the next grid
     assert (out / "a/lag1/seed0/stdout.log").read_text().startswith("=== satrl grid")
     assert not (out / "a/lag1/seed0/summary.json").exists()
     for seed in (0, 1):  # both children were started, and are gone now

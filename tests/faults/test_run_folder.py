@@ -1,5 +1,6 @@
 """One test per run-folder defect of issue 26 (each failed before its fix): a damaged metrics line inside the
-log (1), extending a finished run (3), out= an ordinary folder (6), two processes in one run folder (9)."""
+log (1), extending a finished run (3), out= an ordinary folder (6), two processes in one run folder (9); and of
+issue 46, item 2: a finished run that lost its metrics.jsonl replaced by a fresh one."""
 
 import fcntl
 import os
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from run_helpers import REPO, read_jsonl, stable
+from run_helpers import REPO, TINY, read_jsonl, stable
 from satrl.pipeline.orchestrator import train
 from satrl.pipeline.rundir import RunDir, RunDirError
 
@@ -122,13 +123,39 @@ def test_out_is_an_ordinary_folder(tmp_path, files):
     assert all((tmp_path / "mine" / n).read_text() == t for n, t in files.items())
 
 
-def test_out_folder_of_a_run_killed_at_startup_is_reused(run_tiny, tiny_cfg):
-    out = run_tiny("steps=2")
-    for name in ("metrics.jsonl", "eval.jsonl", "summary.json"):
-        (out / name).unlink()  # left: config.yaml, environment.json, checkpoints/, the lock file
-    (out / "stdout.log").write_text("=== satrl grid ...\n")  # what the grid runner writes before the run
+def test_out_folder_the_grid_runner_prepared_is_reused(tiny_cfg):
+    """What the grid runner leaves before it starts a run (its stdout.log, an old error.txt) and the lock file
+    of a killed process hold no run: a fresh run writes there."""
+    out = tiny_cfg("steps=2").run_dir()
+    out.mkdir(parents=True)
+    (out / "stdout.log").write_text("=== satrl grid ...\n")
+    (out / "error.txt").write_text("exit code -9\n")
+    (out / ".satrl.lock").write_text("999999\n")  # its holder was killed: the kernel dropped the flock
     train(tiny_cfg("steps=2"))
     assert len(read_jsonl(out / "metrics.jsonl")) == 2
+
+
+# -- issue 46, item 2: any file of a run makes the folder a run, which a fresh run never replaces -------------
+def _tree(out) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("gone", [("metrics.jsonl",), ("metrics.jsonl", "eval.jsonl", "summary.json"),
+                                  ("metrics.jsonl", "config.yaml")])  # fmt: skip
+def test_a_run_missing_some_files_is_never_replaced(run_tiny, capsys, gone):
+    from satrl import cli
+
+    out = run_tiny("steps=2")
+    for name in gone:
+        (out / name).unlink()
+    before = _tree(out)  # checkpoints, the other logs, config.yaml: all to lose
+    capsys.readouterr()
+    rc = cli.main(["train", *TINY, "steps=2", "seed=8", f"out={out}", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert str(out) in err[0] and "checkpoints" in err[0]  # names the folder and what it holds
+    assert ("--resume" in err[0]) == ("config.yaml" not in gone)  # resumable only with its config.yaml
+    assert _tree(out) == before  # byte-identical, and no lock file left behind
 
 
 # -- 9: one process per run folder ----------------------------------------------------------------------
@@ -151,6 +178,7 @@ def test_run_folder_is_locked_while_training(run_tiny):
 def test_a_lock_file_unlinked_under_a_waiting_opener_is_not_a_lock(tmp_path, monkeypatch):
     """A clean release unlinks the lock file while holding it; a process that opened the old file just before
     must not count its flock on that orphan as holding the folder: it locks the file now at the path."""
+    from satrl import folders
     from satrl.pipeline import rundir
 
     real_open, opened = open, []
@@ -162,7 +190,7 @@ def test_a_lock_file_unlinked_under_a_waiting_opener_is_not_a_lock(tmp_path, mon
         opened.append(f)
         return f
 
-    monkeypatch.setattr(rundir, "open", racing_open, raising=False)
+    monkeypatch.setattr(folders, "open", racing_open, raising=False)
     held = rundir._lock(tmp_path)
     assert len(opened) == 2 and opened[0].closed and held is opened[1]
     assert os.stat(tmp_path / ".satrl.lock").st_ino == os.fstat(held.fileno()).st_ino

@@ -25,6 +25,7 @@ import yaml
 
 from satrl.experiments.spec import GridSpec, Run, _flatten, expand, load_grid, render_value, select
 from satrl.experiments.status import has_checkpoint, run_status
+from satrl.folders import InUse, hold, release
 
 RUNNER_KEYS = ("out", "train.max_threads")  # set by the grid runner per call (run folder, thread cap)
 
@@ -132,10 +133,26 @@ def guard_changes(spec: GridSpec, out: Path, seeds: int | None, rerun_changed: b
             "or add them to it"
         )
     if runs and not dry_run:
-        dest = out / ".replaced" / time.strftime("%Y%m%dT%H%M%S")
-        for r in runs:
-            (dest / r.name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(r.run_dir), str(dest / r.name))
+        dest = _move_aside(runs, out / ".replaced" / time.strftime("%Y%m%dT%H%M%S"))
         print(f"satrl grid: {len(runs)} run(s) made with other settings ({what}) moved to {dest}; running them again",
               file=sys.stderr)  # fmt: skip
     return max(seeds or spec.seeds, old_seeds)
+
+
+def _move_aside(runs: list[Run], dest: Path) -> Path:
+    """Move each run's folder to ``dest/<name>`` while holding its lock; if another process trains in one of
+    them (a `satrl train --resume` started by hand), raise GridChangedError before anything moves."""
+    held = []
+    try:
+        for r in runs:
+            held.append((r, hold(r.run_dir)))
+    except InUse as err:
+        for r, f in held:
+            release(r.run_dir, f)
+        raise GridChangedError(f"{err.folder} is in use: satrl process {err.pid} is training in it; nothing was "
+                               "moved: wait for it to end (or stop it), then run again") from None  # fmt: skip
+    for r, f in held:  # the lock file moves with its folder: released where it lies now
+        (dest / r.name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(r.run_dir), str(dest / r.name))
+        release(dest / r.name, f)
+    return dest

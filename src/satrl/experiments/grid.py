@@ -4,9 +4,14 @@ Every run `<cell>/lag<n>/seed<s>` of a grid (spec.py) is a black box: a fresh `s
 writing a run directory (layout: docs/metrics.md; its state: `status.run_status`). The runner never imports the pipeline.
 
 Resumability: a run with a valid summary.json is skipped; a run with a non-empty checkpoints/
-folder but no valid summary is restarted with `--resume RUN_DIR`; anything else starts fresh.
-A rerun whose settings differ from those of the runs already in `--out` (its grid.yaml) refuses to mix
-them (GridChangedError) unless told `--rerun-changed`, which moves those runs to `--out/.replaced/`.
+folder but no valid summary is restarted with `--resume RUN_DIR`; anything else starts fresh (its files
+from an earlier attempt cleared first). A rerun whose settings differ from those of the runs already in
+`--out` (its grid.yaml) refuses to mix them (GridChangedError) unless told `--rerun-changed`, which moves
+those runs to `--out/.replaced/`.
+
+Ownership: one grid runs into an `--out` at a time (GridBusyError names the other's pid), and a run's files
+are cleared, moved or marked failed only while holding that run's lock (`satrl.folders`), the lock its
+`satrl train` takes: a run another process trains in is left untouched and reported failed.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,10 +33,11 @@ from typing import Any
 from satrl.experiments.changes import GridChangedError, changed_runs, guard_changes
 from satrl.experiments.spec import GridSpec, Run, expand, load_grid, render_value, select, spec_to_yaml
 from satrl.experiments.status import has_checkpoint, run_status, session_entry
+from satrl.folders import GRID_LOCK, RUN_FILES, InUse, hold, holding, release
 from satrl.provenance import git_commit, machine_kind
 
-__all__ = ["GridChangedError", "GridResult", "GridSpec", "Run", "add_grid_args", "default_command", "expand",
-           "load_grid", "render_value", "run_grid", "run_grid_spec", "thread_env"]  # fmt: skip
+__all__ = ["GridBusyError", "GridChangedError", "GridResult", "GridSpec", "Run", "add_grid_args", "default_command",
+           "expand", "load_grid", "render_value", "run_grid", "run_grid_spec", "thread_env"]  # fmt: skip
 
 
 def default_command(run: Run, resume: bool) -> list[str]:
@@ -80,6 +87,10 @@ def _history(status_path: Path) -> list[dict[str, Any]]:
     history = [h for h in prev.get("history") or [] if isinstance(h, dict)]
     last = session_entry(prev)
     return history + ([last] if last else [])
+
+
+class GridBusyError(ValueError):
+    """Another grid is running into the same ``--out`` (it holds the folder's grid lock)."""
 
 
 @dataclass
@@ -172,24 +183,25 @@ class _Runner:
 
     # --- processes ---------------------------------------------------------------------------
     def start(self, run: Run) -> None:
-        resume = run_status(run.run_dir) != "finished" and has_checkpoint(run.run_dir)
-        if (run.run_dir / "summary.json").exists():  # present but not valid: torn, hand-edited, or failed
-            self.console.print(f"[yellow]invalid summary.json[/] in {run.run_dir}: running it again")
         run.run_dir.mkdir(parents=True, exist_ok=True)
-        (run.run_dir / "error.txt").unlink(missing_ok=True)
-        if not resume:  # no checkpoint to continue from: stale files of an earlier attempt would mix in
-            for f in ("metrics.jsonl", "metrics.jsonl.gz", "eval.jsonl", "summary.json"):
-                (run.run_dir / f).unlink(missing_ok=True)
-        cmd = [str(x) for x in self.command_fn(run, resume)]
-        log = open(run.run_dir / "stdout.log", "a")  # noqa: SIM115 (closed in finish)
-        log.write(f"=== satrl grid {time.strftime('%Y-%m-%dT%H:%M:%S')} {'resume' if resume else 'start'}: "
-                  f"{' '.join(cmd)}\n")  # fmt: skip
-        log.flush()
+        rec = self.result.records[run.name]
+        try:  # our child takes this lock again; until then no one else may start a run here, nor we touch theirs
+            with holding(run.run_dir):
+                resume = run_status(run.run_dir) != "finished" and has_checkpoint(run.run_dir)
+                if (run.run_dir / "summary.json").exists():  # present but not valid: torn, hand-edited, or failed
+                    self.console.print(f"[yellow]invalid summary.json[/] in {run.run_dir}: running it again")
+                cmd = [str(x) for x in self.command_fn(run, resume)]
+                log = _prepare(run.run_dir, resume, cmd)
+        except InUse as err:  # e.g. a `satrl train --resume` started by hand
+            rec.status = "failed"
+            rec.error = f"{run.run_dir} is in use: satrl process {err.pid} is training in it; left untouched"
+            if not self.live:
+                self.console.print(f"[red]FAILED[/] {run.name}: {rec.error}")
+            return
+        rec.status, rec.resumed, rec.command, rec.error, rec.returncode = "running", resume, cmd, None, None
         # A new session: the terminal's Ctrl-C reaches only us, and we stop the children ourselves.
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
                              preexec_fn=_die_with_parent)  # fmt: skip
-        rec = self.result.records[run.name]
-        rec.status, rec.resumed, rec.command, rec.error, rec.returncode = "running", resume, cmd, None, None
         self.active[run.name] = (run, p, time.monotonic(), log)
 
     def finish(self, name: str, rc: int) -> None:
@@ -204,8 +216,12 @@ class _Runner:
         else:
             why = f"exit code {rc}" if rc != 0 else "exit code 0 but no valid summary.json"
             rec.status, rec.error = "failed", f"{why}\n{_tail(run.run_dir / 'stdout.log')}"
-            (run.run_dir / "error.txt").write_text(rec.error + "\n")
             msg = f"[red]FAILED[/] {name} ({why}); see {run.run_dir / 'error.txt'}"
+            try:  # a process that took the folder since our child ended owns it now: no error.txt there
+                with holding(run.run_dir):
+                    (run.run_dir / "error.txt").write_text(rec.error + "\n")
+            except InUse as err:
+                msg = f"[red]FAILED[/] {name} ({why}); its folder is in use by process {err.pid} now"
         if not self.live:
             self.console.print(msg)
 
@@ -248,6 +264,24 @@ class _Runner:
         self.write_status()
 
 
+def _prepare(run_dir: Path, resume: bool, cmd: list[str]):
+    """Make ``run_dir`` ready for ``cmd`` (the caller holds its lock) and return its stdout.log, open for the
+    child. A fresh start clears every run file of an earlier attempt (a run without a checkpoint has nothing to
+    continue from): `satrl train` refuses a folder holding any, and stale lines would mix in."""
+    (run_dir / "error.txt").unlink(missing_ok=True)
+    for name in () if resume else (*RUN_FILES, "metrics.jsonl.gz"):
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    log = open(run_dir / "stdout.log", "a")  # noqa: SIM115 (closed in finish)
+    log.write(f"=== satrl grid {time.strftime('%Y-%m-%dT%H:%M:%S')} {'resume' if resume else 'start'}: "
+              f"{' '.join(cmd)}\n")  # fmt: skip
+    log.flush()
+    return log
+
+
 def _die_with_parent() -> None:
     """In the child, before exec (Linux): SIGKILL it when the grid process dies, even by SIGKILL, so a
     rerun of the grid never races an orphaned run in the same run directory."""
@@ -283,10 +317,10 @@ def run_grid_spec(
     command_fn(run, resume) gives the child's argv. progress: rich live line (default: if stderr
     is a terminal), else one line per finished run. only: shell patterns over run names (see `select`). Ctrl-C / SIGTERM stop the children (SIGTERM, then
     SIGKILL after 10 s), mark them 'interrupted', and return with result.interrupted = True.
-    Runs in ``out`` made with other settings raise GridChangedError (see ``changes.guard_changes``).
+    Runs in ``out`` made with other settings raise GridChangedError (see ``changes.guard_changes``); an ``out``
+    another grid is running into raises GridBusyError before anything in it changes.
     """
     from rich.console import Console
-    from rich.live import Live
 
     # In a pipe or log file rich would wrap each line at 80 columns, mid-phrase: one line per message there.
     console = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
@@ -297,12 +331,26 @@ def run_grid_spec(
     workers = max(1, workers)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    n_seeds = seeds or spec.seeds
-    (out / "grid.yaml").write_text(spec_to_yaml(spec, guard_changes(spec, out, seeds, rerun_changed, only=only)))
-    full_env = {**os.environ, **thread_env(workers, threads), **(env or {})}
-    runs = thread_capped(select(expand(spec, out, n_seeds), only), workers, threads)
-    progress = sys.stderr.isatty() if progress is None else progress
-    runner = _Runner(spec, out, runs, workers, command_fn, full_env, console, None, poll_s)
+    try:  # a second grid here would clear the runs the first is starting: one grid per --out
+        held = hold(out, GRID_LOCK)
+    except InUse as err:
+        raise GridBusyError(f"{out} is in use: satrl grid process {err.pid} is running a grid into it; wait for "
+                            "it to end (or stop it), then run again") from None  # fmt: skip
+    try:
+        (out / "grid.yaml").write_text(spec_to_yaml(spec, guard_changes(spec, out, seeds, rerun_changed, only=only)))
+        full_env = {**os.environ, **thread_env(workers, threads), **(env or {})}
+        runs = thread_capped(select(expand(spec, out, seeds or spec.seeds), only), workers, threads)
+        runner = _Runner(spec, out, runs, workers, command_fn, full_env, console, None, poll_s)
+        _drive(runner, console, sys.stderr.isatty() if progress is None else progress)
+    finally:  # on an error and on Ctrl-C too (SIGKILL: the kernel drops the flock; the next grid takes over)
+        release(out, held, GRID_LOCK)
+    _print_summary(runner, console)
+    return runner.result
+
+
+def _drive(runner: _Runner, console, progress: bool) -> None:
+    """Run ``runner``'s loop to the end; Ctrl-C / SIGTERM stop its children and mark the result interrupted."""
+    from rich.live import Live
 
     def _on_term(signum, frame):
         raise KeyboardInterrupt
@@ -329,8 +377,6 @@ def run_grid_spec(
         if in_main:
             signal.signal(signal.SIGTERM, old_term)
             signal.signal(signal.SIGINT, old_int)
-    _print_summary(runner, console)
-    return runner.result
 
 
 def _print_summary(runner: _Runner, console) -> None:
@@ -399,6 +445,10 @@ def run_grid(args: argparse.Namespace) -> int:
     if not runs:
         print(f"satrl grid: --only {' '.join(args.only or [])} matches no run of {args.grid}", file=sys.stderr)
         return 2
-    result = run_grid_spec(spec, out, args.seeds, args.workers, threads=args.threads, only=args.only,
-                           rerun_changed=args.rerun_changed)  # fmt: skip
+    try:
+        result = run_grid_spec(spec, out, args.seeds, args.workers, threads=args.threads, only=args.only,
+                               rerun_changed=args.rerun_changed)  # fmt: skip
+    except (GridBusyError, GridChangedError) as e:  # checked again under the lock: another grid may have run
+        print(f"satrl grid: {e}", file=sys.stderr)
+        return 2
     return result.exit_code

@@ -61,12 +61,22 @@ def _check_overrides(overrides: dict[str, Any], where: str) -> dict[str, Any]:
     return flat
 
 
+def _distinct_lags(lags: list[int]) -> list[int]:
+    twice = sorted({lag for lag in lags if lags.count(lag) > 1})
+    if twice:  # one folder per lag: two runs of one lag would start two processes in one run folder
+        raise ValueError(f"lag {twice[0]} is listed twice; each lag is run once per cell and seed")
+    return lags
+
+
+Lags = Annotated[list[int], AfterValidator(_distinct_lags)]
+
+
 class CellSpec(BaseModel):
     """One cell: optional base config, lags, schedule and seed count overriding the grid's, and config overrides."""
 
     model_config = ConfigDict(extra="forbid")
     base: str | None = None
-    lags: list[int] | None = None
+    lags: Lags | None = None
     # this cell's number of seeds (from the grid's first_seed), e.g. one confirming run beside an 8-seed cell;
     # --seeds does not change it
     seeds: int | None = Field(default=None, ge=1)
@@ -156,7 +166,7 @@ class GridSpec(BaseModel):
     description: str = ""
     base: str | None = None
     cells: dict[str, CellSpec]
-    lags: list[int] = Field(min_length=1)
+    lags: Lags = Field(min_length=1)
     lag_schedule: str = "broadcast"
     seeds: int = Field(default=3, ge=1)
     # seeds run are first_seed .. first_seed + seeds - 1: a new trial on fresh seeds no earlier grid has seen
@@ -185,8 +195,8 @@ class GridSpec(BaseModel):
             raise ValueError("cells must be a non-empty mapping: name -> {key: value, ...}")
         out = {}
         for name, body in cells.items():
-            if not _NAME_RE.match(str(name)):
-                raise ValueError(f"cell name {name!r} may only use letters, digits and _ . + -")
+            if not _NAME_RE.match(str(name)) or str(name) in (".", ".."):  # "..": runs outside --out
+                raise ValueError(f"cell name {name!r} may only use letters, digits and _ . + - (not . or ..)")
             body = dict(body or {})
             if "overrides" in body:
                 raise ValueError(
@@ -252,15 +262,43 @@ class GridSpec(BaseModel):
         return c.label if c and c.label else cell
 
 
+def _key_twice(node: yaml.Node | None, where: str = "", seen: set[int] | None = None) -> tuple[str, int] | None:
+    """The first key given twice in one mapping of a composed YAML document, as (``cells.a``, its line), or
+    None. yaml.safe_load keeps the last silently: a grid with two cells of one name would lose the first."""
+    seen = set() if seen is None else seen
+    if node is None or id(node) in seen:  # an alias to a node already walked (anchors may even recurse)
+        return None
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        return next((t for i, v in enumerate(node.value) if (t := _key_twice(v, f"{where}{i}.", seen))), None)
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    keys: set[tuple[str, str]] = set()
+    for k, v in node.value:
+        name = k.value if isinstance(k, yaml.ScalarNode) else "?"
+        if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":  # `<<:` merges may override
+            if (k.tag, name) in keys:  # by tag too: 1 and '1' are two keys
+                return f"{where}{name}", k.start_mark.line + 1
+            keys.add((k.tag, name))
+        if found := _key_twice(v, f"{where}{name}.", seen):
+            return found
+    return None
+
+
 def load_grid(path: str | Path, check_paths: bool = True) -> GridSpec:
     """Read and validate a grid YAML. Errors (ValueError) name the bad field."""
     path = Path(path)
     if not path.exists():
         raise ValueError(f"grid file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
+        twice = _key_twice(yaml.compose(text, Loader=yaml.SafeLoader))
+        raw = yaml.safe_load(text) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise ValueError(f"{path}: not a readable YAML file ({' '.join(str(e).split())[:200]})") from None
+    if twice:
+        raise ValueError(f"{path}:{twice[1]}: {twice[0]}: given twice (YAML would keep only the last one); keep "
+                         "one, or rename a cell")  # fmt: skip
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a grid is a YAML mapping with base/cells/lags/seeds")
     raw.setdefault("name", path.stem)

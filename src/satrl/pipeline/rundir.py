@@ -6,10 +6,8 @@ the logs of a killed-and-resumed run equal those of an uninterrupted one.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,6 +20,8 @@ from satrl import faults
 from satrl.config import ConfigError, RunConfig, load_config
 from satrl.diagnostics import summarize_run
 from satrl.diagnostics.collapse import CollapseConfig
+from satrl.folders import LOCK, RUN_FILES, InUse, hold, run_files
+from satrl.folders import release as release_lock
 from satrl.jsonl import append_jsonl, dumps, numbered_rows, read_jsonl, strict, write_jsonl
 from satrl.pipeline.errors import RunDirError
 from satrl.training import checkpoint as ckpt
@@ -55,16 +55,13 @@ class Loaded:
     config: dict | None = None
 
 
-LOCK = ".satrl.lock"  # held (flock) by the process training in the folder; the kernel drops it when that dies
 # What satrl writes into a run directory (and the grid runner's stdout.log / error.txt); anything else is the user's.
-OWN = {"config.yaml", "metrics.jsonl", "eval.jsonl", "summary.json", "environment.json", "checkpoints", "tb",
-       "stdout.log", "error.txt", LOCK}  # fmt: skip
+OWN = {*RUN_FILES, "stdout.log", "error.txt", LOCK}
 
 
 def _foreign(path: Path, config: dict) -> str | None:
-    """Why a fresh run must not write into ``path`` (an existing folder), or None. A folder qualifies when
-    it is empty, holds only what satrl writes, and any config.yaml in it is a resolved satrl config: a user's
-    own config.yaml, eval.jsonl or summary.json is never overwritten."""
+    """Why a fresh run must not write into ``path`` (an existing folder) as someone else's, or None: it holds
+    names satrl never writes, or a config.yaml that is not a resolved satrl config (a user's own)."""
     names = sorted(p.name for p in path.iterdir() if p.name.removesuffix(".tmp") not in OWN)
     if names:
         return f"holds files satrl did not write ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
@@ -77,35 +74,32 @@ def _foreign(path: Path, config: dict) -> str | None:
         # every top-level key (two may be newer than the satrl that wrote it): a user's config sets a few
         if not isinstance(saved, dict) or not set(saved) <= set(config) or len(saved) < len(config) - 2:
             return "holds a config.yaml that is not a satrl run's resolved config"
-    elif any(p.name not in ("stdout.log", "error.txt", LOCK) for p in path.iterdir()):
-        return "holds run files but no config.yaml of a satrl run"
     return None
 
 
+def _check_new(path: Path, config: dict) -> None:
+    """Raise RunDirError unless a fresh run may write into ``path``: nothing of the user's, and no file of a
+    run (any one: a finished run without its metrics.jsonl still has checkpoints and logs to lose)."""
+    why = _foreign(path, config)
+    if why:
+        raise RunDirError(f"out={path} {why}; a fresh run is written only into a new or empty folder: choose "
+                          "another out=")  # fmt: skip
+    held = run_files(path)
+    if held and "config.yaml" in held:
+        raise RunDirError(f"{path} already holds a run ({', '.join(held)}); resume it with --resume {path} "
+                          "or pick another out=")  # fmt: skip
+    if held:
+        raise RunDirError(f"{path} holds files of a run ({', '.join(held)}) but no config.yaml to resume it "
+                          "with; choose another out=")  # fmt: skip
+
+
 def _lock(path: Path):
-    """Hold ``path/.satrl.lock`` (flock) for this process; a second process gets a RunDirError naming the
-    holder's pid. A killed holder's lock goes with it, so a stale file never blocks; a clean release removes
-    the file (``_unlock``), so a lock taken on a file just unlinked is retried on the new one."""
-    while True:
-        f = open(path / LOCK, "a+")  # noqa: SIM115 (held until release())
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            pid = f.read().strip() or "?"
-            f.close()
-            raise RunDirError(f"{path} is in use: satrl process {pid} is training in it; wait for it to end "
-                              f"(or stop it), then run again") from None  # fmt: skip
-        try:
-            if os.stat(path / LOCK).st_ino == os.fstat(f.fileno()).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        f.close()  # the holder released (and unlinked) it between our open and flock: lock the new file
-    f.truncate(0)
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    return f
+    """Hold ``path``'s lock (:func:`satrl.folders.hold`); a second process gets a RunDirError naming the holder."""
+    try:
+        return hold(path)
+    except InUse as err:
+        raise RunDirError(f"{path} is in use: satrl process {err.pid} is training in it; wait for it to end "
+                          f"(or stop it), then run again") from None  # fmt: skip
 
 
 def _checked(run: object) -> RunState:
@@ -151,10 +145,10 @@ class RunDir:
         warmup_steps: optimizer steps the summary's collapse rule skips (one rollout batch).
         resume: continue the run in ``path`` instead of refusing a directory that holds one.
 
-    A fresh run refuses a folder that holds anything but satrl's own files; the folder is locked while the
-    process trains in it (:meth:`release`). A resumed run writes nothing until the loop has checked the whole
-    folder (:meth:`load`, :meth:`check_config`, :meth:`resume_at`), so a refused resume leaves it byte-identical
-    (but for the lock file's pid).
+    A fresh run refuses a folder that holds anything of the user's or any file of a run (:func:`_check_new`),
+    leaving it byte-identical; the folder is locked while the process trains in it (:meth:`release`). A resumed
+    run writes nothing until the loop has checked the whole folder (:meth:`load`, :meth:`check_config`,
+    :meth:`resume_at`), so a refused resume leaves it byte-identical (but for the lock file's pid).
     """
 
     def __init__(
@@ -162,15 +156,14 @@ class RunDir:
     ) -> None:
         self.path, self.collapse, self.warmup_steps = Path(path), collapse, warmup_steps
         self.ckpt_dir, self.config = self.path / "checkpoints", config
-        if not resume and (self.path / "metrics.jsonl").exists():
-            raise FileExistsError(f"{self.path} already holds a run; resume it with --resume {self.path} or pick out=")
-        why = _foreign(self.path, config) if not resume and self.path.is_dir() else None
-        if why:
-            raise RunDirError(f"out={self.path} {why}; a run is written only into a new or empty folder or its "
-                              "own run directory: choose another out=")  # fmt: skip
         self.path.mkdir(parents=True, exist_ok=True)
         self._held = _lock(self.path)
         if not resume:
+            try:  # under the lock: no other process can start a run here between the check and our write
+                _check_new(self.path, config)
+            except BaseException:
+                self.release()
+                raise
             self.save_config()
         self.t0 = time.perf_counter()
         self.wall_before = 0.0
@@ -188,8 +181,7 @@ class RunDir:
         """Let another process train in this folder (the lock also goes when this process dies). The lock file
         is removed while still held, so a finished run's folder keeps no ``.satrl.lock``."""
         if self._held is not None:
-            (self.path / LOCK).unlink(missing_ok=True)
-            self._held.close()
+            release_lock(self.path, self._held)
             self._held = None
 
     @staticmethod

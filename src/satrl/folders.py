@@ -1,0 +1,79 @@
+"""The folders satrl writes: which files make a run, and the lock a process holds while it changes a folder.
+
+A run directory (``satrl train``, the grid runner clearing a run before it starts) and a grid's ``--out``
+(``satrl grid``) are each changed by one process at a time: the one holding an ``flock`` on the folder's lock
+file, which records its pid. The kernel drops the lock of a killed process, so a stale file never blocks; a
+clean release unlinks the file while still holding it. A leaf module (no torch, no pipeline): the grid runner
+and the run directory both lock through it, so that they exclude each other.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+LOCK = ".satrl.lock"  # a run directory's: held by the process training in it (or preparing it)
+GRID_LOCK = ".satrl-grid.lock"  # a grid's --out: held by the grid runner running into it
+# What `satrl train` writes into a run directory: any one of them there means the folder holds a run (a
+# finished run that lost its metrics.jsonl still has checkpoints and an eval log to lose).
+RUN_FILES = ("config.yaml", "metrics.jsonl", "eval.jsonl", "summary.json", "environment.json", "checkpoints", "tb")
+
+
+class InUse(Exception):
+    """Another live process holds the folder's lock; ``pid`` is the one its lock file names ("?" if none yet)."""
+
+    def __init__(self, folder: Path, pid: str) -> None:
+        super().__init__(f"{folder} is in use by process {pid}")
+        self.folder, self.pid = folder, pid
+
+
+def run_files(folder: str | Path) -> list[str]:
+    """The files of a run (:data:`RUN_FILES`) that ``folder`` holds, in that order; [] for none."""
+    return [name for name in RUN_FILES if os.path.lexists(Path(folder) / name)]
+
+
+def hold(folder: str | Path, name: str = LOCK) -> IO:
+    """Lock ``folder`` for this process (``folder/name``, flock), writing its pid there; raise :class:`InUse`
+    naming the holder's pid if another process holds it. A lock taken on a file that its holder unlinked
+    between our open and our flock (a clean release) is no lock: the file now at the path is locked instead."""
+    path = Path(folder) / name
+    while True:
+        f = open(path, "a+")  # noqa: SIM115 (held until release())
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            pid = f.read().strip() or "?"
+            f.close()
+            raise InUse(Path(folder), pid) from None
+        try:
+            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        f.close()
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def release(folder: str | Path, held: IO, name: str = LOCK) -> None:
+    """Give up a lock :func:`hold` took; its file is unlinked while still held, so a released folder keeps no
+    lock file. ``folder`` is where the lock file is now (a locked run moved aside by the grid runner)."""
+    (Path(folder) / name).unlink(missing_ok=True)
+    held.close()
+
+
+@contextmanager
+def holding(folder: str | Path, name: str = LOCK) -> Iterator[None]:
+    """Hold ``folder``'s lock for the block (:func:`hold`; :class:`InUse` if another process has it)."""
+    held = hold(folder, name)
+    try:
+        yield
+    finally:
+        release(folder, held, name)
