@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from satrl.experiments.changes import GridChangedError, changed_runs, guard_changes
+from satrl.experiments.preregistration import PreregistrationError, check_commit, protocol_record
 from satrl.experiments.spec import GridSpec, Run, expand, load_grid, render_value, select, spec_to_yaml
 from satrl.experiments.status import has_checkpoint, run_status, session_entry
 from satrl.folders import GRID_LOCK, RUN_FILES, InUse, hold, holding, release
@@ -311,6 +312,7 @@ def run_grid_spec(
     poll_s: float = 0.2,
     only: list[str] | None = None,
     rerun_changed: bool = False,
+    allow_commit_change: bool = False,
 ) -> GridResult:
     """Run every run of the grid not yet finished, `workers` at a time. Returns a GridResult.
 
@@ -318,7 +320,9 @@ def run_grid_spec(
     is a terminal), else one line per finished run. only: shell patterns over run names (see `select`). Ctrl-C / SIGTERM stop the children (SIGTERM, then
     SIGKILL after 10 s), mark them 'interrupted', and return with result.interrupted = True.
     Runs in ``out`` made with other settings raise GridChangedError (see ``changes.guard_changes``); an ``out``
-    another grid is running into raises GridBusyError before anything in it changes.
+    another grid is running into raises GridBusyError before anything in it changes. A grid naming a protocol
+    starts only from a committed, unchanged protocol on the commit of its earlier runs (PreregistrationError;
+    ``allow_commit_change`` lifts the commit rule), and records the protocol in ``grid_status.json``.
     """
     from rich.console import Console
 
@@ -337,15 +341,29 @@ def run_grid_spec(
         raise GridBusyError(f"{out} is in use: satrl grid process {err.pid} is running a grid into it; wait for "
                             "it to end (or stop it), then run again") from None  # fmt: skip
     try:
+        protocol = preregistered(spec, out, allow_commit_change)
         (out / "grid.yaml").write_text(spec_to_yaml(spec, guard_changes(spec, out, seeds, rerun_changed, only=only)))
         full_env = {**os.environ, **thread_env(workers, threads), **(env or {})}
         runs = thread_capped(select(expand(spec, out, seeds or spec.seeds), only), workers, threads)
         runner = _Runner(spec, out, runs, workers, command_fn, full_env, console, None, poll_s)
+        if protocol is not None:
+            runner.meta["protocol"] = protocol
         _drive(runner, console, sys.stderr.isatty() if progress is None else progress)
     finally:  # on an error and on Ctrl-C too (SIGKILL: the kernel drops the flock; the next grid takes over)
         release(out, held, GRID_LOCK)
     _print_summary(runner, console)
     return runner.result
+
+
+def preregistered(spec: GridSpec, out: Path, allow_commit_change: bool) -> dict[str, str] | None:
+    """The protocol's record when the grid names one, after checking it and the code commit
+    (:mod:`satrl.experiments.preregistration`); None for a grid without a protocol (nothing checked)."""
+    path = spec.protocol_path()
+    if path is None:
+        return None
+    record = protocol_record(path)
+    check_commit(_history(out / "grid_status.json"), git_commit(), allow_commit_change)
+    return record
 
 
 def _drive(runner: _Runner, console, progress: bool) -> None:
@@ -419,6 +437,11 @@ def add_grid_args(parser: argparse.ArgumentParser) -> None:
         help="runs in --out made with other settings than the grid's now are moved to --out/.replaced/ and run "
         "again (without it, such a rerun stops with what changed)",
     )  # fmt: skip
+    parser.add_argument(
+        "--allow-commit-change", action="store_true",
+        help="a grid naming a protocol: continue on another code commit than its earlier runs' (say why in the "
+        "protocol; by default a pre-registered grid runs on one commit, from a pinned worktree)",
+    )  # fmt: skip
 
 
 def run_grid(args: argparse.Namespace) -> int:
@@ -447,8 +470,9 @@ def run_grid(args: argparse.Namespace) -> int:
         return 2
     try:
         result = run_grid_spec(spec, out, args.seeds, args.workers, threads=args.threads, only=args.only,
-                               rerun_changed=args.rerun_changed)  # fmt: skip
-    except (GridBusyError, GridChangedError) as e:  # checked again under the lock: another grid may have run
+                               rerun_changed=args.rerun_changed,
+                               allow_commit_change=args.allow_commit_change)  # fmt: skip
+    except (GridBusyError, GridChangedError, PreregistrationError) as e:  # checked again under the lock: another grid may have run
         print(f"satrl grid: {e}", file=sys.stderr)
         return 2
     return result.exit_code

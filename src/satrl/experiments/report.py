@@ -167,6 +167,21 @@ def _machines_note(res: GridResults) -> list[str]:
     return out
 
 
+def _protocol_note(res: GridResults) -> list[str]:
+    """A pre-registered grid's protocol (path, commit, time, blob) and any run that started before that commit."""
+    rec = res.meta.get("protocol_record")
+    if not rec:
+        return []
+    from satrl.experiments.preregistration import runs_before
+
+    dirs = {r: Path(p) for r, p in zip(res.runs["run"], res.runs["path"])} if len(res.runs) else {}
+    early = runs_before(dirs, rec["committed_at"])
+    note = (f"**{len(early)} run(s) started before the protocol's commit** (not governed by it): {', '.join(early)}."
+            if early else "every run started after it.")  # fmt: skip
+    return [f"- Protocol: `{rec['path']}` at commit `{rec['commit']}` ({rec['committed_at']}, blob "
+            f"`{rec['blob'][:12]}`); {note}"]
+
+
 def hypothesis_mixed_seeds(runs: pd.DataFrame, hypotheses: dict) -> dict[str, list[int]]:
     """hypothesis -> the seeds (within its ``seeds`` range) on which its method's run and a base's run ran on
     different CPU kinds; only runs that recorded a kind count. A staged trial's later cells can share seeds with
@@ -299,6 +314,7 @@ def _header_md(res: GridResults, out_dir: str | Path, command: str | None, boot:
            f"- Runs: {', '.join(f'{v} {s}' for s, v in sorted(counts.items())) or 'none'}; "
            f"avg@k with k = {', '.join(str(int(x)) for x in k) or 'unknown'}.{_progress_note(res)}",
            *_machines_note(res),
+           *_protocol_note(res),
            f"- Statistics: mean over seeds and {ci:.0%} studentized bootstrap CI of the mean ({n_resamples} "
            f"resamples, seed {seed}), cut to where the mean can lie (avg@k in 0-100 %, d_pi >= 0; "
            f"`stats.within_support`): these describe each cell. {_coverage_note(res, ci)} Paired comparisons use the "

@@ -185,6 +185,9 @@ class GridSpec(BaseModel):
     # so that a grid stopped part-way holds the same seeds in every cell (paired comparisons stay possible).
     order: Literal["cell", "seed"] = "cell"
     extra: dict[str, Any] = Field(default_factory=dict)
+    # The trial's pre-registered protocol (a path relative to the grid file's folder): `satrl grid` starts no run
+    # unless it is committed and unchanged, and records its commit (experiments.preregistration)
+    protocol: str | None = None
     # Directory the relative base paths are resolved against (the grid file's folder); set by load_grid.
     root: str = "."
 
@@ -250,6 +253,10 @@ class GridSpec(BaseModel):
             return p
         near = Path(self.root) / p
         return near if near.exists() or not p.exists() else p
+
+    def protocol_path(self) -> Path | None:
+        """The protocol file, relative to the grid file's folder; None when the grid names none."""
+        return None if self.protocol is None else Path(self.root) / self.protocol
 
     def cell_lags(self, cell: str) -> list[int]:
         return self.cells[cell].lags or self.lags

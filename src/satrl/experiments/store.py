@@ -176,6 +176,8 @@ def load_grid_meta(out_dir: str | Path) -> dict[str, Any]:
     status = _read_json(Path(out_dir) / "grid_status.json") or {}
     meta.setdefault("git_commit", status.get("git_commit"))
     meta.setdefault("command", status.get("command"))
+    if status.get("protocol"):  # a pre-registered grid's protocol record (experiments.preregistration)
+        meta["protocol_record"] = status["protocol"]
     return meta
 
 

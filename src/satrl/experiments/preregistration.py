@@ -1,0 +1,92 @@
+"""Pre-registration the tool enforces (issue 48): a grid whose file names its ``protocol:`` runs only while that
+protocol is committed and unchanged, on one code commit, and every record says which.
+
+- **Before a run starts**, :func:`protocol_record` requires the protocol file to be tracked by git and identical to
+  its last commit (no staged or unstaged change), and returns what ``grid_status.json`` records of it: its path in
+  the repository, the commit that last changed it, that commit's time and the file's blob hash. A protocol edited
+  after its runs began is therefore visible in the history (the record's blob changes), and one never committed
+  cannot govern a run.
+- **A trial runs on one commit** (:func:`check_commit`): once a session of the grid has finished runs, a later
+  session on another code commit (or on a checkout with uncommitted changes to the package) is refused unless told
+  ``--allow-commit-change``: a trial runs from a pinned worktree, so later work never changes its runs.
+- **The report flags early runs** (:func:`runs_before`): a run whose first session started before the protocol's
+  commit time was not governed by it.
+
+Git is asked through its command line; outside a git checkout (an installed wheel) a grid naming a protocol is
+refused, since nothing could show the order of protocol and runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PreregistrationError", "check_commit", "protocol_record", "runs_before"]
+
+
+class PreregistrationError(ValueError):
+    """The grid's protocol or code commit does not allow a run to start (one line saying why and what to do)."""
+
+
+def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise PreregistrationError(f"protocol check needs git ({err})") from None
+
+
+def protocol_record(protocol: Path) -> dict[str, str]:
+    """``{"path", "commit", "committed_at", "blob"}`` of a committed, unchanged protocol file; else
+    :class:`PreregistrationError` naming the file and the way out."""
+    if not protocol.is_file():
+        raise PreregistrationError(f"protocol {protocol}: no such file (the grid file's `protocol:` names it)")
+    where = protocol.parent
+    top = _git(where, "rev-parse", "--show-toplevel")
+    if top.returncode != 0:
+        raise PreregistrationError(f"protocol {protocol}: not in a git checkout, so its commit cannot be shown; "
+                                   "run the grid from a clone")  # fmt: skip
+    rel = protocol.resolve().relative_to(Path(top.stdout.strip()).resolve()).as_posix()
+    if _git(where, "cat-file", "-e", f"HEAD:{rel}").returncode != 0:  # staged is not committed
+        raise PreregistrationError(f"protocol {rel} is not committed: commit it, alone, before the grid's first run")
+    if _git(where, "status", "--porcelain", "--", protocol.name).stdout.strip():
+        raise PreregistrationError(f"protocol {rel} has uncommitted changes: a protocol is not edited after its "
+                                   "commit (append a dated section and commit it before the runs it governs)")  # fmt: skip
+    log = _git(where, "log", "-1", "--format=%H %cI", "--", protocol.name).stdout.split()
+    blob = _git(where, "rev-parse", f"HEAD:{rel}").stdout.strip()
+    if len(log) != 2 or not blob:
+        raise PreregistrationError(f"protocol {rel}: git shows no commit of it")
+    return {"path": rel, "commit": log[0], "committed_at": log[1], "blob": blob}
+
+
+def check_commit(history: list[dict[str, Any]], current: str | None, allow: bool) -> None:
+    """Refuse a session on another code commit than the grid's earlier sessions that finished runs (or on a
+    checkout with uncommitted package changes), unless ``allow``."""
+    if allow:
+        return
+    if current is None or current.endswith("+dirty"):
+        raise PreregistrationError(f"code at {current or 'no git commit'}: a pre-registered grid runs on a committed "
+                                   "checkout (a pinned worktree: git worktree add ../wt COMMIT); or pass "
+                                   "--allow-commit-change")  # fmt: skip
+    earlier = sorted({h.get("git_commit") for h in history if h.get("finished") and h.get("git_commit")})
+    if earlier and current not in earlier:
+        raise PreregistrationError(f"this grid's runs were made at {', '.join(c[:12] for c in earlier)}, this checkout "
+                                   f"is {current[:12]}: run it from a worktree at that commit (git worktree add "
+                                   "../wt COMMIT), or pass --allow-commit-change and say why in the protocol")  # fmt: skip
+
+
+def _first_start(run_dir: Path) -> datetime | None:
+    try:
+        sessions = json.loads((run_dir / "environment.json").read_text()).get("sessions") or []
+        return datetime.fromisoformat(sessions[0]["started"]) if sessions else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def runs_before(run_dirs: dict[str, Path], committed_at: str) -> list[str]:
+    """The runs (by name) whose first session started before the protocol's commit time (local times, as
+    ``environment.json`` records them; the commit time is compared in the machine's local time)."""
+    cut = datetime.fromisoformat(committed_at).astimezone().replace(tzinfo=None)
+    return sorted(name for name, d in run_dirs.items() if (t := _first_start(d)) is not None and t < cut)
