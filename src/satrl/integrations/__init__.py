@@ -8,6 +8,9 @@
 - ``satrl.integrations.trl`` (extra ``trl``): ``SATGRPOTrainer`` / ``SATGRPOConfig``, TRL's
   ``GRPOTrainer`` with SAT's clip interval (token level, or sequence level for GSPO); mu is vLLM's sampling
   log-probs when TRL has them (``mu_source``).
+- ``satrl.integrations.trl_vcpo`` (extra ``trl``): ``VCPOGRPOTrainer`` / ``VCPOGRPOConfig``, TRL's ``GRPOTrainer``
+  with VCPO's two controls: the ESS step size on the optimizer's lr and the OPOB baseline inside TRL's own
+  advantage centring and scaling (``satrl.objectives.vcpo``; mu by ``mu_source`` as for SAT).
 
 Plug-ins are imported only on demand (each needs its framework installed). See docs/integrations.md.
 """

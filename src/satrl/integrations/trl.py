@@ -113,23 +113,44 @@ class SATGRPOConfig(GRPOConfig):
                           exponent=self.sat_exponent, proxy=self.sat_proxy, invert=self.sat_invert)
 
 
-def _check_sampling_log_probs(args: tuple, kwargs: dict) -> None:
-    """Refuse ``mu_source="sampling"`` before the model loads when TRL will generate without log-probs.
+def check_mu_source(mu_source: str, args: tuple, kwargs: dict, who: str = "SATGRPOTrainer") -> None:
+    """Refuse an unknown ``mu_source``, and ``"sampling"`` when TRL will generate without log-probs, before the
+    model loads (``who``: the trainer class, for the message; shared with ``satrl.integrations.trl_vcpo``).
 
     TRL keeps ``sampling_per_token_logps`` only when vLLM (``use_vllm=True``) or a ``rollout_func``
     generates; its own generation (transformers, plain or continuous batching) returns none, and every loss
     call would then fail. Arguments that do not bind to ``GRPOTrainer``'s signature are left to TRL.
     """
+    if mu_source not in MU_SOURCES:
+        raise ValueError(f"{who}(mu_source={mu_source!r}); choose one of {list(MU_SOURCES)}")
+    if mu_source != "sampling":
+        return
     try:
         bound = inspect.signature(GRPOTrainer.__init__).bind_partial(None, *args, **kwargs).arguments
     except TypeError:
         return
     config, rollout_func = bound.get("args"), bound.get("rollout_func")
     if rollout_func is None and not getattr(config, "use_vllm", False):
-        raise ValueError("SATGRPOTrainer(mu_source='sampling') needs the generator's sampling log-probs, which TRL "
+        raise ValueError(f"{who}(mu_source='sampling') needs the generator's sampling log-probs, which TRL "
                          "keeps only when vLLM (use_vllm=True) or a rollout_func generates; this configuration "
                          "generates with transformers: set use_vllm=True, pass a rollout_func, or use "
                          "mu_source='auto' or 'old_policy'")
+
+
+def choose_mu(mu_source: str, logp: Tensor, inputs: dict, who: str = "SATGRPOTrainer") -> tuple[Tensor, MuSource]:
+    """mu [B, T] for one batch of TRL's inputs and where it came from (the module docstring's ``mu_source``):
+    TRL's ``sampling_per_token_logps`` (a non-finite token falls back to pi_old) or ``old_per_token_logps``,
+    whose absence means pi_old = ``logp`` (TRL's own fallback in ``_compute_loss``)."""
+    old = inputs.get("old_per_token_logps")
+    old = logp if old is None else old
+    sampling = inputs.get("sampling_per_token_logps")
+    if mu_source == "sampling" and sampling is None:
+        raise RuntimeError(f"{who}(mu_source='sampling'): this batch has no sampling log-probs "
+                           "(TRL keeps them when vLLM or a rollout_func generates); use mu_source='auto' or "
+                           "'old_policy'")
+    if sampling is None or mu_source == "old_policy":
+        return old, MuSource.OLD_POLICY
+    return torch.where(torch.isfinite(sampling), sampling, old), MuSource.ENGINE
 
 
 class SATGRPOTrainer(GRPOTrainer):
@@ -141,10 +162,7 @@ class SATGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args: Any, mu_source: str = "auto", **kwargs: Any):
-        if mu_source not in MU_SOURCES:  # before TRL loads the model: a typo costs nothing
-            raise ValueError(f"SATGRPOTrainer(mu_source={mu_source!r}); choose one of {list(MU_SOURCES)}")
-        if mu_source == "sampling":
-            _check_sampling_log_probs(args, kwargs)
+        check_mu_source(mu_source, args, kwargs)  # before TRL loads the model: a typo costs nothing
         self.mu_source = mu_source
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, SATGRPOConfig):
@@ -201,16 +219,7 @@ class SATGRPOTrainer(GRPOTrainer):
 
     def _sat_mu(self, logp: Tensor, inputs: dict) -> tuple[Tensor, MuSource]:
         """SAT's mu for this call [B, T] and where it came from (see ``mu_source``)."""
-        old = inputs.get("old_per_token_logps")
-        old = logp if old is None else old  # TRL's own fallback in _compute_loss
-        sampling = inputs.get("sampling_per_token_logps")
-        if self.mu_source == "sampling" and sampling is None:
-            raise RuntimeError("SATGRPOTrainer(mu_source='sampling'): this batch has no sampling log-probs "
-                               "(TRL keeps them when vLLM or a rollout_func generates); use mu_source='auto' or "
-                               "'old_policy'")
-        if sampling is None or self.mu_source == "old_policy":
-            return old, MuSource.OLD_POLICY
-        return torch.where(torch.isfinite(sampling), sampling, old), MuSource.ENGINE
+        return choose_mu(self.mu_source, logp, inputs)
 
     def _sat_log(self, m: dict[str, Tensor], active: Tensor, per_sequence: bool, source: MuSource) -> None:
         comp = composition(active)
@@ -228,4 +237,5 @@ class SATGRPOTrainer(GRPOTrainer):
                                   TRL_HINT)
 
 
-__all__ = ["MU_SOURCES", "SATGRPOConfig", "SATGRPOTrainer", "SAT_LOSS_TYPES", "TRL_PROXIES"]
+__all__ = ["MU_SOURCES", "SATGRPOConfig", "SATGRPOTrainer", "SAT_LOSS_TYPES", "TRL_PROXIES", "check_mu_source",
+           "choose_mu"]
