@@ -1,4 +1,4 @@
-"""``satrl`` command line: train | eval | pretrain | grid | report | demo.
+"""``satrl`` command line: train | eval | export | pretrain | grid | report | demo.
 
 Each subcommand's arguments and handler live next to the code they drive; this file only wires them.
 Modules are imported lazily, so ``satrl --help`` is instant. A subcommand's flags and positionals (e.g.
@@ -16,7 +16,8 @@ import sys
 # subcommand -> (module, help). The module defines add_<cmd>_args(parser) and run_<cmd>(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("satrl.cli", "train a policy: satrl train [CONFIG.yaml] [key=value ...] [--resume RUN_DIR]"),
-    "eval": ("satrl.tasks.evaluate", "avg@k and greedy accuracy of a policy on a task"),
+    "eval": ("satrl.eval_cli", "avg@k and greedy accuracy of a policy or a run's checkpoint on a task"),
+    "export": ("satrl.export", "a run's checkpoint as a Hugging Face folder: satrl export RUN_DIR OUT [--step N]"),
     "pretrain": ("satrl.training.pretrain", "supervised base policy for a built-in model"),
     "grid": ("satrl.experiments.grid", "run a grid of configs x lags x seeds, resumably"),
     "report": ("satrl.experiments.report", "tables with 95% CIs and figures for a grid's runs"),

@@ -6,8 +6,9 @@ import re
 import pytest
 import torch
 
+from satrl.eval_cli import add_eval_args, run_eval
 from satrl.tasks import ArithmeticTask
-from satrl.tasks.evaluate import EvalResult, add_eval_args, evaluate, run_eval
+from satrl.tasks.evaluate import EvalResult, evaluate
 from satrl.types import Completion, Engine, SamplingParams, request_seed
 
 

@@ -16,20 +16,17 @@ two disjoint parts, so that a training run can pick its best checkpoint on ``val
 ``test`` (docs/metrics.md, "Select on validation, report on test"). A problem's part never depends on the
 seed, the order or how many problems are asked for.
 
-CLI: :func:`add_eval_args` / :func:`run_eval` implement ``satrl eval``.
+CLI: ``satrl eval`` is :mod:`satrl.eval_cli`, a program above the layers (it reads run directories and the
+launch settings); this module is the library it drives.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import itertools
-import sys
 from dataclasses import dataclass
 from typing import Any
-
-import yaml
 
 from satrl.types import Engine, GenerationRequest, Problem, SamplingParams, Task, request_seed
 
@@ -197,84 +194,3 @@ def evaluate(
         greedy=greedy,
         hit=hit,
     )
-
-
-# ------------------------------------------------------------------------------------------- CLI
-def add_eval_args(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``satrl eval``."""
-    parser.add_argument("--model", required=True, help="built-in name (tiny-arith, tiny-arith-moe) or HF dir")
-    parser.add_argument("--task", default="arithmetic", help="arithmetic | jsonl_math | countdown | gym:<name>")
-    parser.add_argument(
-        "--task-arg", action="append", default=[], metavar="KEY=VALUE",
-        help="task constructor argument, YAML-typed (e.g. digits=3, path=aime24.jsonl); repeatable",
-    )
-    parser.add_argument("--k", type=int, default=8, help="samples per problem for avg@k")
-    parser.add_argument("--n-problems", type=int, help="first N eval problems (default: all)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--numerics", default="fp32", help="engine numerics: fp32 | bf16 | bf16-weights")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
-    parser.add_argument("--max-new-tokens", type=int, default=16)
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--device", default="cpu", help="torch engine device (vLLM picks its own platform)")
-    parser.add_argument("--engine", default="torch", help="rollout engine: torch | vllm (needs vLLM, docs/vllm.md)")
-    parser.add_argument("--json", action="store_true", help="also print the result as one JSON line")
-
-
-def _task_kwargs(pairs: list[str]) -> dict[str, Any]:
-    kwargs = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--task-arg expects KEY=VALUE, got {pair!r}")
-        kwargs[key] = yaml.safe_load(value)
-    return kwargs
-
-
-def _fail(e: BaseException) -> int:
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    print(f"satrl eval: error: {msg}", file=sys.stderr)
-    return 2
-
-
-def run_eval(args: argparse.Namespace) -> int:
-    """Handler of ``satrl eval``: prints ``avg@K = x.xxx`` and ``greedy_acc = x.xxx``. Returns 0, or 2
-    with a one-line message on stderr for a bad task, model, or setting."""
-    import json
-
-    from transformers.utils import logging as hf_logging
-
-    from satrl.engines import resolve_numerics
-    from satrl.engines.registry import engine_for
-    from satrl.models import load_tokenizer
-    from satrl.tasks import make_task
-
-    hf_logging.disable_progress_bar()  # keep stderr for our one-line errors
-    try:
-        task = make_task(args.task, **_task_kwargs(args.task_arg))
-        sampling = SamplingParams(
-            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens
-        )
-        resolve_numerics(args.numerics)  # fail before loading the model
-        tokenizer = load_tokenizer(args.model)
-        engine = engine_for(args.engine, tokenizer, model_path=args.model, numerics=args.numerics, device=args.device)
-        result = evaluate(
-            engine, tokenizer, task, k=args.k, n_problems=args.n_problems, sampling=sampling, seed=args.seed,
-            batch_size=args.batch_size,
-        )
-        close = getattr(engine, "close", None)
-        if close is not None:  # vLLM: stop its processes (and their log lines) before printing the result
-            close()
-    except (ValueError, OSError, ImportError) as e:  # bad user input: one line, exit 2
-        return _fail(e)
-    print(f"avg@{result.k} = {result.avg_at_k:.3f}")
-    print(f"greedy_acc = {result.greedy_acc:.3f}")
-    print(
-        f"({result.task}, {result.n_problems} problems, k={result.k}, pass@{result.k} = {result.pass_at_k:.3f}, "
-        f"temperature={sampling.temperature}, top_p={sampling.top_p}, top_k={sampling.top_k}, "
-        f"max_new_tokens={sampling.max_new_tokens}, numerics={args.numerics}, engine={args.engine}, seed={result.seed})"
-    )
-    if args.json:
-        print(json.dumps(result.as_dict()))
-    return 0

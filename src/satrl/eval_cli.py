@@ -1,0 +1,266 @@
+"""``satrl eval``: avg@k and greedy accuracy of a built-in policy, a Hugging Face folder, or a run directory.
+
+A run directory (``satrl eval runs/x``, or ``--model runs/x``) is evaluated at its latest checkpoint (``--step N``:
+another kept one) exactly as the run's own evaluator did: the run's task and task arguments, its val and test
+problems, k, seed, sampling, engine, engine arguments, numerics and thread count, all read from its
+``config.yaml``, so that the scores equal the run's ``eval.jsonl`` row at that step (tests/test_export.py).
+Any flag given explicitly overrides the run's setting. A model (a built-in name or an HF folder, e.g. one
+``satrl export`` wrote) starts from the flags' defaults instead; ``--val-problems``/``--test-problems`` pick
+problems as a run does (the fixed hash split of :func:`satrl.tasks.evaluate.split_val_test`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from satrl.tasks.evaluate import EvalResult, evaluate, part_scores, split_val_test
+from satrl.types import SamplingParams
+
+# The flags that override one EvalSettings field each (argparse dest = field name); None: not given.
+SCALARS = ("task", "k", "seed", "numerics", "temperature", "top_p", "top_k", "max_new_tokens", "batch_size",
+           "device", "engine", "threads")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Everything one ``satrl eval`` runs with. The defaults are those of a model given by name or folder;
+    :meth:`of_run` gives a run's own evaluation; :meth:`overridden` applies the flags given explicitly."""
+
+    task: str = "arithmetic"
+    task_kwargs: dict[str, Any] = field(default_factory=dict)
+    k: int = 8
+    seed: int = 0
+    numerics: str = "fp32"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 16
+    batch_size: int = 256
+    device: str = "cpu"
+    engine: str = "torch"
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    n_problems: int | None = None  # the first N eval problems (None: all, or the val/test parts below)
+    val_problems: int = 0  # > 0 or test_problems > 0: the val and test parts, as a run's evaluator picks them
+    test_problems: int = 0
+    threads: int | None = None  # torch threads for generation (None: torch's default)
+
+    @classmethod
+    def of_run(cls, cfg) -> EvalSettings:
+        """The settings of a run's evaluator (:func:`satrl.pipeline.launch.setup.build_evaluator`): it runs in
+        the trainer's process, so at the trainer's thread count, with the rollout engine's numerics."""
+        from satrl.pipeline.launch.setup import eval_engine_kwargs
+
+        kwargs, e = eval_engine_kwargs(cfg), cfg.engine
+        return cls(task=cfg.task.name, task_kwargs=cfg.task_kwargs, k=cfg.eval.k, seed=cfg.seed, numerics=e.numerics,
+                   temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, max_new_tokens=e.max_new_tokens,
+                   device=kwargs.pop("device", "cpu"), engine=cfg.eval.engine or e.name, engine_kwargs=kwargs,
+                   val_problems=cfg.eval.val_problems, test_problems=cfg.eval.test_problems,
+                   threads=cfg.trainer_threads)  # fmt: skip
+
+    def overridden(self, args: argparse.Namespace) -> EvalSettings:
+        """These settings with every flag given in ``args`` applied. Another task (engine) than these settings'
+        drops their task (engine) arguments, which belong to the one they replace."""
+        given = {name: getattr(args, name) for name in SCALARS if getattr(args, name) is not None}
+        s = dataclasses.replace(self, **given)
+        task_kwargs = s.task_kwargs if s.task == self.task else {}
+        engine_kwargs = s.engine_kwargs if s.engine == self.engine else {}
+        s = dataclasses.replace(s, task_kwargs={**task_kwargs, **_pairs(args.task_arg, "--task-arg")},
+                                engine_kwargs={**engine_kwargs, **_pairs(args.engine_arg, "--engine-arg")})  # fmt: skip
+        parts = (args.val_problems, args.test_problems)
+        if args.n_problems is not None:
+            if parts != (None, None):
+                raise ValueError("--n-problems and --val-problems/--test-problems both choose the problems; give one")
+            return dataclasses.replace(s, n_problems=args.n_problems, val_problems=0, test_problems=0)
+        if parts != (None, None):
+            s = dataclasses.replace(s, n_problems=None, val_problems=args.val_problems or 0,
+                                    test_problems=args.test_problems or 0)  # fmt: skip
+        return s
+
+    def flags(self) -> list[str]:
+        """The ``satrl eval`` flags that give these settings to a model folder (``satrl export`` prints them)."""
+        out = ["--task", self.task, *_pair_flags("--task-arg", self.task_kwargs), "--k", str(self.k),
+               "--seed", str(self.seed), "--numerics", self.numerics, "--temperature", repr(self.temperature),
+               "--top-p", repr(self.top_p), "--top-k", str(self.top_k), "--max-new-tokens", str(self.max_new_tokens),
+               "--engine", self.engine, *_pair_flags("--engine-arg", self.engine_kwargs)]  # fmt: skip
+        if self.device != "cpu":
+            out += ["--device", self.device]
+        if self.n_problems is not None:
+            out += ["--n-problems", str(self.n_problems)]
+        elif self.val_problems or self.test_problems:
+            out += ["--val-problems", str(self.val_problems), "--test-problems", str(self.test_problems)]
+        return out + (["--threads", str(self.threads)] if self.threads is not None else [])
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_new_tokens=self.max_new_tokens)  # fmt: skip
+
+
+def _pairs(pairs: list[str], flag: str) -> dict[str, Any]:
+    """``KEY=VALUE`` flags as a dict, each value YAML-typed (``digits=3`` is an int)."""
+    kwargs = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} expects KEY=VALUE, got {pair!r}")
+        kwargs[key] = yaml.safe_load(value)
+    return kwargs
+
+
+def _pair_flags(flag: str, kwargs: dict[str, Any]) -> list[str]:
+    # JSON is YAML: each value reads back as it was (a string stays a string, a list a list)
+    return [x for k, v in kwargs.items() for x in (flag, f"{k}={json.dumps(v)}")]
+
+
+def add_eval_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``satrl eval``. A flag left out keeps the default shown, or a run directory's own setting."""
+    parser.add_argument("path", nargs="?", metavar="RUN_DIR", help="a run directory: evaluate its latest checkpoint "
+                        "as the run did (its config.yaml's settings; flags override them)")  # fmt: skip
+    parser.add_argument("--model", help="built-in name (tiny-arith, tiny-arith-moe), HF dir, or a run directory")
+    parser.add_argument("--step", type=int, help="run directory: evaluate the checkpoint of this step (default: latest)")
+    parser.add_argument("--task", help="arithmetic | jsonl_math | countdown | gym:<name> (default: arithmetic)")
+    parser.add_argument(
+        "--task-arg", action="append", default=[], metavar="KEY=VALUE",
+        help="task constructor argument, YAML-typed (e.g. digits=3, path=aime24.jsonl); repeatable",
+    )
+    parser.add_argument("--k", type=int, help="samples per problem for avg@k (default: 8)")
+    parser.add_argument("--n-problems", type=int, help="first N eval problems (default: all)")
+    parser.add_argument("--val-problems", type=int, help="N problems of the val part, as a run's evaluator picks them")
+    parser.add_argument("--test-problems", type=int, help="N problems of the test part, as a run's evaluator picks them")
+    parser.add_argument("--seed", type=int, help="default: 0")
+    parser.add_argument("--numerics", help="engine numerics: fp32 | bf16 | bf16-weights (default: fp32)")
+    parser.add_argument("--temperature", type=float, help="default: 1.0")
+    parser.add_argument("--top-p", type=float, help="default: 1.0")
+    parser.add_argument("--top-k", type=int, help="0 = off (default: 0)")
+    parser.add_argument("--max-new-tokens", type=int, help="default: 16")
+    parser.add_argument("--batch-size", type=int, help="default: 256")
+    parser.add_argument("--device", help="torch engine device (vLLM picks its own platform; default: cpu)")
+    parser.add_argument("--engine", help="rollout engine: torch | vllm (needs vLLM, docs/vllm.md; default: torch)")
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="engine argument, YAML-typed (e.g. gpu_memory_utilization=0.5); repeatable")  # fmt: skip
+    parser.add_argument("--threads", type=int, help="torch threads for generation (default: torch's own)")
+    parser.add_argument("--json", action="store_true", help="also print the result as one JSON line")
+
+
+def _fail(e: BaseException) -> int:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    print(f"satrl eval: error: {msg}", file=sys.stderr)
+    return 2
+
+
+@dataclass
+class _Target:
+    """What is evaluated: a policy ``source`` (name or folder) and, for a run, the checkpoint on top of it."""
+
+    source: str
+    settings: EvalSettings
+    checkpoint: Path | None = None
+
+
+def _target(args: argparse.Namespace) -> _Target:
+    from satrl.runs import checkpoint_of, is_run_dir, run_config
+
+    if args.path is not None and args.model is not None:
+        raise ValueError(f"give the run directory or --model, not both ({args.path}, {args.model})")
+    where = args.path if args.path is not None else args.model
+    if where is None:
+        raise ValueError("nothing to evaluate: give a run directory (satrl eval runs/x) or --model NAME_OR_DIR")
+    if not is_run_dir(where):
+        if args.step is not None:
+            raise ValueError(f"--step needs a run directory; {where} is a model")
+        return _Target(where, EvalSettings().overridden(args))
+    cfg = run_config(where)  # one line naming the folder when it has no config.yaml
+    return _Target(cfg.model.source, EvalSettings.of_run(cfg).overridden(args), checkpoint_of(where, args.step))
+
+
+def _evaluate(t: _Target) -> tuple[EvalResult, dict[str, list[int]]]:
+    """Score the target; the result and, when the val/test parts were asked for, each part's positions."""
+    import torch
+
+    from satrl.engines import resolve_numerics
+    from satrl.engines.registry import engine_for
+    from satrl.models import load_tokenizer
+    from satrl.runs import checkpoint_step, checkpoint_weights
+    from satrl.tasks import make_task
+
+    s = t.settings
+    task, sampling = make_task(s.task, **s.task_kwargs), s.sampling()
+    resolve_numerics(s.numerics)  # fail before loading the model
+    if s.threads is not None:
+        torch.set_num_threads(s.threads)  # a run's evaluator ran at its trainer's count: the same bits
+    weights = checkpoint_weights(t.checkpoint) if t.checkpoint is not None else None
+    problems, parts = None, {}
+    if s.val_problems or s.test_problems:
+        problems, val, test = split_val_test(task.problems("eval", 0), s.val_problems, s.test_problems)
+        parts = {"val": val, "test": test}
+    tokenizer = load_tokenizer(t.source)
+    try:
+        engine = engine_for(s.engine, tokenizer, model_path=t.source, numerics=s.numerics, device=s.device,
+                            **s.engine_kwargs)  # fmt: skip
+    except TypeError as err:  # an argument this engine does not take: the user's --engine-arg or the run's
+        raise ValueError(f"engine {s.engine}: {err} (see --engine-arg, or the run's engine.kwargs)") from None
+    try:
+        if weights is not None:  # what the run's evaluator does: the base policy's engine, the trained weights
+            engine.load_weights(weights, checkpoint_step(t.checkpoint))
+        result = evaluate(engine, tokenizer, task, k=s.k, n_problems=s.n_problems, sampling=sampling, seed=s.seed,
+                          batch_size=s.batch_size, problems=problems)  # fmt: skip
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:  # vLLM: stop its processes (and their log lines) before printing the result
+            close()
+    return result, parts
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Handler of ``satrl eval``: prints ``avg@K = x.xxx`` and ``greedy_acc = x.xxx``, then each val/test part and
+    the settings. Returns 0, or 2 with a one-line message on stderr for a bad task, model, run or setting."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # keep stderr for our one-line errors
+    try:
+        target = _target(args)
+        result, parts = _evaluate(target)
+    except (ValueError, OSError, ImportError, KeyError) as e:  # bad user input: one line, exit 2
+        return _fail(e)
+    _report(target, result, parts, args.json)
+    return 0
+
+
+def _report(t: _Target, result: EvalResult, parts: dict[str, list[int]], as_json: bool) -> None:
+    s, k = t.settings, result.k
+    record = result.as_dict()
+    print(f"avg@{k} = {result.avg_at_k:.3f}")
+    print(f"greedy_acc = {result.greedy_acc:.3f}")
+    print(f"({result.task}, {result.n_problems} problems, k={k}, pass@{k} = {result.pass_at_k:.3f}, "
+          f"temperature={s.temperature}, top_p={s.top_p}, top_k={s.top_k}, max_new_tokens={s.max_new_tokens}, "
+          f"numerics={s.numerics}, engine={s.engine}, seed={result.seed})")  # fmt: skip
+    for part, idx in parts.items():
+        if idx:  # the keys of the run's eval.jsonl
+            scores = part_scores(result, idx)
+            record.update({f"{part}_{name}": v for name, v in scores.items()})
+            record[f"{part}_n"] = len(idx)
+            print(f"{part}: avg@{k} = {scores['avg_at_k']:.3f}, greedy_acc = {scores['greedy_acc']:.3f} "
+                  f"({len(idx)} problems)")  # fmt: skip
+    if t.checkpoint is not None:
+        _report_run(t.checkpoint, record)
+    if as_json:
+        print(json.dumps(record))
+
+
+def _report_run(checkpoint: Path, record: dict) -> None:
+    """Which checkpoint was scored, and what the run logged there (equal with the run's own settings)."""
+    from satrl.runs import checkpoint_step, logged_eval
+
+    step = checkpoint_step(checkpoint)
+    record.update(checkpoint=str(checkpoint), step=step)
+    logged = logged_eval(checkpoint.parent.parent, step)
+    said = "" if logged is None else "; the run logged " + ", ".join(
+        f"{key} = {logged[key]:.3f}" for key in ("avg_at_k", "val_avg_at_k", "test_avg_at_k") if key in logged)
+    print(f"checkpoint: {checkpoint} (step {step}){said}")

@@ -1,0 +1,81 @@
+"""`satrl export` and `satrl eval RUN_DIR` on a data-parallel run (`torchrun --nproc_per_node=2`, FSDP2 on CPU):
+the exported weights equal the checkpoint's DCP shards bit for bit (read back with no process group), and both
+the run directory and the exported folder score what the run's evaluator logged at the last step."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from run_helpers import REPO, TINY, read_jsonl
+
+pytestmark = pytest.mark.slow  # one 2-rank run of 2 steps: about 30 s on 2 cores
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+ARGS = [*TINY, "steps=2", "seed=0", "eval.val_problems=6", "eval.test_problems=6", "eval.k=4"]
+SCORES = ("avg_at_k", "greedy_acc", "val_avg_at_k", "val_greedy_acc", "test_avg_at_k", "test_greedy_acc", "k")
+
+
+def _satrl(*argv) -> str:
+    done = subprocess.run([sys.executable, "-m", "satrl", *map(str, argv)], env=ENV, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def dp_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export-dp") / "dp"
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "-m", "satrl", "train",
+           str(REPO / "configs" / "sat_grpo.yaml"), *ARGS, f"out={out}", "--no-progress"]  # fmt: skip
+    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (out / "checkpoints" / "step-000002" / "shards").is_dir()  # a sharded checkpoint
+    return out
+
+
+def _shard_weights(ckpt: Path, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The policy as the DCP shards hold it (``model.<name>``, a tied weight once), assembled in one process."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    reader = HuggingFaceStorageReader(str(ckpt / "shards"))
+    names = [k for k in reader.read_metadata().state_dict_metadata if k.startswith("model.")]
+    state = {k: torch.empty_like(like[k.removeprefix("model.")]) for k in names}
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    return {k.removeprefix("model."): v for k, v in state.items()}
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_export_of_a_sharded_checkpoint_equals_its_shards(dp_run, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "hf"
+    _satrl("export", dp_run, out)
+    got = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).state_dict()
+    ckpt = dp_run / "checkpoints" / "step-000002"
+    full = load_file(ckpt / "model.safetensors")
+    shards = _shard_weights(ckpt, full)
+    assert set(got) == set(full) and set(full) - set(shards) <= {"lm_head.weight"}  # the tied head once
+    assert all(torch.equal(got[k], full[k]) for k in full)
+    assert all(torch.equal(got[k], shards[k]) for k in shards)
+
+
+def test_eval_of_a_dp_run_and_its_export_equal_its_last_eval(dp_run, tmp_path):
+    logged = read_jsonl(dp_run / "eval.jsonl")[-1]
+    assert logged["step"] == 2
+    from_run = json.loads(_satrl("eval", dp_run, "--json").splitlines()[-1])
+    assert {k: from_run[k] for k in SCORES} == {k: logged[k] for k in SCORES}
+    out = tmp_path / "hf"
+    _satrl("export", dp_run, out)
+    flags = json.loads((out / "satrl_export.json").read_text())["eval_flags"]
+    from_export = json.loads(_satrl("eval", "--model", out, *flags, "--json").splitlines()[-1])
+    assert {k: from_export[k] for k in SCORES} == {k: logged[k] for k in SCORES}
+    base = read_jsonl(dp_run / "eval.jsonl")[0]
+    assert {k: base[k] for k in SCORES} != {k: logged[k] for k in SCORES}  # the match tells the weights apart
