@@ -131,7 +131,7 @@ def test_a_parameter_no_rule_covers_is_refused_by_name(tok):
     batched(model, batch)
 
 
-def test_trainer_scores_equal_the_reference_with_and_without_activation_checkpointing(tok):
+def test_trainer_scores_equal_the_reference_with_checkpointing_and_chunked_log_probs(tok):
     from satrl.objectives import resolve_objective
     from satrl.training.settings import TrainerSettings
     from satrl.training.trainer import Trainer
@@ -139,8 +139,9 @@ def test_trainer_scores_equal_the_reference_with_and_without_activation_checkpoi
     model = build_tiny_model("dense", vocab_size=len(tok), seed=0, num_hidden_layers=2)
     batch = make_batch(tok)
     want = sum(reference(copy.deepcopy(model), batch).values())
-    for ckpt in (False, True):
+    for ckpt, chunk in ((False, 0), (True, 0), (False, 16)):  # chunked log-probs: microbatches of <= 16 tokens
         t = Trainer(copy.deepcopy(model), resolve_objective("vcpo"), TrainerSettings(
-            lr=1e-2, temperature=TEMP, activation_checkpointing=ckpt, microbatch_tokens=40))  # fmt: skip
+            lr=1e-2, temperature=TEMP, activation_checkpointing=ckpt, microbatch_tokens=40,
+            logprob_chunk_tokens=chunk))  # fmt: skip
         _, sq = t.sequence_scores(batch)
         torch.testing.assert_close(sq, want, rtol=1e-4, atol=0)  # fp32 trainer against the fp32 reference

@@ -293,9 +293,12 @@ class Trainer:
         """Per row i, at the current weights: log w_i = sum_t (log pi - log mu) and ||grad_theta sum_t log pi||^2,
         the inputs of an objective's advantage rule (VCPO's OPOB). One forward and one backward per microbatch
         of the step's plan (:func:`satrl.training.score_norms.score_norms`), with the full-logits path: the
-        backward stops at the layers' outputs, so the parameters' ``.grad`` are not touched."""
+        backward stops at the layers' outputs, so the parameters' ``.grad`` are not touched. The LM head must run
+        once per microbatch there, so with ``logprob_chunk_tokens`` > 0 the microbatches hold at most that many
+        tokens (their full logits then take what one log-prob chunk does)."""
         log_w, score_sq = [], []
-        for p in plan_microbatches(batch, self.microbatch_tokens):
+        chunk = self.logprob_chunk_tokens
+        for p in plan_microbatches(batch, self.microbatch_tokens if chunk == 0 else min(self.microbatch_tokens, chunk)):
             m = to_device(row_slice(batch, p.start, p.end), self.device)
             logp, sq = score_norms(self.model, lambda m=m, p=p: self._logp(self.model, m, p, full_logits=True)[0],
                                    m.mask)  # fmt: skip
