@@ -72,3 +72,13 @@ def test_the_wheel_ships_the_license(tmp_path):
     (wheel,) = tmp_path.glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names[-10:]
+
+
+def test_the_quoted_vcpo_cost_is_the_benchmarks():
+    """The README's VCPO cost is the paired ratio docs/benchmarks.md's "VCPO cost" table gives for the trial's
+    trainer (python -m benchmarks.vcpo_cost rewrites that table)."""
+    quoted = re.search(r"A batch costs (\d+\.\d+)× GRPO's", README.read_text()).group(1)
+    bench = (REPO / "docs" / "benchmarks.md").read_text()
+    section = bench[bench.index("<!-- BEGIN VCPO cost -->"):bench.index("<!-- END VCPO cost -->")]
+    row = re.search(r"\| trial [^|]*\| vcpo \| [\d.]+ \| (\d+\.\d+) \|", section).group(1)
+    assert quoted == row
