@@ -20,8 +20,9 @@ Shapes:
   151,936, tied embeddings) with ``--layers`` decoder layers (28 in the real model; fewer here, or a step takes
   minutes on 2 cores), ``--rows`` responses of ``--tokens`` tokens in one microbatch, fp32, full logits (the
   score pass runs the LM head once per microbatch: at 4 x 1024 tokens its fp32 [tokens, 151,936] logits, their
-  log-softmax and gradients outgrew this machine's 24 GiB; the 16k-token microbatch of issue 45 needs the LM
-  head's norm taken chunk by chunk, which is not built yet).
+  log-softmax and gradients outgrew this machine's 24 GiB; with ``train.logprob_chunk_tokens`` > 0 the score
+  pass takes the LM head's share row by row, ``satrl.training.score_norms.ChunkedHead``, which this benchmark
+  does not time yet).
 """
 
 from __future__ import annotations

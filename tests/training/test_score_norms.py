@@ -81,6 +81,20 @@ def test_each_parameters_share_equals_the_per_row_reference(kind, tok):
     torch.testing.assert_close(total, sum(parts.values()), rtol=1e-12, atol=0)
 
 
+@pytest.mark.parametrize("kind", ["dense", "qwen3-0.6b-layer"])
+def test_the_chunked_log_prob_path_gives_the_same_shares(kind, tok):
+    """With the LM head on chunks of 5 positions under checkpointing (``chunk_tokens``), its share (and the tied
+    embedding's cross term) is rebuilt row by row from its inputs: equal to the per-row reference too."""
+    model = model_of(kind, tok)
+    batch = make_batch(tok, n=6)
+    head = sn.ChunkedHead(model.get_output_embeddings(), batch.response_ids, TEMP)
+    logp, parts = sn.parameter_score_norms(
+        model, lambda: response_logp(model, batch, TEMP, chunk_tokens=5)[0], batch.mask, head)
+    assert_parts_equal(parts, reference(model, batch))
+    assert len(head.inputs) == 1  # the chunks' inputs, kept once
+    torch.testing.assert_close(logp, response_logp(model, batch, TEMP)[0].detach())
+
+
 def test_the_tied_weights_cross_term_counts(tok, monkeypatch):
     """Embedding and LM head share one weight: without the cross term between its two uses (a sum of per-module
     norms) the test above fails on that weight and only there."""
@@ -139,7 +153,7 @@ def test_trainer_scores_equal_the_reference_with_checkpointing_and_chunked_log_p
     model = build_tiny_model("dense", vocab_size=len(tok), seed=0, num_hidden_layers=2)
     batch = make_batch(tok)
     want = sum(reference(copy.deepcopy(model), batch).values())
-    for ckpt, chunk in ((False, 0), (True, 0), (False, 16)):  # chunked log-probs: microbatches of <= 16 tokens
+    for ckpt, chunk in ((False, 0), (True, 0), (False, 16), (True, 5)):  # chunked log-probs: the head row by row
         t = Trainer(copy.deepcopy(model), resolve_objective("vcpo"), TrainerSettings(
             lr=1e-2, temperature=TEMP, activation_checkpointing=ckpt, microbatch_tokens=40,
             logprob_chunk_tokens=chunk))  # fmt: skip

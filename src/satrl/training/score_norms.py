@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from satrl.training.score_rules import RULES, Dense, Key, Outer, ScoreNormError, Tape, Use
 
-__all__ = ["RULES", "ScoreNormError", "covered_parameters", "parameter_score_norms", "score_norms"]
+__all__ = ["RULES", "ChunkedHead", "ScoreNormError", "covered_parameters", "parameter_score_norms", "score_norms"]
 
 # The ghost products hold [rows, N, M] grams and the mixed rule [rows, o, i] gradients: rows go in groups that
 # keep one such tensor under this many bytes.
@@ -144,11 +145,11 @@ def covered_parameters(model: nn.Module) -> dict[int, int]:
 
 
 @contextlib.contextmanager
-def _recording(model: nn.Module, tape: Tape) -> Iterator[None]:
+def _recording(model: nn.Module, tape: Tape, skip: nn.Module | None = None) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for m in model.modules():
             rule = RULES.get(type(m).__name__, None)
-            if rule is None:
+            if rule is None or m is skip:
                 continue
             if rule.patch is not None:
                 stack.enter_context(rule.patch(m, tape))
@@ -162,14 +163,75 @@ def _recording(model: nn.Module, tape: Tape) -> Iterator[None]:
         yield
 
 
-def parameter_score_norms(model: nn.Module, forward: Callable[[], Tensor], mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+@dataclass
+class ChunkedHead:
+    """The LM head of a chunked log-prob forward (``satrl.training.logprobs``, ``chunk_tokens`` > 0): it runs on
+    chunks of the flattened [B, T', H] scoring positions under activation checkpointing, so its output gradient
+    is never held for the whole microbatch. Its per-row gradient is rebuilt one row at a time instead, from its
+    inputs (kept by a hook) and the analytic gradient of log softmax(logits / temperature)[y] with respect to the
+    logits, (e(y_t) - p_t) / temperature on the active tokens: a [T', V] tensor for one row at a time.
+    ``ids`` [B, T] the sampled tokens (the forward's first T' columns are used)."""
+
+    module: nn.Module
+    ids: Tensor
+    temperature: float
+    inputs: list[Tensor] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def tap(self) -> Iterator[None]:
+        handle = self.module.register_forward_hook(lambda m, args, out: self.inputs.append(args[0].detach()))
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def row_uses(self, b: int, mask: Tensor, dtype: torch.dtype) -> list[tuple[Key, Use]]:
+        """Row ``b``'s uses of the head's parameters (its weight; its bias, if it has one)."""
+        chunks = [x for x in self.inputs if x.dim() == 2]  # the head on chunks of the flattened [B * T', H]
+        if len(self.inputs) > 1:  # (the chunked path also calls the head once as an identity on [B, T', H])
+            self.inputs[:] = [torch.cat(chunks)] if chunks else self.inputs[:1]
+        hidden = self.inputs[0].reshape(self.ids.shape[0], -1, self.inputs[0].shape[-1])
+        width = hidden.shape[1]
+        h, ids, active = hidden[b], self.ids[b, :width], mask[b, :width]
+        with torch.no_grad():
+            p = torch.softmax(self.module(h).float() / self.temperature, dim=-1)
+            g = (torch.nn.functional.one_hot(ids, p.shape[-1]).to(p.dtype) - p) / self.temperature
+            g = torch.where(active[:, None], g, 0.0).to(dtype)
+        w, bias = self.module.weight, getattr(self.module, "bias", None)
+        uses = [((id(w), -1), Outer(g[None], h[None].to(dtype), w.shape[0]))] if w.requires_grad else []
+        if bias is not None and bias.requires_grad:
+            uses.append(((id(bias), -1), Dense(g.sum(0)[None])))
+        return uses
+
+
+def _row(u: Use, b: int) -> Use:
+    if isinstance(u, Dense):
+        return Dense(u.value[b : b + 1])
+    return Outer(u.left[b : b + 1], u.right[b : b + 1], u.rows)
+
+
+def _add_head(out: dict[str, Tensor], by_key: dict[Key, list[Use]], head: ChunkedHead, mask: Tensor,
+              dtype: torch.dtype, names: dict[int, str]) -> None:  # fmt: skip
+    """The chunked head's share, row by row: its own norm and its cross terms with the other uses of its
+    parameter (the tied embedding)."""
+    for b in range(mask.shape[0]):
+        for k, use in head.row_uses(b, mask, dtype):
+            sq = out.setdefault(names[k[0]], torch.zeros(mask.shape[0], dtype=torch.float64, device=mask.device))
+            sq[b] += _self(use)[0] + sum((2 * _cross(use, _row(o, b))[0] for o in by_key.get(k, [])), 0.0)
+
+
+def parameter_score_norms(model: nn.Module, forward: Callable[[], Tensor], mask: Tensor,
+                          head: ChunkedHead | None = None) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
     """As :func:`score_norms`, with the squared norm split by parameter: ``{name: [B] float64}`` (an expert
-    parameter's blocks summed; a tied parameter under its first name, its uses' cross terms included)."""
+    parameter's blocks summed; a tied parameter under its first name, its uses' cross terms included).
+    ``head``: the forward is the chunked log-prob path, whose LM head is this (:class:`ChunkedHead`)."""
     covered_parameters(model)
     first = next((p for p in model.parameters() if p.is_floating_point()), None)
     dtype = torch.promote_types(first.dtype if first is not None else torch.float32, torch.float32)
     tape = Tape(rows=mask.shape[0], dtype=dtype)
-    with _recording(model, tape):  # hooks off after the forward: a checkpointed layer's recompute adds nothing
+    tap = head.tap() if head is not None else contextlib.nullcontext()
+    # hooks off after the forward: a checkpointed layer's (or log-prob chunk's) recompute adds nothing
+    with _recording(model, tape, skip=head.module if head is not None else None), tap:
         logp = forward()
     outputs = [o for r in tape.records for o in r.outputs]
     grads = torch.autograd.grad(torch.where(mask, logp, 0.0).sum(), outputs, allow_unused=True)
@@ -188,17 +250,20 @@ def parameter_score_norms(model: nn.Module, forward: Callable[[], Tensor], mask:
             sq += _self(use)
             for other in uses[:j]:
                 sq += 2 * _cross(use, other)
+    if head is not None:
+        _add_head(out, by_key, head, mask, dtype, names)
     return logp.detach(), out
 
 
-def score_norms(model: nn.Module, forward: Callable[[], Tensor], mask: Tensor) -> tuple[Tensor, Tensor]:
+def score_norms(model: nn.Module, forward: Callable[[], Tensor], mask: Tensor,
+                head: ChunkedHead | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Run ``forward()`` (the log-probs [B, T] of ``model``'s sampled tokens, B rows first) with the rules'
     hooks; return ``(logp.detach() [B, T], ||grad_theta sum_t mask * logp||^2 [B] float64)`` from that one
     forward and one backward to the covered modules' outputs (module docstring). ``mask`` [B, T] bool.
 
     Exact, not approximated: every trainable parameter's per-row gradient is rebuilt (a parameter no rule
     covers raises :class:`ScoreNormError` before the forward). Parameters' ``.grad`` are left untouched."""
-    logp, parts = parameter_score_norms(model, forward, mask)
+    logp, parts = parameter_score_norms(model, forward, mask, head)
     total = torch.zeros(mask.shape[0], dtype=torch.float64, device=logp.device)
     for sq in parts.values():
         total += sq

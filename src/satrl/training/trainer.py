@@ -47,7 +47,7 @@ from satrl.training.microbatches import (
     to_device,
 )
 from satrl.training.placement import OneDevice, Placement
-from satrl.training.score_norms import score_norms
+from satrl.training.score_norms import ChunkedHead, score_norms
 from satrl.training.settings import TrainerSettings
 from satrl.types import Batch
 from satrl.weights.buckets import Bucket
@@ -149,14 +149,13 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
-    def _logp(self, model: torch.nn.Module, m: Batch, plan: Micro, capture: bool = False, full_logits: bool = False):
+    def _logp(self, model: torch.nn.Module, m: Batch, plan: Micro, capture: bool = False):
         """``response_logp`` of microbatch ``m`` with the host-side facts of its plan entry (no host sync): the
         decoder on its longest row, the LM head on its longest response (a plain ``(start, end, longest,
-        padded)`` tuple: on the batch's whole response width). ``full_logits``: the full path whatever
-        ``logprob_chunk_tokens`` (the score norms need the LM head called once per microbatch)."""
+        padded)`` tuple: on the batch's whole response width)."""
         if not isinstance(plan, Micro):
             plan = Micro(*plan, m.mask.shape[1])
-        chunk = 0 if full_logits else self.logprob_chunk_tokens
+        chunk = self.logprob_chunk_tokens
         self._check_full_logits(plan, chunk)
         with self._autocast():
             return response_logp(model, m, self.settings.temperature, self._routing(m), capture, length=plan.longest,
@@ -292,16 +291,17 @@ class Trainer:
     def sequence_scores(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:  # [B], [B] float64, CPU
         """Per row i, at the current weights: log w_i = sum_t (log pi - log mu) and ||grad_theta sum_t log pi||^2,
         the inputs of an objective's advantage rule (VCPO's OPOB). One forward and one backward per microbatch
-        of the step's plan (:func:`satrl.training.score_norms.score_norms`), with the full-logits path: the
-        backward stops at the layers' outputs, so the parameters' ``.grad`` are not touched. The LM head must run
-        once per microbatch there, so with ``logprob_chunk_tokens`` > 0 the microbatches hold at most that many
-        tokens (their full logits then take what one log-prob chunk does)."""
+        of the step's plan (:func:`satrl.training.score_norms.score_norms`); the backward stops at the layers'
+        outputs, so the parameters' ``.grad`` are not touched. With chunked log-probs (``logprob_chunk_tokens``
+        > 0) the LM head's share is rebuilt row by row (:class:`~satrl.training.score_norms.ChunkedHead`), so the
+        pass holds no more vocabulary-sized tensors than the step does."""
         log_w, score_sq = [], []
-        chunk = self.logprob_chunk_tokens
-        for p in plan_microbatches(batch, self.microbatch_tokens if chunk == 0 else min(self.microbatch_tokens, chunk)):
+        for p in plan_microbatches(batch, self.microbatch_tokens):
             m = to_device(row_slice(batch, p.start, p.end), self.device)
-            logp, sq = score_norms(self.model, lambda m=m, p=p: self._logp(self.model, m, p, full_logits=True)[0],
-                                   m.mask)  # fmt: skip
+            head = None
+            if self.logprob_chunk_tokens > 0:
+                head = ChunkedHead(self.model.get_output_embeddings(), m.response_ids, self.settings.temperature)
+            logp, sq = score_norms(self.model, lambda m=m, p=p: self._logp(self.model, m, p)[0], m.mask, head)
             log_w.append(torch.where(m.mask, logp.to(torch.float64) - m.behavior_logp.to(torch.float64), 0.0).sum(1))
             score_sq.append(sq)
         return torch.cat(log_w).cpu(), torch.cat(score_sq).cpu()
