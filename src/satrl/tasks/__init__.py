@@ -1,9 +1,10 @@
-"""Verifiable tasks: the built-in arithmetic task, local JSONL/parquet math sets, reasoning-gym tasks.
+"""Verifiable tasks: the built-in arithmetic task, countdown with search traces, local JSONL/parquet math sets,
+reasoning-gym tasks.
 
 :func:`make_task` is the one place where a task name chooses behaviour; the names are the :data:`TASKS`
 registry (a new task is ``TASKS.register("name", factory)``, or the decorator on a factory), plus
-``gym:<dataset>`` for any reasoning-gym dataset. The jsonl and reasoning-gym modules are imported lazily, so
-``import satrl.tasks`` stays light.
+``gym:<dataset>`` for any reasoning-gym dataset. The jsonl, countdown_trace and reasoning-gym modules are imported
+lazily, so ``import satrl.tasks`` stays light.
 """
 
 from __future__ import annotations
@@ -47,6 +48,18 @@ def _jsonl_math(**kwargs: Any) -> Task:
     return JsonlMathTask(**kwargs)
 
 
+@TASKS.register("countdown_trace")
+def _countdown_trace(**kwargs: Any) -> Task:
+    """Countdown whose reference completions are depth-first search traces: long responses, exact reward
+    (docs/tasks.md). Its task.kwargs: min_numbers/max_numbers (3), min_value/max_value (1-30), min_target/max_target
+    (10-99), max_trace_tokens (240, also its max_new_tokens), n_train (endless), n_eval (256), eval_fraction (0.1),
+    eval_seed (0), split_key; :class:`satrl.tasks.countdown_trace.CountdownTraceTask` says what each does."""
+    # imported here, so that `python -m satrl.tasks.countdown_trace` (its length statistics) runs it only once
+    from satrl.tasks.countdown_trace import CountdownTraceTask
+
+    return CountdownTraceTask(**kwargs)
+
+
 @TASKS.register("countdown")
 def _countdown(**kwargs: Any) -> Task:
     from satrl.tasks.gym import ReasoningGymTask
@@ -55,7 +68,7 @@ def _countdown(**kwargs: Any) -> Task:
 
 
 def make_task(name: str, **kwargs: Any) -> Task:
-    """Build a task by name: ``arithmetic``, ``jsonl_math`` (``path=...``), ``countdown`` or
+    """Build a task by name: ``arithmetic``, ``countdown_trace``, ``jsonl_math`` (``path=...``), ``countdown`` or
     ``gym:<reasoning_gym dataset name>``; ``kwargs`` go to the task's constructor."""
     try:
         factory = TASKS.get(name)

@@ -28,14 +28,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from satrl.models.sampler import score
-from satrl.models.tiny import build_tiny_model, count_params
+from satrl.models.tiny import COMMON, build_tiny_model, count_params
 from satrl.models.tokenizer import build_char_tokenizer
 from satrl.registry import Registry
 
-# What `--model NAME` means: the recipe of each built-in policy (CLI flags override the fields).
+# What `--model NAME` means: the recipe of each policy (CLI flags override kind, task, digits and ops; model_cfg
+# overrides the tiny model's config). The countdown bases need 256 positions (prompt <= 16 + trace <= 240 tokens,
+# satrl.tasks.countdown_trace.CONTEXT); the arithmetic ones keep the 64 they shipped with.
+_LONG = {"max_position_embeddings": 256}
 RECIPES: Registry[dict[str, Any]] = Registry("pretrain recipe", {
     "tiny-arith": {"kind": "dense", "task": "arithmetic", "digits": 3, "ops": "+"},
     "tiny-arith-moe": {"kind": "moe", "task": "arithmetic", "digits": 3, "ops": "+"},
+    "tiny-countdown": {"kind": "dense", "task": "countdown_trace", "model_cfg": _LONG},
+    "tiny-countdown-moe": {"kind": "moe", "task": "countdown_trace", "model_cfg": _LONG},
 })
 
 
@@ -127,7 +132,8 @@ def pretrain(
     old_threads = torch.get_num_threads()
     torch.set_num_threads(s.threads)
     try:
-        tokenizer = build_char_tokenizer()
+        positions = s.model_cfg.get("max_position_embeddings", COMMON["max_position_embeddings"])
+        tokenizer = build_char_tokenizer(positions)  # its model_max_length: the model's context (64 for arithmetic)
         the_task = _make_task(s.task, s.digits, s.ops)
         ids = dict(
             pad_token_id=tokenizer.pad_token_id,
@@ -187,7 +193,7 @@ def _train_loop(
             bar.update(job, advance=1, info=f"loss {loss_ema:.3f}")
             if s.eval_every > 0 and step % s.eval_every == 0:
                 e0 = time.perf_counter()
-                scored = score(model, tokenizer, eval_set, task.reward, k=s.eval_k, seed=10_000 + step)
+                scored = _periodic_score(model, tokenizer, task, eval_set, s.eval_k, step)
                 model.train()
                 eval_s += time.perf_counter() - e0
                 train_s = time.perf_counter() - t0 - eval_s
@@ -201,16 +207,35 @@ def _train_loop(
     return history, step, time.perf_counter() - t0 - eval_s
 
 
-def final_scores(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Any, n_problems: int, k: int = 8
+def _periodic_score(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Any, problems: list, k: int, step: int
 ) -> dict[str, Any]:
-    """avg@k (temperature 1) and greedy accuracy on the first ``n_problems`` eval problems, through
-    ``satrl.tasks.evaluate`` and the torch engine (both always installed: they are satrl itself)."""
+    """The score every ``eval_every`` steps. A task that declares ``max_new_tokens`` (long responses: countdown_trace)
+    is scored through the KV-cached torch engine, as the final score is: the sampler re-runs the whole sequence for
+    each token, fine for arithmetic's 5-token answers, not for 240-token traces. Arithmetic keeps the sampler, so
+    its calibration history stays as it was."""
+    if getattr(task, "max_new_tokens", None) is None:
+        return score(model, tokenizer, problems, task.reward, k=k, seed=10_000 + step)
+    scored = final_scores(model, tokenizer, task, len(problems), k, problems=problems)
+    return {key: scored[key] for key in ("avg_at_k", "greedy_acc", "pass_at_k", "k", "n_problems")}
+
+
+def final_scores(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Any, n_problems: int, k: int = 8,
+    problems: list | None = None,
+) -> dict[str, Any]:
+    """avg@k (temperature 1) and greedy accuracy on the first ``n_problems`` eval problems (or on ``problems``),
+    through ``satrl.tasks.evaluate`` and the torch engine (both always installed: they are satrl itself). Responses
+    are capped at the task's ``max_new_tokens`` where it declares one, else at evaluate's default (16)."""
     from satrl.engines.registry import engine_for
     from satrl.tasks.evaluate import evaluate
+    from satrl.types import SamplingParams
 
+    new_tokens = getattr(task, "max_new_tokens", None)
+    sampling = SamplingParams(max_new_tokens=new_tokens) if new_tokens is not None else None
     engine = engine_for("torch", tokenizer, model=model, numerics="fp32")  # fp32: as `satrl eval` by default
-    result = evaluate(engine, tokenizer, task, k=k, split="eval", n_problems=n_problems, seed=0)
+    result = evaluate(engine, tokenizer, task, k=k, split="eval", n_problems=n_problems, sampling=sampling, seed=0,
+                      problems=problems)  # fmt: skip
     return {**result.as_dict(), "scorer": "satrl.tasks.evaluate(TorchEngine)"}
 
 
@@ -231,7 +256,7 @@ def add_pretrain_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``satrl pretrain``."""
     parser.add_argument("--model", default="tiny-arith", choices=RECIPES.names(), help="built-in recipe")
     parser.add_argument("--kind", choices=["dense", "moe"], help="override the recipe's model kind")
-    parser.add_argument("--task", help="task name (default: the recipe's, arithmetic)")
+    parser.add_argument("--task", help="task name (default: the recipe's: arithmetic, countdown_trace)")
     parser.add_argument("--digits", type=int, help="arithmetic operand digits (recipe: 3)")
     parser.add_argument("--ops", help="arithmetic operators, e.g. '+' or '+-' (recipe: '+')")
     parser.add_argument("--steps", type=int, required=True, help="optimizer steps")
@@ -279,11 +304,12 @@ def run_pretrain(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, recipe: dict, progress: bool) -> dict[str, Any]:
+    defaults = PretrainSettings()  # a recipe without digits/ops (countdown) records the defaults, unused by its task
     settings = PretrainSettings(
         kind=args.kind or recipe["kind"],
         task=args.task or recipe["task"],
-        digits=args.digits if args.digits is not None else recipe["digits"],
-        ops=args.ops or recipe["ops"],
+        digits=args.digits if args.digits is not None else recipe.get("digits", defaults.digits),
+        ops=args.ops or recipe.get("ops", defaults.ops),
         steps=args.steps,
         batch_size=args.batch_size,
         lr=args.lr,
@@ -294,5 +320,6 @@ def _run(args: argparse.Namespace, recipe: dict, progress: bool) -> dict[str, An
         eval_problems=args.eval_problems,
         stop_avg=args.stop_avg,
         final_eval_problems=args.final_eval_problems,
+        model_cfg=dict(recipe.get("model_cfg", {})),
     )
     return pretrain(settings, args.out, command=command_line(args), progress=progress)
