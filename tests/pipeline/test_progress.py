@@ -34,9 +34,22 @@ def test_lines_every_tenth_of_the_steps_and_at_the_last():
     lines = _log(25, range(1, 26))  # every 25 // 10 = 2 steps, and step 25
     assert [int(x.split(" step ")[1].split("/")[0]) for x in lines] == [*range(2, 25, 2), 25]
     assert lines[0] == (
-        "runs/x step 2/25 (8%) 0:00:02 eta 0:00:23 reward 0.500 eval - lag 2.0 d_pi 0.0123 gate 0.250"
-    )
+        "runs/x step 2/25 (8%) 0:00:02 eta ? reward 0.500 eval - lag 2.0 d_pi 0.0123 gate 0.250"
+    )  # one interval, the warm-up: no rate yet
+    assert " eta 0:00:21 " in lines[1]  # step 4: two steps timed at 1 s, 21 left
     assert " eval 0.750 " in lines[1]  # the latest eval is kept until the next one
+
+
+def test_a_slow_first_step_does_not_inflate_the_eta():
+    """The pipeline's first step took 30 s (the engine's first batches), every later one 1 s: once two steps are
+    timed the eta is the steps left at 1 s, not at the mean with the warm-up in it (issue 47's probe: 3x)."""
+    clock, stream = Clock(), io.StringIO()
+    log = progress.LineLog("runs/x", 50, stream, every=1, clock=clock)
+    for step, dt in ((1, 5.0), (2, 30.0), (3, 1.0), (4, 1.0)):
+        clock.t += dt
+        log(step, ROW, None)
+    eta = [x.split(" eta ")[1].split()[0] for x in stream.getvalue().splitlines()]
+    assert eta == ["?", "?", "?", "0:00:46"]
 
 
 def test_a_line_after_seconds_without_one():

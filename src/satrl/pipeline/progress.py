@@ -20,6 +20,7 @@ from satrl.pipeline.orchestrator import train
 
 LOG_FRACTION = 10  # plain-line mode: a line every steps // LOG_FRACTION steps
 LOG_SECONDS = 60.0  # ... and after at most this many seconds without one
+MIN_TIMED = 2  # steps timed (after the first, warm-up interval) before an eta is printed
 
 
 def _fmt(row: dict, key: str, spec: str = ".3f") -> str:
@@ -46,10 +47,12 @@ class LineLog:
     """``on_step`` callback printing one plain line every ``every`` steps, after ``seconds`` without a
     line, and at the last step. ``clock`` is injectable for tests.
 
-    The eta is measured from this process's first step on, so start-up (imports, the model, the step-0 eval)
-    does not inflate it: the mean time of a step without an eval times the steps left, plus, once an eval has
-    been seen, its extra time times the evals still due (``eval_every`` as in ``eval.every``; the last step
-    always evaluates). Before the first step there is no rate: ``eta ?``."""
+    The eta is measured from this process's second step on, so start-up (imports, the model, the step-0 eval)
+    and the first step after it (the pipeline filling: the engine's first batches, first-call allocations; the
+    issue-47 probe saw the step-2 eta 3x too long) do not inflate it: the mean time of a step without an eval
+    times the steps left, plus, once an eval has been seen, its extra time times the evals still due
+    (``eval_every`` as in ``eval.every``; the last step always evaluates). Until two steps have been timed there
+    is no rate: ``eta ?``."""
 
     def __init__(self, name: str, total: int, stream: TextIO, every: int | None = None,
                  seconds: float = LOG_SECONDS, clock=time.monotonic, eval_every: int = 0) -> None:  # fmt: skip
@@ -58,6 +61,7 @@ class LineLog:
         self.seconds, self.eval_every = seconds, eval_every
         self.t0 = self.last_t = clock()
         self.prev: float | None = None  # the previous step's time (None before the first step)
+        self.warm = False  # the first interval (the pipeline filling) is not a step's time
         self.step_s = self.eval_s = 0.0  # summed intervals of steps without / with an eval
         self.n_step = self.n_eval = 0
         self.last_eval: dict = {}
@@ -71,7 +75,7 @@ class LineLog:
         return periodic + (0 if k > 0 and self.total % k == 0 else 1)
 
     def eta(self, step: int) -> float | None:
-        if not (self.n_step or self.n_eval):
+        if self.n_step + self.n_eval < MIN_TIMED:
             return None
         per_step = self.step_s / self.n_step if self.n_step else self.eval_s / self.n_eval
         per_eval = max(0.0, self.eval_s / self.n_eval - per_step) if self.n_eval else 0.0
@@ -81,7 +85,9 @@ class LineLog:
         if eval_row:
             self.last_eval.update(eval_row)
         now = self.clock()
-        if self.prev is not None:  # a resumed run starts past 0: its rate counts this process's steps only
+        if self.prev is not None and not self.warm:  # the first interval warms the pipeline up: not counted
+            self.warm = True
+        elif self.prev is not None:  # a resumed run starts past 0: its rate counts this process's steps only
             if eval_row:
                 self.eval_s, self.n_eval = self.eval_s + now - self.prev, self.n_eval + 1
             else:
