@@ -16,7 +16,7 @@ from typing import Any
 
 from satrl.diagnostics.collapse import CollapseConfig, detect_collapse, eval_collapse_status
 
-__all__ = ["SUMMARY_VERSION", "late_window_start", "realized_lag", "summarize_run"]
+__all__ = ["SUMMARY_VERSION", "late_mean", "late_window_start", "realized_lag", "summarize_run"]
 
 # 2: val/test endpoints, eval-rule collapse, lag_realized. Summaries without the key are version 1.
 SUMMARY_VERSION = 2
@@ -48,6 +48,17 @@ def late_window_start(last_step: int) -> int:
     """First step of the late window: the last ceil(25 %) of ``last_step`` optimizer steps, i.e. steps
     ``last_step - ceil(last_step / 4) + 1 .. last_step`` (the same window as ``d_pi_last25``)."""
     return last_step - math.ceil(last_step / 4) + 1
+
+
+def late_mean(evals: list[dict], key: str, last_step: int) -> float | None:
+    """Mean of ``key`` over the evals (sorted by step) in the late window of a run whose last optimizer step is
+    ``last_step`` (:func:`late_window_start`); the last finite value when no eval falls in the window; None when
+    no eval has ``key``. The primary endpoint ``late_test_avg_at_k`` is this on ``test_avg_at_k``, and the
+    report's secondary endpoints are this on ``test_pass_at_k`` and ``test_greedy_acc``."""
+    scored = [e for e in evals if _finite(e.get(key))]
+    start = late_window_start(last_step)
+    late = [float(e[key]) for e in scored if e["step"] >= start]
+    return _mean(late or ([float(scored[-1][key])] if scored else []))
 
 
 def realized_lag(rows: list[dict], warmup_steps: int = 0) -> dict[str, float] | None:
@@ -92,9 +103,7 @@ def _endpoints(evals: list[dict], last_step: int) -> dict[str, Any]:
             out["best_avg_at_k"], out["best_step"] = float(e["avg_at_k"]), int(e["step"])
     if pooled:
         out["final_avg_at_k"] = float(pooled[-1]["avg_at_k"])
-    start = late_window_start(last_step)
-    late = [float(e["avg_at_k"]) for e in pooled if e["step"] >= start]
-    out["late_avg_at_k"] = _mean(late or ([float(pooled[-1]["avg_at_k"])] if pooled else []))
+    out["late_avg_at_k"] = late_mean(pooled, "avg_at_k", last_step)
 
     if _score_key(evals, "val") and _score_key(evals, "test"):
         split = [e for e in evals if _finite(e.get("val_avg_at_k")) and _finite(e.get("test_avg_at_k"))]
@@ -107,8 +116,7 @@ def _endpoints(evals: list[dict], last_step: int) -> dict[str, Any]:
             out["best_val_avg_at_k"] = float(best["val_avg_at_k"])
             out["best_test_avg_at_k"] = float(best["test_avg_at_k"])
             out["final_test_avg_at_k"] = float(split[-1]["test_avg_at_k"])
-            late = [float(e["test_avg_at_k"]) for e in split if e["step"] >= start]
-            out["late_test_avg_at_k"] = _mean(late or [out["final_test_avg_at_k"]])
+            out["late_test_avg_at_k"] = late_mean(split, "test_avg_at_k", last_step)
     return out
 
 

@@ -23,6 +23,7 @@ from satrl.diagnostics.summary import late_window_start
 from satrl.experiments import plots
 from satrl.experiments.leaderboard import leaderboard_md
 from satrl.experiments.mdtext import _f, _md_cell, endpoints, fmt_ci
+from satrl.experiments.secondary import runs_md
 from satrl.experiments.stats import (
     DEFAULT_INTERVAL,
     _clean,
@@ -287,6 +288,7 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
     md += explore
     md += regime_md(res)
     md += _sat_activity_md(res)
+    md += runs_md(res)
     md += _figures_md(res, tables, dest, figdir)
     bad = res.runs[res.runs["status"] != "finished"]
     if len(bad):

@@ -93,9 +93,10 @@ def _bad_range(r: tuple[int, int]) -> tuple[int, int]:
     raise ValueError(f"a seed range is [first, last] with first <= last, got {list(r)}")
 
 
-# Summary keys a hypothesis may name as its endpoint (docs/metrics.md).
+# Summary keys a hypothesis may name as its endpoint (docs/metrics.md), and the late-window means of test pass@k and
+# test greedy accuracy that the report reads from each run's eval.jsonl (store.LATE_EVAL_KEYS).
 ENDPOINTS = ("late_test_avg_at_k", "best_test_avg_at_k", "final_test_avg_at_k", "late_avg_at_k", "best_avg_at_k",
-             "final_avg_at_k", "d_pi_last25", "gate_rate_mean")  # fmt: skip
+             "final_avg_at_k", "d_pi_last25", "gate_rate_mean", "late_test_pass_at_k", "late_test_greedy_acc")  # fmt: skip
 
 
 class HypothesisSpec(BaseModel):
@@ -148,7 +149,9 @@ class LeaderboardSpec(BaseModel):
 
 class RepairSpec(BaseModel):
     """A declared repaired fraction: ``method`` vs ``base`` at ``lag`` as a share of the damage ``base`` takes
-    from ``reference_lag`` to ``lag`` (``satrl.experiments.stats.repaired_fraction``)."""
+    from ``reference_lag`` to ``lag`` (``satrl.experiments.stats.repaired_fraction``), on ``seeds``; without
+    ``seeds``, on those of the declared hypothesis that tests ``method`` vs ``base`` at ``lag`` (the report's
+    ``verdicts.repair_seeds``), else on every seed."""
 
     model_config = ConfigDict(extra="forbid")
     method: str
@@ -156,6 +159,7 @@ class RepairSpec(BaseModel):
     lag: int
     reference_lag: int
     endpoint: str = "late_test_avg_at_k"
+    seeds: SeedRange | None = None
 
 
 class GridSpec(BaseModel):

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from satrl.diagnostics.summary import late_mean
 from satrl.experiments.status import merge_status, run_status
 from satrl.jsonl import read_jsonl  # the one tolerant JSONL reader (torn lines skipped)
 from satrl.provenance import ENVIRONMENT, machine_label, read_sessions
@@ -169,6 +170,33 @@ def load_evals(out_dir: str | Path) -> pd.DataFrame:
     return df
 
 
+# runs-frame column -> eval.jsonl key: the report's secondary endpoints, each the late-window mean of its key with the
+# primary endpoint's window (diagnostics.summary.late_mean), read from eval.jsonl so that runs whose summary.json
+# predates them have them too
+LATE_EVAL_KEYS = {"late_test_pass_at_k": "test_pass_at_k", "late_test_greedy_acc": "test_greedy_acc"}
+
+
+def with_late_evals(runs: pd.DataFrame, evals: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with a column per :data:`LATE_EVAL_KEYS` (NaN where a run's eval log lacks the key). The window is
+    the run's own: its summary's last optimizer step (``steps``), else its last eval's step."""
+    out = runs.copy()
+    for col in LATE_EVAL_KEYS:
+        out[col] = float("nan")
+    if evals.empty or not len(runs):
+        return out
+    groups = {key: g for key, g in evals.groupby(["cell", "lag", "seed"], sort=False)}
+    for i, (cell, lag, seed, steps) in enumerate(zip(runs["cell"], runs["lag"], runs["seed"], runs["steps"])):
+        g = groups.get((cell, lag, seed))
+        if g is None:
+            continue
+        rows = g.drop_duplicates("step", keep="last").to_dict("records")  # a re-logged step: the last row wins
+        last = int(steps) if pd.notna(steps) and steps > 0 else int(g["step"].max())
+        for col, key in LATE_EVAL_KEYS.items():
+            value = late_mean(rows, key, last) if key in g else None
+            out.iloc[i, out.columns.get_loc(col)] = float("nan") if value is None else value
+    return out
+
+
 def load_grid_meta(out_dir: str | Path) -> dict[str, Any]:
     """The grid.yaml written by the runner (cell order, labels, baseline, description), or {}."""
     p = Path(out_dir) / "grid.yaml"
@@ -210,8 +238,9 @@ def load_results(out_dir: str | Path) -> GridResults:
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         raise ValueError(f"no such grid output folder: {out_dir}")
+    evals = load_evals(out_dir)
     return GridResults(
-        out_dir, load_runs(out_dir), load_metrics(out_dir), load_evals(out_dir), load_grid_meta(out_dir)
+        out_dir, with_late_evals(load_runs(out_dir), evals), load_metrics(out_dir), evals, load_grid_meta(out_dir)
     )
 
 

@@ -9,6 +9,7 @@ import math
 import pandas as pd
 
 from satrl.experiments.mdtext import PCT, _md_cell, endpoints
+from satrl.experiments.secondary import bases_of, hypothesis_runs, secondary_md
 from satrl.experiments.stats import (
     NO_DIFFERENCE,
     compare,
@@ -20,6 +21,8 @@ from satrl.experiments.stats import (
     paired_table,
     pairs_table,
     repaired_fraction,
+    sign_flip_interval,
+    sign_flip_p,
     verdict_words,
 )
 from satrl.experiments.store import GridResults
@@ -98,11 +101,10 @@ def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: 
     place of the method paragraph (a later family); ``several``: the grid declares more than this section."""
     rows = []
     for name, h in hyps.items():
-        bases = [h["base"]] if isinstance(h["base"], str) else list(h["base"])
+        bases = bases_of(h)
         lower = h.get("direction", "greater") == "less"
-        runs = res.runs if not h.get("seeds") else res.runs[res.runs["seed"].between(*map(int, h["seeds"]))]
-        t = compare(runs, [(h["method"], b, int(h["lag"])) for b in bases], h.get("endpoint", "late_test_avg_at_k"),
-                    n_resamples, ci, seed, higher_is_better=not lower)  # fmt: skip
+        t = compare(hypothesis_runs(res.runs, h), [(h["method"], b, int(h["lag"])) for b in bases],
+                    h.get("endpoint", "late_test_avg_at_k"), n_resamples, ci, seed, higher_is_better=not lower)  # fmt: skip
         if len(t) < len(bases):
             rows.append((name, h, None))
             continue
@@ -125,16 +127,13 @@ def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: 
            f"comparisons rejecting. {rest}", ""]),
            f"| hypothesis | comparison | endpoint | n | difference [{ci:.0%} sign-flip interval] | sign-flip p | Holm p | MDE | verdict |",
            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    words = []
+    words, secondary = [], []
     it = iter(adjusted)
     for name, h, r in rows:
         lower = h.get("direction", "greater") == "less"
         endpoint = h.get("endpoint", "late_test_avg_at_k")
-        bases = [h["base"]] if isinstance(h["base"], str) else list(h["base"])
-        every = res.label(bases[0]) if len(bases) == 1 else "each of " + ", ".join(res.label(b) for b in bases)
-        comp = f"{res.label(h['method'])} {'<' if lower else '>'} {every} at lag {h['lag']}"
-        if h.get("seeds"):
-            comp += f", seeds {h['seeds'][0]}-{h['seeds'][1]}"
+        comp = _comparison_text(res, h)
+        secondary.append((name, comp, h, r))
         if r is None:
             out.append(f"| {name} | {_md_cell(comp)} | `{endpoint}` | 0 | — | — | — | — | no data yet |")
             words.append(f"- **{name}** ({comp}): no finished runs on both sides yet.")
@@ -157,30 +156,77 @@ def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: 
                      + (f" Claim tested: {h['description']}" if h.get("description") else ""))  # fmt: skip
         words.append(f"  Per seed ({res.label(r['cell'])} - {res.label(r['base'])}): "
                      + _per_seed(r["per_seed"], scale, fmt) + ".")
-    return out + [""] + words + [""]
+    return out + [""] + secondary_md(res, secondary, ci, brief=bool(how or note)) + words + [""]
+
+
+def _comparison_text(res: GridResults, h: dict) -> str:
+    """'VCPO > GRPO at lag 32, seeds 24-33': a declared hypothesis's comparison as its table row names it."""
+    bases = bases_of(h)
+    every = res.label(bases[0]) if len(bases) == 1 else "each of " + ", ".join(res.label(b) for b in bases)
+    comp = f"{res.label(h['method'])} {'<' if h.get('direction', 'greater') == 'less' else '>'} {every} at lag {h['lag']}"
+    return comp + (f", seeds {h['seeds'][0]}-{h['seeds'][1]}" if h.get("seeds") else "")
+
+
+def repair_seeds(meta: dict) -> tuple[tuple[int, int] | None, str]:
+    """The seed range the declared repaired fraction is computed on (None: every seed) and where it comes from:
+    the repair's own ``seeds``, else those of the declared hypotheses that test its method against its base at
+    its lag (a protocol defines the fraction on its confirmation's seeds), else every seed."""
+    r = meta["repair"]
+    if r.get("seeds"):
+        return (int(r["seeds"][0]), int(r["seeds"][1])), "the repair's own `seeds`"
+    same = [n for n, h in (meta.get("hypotheses") or {}).items()
+            if h["method"] == r["method"] and r["base"] in bases_of(h) and int(h["lag"]) == int(r["lag"])]  # fmt: skip
+    ranges = {tuple(int(x) for x in meta["hypotheses"][n]["seeds"]) if meta["hypotheses"][n].get("seeds") else None
+              for n in same}  # fmt: skip
+    if len(ranges) == 1 and None not in ranges:
+        return ranges.pop(), f"those of declared hypothesis {', '.join(same)}, which tests the same comparison"
+    return None, "every seed"
+
+
+def _fraction(runs: pd.DataFrame, r: dict, n_resamples: int, ci: float, seed: int) -> dict:
+    return repaired_fraction(runs, r["method"], r["base"], int(r["lag"]), int(r["reference_lag"]),
+                             r.get("endpoint", "late_test_avg_at_k"), n_resamples, ci, seed)  # fmt: skip
+
+
+def _fraction_lines(f: dict, ci: float, lead: str = "") -> list[str]:
+    """'- **R = 0.22 [-0.35, 0.63]** (n = 10): ...' (plain after a ``lead``, bold without one), with the damage's
+    own sign-flip interval and p, and the per-seed parts."""
+    damage = [y for _, y in f["per_seed"].values()]
+    lo, hi = sign_flip_interval(damage, ci)
+    value = f"R = {f['fraction']:.2f} " + (f"[{f['lo']:.2f}, {f['hi']:.2f}]" if f["n"] > 1 else "(no interval from one seed)")
+    parts = ", ".join(f"s{s} {x * PCT:+.1f}/{y * PCT:+.1f}" for s, (x, y) in f["per_seed"].items())
+    return [f"- {lead + value if lead else f'**{value}**'} (n = {f['n']}): repair {f['repair'] * PCT:+.1f} points of a "
+            f"damage of {f['damage'] * PCT:+.1f} (the damage's {ci:.0%} sign-flip interval [{lo * PCT:+.1f}, "
+            f"{hi * PCT:+.1f}], p = {sign_flip_p(damage):.3g}).",
+            f"  Per seed (repair/damage, points): {parts}."]  # fmt: skip
 
 
 def repair_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> list[str]:
-    """The grid's declared repaired fraction, with its bootstrap interval and the per-seed parts."""
+    """The grid's declared repaired fraction on its declared seeds (:func:`repair_seeds`), with its bootstrap
+    interval, the damage's sign-flip interval and the per-seed parts; the fraction pooled over every seed, if that
+    adds seeds, is shown after it as exploratory."""
     r = res.meta.get("repair")
     if not r:
         return []
-    f = repaired_fraction(res.runs, r["method"], r["base"], int(r["lag"]), int(r["reference_lag"]),
-                          r.get("endpoint", "late_test_avg_at_k"), n_resamples, ci, seed)  # fmt: skip
+    seeds, source = repair_seeds(res.meta)
+    f = _fraction(res.runs if seeds is None else res.runs[res.runs["seed"].between(*seeds)], r, n_resamples, ci, seed)
     m, b = res.label(r["method"]), res.label(r["base"])
+    where = "every seed" if seeds is None else f"seeds {seeds[0]}-{seeds[1]}, {source}"  # the protocol's seeds
     head = [f"## Declared: the share of {b}'s staleness damage that {m} repairs", "",
             f"R = mean({m} − {b} at lag {r['lag']}) / mean({b} at lag {r['reference_lag']} − {b} at lag {r['lag']}), "
-            f"on `{r.get('endpoint', 'late_test_avg_at_k')}`, over the seeds all three runs share (1: all of the damage "
-            f"repaired, 0: none, below 0: worse). Interval: {ci:.0%} percentile bootstrap over seeds "
-            f"({n_resamples} resamples, numerator and denominator together); a ratio has no exact sign-flip "
-            "interval, and this one is unreliable when the damage's own interval reaches 0.", ""]  # fmt: skip
+            f"on `{r.get('endpoint', 'late_test_avg_at_k')}`, over the declared seeds that all three runs share: "
+            f"{where} (1: all of the damage repaired, 0: none, below 0: worse). Interval: {ci:.0%} percentile bootstrap "
+            f"over seeds ({n_resamples} resamples, numerator and denominator together); a ratio has no exact "
+            "sign-flip interval, and this one is unreliable when the damage's own interval reaches 0.", ""]  # fmt: skip
     if not f["n"]:
         return head + ["No seed has all three runs yet.", ""]
-    parts = ", ".join(f"s{s} {x * PCT:+.1f}/{y * PCT:+.1f}" for s, (x, y) in f["per_seed"].items())
-    interval = f"[{f['lo']:.2f}, {f['hi']:.2f}]" if f["n"] > 1 else "(no interval from one seed)"
-    return head + [f"- **R = {f['fraction']:.2f} {interval}** (n = {f['n']}): repair "
-                   f"{f['repair'] * PCT:+.1f} points of a damage of {f['damage'] * PCT:+.1f}.",
-                   f"  Per seed (repair/damage, points): {parts}.", ""]  # fmt: skip
+    out = head + _fraction_lines(f, ci)
+    pooled = _fraction(res.runs, r, n_resamples, ci, seed) if seeds is not None else f
+    extra = sorted(set(pooled["per_seed"]) - set(f["per_seed"]))
+    if extra:
+        out += _fraction_lines(pooled, ci, "Exploratory (not declared), pooled over every seed with all three runs, "
+                                           f"seeds {', '.join(map(str, extra))} outside the declared range included: ")  # fmt: skip
+    return out + [""]
 
 
 def _family_sentence(t: pd.DataFrame) -> str:
