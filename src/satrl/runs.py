@@ -13,7 +13,6 @@ outside it is never followed), weights that no longer match the sha256 recorded 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 
 from satrl.config import ConfigError, RunConfig, load_config
+from satrl.training.checkpoint import sha256_file
 
 NAME = re.compile(r"step-\d{6,}")  # how save_checkpoint names a checkpoint folder
 WEIGHTS = "model.safetensors"
@@ -110,7 +110,7 @@ def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
 
     weights = path / WEIGHTS
     want = _recorded_sha256(path)
-    if want is not None and _sha256(weights) != want:
+    if want is not None and sha256_file(weights) != want:
         raise RunReadError(f"{weights}: does not match the sha256 recorded in state.json when it was saved "
                            "(damaged on disk); choose another checkpoint with --step")  # fmt: skip
     try:
@@ -129,14 +129,6 @@ def _recorded_sha256(path: Path) -> str | None:
     if not isinstance(recorded, dict) or not isinstance(recorded.get(WEIGHTS), str):
         raise RunReadError(f"{path / 'state.json'}: damaged (no sha256 recorded for {WEIGHTS})")
     return recorded[WEIGHTS]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def logged_eval(run_dir: str | Path, step: int) -> dict | None:

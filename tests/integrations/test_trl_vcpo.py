@@ -24,7 +24,7 @@ try:
 except ImportError as exc:
     TRL_MISSING = f"TRL is not importable ({exc}); install the extra: pip install '.[trl]'"
 
-from satrl.models import build_char_tokenizer, build_tiny_model
+from satrl.models import build_char_tokenizer
 from satrl.objectives.vcpo import ess_step_scale, opob_advantages
 
 pytestmark = pytest.mark.skipif(TRL_MISSING is not None, reason=str(TRL_MISSING))
@@ -38,17 +38,9 @@ def _one_thread(monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # TRL warns that rollout_func is experimental
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-policy")
-    tok = build_char_tokenizer()
-    build_tiny_model(vocab_size=len(tok), seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
+import test_trl  # noqa: E402  (the same tiny policy fixture and reward as SAT's TRL tests)
 
-
-def reward_digits(completions, **_):
-    return [float(sum(ch.isdigit() for ch in c)) for c in completions]
+tiny_dir, reward_digits = test_trl.tiny_dir, test_trl.reward_digits
 
 
 def config(cls, out, **kw):

@@ -89,7 +89,8 @@ def mark_best(root: Path, name: str) -> None:
     _atomic_text(root / "best", name)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The file's sha256, hex (read in 1 MiB blocks)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(1 << 20):
@@ -100,7 +101,7 @@ def _sha256(path: Path) -> str:
 def _digests(folder: Path) -> dict[str, str]:
     """sha256 of every file under a checkpoint folder but state.json (data parallel's shards included)."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "state.json")
-    return {str(p.relative_to(folder)): _sha256(p) for p in files}
+    return {str(p.relative_to(folder)): sha256_file(p) for p in files}
 
 
 def _verify(path: Path, tree: Any) -> Any:
@@ -117,7 +118,7 @@ def _verify(path: Path, tree: Any) -> Any:
         if not (path / name).is_file():
             raise CheckpointError(f"{path}: {name} is missing; restore the checkpoint, or start a new run with "
                                   "another out=")  # fmt: skip
-        if _sha256(path / name) != digest:
+        if sha256_file(path / name) != digest:
             raise CheckpointError(f"{path}: {name} does not match the checksum recorded when it was saved (damaged "
                                   "on disk); restore the checkpoint, or start a new run with another out=")  # fmt: skip
     return tree
