@@ -217,8 +217,15 @@ def _float_keys(model=None, prefix=""):
                 yield from _float_keys(ann, f"{prefix}{name}.")
         elif float in (ann, *typing.get_args(ann)):
             yield f"{prefix}{name}"
-        elif typing.get_origin(ann) is tuple and float in typing.get_args(ann):
+        elif typing.get_origin(ann) is tuple and float in [_plain(a) for a in typing.get_args(ann)]:
             yield f"{prefix}{name}"
+
+
+def _plain(ann):
+    """``Annotated[float, Field(...)]`` as ``float`` (a tuple's items may carry their own ranges)."""
+    import typing
+
+    return typing.get_args(ann)[0] if typing.get_origin(ann) is typing.Annotated else ann
 
 
 FLOAT_KEYS = sorted(_float_keys())

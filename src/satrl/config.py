@@ -85,7 +85,9 @@ class EngineConfig(_Strict):
         "bf16-weights", description="Engine numerics (satrl.engines.NUMERICS); differs from the fp32 trainer so "
         "mismatch is real.",
     )  # fmt: skip
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature (paper App. F: 1.0).")
+    temperature: float = Field(1.0, ge=0.01, le=100, description="Sampling temperature (paper App. F: 1.0), in "
+                               "[0.01, 100]: below, the log-probs of a tempered softmax underflow and every step "
+                               "is skipped.")  # fmt: skip
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus truncation; 1.0 keeps full support.")
     top_k: int = Field(0, ge=0, description="Top-k truncation; 0 keeps full support.")
     max_new_tokens: int = Field(8, ge=1, description="Response length cap in tokens.")
@@ -140,10 +142,13 @@ class LagConfig(_Strict):
 
 
 class TrainConfig(_Strict):
-    lr: float = Field(1e-4, gt=0, description="Constant learning rate.")
-    betas: tuple[float, float] = Field((0.9, 0.98), description="Adam betas (paper App. F).")
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float | None = Field(1.0, description="Gradient-norm clip; null disables.")
+    lr: float = Field(1e-4, gt=0, le=1, description="Constant learning rate, in (0, 1] (beyond, AdamW's first step "
+                      "already wrecks the weights).")  # fmt: skip
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
+        (0.9, 0.98), description="Adam betas (paper App. F), each in [0, 1).")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW's decoupled weight decay, in [0, 1].")
+    grad_clip: float | None = Field(1.0, gt=0, description="Gradient-norm clip, > 0 (0 would zero the gradient, a "
+                                    "negative one reverse it); null disables.")  # fmt: skip
     prompts_per_batch: int = Field(16, ge=1, description="Prompts per rollout batch.")
     group_size: int = Field(8, ge=1, description="Samples per prompt (GRPO group).")
     # 1 by default so that configured lag n means the paper's lag n (Sec. 2.1, Fig. 1): with S optimizer steps per

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from satrl.tensors import masked, masked_frac, masked_max, masked_mean, seq_mean
@@ -53,6 +53,12 @@ class IcePop(Level):
     icepop_low: float = Field(0.5, gt=0, description="a: tokens with k < a are dropped.")
     icepop_high: float = Field(2.0, gt=0, description="b: tokens with k > b are dropped.")
     icepop_weighted: bool = Field(False, description="Weigh kept tokens by k (the paper's Eq. 42) instead of 1.")
+
+    @model_validator(mode="after")
+    def _ordered(self):  # a > b keeps no token: loss and gradient 0 on every step (issue 46)
+        if self.icepop_low >= self.icepop_high:
+            raise ValueError(f"icepop_low {self.icepop_low} must be below icepop_high {self.icepop_high}")
+        return self
 
 
 class MIS(Level):

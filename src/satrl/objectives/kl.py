@@ -29,8 +29,8 @@ KL_ESTIMATORS = component_registry("KL estimator")
 class KLCoef(Params):
     """The KL term's weight in the loss."""
 
-    coef: float = Field(1e-3, ge=0, description="Coefficient of the per-token KL term (paper App. F: 1e-3); "
-                        "0 drops the term and the reference model.")  # fmt: skip
+    coef: float = Field(1e-3, ge=0, le=100, description="Coefficient of the per-token KL term (paper App. F: 1e-3), "
+                        "in [0, 100]; 0 drops the term and the reference model.")  # fmt: skip
 
 
 def _log_ratio(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
