@@ -21,7 +21,8 @@ def test_new_keys_are_saved_and_load_back(tmp_path):
     saved = cfg.model_dump(mode="json")
     assert saved["train"]["lr_lag_scaling"] == "inverse_sqrt" and saved["eval"]["problem_seed"] == 1000
     assert saved["objective"]["correction"] == {"name": "vcpo", "ess_rule": "linear", "ess_base_ratio": 1.0,
-                                                "ess_weight_cap": None, "baseline": "group_mean"}  # fmt: skip
+                                                "ess_weight_cap": None, "ess_step": True,
+                                                "baseline": "group_mean"}  # fmt: skip
     assert cfg.task_kwargs == {"eval_seed": 1000}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False), encoding="utf-8")
     again = load_config(tmp_path / "config.yaml")
