@@ -4,9 +4,12 @@ bit-identical while the code around them is redesigned.
     python -m benchmarks.golden record DIR     # run the four paths, keep their digests in DIR/golden.json
     python -m benchmarks.golden check DIR      # run them again; exit 1 naming each path that changed
 
+    python -m benchmarks.golden check DIR --only sequential,vcpo   # some paths only
+
 Paths: ``sequential`` (engine and trainer in one process), ``local-inproc`` and ``local-dist`` (the engine in
-its own process, weights pickled onto its queue or broadcast over gloo, in-flight updates on) and ``dp2``
-(``torchrun --nproc_per_node=2``, FSDP2 over gloo). Each digest covers the metrics and evaluations without
+its own process, weights pickled onto its queue or broadcast over gloo, in-flight updates on), ``dp2``
+(``torchrun --nproc_per_node=2``, FSDP2 over gloo) and ``vcpo`` (sequential, VCPO: its batched per-response
+score norms, baseline and ESS step size). Each digest covers the metrics and evaluations without
 timings (``wall_s``, ``perf/``) and every tensor of the safetensors files the run wrote. Bit-identity holds on
 one machine and CPU kind (vector units change the last bits), so record and check on the same one; this is a
 tool for a refactor's before and after, not a test of CI machines. Minutes on 2 cores.
@@ -32,6 +35,7 @@ PATHS: dict[str, list[str]] = {
     "local-inproc": ["backend=local", "weights.transport=inproc", "lag.inflight_every=2"],
     "local-dist": ["backend=local", "weights.transport=dist", "lag.inflight_every=2"],
     "dp2": [],
+    "vcpo": ["objective.name=vcpo"],  # VCPO's batched score norms (issue 45) and its ESS step size
 }
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
@@ -70,9 +74,9 @@ def _tensors_digest(files: list[Path]) -> str:
     return hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()
 
 
-def run_all(work: Path) -> dict[str, dict[str, str]]:
+def run_all(work: Path, names: list[str]) -> dict[str, dict[str, str]]:
     got = {}
-    for name in PATHS:
+    for name in names:
         print(f"golden: {name} ...", file=sys.stderr, flush=True)
         _train(name, work / name)
         got[name] = digest(work / name)
@@ -83,20 +87,24 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.golden", description=__doc__.splitlines()[0])
     ap.add_argument("mode", choices=("record", "check"))
     ap.add_argument("dir", type=Path, help="where golden.json is kept")
+    ap.add_argument("--only", default=",".join(PATHS), help="comma-separated paths (default: all)")
     a = ap.parse_args(argv)
+    names = [n for n in a.only.split(",") if n]
+    if unknown := [n for n in names if n not in PATHS]:
+        ap.error(f"--only: unknown path(s) {', '.join(unknown)}; known: {', '.join(PATHS)}")
     with tempfile.TemporaryDirectory() as tmp:
-        got = run_all(Path(tmp))
+        got = run_all(Path(tmp), names)
     if a.mode == "record":
         a.dir.mkdir(parents=True, exist_ok=True)
         (a.dir / "golden.json").write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
         print(f"golden: recorded {len(got)} paths in {a.dir / 'golden.json'}")
         return 0
     want = json.loads((a.dir / "golden.json").read_text())
-    changed = [n for n in PATHS if got[n] != want.get(n)]
+    changed = [n for n in names if got[n] != want.get(n)]
     for n in changed:
         diff = sorted(k for k in set(got[n]) | set(want.get(n, {})) if got[n].get(k) != want.get(n, {}).get(k))
         print(f"golden: {n} changed: {', '.join(diff)}")
-    print(f"golden: {len(PATHS) - len(changed)} of {len(PATHS)} paths bit-identical")
+    print(f"golden: {len(names) - len(changed)} of {len(names)} paths bit-identical")
     return 1 if changed else 0
 
 

@@ -235,7 +235,7 @@ def test_a_non_finite_scale_skips_the_step_and_keeps_the_lr(tiny):
 
 
 def test_sequence_scores_are_each_rows_weight_and_score_norm(tiny):
-    from satrl.training.microbatches import row_slice
+    from satrl.training.microbatches import Micro, row_slice
 
     model, tok = tiny
     batch = make_batch(tok)
@@ -246,7 +246,7 @@ def test_sequence_scores_are_each_rows_weight_and_score_norm(tiny):
     for i in (0, 4):  # the squared norm of the gradient of sum_t log pi, by a plain backward of that row alone
         t.model.zero_grad(set_to_none=True)
         row = row_slice(batch, i, i + 1)
-        lp = t._logp(t.model, row, (i, i + 1, int(row.attention_mask.sum()), False))[0]
+        lp = t._logp(t.model, row, Micro(i, i + 1, int(row.attention_mask.sum()), False, row.mask.shape[1]))[0]
         torch.where(row.mask, lp, 0.0).sum().backward()
         want = sum(float(p.grad.double().square().sum()) for p in t.model.parameters() if p.grad is not None)
         assert float(sq[i]) == pytest.approx(want, rel=1e-5)

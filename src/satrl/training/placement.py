@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -25,7 +26,47 @@ from satrl.dtypes import CONFIG_DTYPES
 from satrl.training.microbatches import Micro
 from satrl.weights.buckets import Bucket, buckets
 
-__all__ = ["OneDevice", "Placement", "cpu_copy"]
+__all__ = ["OneDevice", "Placement", "StepOutputs", "StepPieces", "cpu_copy"]
+
+TOKEN_FIELDS = ("logp", "gate", "clipped", "d", "routing")  # the per-token outputs, in the order they are gathered
+
+
+@dataclass
+class StepPieces:
+    """What the microbatches one process ran in a step gave back, in :meth:`Placement.assigned`'s order: each
+    one's share of the loss (0-dim float64, detached), its objective metrics (0-dim) and its per-token tensors
+    (rows of the microbatch: ``logp`` [b, T] detached, the objective's ``gate`` / ``clipped`` [b, T] bool and
+    ``d`` [b, T]; ``routing`` [b, T, L, k], the experts the forward used, only on a MoE policy with engine routing)."""
+
+    losses: list[torch.Tensor] = field(default_factory=list)
+    metrics: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    logp: list[torch.Tensor] = field(default_factory=list)
+    gate: list[torch.Tensor] = field(default_factory=list)
+    clipped: list[torch.Tensor] = field(default_factory=list)
+    d: list[torch.Tensor] = field(default_factory=list)
+    routing: list[torch.Tensor] = field(default_factory=list)
+
+    def outputs(self, losses: list[torch.Tensor], metrics: list[dict[str, torch.Tensor]],
+                join: Callable[[list[torch.Tensor]], torch.Tensor]) -> StepOutputs:  # fmt: skip
+        """The step's :class:`StepOutputs`: ``losses`` and ``metrics`` of every microbatch, each per-token field
+        joined by ``join`` (in :data:`TOKEN_FIELDS` order: under data parallel each join is a collective)."""
+        tokens = {k: join(getattr(self, k)) for k in TOKEN_FIELDS if getattr(self, k)}
+        return StepOutputs(losses, metrics, routing=tokens.pop("routing", None), **tokens)
+
+
+@dataclass(frozen=True)
+class StepOutputs:
+    """One optimizer step's results over the whole minibatch, the same on every process: every microbatch's loss
+    share and metrics in plan order, and the per-token tensors of all B rows ([B, T]; ``routing`` [B, T, L, k]
+    or None, see :class:`StepPieces`)."""
+
+    losses: list[torch.Tensor]
+    metrics: list[dict[str, torch.Tensor]]
+    logp: torch.Tensor
+    gate: torch.Tensor
+    clipped: torch.Tensor
+    d: torch.Tensor
+    routing: torch.Tensor | None = None
 
 
 def cpu_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -46,7 +87,7 @@ class Placement(Protocol):
         runs only so that every process runs the same number of forwards)."""
         ...
 
-    def gathered(self, plan: list[Micro], rows: int, losses: list, per_mb: list, tok: dict) -> tuple[list, list, dict]:
+    def gathered(self, plan: list[Micro], rows: int, pieces: StepPieces) -> StepOutputs:
         """Every microbatch's loss and metrics in plan order, and the per-token tensors of all ``rows``, from
         the pieces this process ran (in :meth:`assigned`'s order)."""
         ...
@@ -115,8 +156,8 @@ class OneDevice:
     def assigned(self, plan):
         return [(p, True) for p in plan]
 
-    def gathered(self, plan, rows, losses, per_mb, tok):
-        return losses, per_mb, {k: torch.cat(v) for k, v in tok.items() if v}
+    def gathered(self, plan, rows, pieces):
+        return pieces.outputs(pieces.losses, pieces.metrics, torch.cat)
 
     def grads_finite(self, model):
         grads = [torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None]

@@ -102,20 +102,20 @@ class Sharded:
         cheapest = min(plan, key=lambda p: (p[1] - p[0]) * p[2])
         return mine + [(cheapest, False)] * (per_rank - len(mine))
 
-    def gathered(self, plan, rows, losses, per_mb, tok):
+    def gathered(self, plan, rows, pieces):
         dev, W, r = self.device, self.dp.world, self.dp.rank
         mine = [i for i in range(len(plan)) if i % W == r]  # the first len(mine) pieces are real, in this order
-        keys = list(per_mb[0])  # an objective's metric names do not depend on the data: the same on every rank
+        keys = list(pieces.metrics[0])  # an objective's metric names do not depend on the data: the same on every rank
         table = torch.zeros(len(plan), 1 + len(keys), dtype=torch.float64, device=dev)
         if mine:
-            got = [torch.stack([losses[j], *(per_mb[j][k].detach().to(torch.float64) for k in keys)])
+            got = [torch.stack([pieces.losses[j], *(pieces.metrics[j][k].detach().to(torch.float64) for k in keys)])
                    for j in range(len(mine))]  # fmt: skip
             table.index_copy_(0, torch.tensor(mine, device=dev), torch.stack(got))
         dist.all_reduce(table, group=self.dp.group)  # each row is nonzero on one rank only: the sum is exact
         losses = list(table[:, 0].unbind())
-        per_mb = [dict(zip(keys, row.unbind())) for row in table[:, 1:]]
+        metrics = [dict(zip(keys, row.unbind())) for row in table[:, 1:]]
         row_ids = torch.tensor([x for i in mine for x in range(plan[i][0], plan[i][1])], dtype=torch.int64, device=dev)
-        return losses, per_mb, {k: self._rows(v[: len(mine)], v[0], rows, row_ids) for k, v in tok.items() if v}
+        return pieces.outputs(losses, metrics, lambda v: self._rows(v[: len(mine)], v[0], rows, row_ids))
 
     def _rows(self, pieces: list[torch.Tensor], like: torch.Tensor, rows: int, row_ids: torch.Tensor) -> torch.Tensor:
         """All ``rows`` of a per-token tensor, from the pieces each rank holds (zeros elsewhere, summed)."""

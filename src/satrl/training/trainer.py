@@ -46,7 +46,7 @@ from satrl.training.microbatches import (
     split_rows,
     to_device,
 )
-from satrl.training.placement import OneDevice, Placement
+from satrl.training.placement import OneDevice, Placement, StepOutputs, StepPieces
 from satrl.training.score_norms import ChunkedHead, score_norms
 from satrl.training.settings import TrainerSettings
 from satrl.types import Batch
@@ -153,8 +153,6 @@ class Trainer:
         """``response_logp`` of microbatch ``m`` with the host-side facts of its plan entry (no host sync): the
         decoder on its longest row, the LM head on its longest response (a plain ``(start, end, longest,
         padded)`` tuple: on the batch's whole response width)."""
-        if not isinstance(plan, Micro):
-            plan = Micro(*plan, m.mask.shape[1])
         chunk = self.logprob_chunk_tokens
         self._check_full_logits(plan, chunk)
         with self._autocast():
@@ -333,21 +331,20 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         self._weights = None  # the last version's CPU copy: whoever needs it holds it by now
         lag = (self.version - mb.versions).clamp(min=0)  # [B, T]
-        losses, per_mb, tok = self._accumulate(plan, mb, _Targets(adv, lag, old_logp), (n_tok, n_seq))
-        losses, per_mb, tok = self.placement.gathered(plan, mb.mask.shape[0], losses, per_mb, tok)
-        self.microbatch_metrics = per_mb  # the last step's, per microbatch in plan order (0-dim tensors; tests)
-        out = self._update(losses, reduce_metrics(per_mb, weights), lambda: self._step_scales(mb.mask, lag, tok))
-        out.update(self._diagnostics(mb, lag, tok, version_logp, adv))
+        pieces = self._accumulate(plan, mb, _Targets(adv, lag, old_logp), (n_tok, n_seq))
+        got = self.placement.gathered(plan, mb.mask.shape[0], pieces)
+        self.microbatch_metrics = got.metrics  # the last step's, per microbatch in plan order (0-dim tensors; tests)
+        out = self._update(got.losses, reduce_metrics(got.metrics, weights), lambda: self._step_scales(mb.mask, lag, got))
+        out.update(self._diagnostics(mb, lag, got, version_logp, adv))
         return out
 
-    def _accumulate(self, plan: list[Micro], mb: Batch, t: _Targets, totals: tuple[int, int]) -> tuple:
-        """Forward and backward each microbatch of ``plan`` (gradients accumulate); returns each one's loss share
-        (float64, detached), its objective metrics, and the per-token tensors, in plan order."""
+    def _accumulate(self, plan: list[Micro], mb: Batch, t: _Targets, totals: tuple[int, int]) -> StepPieces:
+        """Forward and backward each microbatch this process runs of ``plan`` (gradients accumulate); returns each
+        one's loss share (float64, detached; summed after the loop, no sync), objective metrics and per-token
+        tensors, in :meth:`Placement.assigned`'s order."""
         n_tok, n_seq = totals
         seq_mode = share_unit(self.settings.aggregation) == "sequence"
-        tok = {"logp": [], "gate": [], "clipped": [], "d": [], "routing": []}
-        losses: list[torch.Tensor] = []  # each microbatch's share of the loss, summed after the loop (no sync)
-        per_mb: list[dict[str, torch.Tensor]] = []
+        pieces = StepPieces()
         for p, counts in self.placement.assigned(plan):
             sl = slice(p[0], p[1])
             m = row_slice(mb, p[0], p[1])
@@ -357,7 +354,7 @@ class Trainer:
                 with torch.no_grad():
                     ref_logp = self._logp(self.ref_model, m, p)[0]
             if used is not None:
-                tok["routing"].append(used)
+                pieces.routing.append(used)
             out = self.objective(
                 logp=logp,
                 behavior_logp=m.behavior_logp,
@@ -372,12 +369,13 @@ class Trainer:
             if not counts:  # a placement's zero-weight copy (it runs so that every rank runs as many): adds nothing
                 loss = loss * 0.0
             loss.backward()
-            losses.append(loss.detach().to(torch.float64))
-            per_mb.append(out.metrics)
-            for k in ("gate", "clipped", "d"):
-                tok[k].append(getattr(out.tokens, k))
-            tok["logp"].append(logp.detach())
-        return losses, per_mb, tok
+            pieces.losses.append(loss.detach().to(torch.float64))
+            pieces.metrics.append(out.metrics)
+            pieces.gate.append(out.tokens.gate)
+            pieces.clipped.append(out.tokens.clipped)
+            pieces.d.append(out.tokens.d)
+            pieces.logp.append(logp.detach())
+        return pieces
 
     def _update(self, losses: list[torch.Tensor], reduced: dict[str, torch.Tensor],
                 step_scales: Callable[[], dict[str, torch.Tensor]]) -> dict[str, float]:  # fmt: skip
@@ -411,14 +409,14 @@ class Trainer:
         return {"loss": total, "skipped": float(not finite), **{f"obj/{k}": v for k, v in scalars.items()}, **scaled}
 
     # -- the step-size seam ------------------------------------------------------------------------
-    def _step_scales(self, mask: torch.Tensor, lag: torch.Tensor, tok: dict) -> dict[str, torch.Tensor]:
+    def _step_scales(self, mask: torch.Tensor, lag: torch.Tensor, got: StepOutputs) -> dict[str, torch.Tensor]:
         """This step's lr multiplier ``train/lr_scale`` (0-dim float64, on the device) and its factors: the
         objective's rules (``obj/step_scale`` and their metrics) times the lag scaling (``train/lag_lr_scale`` at
         realized lag ``train/lr_lag``). Pure functions of the minibatch's detached tokens."""
         out: dict[str, torch.Tensor] = {}
         scale = torch.ones((), dtype=torch.float64, device=self.device)
         if self.step_rules:
-            inp = StepInputs(d=tok["d"], mask=mask, lag=lag)
+            inp = StepInputs(d=got.d, mask=mask, lag=lag)
             obj = torch.ones((), dtype=torch.float64, device=self.device)
             for rule in self.step_rules:
                 s, metrics = rule(inp)
@@ -445,21 +443,21 @@ class Trainer:
             for group, lr in zip(self.opt.param_groups, base):
                 group["lr"] = lr
 
-    def _diagnostics(self, mb: Batch, lag: torch.Tensor, tok: dict, version_logp: torch.Tensor | None,
+    def _diagnostics(self, mb: Batch, lag: torch.Tensor, got: StepOutputs, version_logp: torch.Tensor | None,
                      adv: torch.Tensor) -> dict:  # fmt: skip
         engine_routing = None
-        if "routing" in tok:  # the engine's experts at the scoring positions, vs the ones this forward used
+        if got.routing is not None:  # the engine's experts at the scoring positions, vs the ones this forward used
             pos = scoring_positions(mb.prompt_len, mb.mask.shape[1], mb.routing.shape[1])  # [B, T]
             engine_routing = mb.routing.gather(1, pos[:, :, None, None].expand(-1, -1, *mb.routing.shape[2:]))
         out = diag.step_diagnostics(
-            logp=tok["logp"],
+            logp=got.logp,
             behavior_logp=mb.behavior_logp,
             mask=mb.mask,
             lag=lag,
-            tok={f"tok/{k}": tok[k] for k in ("gate", "clipped", "d") if k in tok},
+            tok={"tok/gate": got.gate, "tok/clipped": got.clipped, "tok/d": got.d},
             logp_at_version=version_logp,
             engine_routing=engine_routing,
-            trainer_routing=tok.get("routing"),
+            trainer_routing=got.routing,
             adv=adv,
         )
         return {k: float(v) for k, v in out.items()}
