@@ -75,6 +75,7 @@ def _rows(n: int, vocab: int, seed: int = 0):
 def sat_parity(device: str, steps: int = 2, rtol: float = 1e-4) -> dict:
     """sat_grpo steps of the tiny policy on CPU and on ``device`` (fp32, TF32 off): the loss and every metric
     within 1e-6 + rtol x |value|, and each weight tensor within rtol in relative norm."""
+    from satrl.dtypes import set_tf32
     from satrl.models import build_tiny_model
     from satrl.objectives import resolve_objective
     from satrl.training.settings import TrainerSettings
@@ -85,7 +86,8 @@ def sat_parity(device: str, steps: int = 2, rtol: float = 1e-4) -> dict:
     adv = torch.linspace(-1, 1, 16)
     runs = []
     for where in ("cpu", device):
-        settings = TrainerSettings(lr=1e-3, microbatch_tokens=96, device=where, tf32=False)
+        set_tf32(False)
+        settings = TrainerSettings(lr=1e-3, microbatch_tokens=96, device=where)
         t = Trainer(copy.deepcopy(model), resolve_objective("sat_grpo"), settings)
         metrics = [t.step(batch, adv) for _ in range(steps)]
         runs.append((metrics, {k: v.detach().cpu() for k, v in t.model.state_dict().items()}))
@@ -110,6 +112,7 @@ def rl_batch(device: str, quick: bool, seed: int = 0) -> dict:
     token for the training forward and backward and 2 for each no-grad forward (reference, pi_old, snapshot), the
     LM head at every token, plus causal attention, over the dense bf16 peak; recomputation is not useful work."""
     from benchmarks.token_efficiency import ROWS, mix, recipe
+    from satrl.dtypes import set_tf32
     from satrl.pipeline.buffer import collate
     from satrl.training.settings import TrainerSettings
     from satrl.training.trainer import Trainer
@@ -117,6 +120,7 @@ def rl_batch(device: str, quick: bool, seed: int = 0) -> dict:
 
     cfg = recipe()
     t = cfg.train
+    set_tf32(t.tf32)  # process-wide, as satrl train sets it where it starts
     shape, vocab = (QUICK_SHAPES["tiny"], 1000) if quick else (SHAPES["0.6B"], VOCAB)
     rows, budget = (64, 512) if quick else (ROWS, t.microbatch_tokens)
     prompts, responses = mix("rl", seed, rows)
@@ -130,7 +134,7 @@ def rl_batch(device: str, quick: bool, seed: int = 0) -> dict:
     from benchmarks.memory import random_qwen3
 
     settings = TrainerSettings(lr=1e-6, aggregation=cfg.objective.aggregation, microbatch_tokens=budget, device=device,
-                               dtype=t.dtype, tf32=t.tf32, activation_checkpointing=t.activation_checkpointing,
+                               dtype=t.dtype, activation_checkpointing=t.activation_checkpointing,
                                logprob_chunk_tokens=t.logprob_chunk_tokens, microbatch_order=t.microbatch_order,
                                recomputed_denominator=True, decompose=True, compile=t.compile)  # fmt: skip
     trainer = Trainer(random_qwen3(shape, shape["num_hidden_layers"], vocab), cfg.objective, settings)

@@ -16,6 +16,14 @@ WIRE: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.int64, torc
 CONFIG_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+def set_tf32(enabled: bool) -> None:
+    """``train.tf32``: fp32 matmuls (and cuDNN convolutions) on CUDA's TF32 tensor cores (10-bit mantissa inputs),
+    or not. These are process-wide switches, so a program sets them once where it starts (``satrl train`` and each
+    data-parallel rank), never a trainer (two trainers in one process would fight over them). No effect on CPU."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bfloat16"``: torch's own name, as headers and vLLM spell it."""
     return str(dtype).removeprefix("torch.")

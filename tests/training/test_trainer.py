@@ -188,3 +188,34 @@ def test_objective_token_outputs_reach_the_step_diagnostics(tiny, microbatch_tok
     assert out["bylag/0/gate_rate"] == pytest.approx(out["obj/gate_rate"], rel=1e-6)
     assert out["bylag/0/clipfrac"] == pytest.approx(out["obj/clipfrac"], rel=1e-6)
     assert 0 < out["gate/tv_share"] <= 1
+
+
+def test_tf32_is_set_where_the_program_starts_never_by_a_trainer(tiny, tmp_path, monkeypatch):
+    from benchmarks._tiny import TINY
+
+    from satrl.config import load_config
+    from satrl.dtypes import set_tf32
+    from satrl.pipeline import orchestrator
+
+    model, _ = tiny
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for on in (True, False):  # process-wide switches: building a trainer leaves them as the program set them
+            set_tf32(on)
+            Trainer(copy.deepcopy(model), resolve_objective("grpo"), TrainerSettings(lr=1e-3))
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (on, on)
+    finally:
+        set_tf32(before)
+    seen = []
+
+    class Started(Exception):
+        pass
+
+    def record(on: bool) -> None:
+        seen.append(on)
+        raise Started
+
+    monkeypatch.setattr(orchestrator, "set_tf32", record)
+    with pytest.raises(Started):
+        orchestrator.train(load_config(None, [*TINY, "train.tf32=false", f"out={tmp_path / 'run'}"]))
+    assert seen == [False]

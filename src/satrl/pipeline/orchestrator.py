@@ -18,6 +18,7 @@ import torch
 
 from satrl.config import RunConfig
 from satrl.diagnostics.lag import multi_version
+from satrl.dtypes import set_tf32
 from satrl.engines.registry import pad_id
 from satrl.pipeline.buffer import collate
 from satrl.pipeline.engine_side.backends import backend_options, make_backend
@@ -51,6 +52,7 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
 
 def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
     torch.set_num_threads(cfg.trainer_threads)  # a grid caps it with train.max_threads (W x threads <= cores)
+    set_tf32(cfg.train.tf32)  # process-wide, so here where the program starts (each data-parallel rank: serve)
     torch.manual_seed(cfg.seed)
     task = make_task(cfg.task.name, **cfg.task_kwargs)  # here too, so bad data fails before any engine starts
     run.skipped_rows = len(task.skipped) if isinstance(task, SkipsRows) else 0

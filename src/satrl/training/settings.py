@@ -36,7 +36,6 @@ class TrainerSettings:
         decompose: split d into policy lag and implementation mismatch (``diagnostics.decompose``; extra forward).
         seed: the minibatch shuffles' seed (``seed``).
         dtype: ``fp32`` or ``bf16`` compute; master weights and AdamW state stay fp32 (``train.dtype``).
-        tf32: fp32 matmuls on TF32 tensor cores on CUDA (``train.tf32``).
         activation_checkpointing: recompute each decoder layer in the backward (``train.activation_checkpointing``).
         logprob_chunk_tokens: tokens per log-prob chunk, 0 for none, ``auto`` (``train.logprob_chunk_tokens``).
         lr_lag_scaling: scale each step's lr by realized lag (``train.lr_lag_scaling``).
@@ -61,7 +60,6 @@ class TrainerSettings:
     decompose: bool = False
     seed: int = 0
     dtype: str = "fp32"
-    tf32: bool = True
     activation_checkpointing: bool = False
     logprob_chunk_tokens: int | str = 0
     lr_lag_scaling: str = "none"

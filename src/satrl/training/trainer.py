@@ -112,9 +112,6 @@ class Trainer:
         # Master weights, gradients and AdamW state stay fp32; "bf16" runs the forward (and so the backward's
         # matmuls) under autocast. The reference model only runs forwards: it is kept in the compute dtype.
         self.compute_dtype = CONFIG_DTYPES[s.dtype]
-        if self.device.type == "cuda":  # fp32 matmuls on TF32 tensor cores (10-bit mantissa inputs), or not
-            torch.backends.cuda.matmul.allow_tf32 = s.tf32  # a process-wide switch: the last trainer built sets it
-            torch.backends.cudnn.allow_tf32 = s.tf32
         uses_ref = "ref_logp" in objective.needs  # a KL term with coefficient 0 needs none: not built
         self.model, self.ref_model = self.placement.place(model, uses_ref, self.device, s.dtype)
         if s.activation_checkpointing:  # per decoder layer: keep each layer's input, recompute the rest

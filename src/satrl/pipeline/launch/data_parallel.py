@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from satrl.config import ConfigError, RunConfig
+from satrl.dtypes import set_tf32
 from satrl.pipeline.launch.setup import build_trainer
 from satrl.training import dp
 from satrl.training import dp_calls as calls
@@ -37,6 +38,7 @@ def serve(cfg: RunConfig) -> None:
     until it stops (or the job ends: torchrun stops every rank when one fails)."""
     ctx = dp.current()
     torch.set_num_threads(cfg.trainer_threads)
+    set_tf32(cfg.train.tf32)
     torch.manual_seed(cfg.seed)
     if not isinstance(calls.decode(ctx.channel.recv()), calls.Start):
         return  # Stop: rank 0 refused the run before training began

@@ -134,7 +134,6 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
         decompose=cfg.diagnostics.decompose,
         seed=cfg.seed,
         dtype=t.dtype,
-        tf32=t.tf32,
         activation_checkpointing=t.activation_checkpointing,
         logprob_chunk_tokens=t.logprob_chunk_tokens,
         lr_lag_scaling=t.lr_lag_scaling,
