@@ -63,17 +63,44 @@ def launched() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
+def launcher_gone(launcher: int) -> bool:
+    """Whether this process's parent is no longer ``launcher`` (its pid at start): the parent died and this
+    process was re-parented (to init or a subreaper)."""
+    return os.getppid() != launcher
+
+
+def watch_launcher(launcher: int, stop: threading.Event, period_s: float = 1.0) -> None:
+    """Each ``period_s`` until ``stop``: when the torchrun launcher (the elastic agent, this rank's parent,
+    ``launcher``) is gone, say so on stderr in one line and exit 1. Killed alone (SIGKILL: no chance to end its
+    workers), it would otherwise leave its ranks training with nobody to collect them."""
+    while not stop.wait(period_s):
+        if launcher_gone(launcher):
+            rank = os.environ.get("RANK", "?")
+            print(f"satrl train: data parallel: the torchrun launcher (pid {launcher}) is gone; ending this rank "
+                  f"(rank {rank}, pid {os.getpid()}; its checkpoints are intact: continue with satrl train --resume "
+                  "RUN_DIR under torchrun)", file=sys.stderr, flush=True)  # fmt: skip
+            os._exit(1)
+
+
 class Watchdog:
     """Each second, bump this rank's heartbeat counter in ``store`` and check every other rank's: a rank whose
     counter has not moved for ``timeout_s`` seconds (stopped, or frozen outside Python's reach) is named on
     stderr in one line and this process exits 1, so torchrun ends the job; its checkpoints are intact. A rank
-    that ends normally says so first (:meth:`stop`). Counters, not clocks: the nodes' clocks may differ."""
+    that ends normally says so first (:meth:`stop`). Counters, not clocks: the nodes' clocks may differ.
+
+    Under torchrun (``TORCHELASTIC_RUN_ID`` set) it also watches this rank's parent, the launcher, on a thread of
+    its own (:func:`watch_launcher`: the store it beats into may be the launcher's, gone with it): when the
+    launcher dies this rank ends too, within a second or so."""
 
     def __init__(self, store, rank: int, world: int, timeout_s: float) -> None:
         self.store, self.rank, self.world, self.timeout_s = store, rank, world, timeout_s
         self._stop = threading.Event()
+        self.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
         store.set(f"pid/{rank}", str(os.getpid()))
         threading.Thread(target=self._run, daemon=True, name="satrl-rank-watchdog").start()
+        if self.launcher is not None:
+            threading.Thread(target=watch_launcher, args=(self.launcher, self._stop), daemon=True,
+                             name="satrl-launcher-watch").start()  # fmt: skip
 
     def stop(self) -> None:
         self._stop.set()
@@ -123,7 +150,7 @@ def init(device: str, rank_timeout_s: float = 120.0) -> DataParallel:
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     mesh = init_device_mesh(dev.type, (world,))
     store = dist.PrefixStore("satrl/ranks/", dist.distributed_c10d._get_default_store())
-    watchdog = Watchdog(store, rank, world, rank_timeout_s) if world > 1 else None
+    watchdog = Watchdog(store, rank, world, rank_timeout_s)  # one rank too: it watches its launcher
     _CURRENT = DataParallel(rank, world, local, dev, dist.group.WORLD, Channel(control), mesh, watchdog=watchdog)
     return _CURRENT
 

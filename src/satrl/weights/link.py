@@ -4,11 +4,17 @@ The trainer owns a TCPStore; each engine process gets a key prefix of its own (:
 engine joins a fresh group. The engine side receives every broadcast version on a thread of its own
 (:class:`Inbox`), so the trainer's push never waits for a generation. The wire is :mod:`satrl.weights.dist`:
 raw bytes and JSON headers, nothing pickled.
+
+Every socket the link listens on is bound to one address, the loopback one (:data:`LOOPBACK`) unless a caller
+names another: the store's (:func:`serve`: bound here, as torch's TCPStore server binds the wildcard address
+whatever host it is given) and each rank's gloo pair listener (:func:`gloo`: a device created for that address).
+The link is unauthenticated (docs/design.md, "Weights travel once per version").
 """
 
 from __future__ import annotations
 
 import datetime
+import socket
 import threading
 import traceback
 from dataclasses import dataclass
@@ -17,6 +23,8 @@ import torch
 import torch.distributed as dist
 
 from satrl.weights import dist as wdist
+
+LOOPBACK = "127.0.0.1"  # the engine process is on this machine (the dist transport is backend=local only)
 
 
 class LinkDown(RuntimeError):
@@ -30,12 +38,32 @@ class Link:
 
     port: int
     prefix: str
-    host: str = "127.0.0.1"
+    host: str = LOOPBACK
+
+
+def serve(host: str, timeout_s: float) -> dist.TCPStore:
+    """Trainer: the link's TCPStore server, listening on ``host`` only (a port the OS picks: ``.port``).
+
+    torch's TCPStore server binds the wildcard address (``*:PORT``, every interface) whatever ``host`` says, so
+    the socket is bound here and handed over as ``master_listen_fd``; the store owns (and closes) it from then on.
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.bind(address)
+        sock.listen(128)
+        port = sock.getsockname()[1]
+    except BaseException:
+        sock.close()
+        raise
+    return dist.TCPStore(host, port, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+                         master_listen_fd=sock.detach(), use_libuv=True)  # fmt: skip
 
 
 def gloo(store, rank: int, host: str, timeout_s: float) -> dist.ProcessGroup:
-    """A two-rank gloo group on ``store``, outside torch's default group (a torchrun trainer already has one),
-    bound to the loopback interface: the engine process is on this machine."""
+    """A two-rank gloo group on ``store``, outside torch's default group (a torchrun trainer already has one).
+    gloo's device is created for ``host``, so each rank's pair listener binds that address (the loopback one by
+    default: the engine process is on this machine), never the wildcard; ``GLOO_SOCKET_IFNAME`` plays no part."""
     opts = dist.ProcessGroupGloo._Options()
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
     opts._timeout = datetime.timedelta(seconds=timeout_s)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from satrl.registry import Registry
 from satrl.weights import dist as wdist
 from satrl.weights.buckets import DEFAULT_BUCKET_BYTES, state_aliases, state_buckets
-from satrl.weights.link import Link, LinkDown, cause, gloo
+from satrl.weights.link import LOOPBACK, Link, LinkDown, cause, gloo, serve
 from satrl.weights.messages import Keep, Load, Put, Take, WeightMessage
 from satrl.weights.receivers import BroadcastReceiver, EngineReceiver, InprocReceiver, Receiver
 
@@ -95,16 +95,17 @@ class DistTransport:
     the queue carries only the message that orders it among keep lists and requests.
 
     ``timeout_s``: the most seconds a broadcast may wait for the engine (``engine.timeout_s``);
-    ``start_timeout_s``: the most a fresh engine may take to join (``engine.start_timeout_s``)."""
+    ``start_timeout_s``: the most a fresh engine may take to join (``engine.start_timeout_s``); ``host``: the one
+    address the store and both ranks' gloo listeners bind (the loopback one unless named: nothing is reachable
+    from another machine; the link is unauthenticated, see docs/design.md)."""
 
     def __init__(self, send: Send, dtype: torch.dtype, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout_s: float = 1800.0, start_timeout_s: float = 1800.0,
-                 to: Broadcast = TO_ENGINE_PROCESS) -> None:  # fmt: skip
+                 to: Broadcast = TO_ENGINE_PROCESS, host: str = LOOPBACK) -> None:  # fmt: skip
         self.send, self.dtype, self.bucket_bytes, self.to = send, dtype, bucket_bytes, to
-        self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
+        self.timeout_s, self.start_timeout_s, self.host = timeout_s, start_timeout_s, host
         self.held: dict[int, dict[str, torch.Tensor]] = {}
-        self.store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=start_timeout_s),
-                                   wait_for_workers=False)  # fmt: skip
+        self.store = serve(host, start_timeout_s)  # bound to host only (torch binds every interface)
         self._generation = 0
         self._group: dist.ProcessGroup | None = None
         self._join_error: Exception | None = None
@@ -115,7 +116,7 @@ class DistTransport:
         """A fresh group for the next engine process; joined in the background while it starts, and waited for
         at the first push."""
         self._generation += 1
-        link = Link(self.store.port, f"engine{self._generation}/")
+        link = Link(self.store.port, f"engine{self._generation}/", self.host)
         self._group, self._alive, self._join_error = None, alive, None
         self._joining = threading.Thread(target=self._join, args=(link, self._generation), daemon=True)
         self._joining.start()
@@ -178,6 +179,7 @@ class Wiring:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     timeout_s: float = 1800.0
     start_timeout_s: float = 1800.0
+    host: str = LOOPBACK  # dist, vllm: the address the link listens on (no config field names another yet)
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,7 @@ class TransportKind:
 
 
 def _dist(w: Wiring, to: Broadcast = TO_ENGINE_PROCESS) -> DistTransport:
-    return DistTransport(w.send, w.dtype, w.bucket_bytes, w.timeout_s, w.start_timeout_s, to)
+    return DistTransport(w.send, w.dtype, w.bucket_bytes, w.timeout_s, w.start_timeout_s, to, w.host)
 
 
 TRANSPORTS: Registry[TransportKind] = Registry("weights transport")
