@@ -8,7 +8,8 @@ writes, docs/design.md "Data parallel"), so a sharded checkpoint needs no proces
 
 Every refusal is a :class:`RunReadError`, one line naming the path: a folder that is not a run, a run with no
 checkpoint, an unknown step, a ``latest`` that names anything but a checkpoint folder inside the run (a path
-outside it is never followed), weights that no longer match the sha256 recorded when they were saved.
+outside it is never followed), a checkpoint whose checksum record is damaged, weights that no longer match the
+sha256 recorded when they were saved (the checks are :func:`satrl.training.checkpoint.verify`'s, as on resume).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 from satrl.config import ConfigError, RunConfig, load_config
-from satrl.training.checkpoint import sha256_file
+from satrl.training.checkpoint import CheckpointError, ChecksumMismatch, verify
 
 NAME = re.compile(r"step-\d{6,}")  # how save_checkpoint names a checkpoint folder
 WEIGHTS = "model.safetensors"
@@ -103,32 +104,24 @@ def checkpoint_step(path: Path) -> int:
 
 
 def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The policy weights of a checkpoint folder (``model.safetensors``), once their sha256 equals the one its
-    ``state.json`` recorded when they were saved (a checkpoint from before the checksums is read unchecked)."""
+    """The policy weights of a checkpoint folder (``model.safetensors``), once the checkpoint's checksum record is
+    intact and their sha256 equals the one it recorded when they were saved (:func:`verify`: the manifest, or
+    ``state.json``'s ``files_sha256`` in a checkpoint written before it)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     weights = path / WEIGHTS
-    want = _recorded_sha256(path)
-    if want is not None and sha256_file(weights) != want:
-        raise RunReadError(f"{weights}: does not match the sha256 recorded in state.json when it was saved "
-                           "(damaged on disk); choose another checkpoint with --step")  # fmt: skip
+    try:
+        verify(path, [WEIGHTS])
+    except ChecksumMismatch:
+        raise RunReadError(f"{weights}: does not match the sha256 recorded when it was saved (damaged on disk); "
+                           "choose another checkpoint with --step") from None  # fmt: skip
+    except CheckpointError as err:
+        raise RunReadError(f"{_first_line(err)}; choose another checkpoint with --step") from None
     try:
         return load_file(str(weights))
     except (OSError, SafetensorError) as err:
         raise RunReadError(f"{weights}: unreadable ({_first_line(err)})") from None
-
-
-def _recorded_sha256(path: Path) -> str | None:
-    try:
-        recorded = json.loads((path / "state.json").read_text()).get("files_sha256")
-    except (OSError, ValueError, AttributeError) as err:
-        raise RunReadError(f"{path / 'state.json'}: unreadable ({_first_line(err)})") from None
-    if recorded is None:
-        return None
-    if not isinstance(recorded, dict) or not isinstance(recorded.get(WEIGHTS), str):
-        raise RunReadError(f"{path / 'state.json'}: damaged (no sha256 recorded for {WEIGHTS})")
-    return recorded[WEIGHTS]
 
 
 def logged_eval(run_dir: str | Path, step: int) -> dict | None:
