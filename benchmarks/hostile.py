@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -183,6 +184,34 @@ def _zero_block(p: Path) -> None:
     p.write_bytes(bytes(data))
 
 
+def _flip_bit(find: bytes, offset: int = 0, bit: int = 0) -> Callable[[Path], None]:
+    """One bit flipped in the byte ``offset`` past the first ``find``."""
+
+    def damage(p: Path) -> None:
+        data = bytearray(p.read_bytes())
+        data[data.index(find) + offset] ^= 1 << bit
+        p.write_bytes(bytes(data))
+
+    return damage
+
+
+def _flip_number(key: str) -> Callable[[Path], None]:
+    """The last digit of the number after JSON key ``key`` one bit off: still a digit, so the file parses and
+    holds another value (a learning rate, a reward)."""
+
+    def damage(p: Path) -> None:
+        data = bytearray(p.read_bytes())
+        m = re.search(rb'"' + key.encode() + rb'": *-?[0-9][0-9.eE+-]*', data)
+        data[m.end() - 1] ^= 1
+        p.write_bytes(bytes(data))
+
+    return damage
+
+
+def _drop_entry(name: str) -> Callable[[dict], dict]:
+    return lambda t: {**t, "files": {k: v for k, v in t["files"].items() if k != name}}
+
+
 def _set_next_batch(tree: dict) -> dict:
     tree["run"]["fields"]["next_batch"] = "one"
     return tree
@@ -201,6 +230,14 @@ BAD_CHECKPOINTS: dict[str, tuple[str, Callable[[Path], None]]] = {
     "state.json run is a number": ("state.json", _edit_tree(lambda t: {**t, "run": 5})),
     "state.json trainer is a string": ("state.json", _edit_tree(lambda t: {**t, "trainer": "x"})),
     "state.json next_batch a string": ("state.json", _edit_tree(_set_next_batch)),
+    # issue 46, item 3: state.json and the manifest are covered too
+    "state.json lr one bit off": ("state.json", _flip_number("lr")),
+    "state.json gains files_sha256": ("state.json", _edit_tree(lambda t: {**t, "files_sha256": {}})),
+    "manifest.json key one bit off": ("manifest.json", _flip_bit(b'"files"', 1)),
+    "manifest.json self_sha256 one bit off": ("manifest.json", _flip_bit(b'"self_sha256":"', len(b'"self_sha256":"'))),
+    "manifest.json format one bit off": ("manifest.json", _flip_bit(b'"format":', len(b'"format":'), bit=1)),
+    "manifest.json entry removed": ("manifest.json", _edit_tree(_drop_entry("state.json"))),
+    "manifest.json emptied": ("manifest.json", lambda p: p.write_bytes(b"")),
 }
 
 
