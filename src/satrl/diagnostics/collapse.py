@@ -18,6 +18,13 @@ end of the run. It reads the training reward, which can stay high while the eval
 "through the end" clause is cut short by the end of the run, so it is no longer the headline rule.
 
 Either way a step with a non-finite loss is also a collapse; the collapse step is the earlier of the two.
+
+**Skip rule** (:func:`skipped_collapse`, folded into ``collapse_step`` when the run ends, ``RunDir.finish``): the
+trainer skips a step whose loss, gradient or step size is not finite (``skipped`` = 1 in ``metrics.jsonl``) and
+leaves the weights as they were, so a run whose weights were wrecked (e.g. by one huge update) can log finite losses
+while no later step changes anything. When more than ``max_skipped_frac`` of the run's steps were skipped, the run
+collapses at the first skipped step s from which on more than that share of the steps s..end were skipped (the
+start of the stretch that broke it); a run whose every step is skipped collapses at step 1.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CollapseConfig", "detect_collapse", "eval_collapse", "eval_collapse_status"]
+__all__ = ["CollapseConfig", "detect_collapse", "eval_collapse", "eval_collapse_status", "skipped_collapse"]
 
 
 class CollapseConfig(BaseModel):
@@ -49,6 +56,12 @@ class CollapseConfig(BaseModel):
     min_peak: float = Field(
         0.05, ge=0.0, description="Reward rule: ignore runs whose best rolling reward is below this (never learned)."
     )
+
+    max_skipped_frac: float = Field(
+        0.5, ge=0.0, le=1.0,
+        description="Skip rule: the run collapses when more than this share of its optimizer steps were skipped "
+        "(non-finite loss, gradient or step size; `skipped` = 1 in metrics.jsonl); 1 turns the rule off.",
+    )  # fmt: skip
 
 
 def _rolling_mean(x: Sequence[float], window: int) -> list[float]:
@@ -157,3 +170,31 @@ def eval_collapse(
     after ``0.50, 0.20`` does not (unconfirmed); ``0.30, 0.50, 0.20, 0.50, 0.50`` does not (recovered).
     """
     return eval_collapse_status(steps, scores, base, frac, confirm)[0]
+
+
+def skipped_collapse(
+    skipped: Sequence[bool], steps: Sequence[int] | None = None, max_frac: float = 0.5
+) -> int | None:
+    """Step at which the run collapsed under the skip rule (module docstring), or None.
+
+    Args:
+        skipped: per optimizer step, in step order, whether the trainer skipped it (``skipped`` = 1).
+        steps: the step number of each entry; default 1-based indices.
+        max_frac: the run collapses when more than this share of its steps were skipped (``max_skipped_frac``).
+
+    Examples: every step skipped collapses at the first step; steps 2..4 of 4 skipped collapse at step 2; one
+    skipped step in two is not more than half, so no collapse at the default 0.5.
+    """
+    CollapseConfig(max_skipped_frac=max_frac)  # validate, same messages as the config
+    steps = list(range(1, len(skipped) + 1)) if steps is None else list(steps)
+    if len(steps) != len(skipped):
+        raise ValueError(f"steps has {len(steps)} entries but skipped has {len(skipped)}; one step per entry")
+    flags = [bool(x) for x in skipped]
+    if not flags or sum(flags) <= max_frac * len(flags):
+        return None
+    left = sum(flags)  # skipped steps from index i to the end
+    for i, flag in enumerate(flags):
+        if flag and left > max_frac * (len(flags) - i):
+            return int(steps[i])
+        left -= flag
+    return None  # unreachable: the first skipped step already holds more than the whole run's share

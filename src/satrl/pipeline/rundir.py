@@ -19,7 +19,7 @@ import yaml
 from satrl import faults
 from satrl.config import ConfigError, RunConfig, load_config
 from satrl.diagnostics import summarize_run
-from satrl.diagnostics.collapse import CollapseConfig
+from satrl.diagnostics.collapse import CollapseConfig, skipped_collapse
 from satrl.folders import LOCK, RUN_FILES, InUse, hold, run_files
 from satrl.folders import release as release_lock
 from satrl.jsonl import append_jsonl, dumps, numbered_rows, read_jsonl, strict, write_jsonl
@@ -37,6 +37,9 @@ class RunState:
     next_submit: int = 0
     ready: dict[int, list[Sample]] = field(default_factory=dict)  # generated, not yet trained
     best: float = -math.inf  # the best val score so far (the best checkpoint's)
+    # The steps evaluated so far (eval.jsonl's rows), which a resume checks the log against; None in a checkpoint
+    # from before it was recorded.
+    evals: list[int] | None = None
 
 
 @dataclass
@@ -112,6 +115,10 @@ def _checked(run: object) -> RunState:
             raise TypeError(f"run state {name} is {value!r}, not a count")
     if not isinstance(run.ready, dict):
         raise TypeError(f"run state ready is a {type(run.ready).__name__}, not a dict")
+    evals = run.evals
+    steps = isinstance(evals, list) and all(type(s) is int and s >= 0 for s in evals)  # bool is no step
+    if evals is not None and not (steps and evals == sorted(set(evals))):
+        raise TypeError(f"run state evals is {str(evals)[:80]}, not the rising steps of the evaluations")
     return run
 
 
@@ -196,6 +203,7 @@ class RunDir:
         """Start over: the logs of an earlier attempt go; the cursor is at batch 0."""
         for name in ("metrics.jsonl", "eval.jsonl", "summary.json"):
             (self.path / name).unlink(missing_ok=True)
+        self.state.evals = []
         return self.state
 
     def load(self) -> Loaded | None:
@@ -242,35 +250,44 @@ class RunDir:
         will be redone), so the logs of a resumed run equal an uninterrupted one's. An evaluation at ``step``
         that is not ``due`` there any more (the end-of-run one of a run now extended) goes too, and the best
         val score is taken again from the evaluations kept: an extended run equals one longer run. Both logs
-        are checked before either is rewritten; summary.json goes (the run's end writes it again)."""
-        metrics, evals = self._rows_upto("metrics.jsonl", step), self._rows_upto("eval.jsonl", step)
+        are checked before either is rewritten (metrics: steps 1..``step``; eval: the steps ``state`` records
+        as evaluated, :func:`_check_evals`), and a torn last line is reported only then, so a refused resume
+        is one line; summary.json goes (the run's end writes it again)."""
+        metrics, torn_metrics = self._rows_upto("metrics.jsonl", step)
+        _check_steps(self.path / "metrics.jsonl", metrics, step)
+        evals, torn_evals = self._rows_upto("eval.jsonl", step)
+        _check_evals(self.path / "eval.jsonl", evals, torn_evals, state.evals, step)
+        for name, n in (("metrics.jsonl", torn_metrics), ("eval.jsonl", torn_evals)):
+            if n is not None:
+                print(f"satrl: {self.path / name}:{n}: torn last line (killed while writing it) dropped; its step is "
+                      "redone", file=sys.stderr)  # fmt: skip
+        evals = [r for _, r in evals]
+        state.evals = [r["step"] for r in evals]  # a checkpoint from before the record: the rows just checked
         if evals and evals[-1]["step"] == step and step > 0 and not due(step):
             evals.pop()
+            state.evals.pop()
             scores = [r.get("val_avg_at_k", r.get("avg_at_k")) for r in evals]
             state.best = max([s for s in scores if isinstance(s, (int, float)) and math.isfinite(s)], default=-math.inf)
         self.state, self.wall_before = state, wall_s
-        write_jsonl(self.path / "metrics.jsonl", metrics)
+        write_jsonl(self.path / "metrics.jsonl", [r for _, r in metrics])
         write_jsonl(self.path / "eval.jsonl", evals)
         (self.path / "summary.json").unlink(missing_ok=True)
         self.tb = _tensorboard(self.path / "tb")
 
-    def _rows_upto(self, name: str, step: int) -> list[dict]:
-        """The rows of log ``name`` up to ``step``. A torn last line (killed mid-append) is dropped with a
-        warning; damage anywhere else, or a metrics step missing, raises RunDirError: rewriting the log would
-        lose rows silently."""
-        path, numbered = self.path / name, numbered_rows(self.path / name)
+    def _rows_upto(self, name: str, step: int) -> tuple[list[tuple[int, dict]], int | None]:
+        """``(rows, torn)``: the rows of log ``name`` up to ``step`` with their line numbers, and the number of
+        a torn last line (killed mid-append; None if there is none), which the caller drops. Damage anywhere
+        else raises RunDirError: rewriting the log would lose rows silently."""
+        path, numbered, torn = self.path / name, numbered_rows(self.path / name), None
         for i, (n, row) in enumerate(numbered):
             if row is not None and isinstance(row.get("step"), int):
                 continue
             if i + 1 < len(numbered):
                 raise RunDirError(f"{path}:{n}: damaged line inside the log (not a JSON row with a step); resuming "
                                   "would drop the rows after it: repair or restore that line, then resume again")  # fmt: skip
-            print(f"satrl: {path}:{n}: torn last line (killed while writing it) dropped; its step is redone",
-                  file=sys.stderr)  # fmt: skip
+            torn = n
         kept = [(n, r) for n, r in numbered if r is not None and isinstance(r.get("step"), int) and r["step"] <= step]
-        if name == "metrics.jsonl":
-            _check_steps(path, kept, step)
-        return [r for _, r in kept]
+        return kept, torn
 
     # -- during ------------------------------------------------------------------------------------
     def wall(self) -> float:
@@ -292,6 +309,8 @@ class RunDir:
                 if k in result:
                     self.tb.add_scalar(f"eval/{k}", result[k], step)
         score = result.get("val_avg_at_k", result["avg_at_k"])  # the best checkpoint is chosen on val
+        if self.state.evals is not None:
+            self.state.evals.append(step)  # the checkpoint records it: a resume checks eval.jsonl against it
         if score > self.state.best:
             self.state.best = score
             self._best_pending = True
@@ -316,12 +335,10 @@ class RunDir:
             self.tb.close()
         numbered = numbered_rows(self.path / "metrics.jsonl")  # never summarize a gappy log
         _check_steps(self.path / "metrics.jsonl", [(n, r or {}) for n, r in numbered], last_step)
-        summary = summarize_run(
-            read_jsonl(self.path / "metrics.jsonl", null_as_nan=True),
-            read_jsonl(self.path / "eval.jsonl", null_as_nan=True),
-            self.collapse,
-            warmup_steps=self.warmup_steps,
-        )
+        rows = read_jsonl(self.path / "metrics.jsonl", null_as_nan=True)
+        summary = summarize_run(rows, read_jsonl(self.path / "eval.jsonl", null_as_nan=True), self.collapse,
+                                warmup_steps=self.warmup_steps)  # fmt: skip
+        summary.update(_skip_rule(rows, self.collapse, summary.get("collapse_step")))
         summary.update(wall_time_s=self.wall(), status="finished")
         summary["data/skipped_rows"] = self.skipped_rows
         summary = {k: (_finite_or_none(v) if isinstance(v, float) else v) for k, v in summary.items()}
@@ -329,6 +346,50 @@ class RunDir:
         tmp.write_text(json.dumps(strict(summary), indent=2, allow_nan=False) + "\n")
         tmp.replace(self.path / "summary.json")
         return summary
+
+
+def _skip_rule(rows: list[dict], cfg: CollapseConfig, collapse_step: int | None) -> dict:
+    """The summary keys of the skip rule (:func:`satrl.diagnostics.collapse.skipped_collapse`): ``skipped_steps``,
+    and ``collapse_step`` (the unconfirmed drop cleared) where the rule fires before the other rules' step."""
+    flags = [isinstance(v := r.get("skipped"), (int, float)) and math.isfinite(v) and v > 0.5 for r in rows]
+    out: dict = {"skipped_steps": sum(flags)}
+    step = skipped_collapse(flags, [r["step"] for r in rows], cfg.max_skipped_frac)
+    if step is not None and (collapse_step is None or step < collapse_step):
+        out.update(collapse_step=step, collapse_unconfirmed_step=None)
+    return out
+
+
+def _check_evals(path: Path, numbered: list[tuple[int, dict]], torn: int | None, recorded: list[int] | None,
+                 last: int) -> None:  # fmt: skip
+    """Raise RunDirError unless the eval rows up to checkpoint step ``last`` are the evaluations the checkpoint
+    records (``recorded``: the steps evaluated so far), one row each, in order: a row lost (cut off, deleted, the
+    log emptied or gone) would drop an evaluation the resume never redoes and change the summary's best step and
+    base. A checkpoint from before the record (``recorded`` None) needs rising steps only."""
+    again = "restore the log, or start the run again with a new out="
+    if recorded is None:
+        for (_, prev), (n, row) in zip(numbered, numbered[1:]):
+            if row["step"] <= prev["step"]:
+                raise RunDirError(f"{path}:{n}: step {row['step']} after step {prev['step']} (rows repeated or out of "
+                                  f"order); {again}")  # fmt: skip
+        return
+    for i, want in enumerate(recorded):
+        if i < len(numbered) and numbered[i][1]["step"] == want:
+            continue
+        if i < len(numbered):
+            n, row = numbered[i]
+            raise RunDirError(f"{path}:{n}: step {row['step']} where the evaluation at step {want} belongs (rows "
+                              f"missing or out of order; the checkpoint at step {last} records it); {again}")  # fmt: skip
+        if torn is not None:
+            raise RunDirError(f"{path}:{torn}: a line cut off where the evaluation at step {want} belongs (the "
+                              f"checkpoint at step {last} records it); {again}")  # fmt: skip
+        where = f"{path}:{numbered[-1][0]}: the log ends at step {numbered[-1][1]['step']}" if numbered else (
+            f"{path}: the log is empty" if path.is_file() else f"{path}: the log is missing")  # fmt: skip
+        raise RunDirError(f"{where}, but the checkpoint at step {last} records an evaluation at step {want} (rows "
+                          f"missing); {again}")  # fmt: skip
+    if len(numbered) > len(recorded):
+        n, row = numbered[len(recorded)]
+        raise RunDirError(f"{path}:{n}: an evaluation at step {row['step']} that the checkpoint at step {last} does not "
+                          f"record (a row repeated or added); {again}")  # fmt: skip
 
 
 def _check_steps(path: Path, numbered: list[tuple[int, dict]], last: int) -> None:
