@@ -61,11 +61,15 @@ def legacy_env_overrides(environ=None) -> list[str]:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from satrl.config import ConfigError, load_config
+    from satrl.config import ConfigError, check_before_run, load_config
 
     config, overrides = args.config, list(args.overrides)
     if config is not None and "=" in config:  # `satrl train key=value ...` without a file
         config, overrides = None, [config, *overrides]
+    if args.resume and config is not None:  # it was ignored without a word (issue 46)
+        print(f"satrl train: --resume {args.resume} takes the run folder's own config ({args.resume}/config.yaml) "
+              f"and key=value overrides only; drop {config}", file=sys.stderr)  # fmt: skip
+        return 2
     overrides = [*legacy_env_overrides(), *overrides]
     try:
         if args.resume:
@@ -82,6 +86,24 @@ def run_train(args: argparse.Namespace) -> int:
 
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
         return 0
+    where = args.resume or cfg.run_dir()
+    try:
+        check_before_run(cfg)  # the torch engines' arguments, and the devices on this machine
+    except ConfigError as err:
+        print(f"satrl train: {_first_line(err)}", file=sys.stderr)
+        return 2
+    if not args.resume and (why := folder_problem(cfg.run_dir())):
+        print(f"satrl train: out={cfg.out or cfg.run_dir()}: {why}", file=sys.stderr)
+        return 2
+    try:
+        return _run_train(cfg, args)
+    except KeyboardInterrupt:  # Ctrl-C: the checkpoints written so far are intact
+        print(f"satrl train: interrupted; continue with satrl train --resume {where}", file=sys.stderr)
+        return 130
+
+
+def _run_train(cfg, args: argparse.Namespace) -> int:
+    from satrl.config import ConfigError
     from satrl.models.loading import PolicyLoadError
     from satrl.pipeline.errors import EngineError, RunDirError
     from satrl.pipeline.progress import train_with_progress
@@ -100,6 +122,8 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"satrl train: {_first_line(err)}; continue with satrl train --resume {cfg.run_dir()}", file=sys.stderr)
         return 2
     except OSError as err:
+        if err.errno == errno.EFBIG:  # checkpoint.save_checkpoint names the checkpoint a safetensors write was in
+            return _too_large(cfg, err.filename)
         if err.errno in UNUSABLE_PATH and err.filename:  # e.g. out= under a file, or in a read-only place
             print(f"satrl train: cannot write {err.filename}: {err.strerror} (check out= / the run directory)",
                   file=sys.stderr)  # fmt: skip
@@ -115,6 +139,28 @@ def run_train(args: argparse.Namespace) -> int:
     print(f"run: {cfg.run_dir()}  late test avg@{k} = {_num(late)}  test avg@{k} at the val-best eval "
           f"(step {summary.get('best_step')}) = {_num(best)}  collapse = {summary.get('collapse_step')}")
     return 0
+
+
+def folder_problem(path) -> str | None:
+    """Why ``path`` cannot be (or become) a folder: it, or a folder above it, exists and is not a folder (a file,
+    ``/dev/null``); None if it can, as far as that goes (permissions are met when it is written)."""
+    from pathlib import Path
+
+    path = Path(path)
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            if p.is_dir():
+                return None
+            return f"{p} exists and is not a folder" + ("" if p == path else f", so {path} cannot be one")
+    return None
+
+
+def _too_large(cfg, filename: str | None) -> int:
+    """A write stopped by the file-size limit (``ulimit -f``; EFBIG): one line naming the file, exit 2."""
+    what = filename or f"a file under {cfg.run_dir()}"
+    print(f"satrl train: cannot write {what}: File too large (over the file-size limit, ulimit -f); raise the "
+          f"limit, then continue with satrl train --resume {cfg.run_dir()}", file=sys.stderr)  # fmt: skip
+    return 2
 
 
 def _train(cfg, args: argparse.Namespace, train_with_progress) -> dict | None:
@@ -185,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `satrl grid ... --dry-run | head`: the reader left; stop quietly, as cat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
         return 141  # 128 + SIGPIPE, what a shell reports for a command killed by the signal
+    except KeyboardInterrupt:  # Ctrl-C where the command has no more to say (satrl train names its --resume)
+        print(f"satrl {args.command}: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT
 
 
 if __name__ == "__main__":

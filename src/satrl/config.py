@@ -9,6 +9,8 @@ that names a choice (an engine, a task, a schedule, ...) is checked against that
 from __future__ import annotations
 
 import importlib
+import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -58,6 +60,46 @@ ScheduleName = Annotated[str, _registered("satrl.pipeline.schedules:SCHEDULES")]
 BackendName = Annotated[str, _registered("satrl.pipeline.engine_side.backends:BACKENDS")]
 TransportName = Annotated[str, _registered("satrl.weights.transports:TRANSPORTS")]
 
+DEVICES = "cpu, cuda or cuda:N"
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def check_device_name(device: str) -> str:
+    """A device's name must be ``cpu``, ``cuda`` or ``cuda:N`` (``meta`` holds no data; torch's other kinds are
+    not supported). Whether this machine has it is :func:`check_device_here`'s question, asked where it runs."""
+    if not (isinstance(device, str) and _DEVICE.fullmatch(device)):
+        raise ValueError(f"got {device!r}; expected {DEVICES}")
+    return device
+
+
+def check_device_here(device: str, key: str) -> None:
+    """:class:`ConfigError` naming ``key`` unless ``device`` (a name :func:`check_device_name` took) exists on this
+    machine: asked by the command about to use it (a saved config stays loadable on a machine without CUDA)."""
+    try:
+        check_device_name(device)
+    except ValueError as err:
+        raise ConfigError(f"{key}: {err}") from None
+    if device == "cpu":
+        return
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(device.partition(":")[2] or 0)
+    if index >= have:
+        there = "no CUDA device" if have == 0 else f"{have} CUDA device{'s' if have > 1 else ''} (cuda:0-{have - 1})"
+        raise ConfigError(f"{key}={device}: this machine has {there}; use {key}=cpu"
+                          + ("" if have == 0 else " or one it has"))  # fmt: skip
+
+
+Device = Annotated[str, AfterValidator(check_device_name)]
+
+# The most samples one rollout batch may hold (train.prompts_per_batch x train.group_size): 2^20, ~100x the largest
+# published RL batches; beyond, allocating the batch (and the first batch's problems) is what runs, for minutes.
+MAX_BATCH_SAMPLES = 2**20
+
+# Objective hyperparameters meet the loss in float32 (or bf16, the same range): larger magnitudes do not convert.
+FLOAT32_MAX = 3.4028234663852886e38
+
 
 class _Strict(BaseModel):
     # allow_inf_nan=False: no setting means anything at inf or NaN (train.lr=inf wrecked the weights at step 1 and
@@ -94,7 +136,8 @@ class EngineConfig(_Strict):
     threads: int = Field(1, ge=1, description="torch threads for generation (fixed so results are bitwise stable).")
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Extra engine arguments, e.g. vLLM's gpu_memory_utilization or tensor_parallel_size.",
+        description="Extra engine arguments, e.g. vLLM's gpu_memory_utilization or tensor_parallel_size; the torch "
+        "engine takes device (cpu, cuda or cuda:N) and max_batch_size, and `satrl train` refuses any other.",
     )
     # A hang is a fault like a death (backend local and ray): past the deadline the engine is killed and
     # restarted, and its batches are re-issued (docs/design.md, "Fault tolerance").
@@ -115,9 +158,21 @@ class EngineConfig(_Strict):
 class ObjectiveConfig(ObjectiveSpec):
     """The objective: a preset, its four typed components with every hyperparameter (saved resolved), and the
     loss aggregation. Flat keys (``objective.alpha=0.8``, ``objective.kl_coef=0``) go to the component that
-    declares them; nested ones (``objective.trust_region.alpha=0.8``) name it."""
+    declares them; nested ones (``objective.trust_region.alpha=0.8``) name it. Every number of a component is
+    at most 3.4e38 in magnitude (float32's range, in which the loss is computed: ``trust_region.eps_high=1e308``
+    failed at the first step)."""
 
     aggregation: AggregationName = Field("token-mean", description="Loss aggregation mode (satrl.objectives.AGGREGATIONS).")
+
+    @model_validator(mode="after")
+    def _in_float32(self) -> ObjectiveConfig:
+        for slot in SLOTS:
+            params = getattr(self, slot)
+            for key, value in params:
+                if isinstance(value, float) and abs(value) > FLOAT32_MAX:
+                    raise ValueError(f"{slot}.{key}={value:g} is beyond float32's range (|x| <= 3.4e38), in which "
+                                     "the loss is computed")  # fmt: skip
+        return self
 
 
 class LagConfig(_Strict):
@@ -149,8 +204,14 @@ class TrainConfig(_Strict):
     weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW's decoupled weight decay, in [0, 1].")
     grad_clip: float | None = Field(1.0, gt=0, description="Gradient-norm clip, > 0 (0 would zero the gradient, a "
                                     "negative one reverse it); null disables.")  # fmt: skip
-    prompts_per_batch: int = Field(16, ge=1, description="Prompts per rollout batch.")
-    group_size: int = Field(8, ge=1, description="Samples per prompt (GRPO group).")
+    prompts_per_batch: int = Field(
+        16, ge=1, le=MAX_BATCH_SAMPLES, description="Prompts per rollout batch, in [1, 2^20]; with group_size at "
+        "most 2^20 samples per batch (prompts_per_batch x group_size), refused before anything is allocated.",
+    )  # fmt: skip
+    group_size: int = Field(
+        8, ge=1, le=MAX_BATCH_SAMPLES, description="Samples per prompt (GRPO group), in [1, 2^20]; see "
+        "prompts_per_batch for the bound on their product.",
+    )  # fmt: skip
     # 1 by default so that configured lag n means the paper's lag n (Sec. 2.1, Fig. 1): with S optimizer steps per
     # rollout batch, broadcast lag n trains at realized lags up to n + 2S - 2 (4-7 for "lag 1" at S = 4).
     minibatches: int = Field(
@@ -169,7 +230,10 @@ class TrainConfig(_Strict):
     max_threads: int | None = Field(
         None, ge=1, description="Cap on `threads` (`satrl grid` sets it so that workers x threads <= cores); null: none."
     )
-    device: str = Field("cpu", description="Trainer device: cpu, cuda or cuda:N (the torch engine's is engine.kwargs.device).")
+    device: Device = Field(
+        "cpu", description="Trainer device: cpu, cuda or cuda:N (the torch engine's is engine.kwargs.device); `satrl "
+        "train` refuses a CUDA device this machine does not have before anything starts.",
+    )  # fmt: skip
     rank_timeout_s: float = Field(
         120.0, ge=2, description="Data parallel (torchrun): seconds a rank may go without a heartbeat (one a second, "
         "from a thread of its own) before the job ends naming it (a stopped or frozen process).",
@@ -205,6 +269,13 @@ class TrainConfig(_Strict):
         "step (checkpoints hold it); composes multiplicatively with an objective's step size (VCPO). Logged as "
         "train/lag_lr_scale, train/lr_lag, train/lr_scale.",
     )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _batch_fits(self) -> TrainConfig:  # issue 46: prompts_per_batch=1e9 printed nothing for minutes
+        if (n := self.prompts_per_batch * self.group_size) > MAX_BATCH_SAMPLES:
+            raise ValueError(f"train.prompts_per_batch={self.prompts_per_batch} x train.group_size={self.group_size} "
+                             f"= {n:,} samples per rollout batch, beyond the most, 2^20 = {MAX_BATCH_SAMPLES:,}")  # fmt: skip
+        return self
 
 
 class RayConfig(_Strict):
@@ -266,7 +337,8 @@ class CheckpointConfig(_Strict):
 
 
 class RunConfig(_Strict):
-    seed: int = Field(0, ge=0, lt=2**63, description="Seed for data order, sampling and init (0 <= seed < 2^63).")
+    seed: int = Field(0, ge=0, lt=2**32, description="Seed for data order, sampling and init (0 <= seed < 2^32: "
+                      "derived seeds, e.g. the microbatch order's seed x 7919 + ..., must fit torch's 64 bits).")
     steps: int = Field(400, ge=1, le=10**9, description="Optimizer steps to train (at most 10^9).")
     out: str | None = Field(None, description="Run directory (default runs/<objective>-<schedule>-n<n>-s<seed>).")
     backend: BackendName = Field(
@@ -401,7 +473,83 @@ def build_config(data: dict[str, Any]) -> RunConfig:
     except ValueError as err:  # registry errors raised inside validators
         raise ConfigError(f"invalid config: {err}") from None
     _check_inflight(cfg)
+    _check_task(cfg)
     return cfg
+
+
+def check_before_run(cfg: RunConfig) -> None:
+    """What ``satrl train`` checks before anything starts, beyond what loading a config checks (a saved config
+    stays loadable where these do not hold: on a machine without its GPU, with another engine's arguments, a
+    policy not on this machine): the torch engines' extra arguments, ``r3`` against the policy's config.json, and
+    that every device the run names exists on this machine."""
+    _check_engine_kwargs(cfg)
+    _check_r3(cfg)
+    for key, device in _devices(cfg):
+        check_device_here(device, key)
+
+
+def _torch_engine_kwargs(cfg: RunConfig) -> list[tuple[str, dict[str, Any]]]:
+    """(key, arguments) of each engine of the run that is the torch engine: the rollout and evaluation engines."""
+    pairs = [("engine.kwargs", cfg.engine.name, cfg.engine.kwargs),
+             ("eval.engine_kwargs", cfg.eval.engine or cfg.engine.name, cfg.eval.engine_kwargs or {})]  # fmt: skip
+    return [(key, kwargs) for key, engine, kwargs in pairs if engine == "torch"]
+
+
+def _devices(cfg: RunConfig) -> list[tuple[str, str]]:
+    """The devices a run names, each with its key: the trainer's and the torch engines'."""
+    out = [("train.device", cfg.train.device)]
+    return out + [(f"{key}.device", kw["device"]) for key, kw in _torch_engine_kwargs(cfg) if "device" in kw]
+
+
+# What satrl itself passes every engine it builds (or, ``version``, keeps to itself): engine.kwargs and
+# eval.engine_kwargs must not name these.
+_ENGINE_SET_BY_SATRL = {"self", "model", "model_path", "tokenizer", "eos_token_id", "pad_token_id", "numerics",
+                        "capture_routing", "version"}  # fmt: skip
+
+
+def _check_engine_kwargs(cfg: RunConfig) -> None:
+    """The torch engine's extra arguments are its constructor's keywords (``device``, ``max_batch_size``): a
+    misspelt one is refused in one line, not met at the first evaluation as a TypeError. Other engines (vLLM: any
+    of its own arguments) check theirs when they start."""
+    import inspect
+
+    from satrl.engines.torch_engine import TorchEngine
+
+    params = inspect.signature(TorchEngine.__init__).parameters
+    takes = sorted(k for k, p in params.items() if p.kind is p.KEYWORD_ONLY and k not in _ENGINE_SET_BY_SATRL)
+    for key, kwargs in _torch_engine_kwargs(cfg):
+        for name in kwargs:
+            if name not in takes:
+                raise ConfigError(f"{key}.{_show(name)}: the torch engine takes no such argument; valid keys here: "
+                                  f"{', '.join(takes)}")  # fmt: skip
+
+
+def _check_r3(cfg: RunConfig) -> None:
+    """``r3=true`` replays the engine's MoE routing: refused for a policy whose ``config.json`` declares no experts
+    (no ``*expert*`` count above 0). A policy that cannot be read here is left to the loader, which names it; the
+    trainer checks the loaded model's routers again."""
+    if not cfg.r3:
+        return
+    from satrl.models.loading import PolicyLoadError, resolve_policy_path
+
+    try:
+        hf = json.loads((resolve_policy_path(cfg.model.source) / "config.json").read_text(encoding="utf-8"))
+    except (PolicyLoadError, OSError, ValueError):
+        return
+    if not isinstance(hf, dict):
+        return
+    if not any("expert" in k and isinstance(v, int) and not isinstance(v, bool) and v > 0 for k, v in hf.items()):
+        raise ConfigError(f"r3=true needs an MoE policy; {cfg.model.source!r} is dense (its config.json declares no "
+                          "experts): set r3=false, or try model.name=tiny-arith-moe")  # fmt: skip
+
+
+def _check_task(cfg: RunConfig) -> None:
+    """A task whose arguments leave no train or no eval problems (``satrl.tasks.split_problem``) cannot train."""
+    from satrl.tasks import split_problem
+
+    why = split_problem(cfg.task.name, cfg.task.kwargs)
+    if why:
+        raise ConfigError(why)
 
 
 def _check_inflight(cfg: RunConfig) -> None:

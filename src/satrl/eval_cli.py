@@ -149,6 +149,19 @@ def add_eval_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="also print the result as one JSON line")
 
 
+# Flags that count something: the least each may be (a --batch-size 0 said "range() arg 3 must not be zero").
+AT_LEAST = {"k": 1, "n_problems": 1, "val_problems": 0, "test_problems": 0, "top_k": 0, "max_new_tokens": 1,
+            "batch_size": 1, "threads": 1}  # fmt: skip
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """``ValueError`` naming the first flag given with a value it cannot take."""
+    for name, least in AT_LEAST.items():
+        value = getattr(args, name, None)
+        if value is not None and value < least:
+            raise ValueError(f"--{name.replace('_', '-')} {value}: must be at least {least}")
+
+
 def _fail(e: BaseException) -> int:
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     print(f"satrl eval: error: {msg}", file=sys.stderr)
@@ -184,6 +197,7 @@ def _evaluate(t: _Target) -> tuple[EvalResult, dict[str, list[int]]]:
     """Score the target; the result and, when the val/test parts were asked for, each part's positions."""
     import torch
 
+    from satrl.config import check_device_here
     from satrl.engines import resolve_numerics
     from satrl.engines.registry import engine_for
     from satrl.models import load_tokenizer
@@ -193,6 +207,7 @@ def _evaluate(t: _Target) -> tuple[EvalResult, dict[str, list[int]]]:
     s = t.settings
     task, sampling = make_task(s.task, **s.task_kwargs), s.sampling()
     resolve_numerics(s.numerics)  # fail before loading the model
+    check_device_here(s.device, "--device")  # cpu, cuda or cuda:N, and one this machine has
     if s.threads is not None:
         torch.set_num_threads(s.threads)  # a run's evaluator ran at its trainer's count: the same bits
     weights = checkpoint_weights(t.checkpoint) if t.checkpoint is not None else None
@@ -225,6 +240,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()  # keep stderr for our one-line errors
     try:
+        _check_flags(args)
         target = _target(args)
         result, parts = _evaluate(target)
     except (ValueError, OSError, ImportError, KeyError) as e:  # bad user input: one line, exit 2

@@ -42,12 +42,15 @@ __all__ = ["GridBusyError", "GridChangedError", "GridResult", "GridSpec", "Run",
 
 
 def default_command(run: Run, resume: bool) -> list[str]:
-    """`python -m satrl train BASE k=v ... seed=S out=DIR --no-progress [--resume DIR]`.
+    """`python -m satrl train BASE k=v ... seed=S out=DIR --no-progress`, or to resume
+    `python -m satrl train k=v ... seed=S out=DIR --no-progress --resume DIR`: a resume takes the run's own
+    config.yaml (and refuses a config file), the overrides are checked against it.
 
     --no-progress: the output goes to stdout.log, where a live bar would only add noise.
     """
-    cmd = [sys.executable, "-m", "satrl", "train", str(run.base), *run.overrides, f"seed={run.seed}",
-           f"out={run.run_dir}", "--no-progress"]  # fmt: skip
+    base = [] if resume else [str(run.base)]
+    cmd = [sys.executable, "-m", "satrl", "train", *base, *run.overrides, f"seed={run.seed}", f"out={run.run_dir}",
+           "--no-progress"]  # fmt: skip
     return [*cmd, "--resume", str(run.run_dir)] if resume else cmd
 
 
@@ -444,13 +447,31 @@ def add_grid_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _bad_flag(args: argparse.Namespace) -> str | None:
+    """Why a counting flag cannot be taken (``--seeds 0`` ran the grid's count, ``--seeds -2`` said "--only
+    matches no run"), or None."""
+    for flag in ("seeds", "workers", "threads"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            return f"--{flag} {value}: must be a positive integer"
+    return None
+
+
 def run_grid(args: argparse.Namespace) -> int:
+    from satrl.cli import folder_problem
+
+    if why := _bad_flag(args):
+        print(f"satrl grid: {why}", file=sys.stderr)
+        return 2
     try:
         spec = load_grid(args.grid, check_paths=not args.dry_run)
     except ValueError as e:
         print(f"satrl grid: {e}", file=sys.stderr)
         return 2
     out = Path(args.out or Path("runs") / spec.name)
+    if why := folder_problem(out):
+        print(f"satrl grid: --out {out}: {why}", file=sys.stderr)
+        return 2
     try:
         guard_changes(spec, out, args.seeds, args.rerun_changed, dry_run=True, only=args.only)
     except GridChangedError as e:

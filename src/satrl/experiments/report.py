@@ -415,7 +415,25 @@ def seed_range(text: str) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
+def _bad_flag(args: argparse.Namespace) -> str | None:
+    """Why a flag's value cannot be taken (``--ci 1.5``, ``--ci nan``, ``--resamples 0``, ``--out`` or ``--pack``
+    naming a file), or None."""
+    from satrl.cli import folder_problem
+
+    if not 0 < args.ci < 1:  # NaN fails it too
+        return f"--ci {args.ci}: the confidence level must be between 0 and 1 (e.g. 0.95)"
+    if args.resamples < 1:
+        return f"--resamples {args.resamples}: must be a positive integer (e.g. 10000)"
+    for flag in ("out", "pack"):
+        if getattr(args, flag) and (why := folder_problem(getattr(args, flag))):
+            return f"--{flag} {getattr(args, flag)}: {why}"
+    return None
+
+
 def run_report(args: argparse.Namespace) -> int:
+    if why := _bad_flag(args):
+        print(f"satrl report: {why}", file=sys.stderr)
+        return 2
     if not Path(args.run_dir).is_dir():
         print(f"satrl report: no such folder {args.run_dir}; give a grid's --out folder", file=sys.stderr)
         return 2

@@ -21,6 +21,19 @@ class TaskError(ValueError):
     """A bad task name, task argument or dataset: one line naming the task, or the file and line."""
 
 
+def check_template(template: str, field: str) -> None:
+    """``ValueError`` (one line) unless ``template`` is a ``str.format`` template whose only field is ``{field}``
+    (a literal brace is written ``{{`` or ``}}``): checked once here, not as a KeyError at the first row."""
+    if not isinstance(template, str) or "{" + field + "}" not in template:
+        raise ValueError(f"prompt_template must contain '{{{field}}}', got {template!r}")
+    try:
+        template.format(**{field: ""})
+    except (KeyError, IndexError, ValueError, AttributeError) as e:
+        what = f"unknown field {{{e.args[0]}}}" if isinstance(e, KeyError) and e.args else str(e)
+        raise ValueError(f"prompt_template {template!r}: {what}; the only field is {{{field}}} (write a literal "
+                         "brace as {{ or }})") from None  # fmt: skip
+
+
 GYM_PREFIX = "gym:"
 
 
@@ -48,6 +61,21 @@ def _jsonl_math(**kwargs: Any) -> Task:
     return JsonlMathTask(**kwargs)
 
 
+def _jsonl_math_splits(kwargs: dict[str, Any]) -> str | None:
+    # an eval_fraction given as 0 or 1; the default (1.0, every row eval: the use of satrl eval) is met when the
+    # run asks for train problems, as a TaskError (one line)
+    frac = kwargs.get("eval_fraction")
+    if isinstance(frac, bool) or not isinstance(frac, int | float) or 0 < frac < 1:
+        return None  # a wrong type is the task's own error, when it is built
+    split = "eval" if frac >= 1 else "train"
+    return (f"task.kwargs.eval_fraction={frac}: jsonl_math puts every row in the {split} split, and training needs "
+            "both; set task.kwargs.eval_fraction between 0 and 1 (e.g. 0.2)"
+            + (" (1, every row eval, is for satrl eval)" if frac >= 1 else ""))  # fmt: skip
+
+
+_jsonl_math.split_problem = _jsonl_math_splits
+
+
 @TASKS.register("countdown_trace")
 def _countdown_trace(**kwargs: Any) -> Task:
     """Countdown whose reference completions are depth-first search traces: long responses, exact reward
@@ -65,6 +93,15 @@ def _countdown(**kwargs: Any) -> Task:
     from satrl.tasks.gym import ReasoningGymTask
 
     return ReasoningGymTask("countdown", **kwargs)
+
+
+def split_problem(name: str, kwargs: dict[str, Any]) -> str | None:
+    """Why task ``name`` with ``kwargs`` would have no train or no eval problems, where its arguments alone say so
+    (a factory's ``split_problem(kwargs)``: jsonl_math's ``eval_fraction`` given as 0 or 1); a run needs both, and
+    the config refuses it before anything starts. None: nothing known against it."""
+    factory = TASKS.get(name, None)
+    check = getattr(factory, "split_problem", None)
+    return check(kwargs) if check is not None else None
 
 
 def make_task(name: str, **kwargs: Any) -> Task:
@@ -85,4 +122,4 @@ def make_task(name: str, **kwargs: Any) -> Task:
         raise TaskError(f"task {name!r}: {first}") from e
 
 
-__all__ = ["ArithmeticTask", "Problem", "Task", "TaskError", "TASKS", "make_task"]
+__all__ = ["ArithmeticTask", "Problem", "Task", "TaskError", "TASKS", "make_task", "split_problem"]

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from satrl.registry import Registry
+from satrl.tasks import check_template
 from satrl.types import Problem
 
 EVAL_SEED_BASE = 2**40
@@ -81,8 +82,7 @@ class ReasoningGymTask:
             extract = EXTRACTORS.get(extract)
         if size < 1 or n_eval < 1:
             raise ValueError(f"size and n_eval must be >= 1, got size={size}, n_eval={n_eval}")
-        if "{question}" not in prompt_template:
-            raise ValueError(f"prompt_template must contain '{{question}}', got {prompt_template!r}")
+        check_template(prompt_template, "question")
         config_cls = DATASETS[dataset_name][1]
         if dataclasses.is_dataclass(config_cls):
             fields = sorted(f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size"))

@@ -35,6 +35,7 @@ from typing import Any
 
 from math_verify import parse, verify
 
+from satrl.tasks import TaskError, check_template
 from satrl.types import Problem, Score
 
 DEFAULT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
@@ -115,8 +116,9 @@ class JsonlMathTask:
     Args:
         path: a ``.jsonl`` (or ``.json`` with one object per line) or ``.parquet`` file.
         problem_key, answer_key: row fields holding the problem and the reference answer.
-        prompt_template: ``str.format`` template with a ``{problem}`` field.
-        eval_fraction: share of rows in the eval split, in [0, 1].
+        prompt_template: ``str.format`` template whose one field is ``{problem}`` (a literal brace: ``{{``, ``}}``).
+        eval_fraction: share of rows in the eval split, in [0, 1]; training needs both splits, so a run's
+            config refuses 0 and 1 (the default, 1.0, makes every row eval: for ``satrl eval``).
         split_key: key of the split hash.
         verify_timeout_s: seconds (integer >= 1) math-verify may spend parsing, and again comparing, one
             answer; past it the reward is 0 and :attr:`timeouts` counts it.
@@ -137,8 +139,7 @@ class JsonlMathTask:
             raise ValueError(f"jsonl_math: {str(self.path)!r} is a directory, not a .jsonl or .parquet file")
         if not self.path.is_file():
             raise FileNotFoundError(f"jsonl_math: no such file {str(self.path)!r} (expected a .jsonl or .parquet file)")
-        if "{problem}" not in prompt_template:
-            raise ValueError(f"prompt_template must contain '{{problem}}', got {prompt_template!r}")
+        check_template(prompt_template, "problem")
         if not 0.0 <= eval_fraction <= 1.0:
             raise ValueError(f"eval_fraction must be in [0, 1], got {eval_fraction}")
         self.problem_key, self.answer_key = problem_key, answer_key
@@ -265,8 +266,8 @@ class JsonlMathTask:
         if split not in self._splits:
             raise ValueError(f"unknown split {split!r}; valid choices: {sorted(self._splits)}")
         rows = self._splits[split]
-        if not rows:
-            raise ValueError(
+        if not rows:  # a TaskError: one line, also where the engine process meets it
+            raise TaskError(
                 f"{self.name} has no {split} rows (eval_fraction={self.eval_fraction}); "
                 "set eval_fraction strictly between 0 and 1 to have both splits"
             )

@@ -122,6 +122,8 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)  # frees the space a full disk needs for the next try
         if not isinstance(e, OSError) and "No space left on device" in str(e):  # safetensors' own error type
             raise OSError(errno.ENOSPC, f"No space left on device writing checkpoint {final}") from e
+        if not isinstance(e, OSError) and "(os error 27)" in str(e):  # safetensors: EFBIG, the file-size limit
+            raise OSError(errno.EFBIG, "File too large (over the file-size limit, ulimit -f)", str(final)) from e
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise OSError(e.errno, f"{e.strerror} writing checkpoint {final}") from e
         raise
