@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from satrl.diagnostics.collapse import CollapseConfig
 from satrl.objectives.presets import PRESETS, SLOTS, ObjectiveSpec
+from satrl.types import ENGINE_TIMEOUT_S
 
 
 class ConfigError(ValueError):
@@ -142,12 +143,12 @@ class EngineConfig(_Strict):
     # A hang is a fault like a death (backend local and ray): past the deadline the engine is killed and
     # restarted, and its batches are re-issued (docs/design.md, "Fault tolerance").
     timeout_s: float = Field(
-        1800.0, ge=1, description="Seconds the engine may work without returning a rollout before it counts as "
+        ENGINE_TIMEOUT_S, ge=1, description="Seconds the engine may work without returning a rollout before it counts as "
         "hung and is restarted (raise it for long generations on slow hardware; at least 1: deadlines are checked "
         "once a second).",
     )  # fmt: skip
     start_timeout_s: float = Field(
-        1800.0, ge=1, description="Seconds an engine process may take to start (load the model) before it counts as hung "
+        ENGINE_TIMEOUT_S, ge=1, description="Seconds an engine process may take to start (load the model) before it counts as hung "
         "(at least 1).",
     )
     max_restarts: int = Field(

@@ -16,6 +16,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+# The default of engine.timeout_s and engine.start_timeout_s, and of every constructor that takes them: how long
+# an engine may work without returning a rollout (or take to start) before it counts as hung. One constant, so
+# the config's default and a backend built without a config agree.
+ENGINE_TIMEOUT_S = 1800.0
+
 
 @dataclass(frozen=True)
 class Problem:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from satrl.registry import Registry
+from satrl.types import ENGINE_TIMEOUT_S
 from satrl.weights import dist as wdist
 from satrl.weights.buckets import DEFAULT_BUCKET_BYTES, state_aliases, state_buckets
 from satrl.weights.link import LOOPBACK, Link, LinkDown, cause, gloo, serve
@@ -100,7 +101,7 @@ class DistTransport:
     from another machine; the link is unauthenticated, see docs/design.md)."""
 
     def __init__(self, send: Send, dtype: torch.dtype, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 timeout_s: float = 1800.0, start_timeout_s: float = 1800.0,
+                 timeout_s: float = ENGINE_TIMEOUT_S, start_timeout_s: float = ENGINE_TIMEOUT_S,
                  to: Broadcast = TO_ENGINE_PROCESS, host: str = LOOPBACK) -> None:  # fmt: skip
         self.send, self.dtype, self.bucket_bytes, self.to = send, dtype, bucket_bytes, to
         self.timeout_s, self.start_timeout_s, self.host = timeout_s, start_timeout_s, host
@@ -177,8 +178,8 @@ class Wiring:
     send: Send
     dtype: torch.dtype  # the engine's weight dtype: it rounds to it anyway, so broadcast no more bytes
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    timeout_s: float = 1800.0
-    start_timeout_s: float = 1800.0
+    timeout_s: float = ENGINE_TIMEOUT_S
+    start_timeout_s: float = ENGINE_TIMEOUT_S
     host: str = LOOPBACK  # dist, vllm: the address the link listens on (no config field names another yet)
 
 

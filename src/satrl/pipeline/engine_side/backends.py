@@ -21,7 +21,7 @@ from satrl.pipeline.engine_side.engine_process import Done, Failed, Request, Rol
 from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutWorker, WorkerSpec
 from satrl.pipeline.errors import EngineError
 from satrl.registry import Registry
-from satrl.types import Sample
+from satrl.types import ENGINE_TIMEOUT_S, Sample
 from satrl.weights.link import LinkDown
 from satrl.weights.receivers import InprocReceiver
 from satrl.weights.transports import TRANSPORTS, InprocTransport, TrainerSide, Wiring
@@ -115,7 +115,8 @@ class ProcessBackend:
     """
 
     def __init__(
-        self, spec: WorkerSpec, timeout_s: float = 1800.0, max_restarts: int = 3, start_timeout_s: float = 1800.0,
+        self, spec: WorkerSpec, timeout_s: float = ENGINE_TIMEOUT_S, max_restarts: int = 3,
+        start_timeout_s: float = ENGINE_TIMEOUT_S,
         transport: str = "inproc", bucket_bytes: int = 256 * 2**20,
     ) -> None:
         self.spec, self.timeout_s, self.max_restarts = spec, timeout_s, max_restarts
