@@ -335,3 +335,36 @@ def test_verl_env_runs_on_satrl_transformers_floor():
     if REQUIRED:  # the verl environment of `make test-verl`: exactly the floor
         assert installed.release[:len(Version(floors[0]).release)] == Version(floors[0]).release, \
             f"make test-verl runs on transformers {installed}, not satrl's floor {floors[0]}"
+
+
+def test_verl_extra_pins_the_transformers_make_test_verl_tests():
+    """``pip install '.[verl]'`` gets the transformers series ``make test-verl`` runs on (the Makefile's
+    VERL_TRANSFORMERS), inside what verl's own metadata admits where verl is installed; the install docs say
+    that ``.[verl,vllm]`` cannot be installed together and what to do instead. Reads pyproject.toml itself, so
+    it holds before the environment is rebuilt."""
+    import re
+    from pathlib import Path
+
+    import tomllib
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    repo = Path(__file__).resolve().parents[2]
+    extras = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pins = [Requirement(r) for r in extras["verl"] if Requirement(r).name == "transformers"]
+    assert len(pins) == 1, extras["verl"]
+    tested = Version(re.search(r"^VERL_TRANSFORMERS := (\S+)$", (repo / "Makefile").read_text(), re.M)[1])
+    spec = pins[0].specifier
+    assert spec.contains(tested), f"the verl extra's transformers{spec} excludes make test-verl's {tested}"
+    upper = [Version(s.version) for s in spec if s.operator == "<"]
+    assert upper and upper[0] <= Version(f"{tested.major}.{tested.minor + 1}"), \
+        f"transformers{spec} admits minor versions make test-verl does not run ({tested})"
+    try:
+        verls = [Requirement(r) for r in importlib.metadata.requires("verl") or []]
+    except importlib.metadata.PackageNotFoundError:
+        verls = []
+    for r in verls:  # verl's own transformers range, without an extra: the pin must lie inside it
+        if r.name == "transformers" and r.marker is None:
+            assert r.specifier.contains(tested), (r, tested)
+    install = (repo / "docs" / "integrations.md").read_text().split("### Install", 1)[1].split("\n### ", 1)[0]
+    assert ".[verl,vllm]" in install and "two environments" in install

@@ -211,6 +211,26 @@ def test_trainers_whose_bypass_helper_rewrites_loss_mode_refuse_sat(trainer):
     assert len(lines) == 1 and fix in lines[0] and "bypass_mode=false" in lines[0]  # one line, cause and fix
 
 
+@pytest.mark.parametrize("mode", ["sync", "separate_async"])
+def test_v1_bypass_mode_without_calculate_log_probs_is_refused_at_config_time(mode):
+    """verl's v1 trainer in bypass mode copies rollout_log_probs, which the engine returns only with
+    actor_rollout_ref.rollout.calculate_log_probs=true: without it, the config is refused with one line naming
+    the key, by the resolver (sat_mu declared) and by the entry points' check (undeclared) alike."""
+    flags = ["algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=false",
+             f"trainer.v1.trainer_mode={mode}"]
+    match = r"satrl: algorithm.rollout_correction.bypass_mode=true needs actor_rollout_ref.rollout.calculate_log_probs=true"
+    with pytest.raises(ValueError, match=match) as info:
+        verl_config("v1", SAT + flags)
+    assert len([line for line in str(info.value).splitlines() if "satrl: " in line]) == 1  # one line
+    with initialize_config_dir(config_dir=str(VERL_ROOT / "trainer" / "config"), version_base=None):
+        undeclared = compose(config_name="ppo_trainer", overrides=[a for a in SAT if "sat_mu" not in a] + flags)
+    with pytest.raises(ValueError, match="^" + match) as info:
+        _verl_mu.preflight(undeclared)
+    assert "\n" not in str(info.value)
+    cfg = verl_config("v1", SAT + flags[:1] + [flags[1].replace("false", "true")] + flags[2:])
+    assert cfg.actor_rollout_ref.actor.policy_loss.sat_mu == "rollout"  # with the key: accepted, mu the engine's
+
+
 @pytest.mark.parametrize("trainer", ["legacy", "fully_async", "one_step_off"])
 def test_those_trainers_in_decoupled_mode_give_sat_pi_old(trainer):
     cfg = verl_config(trainer, SAT + ["algorithm.rollout_correction.bypass_mode=false"])

@@ -75,7 +75,10 @@ def run_ppo(config, task_runner_class):  # what verl's TaskRunner.run does first
 
 main_ppo.run_ppo = run_ppo
 sys.argv = sys.argv[1:]
-runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+if sys.argv[0] == "verl.trainer.main_ppo":  # its Hydra main, called: run as __main__ it would redefine run_ppo
+    main_ppo.main()
+else:  # the recipes' mains call main_ppo.run_ppo
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 """
 
 
@@ -146,6 +149,94 @@ def test_legacy_trainer_in_bypass_mode_is_refused_before_ray_with_the_legacy_fix
     argv = ["verl.trainer.main_ppo", *argv[1:], "trainer.use_v1=false", "algorithm.rollout_correction.bypass_mode=true"]
     line = refused(run(argv, tmp_path))
     assert "in the legacy trainer" in line and "set trainer.use_v1=true" in line
+
+
+# A refusal's way out as printed: `python -m MODULE OVERRIDES` (the recipes') or `set OVERRIDES` (the legacy
+# trainer's), each override a hydra `key=value`, up to the first word that is not one.
+PRINTED = {"recipe": re.compile(r"python -m (?P<module>[\w.]+)(?P<overrides>(?: [\w.+]+=[^\s(),]+)+)"),
+           "legacy": re.compile(r"(?P<module>)set(?P<overrides>(?: [\w.+]+=[^\s(),]+)+)")}
+SAT_FLAG_PREFIXES = ("actor_rollout_ref.actor.policy_loss.", "+actor_rollout_ref.actor.policy_loss.")
+# The "..." of a main_ppo command: what a real one sets besides SAT's flags and verl's validate_config (run in
+# main_ppo's main before Ray) needs: an advantage estimator without a critic, micro-batch sizes, an engine.
+USER_FLAGS = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+              "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.name=vllm"]
+
+
+def printed_way_out(line: str, kind: str) -> tuple[str, list[str]]:
+    """(module, overrides) of the way out ``line`` prints for ``kind``, read off the line as a user would copy it."""
+    m = PRINTED[kind].search(line)
+    assert m, f"no `{kind}` way out printed in: {line}"
+    return m["module"], m["overrides"].split()
+
+
+def compose_main_ppo(overrides: list[str]):
+    """verl's own ``ppo_trainer`` YAML (the one ``python -m verl.trainer.main_ppo`` composes), with ``overrides``."""
+    with initialize_config_dir(config_dir=str(VERL_ROOT / "trainer" / "config"), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+def assert_engine_mu(cfg) -> None:
+    """verl's config, as verl's code reads it, keeps SAT's mu the rollout engine's log-probs: bypass mode on (the
+    v1 trainer copies rollout_log_probs into old_log_probs) and the engine asked for those log-probs."""
+    from verl.workers.config import RolloutConfig
+
+    assert cfg.trainer.use_v1 is True  # the v1 trainer, which keeps loss_mode in bypass mode
+    assert cfg.algorithm.rollout_correction.bypass_mode is True
+    assert cfg.actor_rollout_ref.rollout.calculate_log_probs is True
+    OmegaConf.resolve(cfg)  # as verl's TaskRunner does on the driver, before a worker builds its RolloutConfig
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout, dataclass_type=RolloutConfig)
+    assert rollout.calculate_log_probs is True  # the dataclass verl's rollout workers build from it
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPE_MODULES))
+def test_recipe_refusals_first_way_out_as_printed_keeps_mu_the_engines(tmp_path, recipe):
+    """The recipe refusal's first way out, copied off the printed line (verl's v1 trainer, separate_async) with the
+    docs' SAT flags: verl's ppo_trainer YAML composes to bypass mode with calculate_log_probs, and verl's own
+    main_ppo accepts it with sat_mu resolved to ``rollout``. Without the printed bypass override the same command
+    runs in verl's default decoupled mode, where SAT gates on pi_old: the trap the advice closes."""
+    line = refused(run([a for a in doc_commands()[recipe] if a != BYPASS_OFF], tmp_path))
+    module, overrides = printed_way_out(line, "recipe")
+    assert module == "verl.trainer.main_ppo" and "trainer.v1.trainer_mode=separate_async" in overrides
+    sat = [*(a for a in doc_commands()[recipe] if a.startswith(SAT_FLAG_PREFIXES)), *USER_FLAGS]
+    cfg = compose_main_ppo([*overrides, *sat])
+    assert cfg.trainer.v1.trainer_mode == "separate_async"
+    assert_engine_mu(cfg)
+    assert accepted(run([module, *overrides, *sat], tmp_path)) == {"sat_mu": "rollout"}
+    if recipe == "fully_async":  # the same main_ppo command for both recipes: once is enough
+        without = [o for o in overrides if not o.startswith(_verl_mu.BYPASS)]
+        assert accepted(run([module, *without, *sat], tmp_path)) == {"sat_mu": "old_policy"}
+
+
+def test_legacy_refusals_way_out_as_printed_keeps_mu_the_engines(tmp_path):
+    """The legacy trainer's way out, appended as printed to the refused command, even one that had switched the
+    engine's log-probs off: verl's config has bypass mode and calculate_log_probs on, and main_ppo accepts it
+    with sat_mu ``rollout`` (run without the printed calculate_log_probs, the command is refused instead)."""
+    argv = [a for a in doc_commands()["one_step_off"] if a != BYPASS_OFF and not a.startswith("hydra.")]
+    argv = ["verl.trainer.main_ppo", *argv[1:], *USER_FLAGS, "trainer.use_v1=false",
+            "algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=false"]
+    line = refused(run(argv, tmp_path))
+    _, overrides = printed_way_out(line, "legacy")
+    assert overrides[0] == "trainer.use_v1=true"
+    assert_engine_mu(compose_main_ppo([*argv[1:], *overrides]))
+    assert accepted(run([*argv, *overrides], tmp_path)) == {"sat_mu": "rollout"}
+    partial = [o for o in overrides if not o.startswith(_verl_mu.CALC_LOG_PROBS)]
+    assert _verl_mu.CALC_LOG_PROBS in refused(run([*argv, *partial], tmp_path))
+
+
+def test_bypass_mode_without_calculate_log_probs_is_refused_before_ray(tmp_path):
+    """verl's v1 trainer in bypass mode reads rollout_log_probs, which the engine produces only with
+    calculate_log_probs: without it, satrl refuses on the driver with one line naming the key (decoupled
+    mode, which does not need them, is accepted)."""
+    sat = [*(a for a in doc_commands()["fully_async"] if a.startswith(SAT_FLAG_PREFIXES) and "sat_mu" not in a),
+           *USER_FLAGS]
+    off = "actor_rollout_ref.rollout.calculate_log_probs=false"
+    line = refused(run(["verl.trainer.main_ppo", *sat, "algorithm.rollout_correction.bypass_mode=true", off,
+                        "trainer.v1.trainer_mode=separate_async"], tmp_path))  # no sat_mu: the entry point's check
+    assert line == (f"satrl: {_verl_mu.BYPASS}=true needs {_verl_mu.CALC_LOG_PROBS}=true (verl copies the "
+                    "rollout engine's log-probs into old_log_probs, and the engine returns none without it): "
+                    f"set {_verl_mu.CALC_LOG_PROBS}=true, or {_verl_mu.BYPASS}=false (SAT then gates on pi_old)")
+    assert accepted(run(["verl.trainer.main_ppo", *sat, SAT_MU, BYPASS_OFF, off], tmp_path)) == {"sat_mu": "old_policy"}
 
 
 def test_missing_target_override_is_explained_before_verls_type_error(tmp_path):

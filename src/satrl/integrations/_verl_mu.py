@@ -7,7 +7,9 @@ loss. Which policy ``old_log_probs`` is, is decided by the trainer on the driver
 
 - ``algorithm.rollout_correction.bypass_mode=true``: the trainer copies ``rollout_log_probs`` into
   ``old_log_probs`` (v1 ``PPOTrainer._compute_old_log_prob``; legacy and separated trainers
-  ``apply_bypass_mode``). SAT's d is then log pi_theta - log mu, the paper's setting.
+  ``apply_bypass_mode``). SAT's d is then log pi_theta - log mu, the paper's setting. The rollout engine
+  produces ``rollout_log_probs`` only with ``actor_rollout_ref.rollout.calculate_log_probs=true``, so bypass
+  mode without it is refused (:func:`mu_for`).
 - ``bypass_mode=false`` (decoupled, verl's default): ``old_log_probs`` is the recomputed pi_old.
 
 A loss runs on the workers, which receive only ``actor_rollout_ref``, so it cannot read the algorithm
@@ -47,12 +49,19 @@ REWRITING_TRAINERS = ("legacy", "fully_async", "one_step_off")
 # The one override that makes verl build actor.policy_loss with SAT's keys (docs/integrations.md).
 SAT_TARGET = "satrl.integrations.verl.SatPolicyLossConfig"
 TARGET_OVERRIDE = f"actor_rollout_ref.actor.policy_loss._target_={SAT_TARGET}"
-# What to run instead of a trainer that rewrites loss_mode in bypass mode, by entry point.
+# What keeps SAT's mu the rollout engine's log-probs in verl's v1 trainer (verl 0.9.1's keys): bypass mode copies
+# rollout_log_probs into old_log_probs, and the engine returns them only with calculate_log_probs (verl's
+# ppo_trainer.yaml defaults bypass_mode to false, so `main_ppo` without the first key gates SAT on pi_old).
+BYPASS = "algorithm.rollout_correction.bypass_mode"
+CALC_LOG_PROBS = "actor_rollout_ref.rollout.calculate_log_probs"
+ENGINE_MU = f"{BYPASS}=true {CALC_LOG_PROBS}=true"
+# What to run instead of a trainer that rewrites loss_mode in bypass mode, by entry point: each way out as
+# overrides to copy (tests/integrations/test_verl_recipes.py runs them through verl's own main_ppo).
 FIX = {
-    "legacy": "set trainer.use_v1=true (verl's v1 trainer keeps loss_mode in bypass mode)",
-    "recipe": ("run verl's v1 trainer instead of this recipe (python -m verl.trainer.main_ppo "
-               "trainer.v1.trainer_mode=separate_async for asynchronous training; the recipes ignore "
-               "trainer.use_v1)"),
+    "legacy": f"set trainer.use_v1=true {ENGINE_MU} (verl's v1 trainer keeps loss_mode in bypass mode)",
+    "recipe": (f"run verl's v1 trainer instead of this recipe: python -m verl.trainer.main_ppo "
+               f"trainer.v1.trainer_mode=separate_async {ENGINE_MU} plus your SAT, data and model flags (asynchronous "
+               "training with SAT's mu the engine's log-probs; the recipes ignore trainer.use_v1)"),
 }
 # apply_bypass_mode's callers in verl 0.9.1, by module: which entry point reached it.
 HELPER_CALLERS = {"verl.trainer.ppo.ray_trainer": "legacy", "verl.experimental.separation.ray_trainer": "recipe"}
@@ -101,10 +110,13 @@ def mu_for(root: Any) -> str:
     Raises ValueError (one line naming the setting to change) when a sat loss_mode is combined with
     bypass mode in a trainer whose ``apply_bypass_mode`` rewrites ``policy_loss.loss_mode`` to
     ``bypass_mode``: SAT would be replaced (on the driver at least, and on the workers whenever they read
-    the driver's config), which satrl does not leave to chance.
+    the driver's config), which satrl does not leave to chance. Also when bypass mode comes without
+    ``actor_rollout_ref.rollout.calculate_log_probs=true`` (in a config that has ``actor_rollout_ref.rollout``,
+    as every verl trainer's does): the trainer would read rollout log-probs the engine never produced.
     """
     rc = _node(_node(root, "algorithm"), "rollout_correction")
     bypass = bool(_node(rc, "bypass_mode") or False)
+    rollout = _node(_node(root, "actor_rollout_ref"), "rollout")
     policy_loss = _node(_node(_node(root, "actor_rollout_ref"), "actor"), "policy_loss")
     loss_mode = _node(policy_loss, "loss_mode") or "vanilla"
     check_target(policy_loss)
@@ -115,6 +127,13 @@ def mu_for(root: Any) -> str:
             f"satrl: loss_mode={loss_mode} cannot run in the {kind} trainer with "
             f"algorithm.rollout_correction.bypass_mode=true (verl's apply_bypass_mode rewrites loss_mode to "
             f"bypass_mode): {fix}, or set algorithm.rollout_correction.bypass_mode=false (SAT then gates on pi_old)"
+        )
+    # verl's RolloutConfig defaults calculate_log_probs to false (its YAML to true): a missing key is false.
+    if bypass and rollout is not None and not _node(rollout, "calculate_log_probs"):
+        raise refuse(
+            f"satrl: {BYPASS}=true needs {CALC_LOG_PROBS}=true (verl copies the rollout engine's log-probs into "
+            f"old_log_probs, and the engine returns none without it): set {CALC_LOG_PROBS}=true, or "
+            f"{BYPASS}=false (SAT then gates on pi_old)"
         )
     return "rollout" if bypass else "old_policy"
 
@@ -223,7 +242,7 @@ def mu_flag(sat_mu: Any, loss_mode: str) -> float:
                 f"whatever verl put in old_log_probs, which satrl cannot see; declare it with {MU_OVERRIDE}")
         warnings.warn(
             f"satrl loss_mode={loss_mode}: SAT's mu is {what}. Set "
-            "algorithm.rollout_correction.bypass_mode=true with trainer.use_v1=true for the paper's mu "
+            f"{ENGINE_MU} with trainer.use_v1=true for the paper's mu "
             "(see docs/integrations.md). Warned once per process.",
             RuntimeWarning,
             stacklevel=4,
@@ -231,17 +250,21 @@ def mu_flag(sat_mu: Any, loss_mode: str) -> float:
     return source.value
 
 
-def guard_bypass_helper() -> None:
+def guard_bypass_helper(helper: Any = None) -> None:
     """Make verl's ``apply_bypass_mode`` refuse a SAT loss_mode instead of silently replacing it.
 
     The legacy and separated trainers (fully-async, one-step-off) call it on the driver at every step in
     bypass mode, and it sets ``policy_loss.loss_mode = "bypass_mode"``: SAT would vanish without a word when
     the user did not declare ``sat_mu`` (which refuses earlier, at config time). The guard raises the same
-    one line instead; any other loss_mode goes through to verl's function unchanged. Idempotent."""
-    try:
-        from verl.trainer.ppo import rollout_corr_helper as helper
-    except ImportError:  # a verl without the helper has nothing to rewrite loss_mode
-        return
+    one line instead; any other loss_mode goes through to verl's function unchanged. Idempotent.
+
+    ``helper``: verl's ``rollout_corr_helper`` module (the plug-in passes it from its post-import hook, as
+    soon as the module is imported; verl's callers import the function at their call site); None imports it."""
+    if helper is None:
+        try:
+            from verl.trainer.ppo import rollout_corr_helper as helper
+        except ImportError:  # a verl without the helper has nothing to rewrite loss_mode
+            return
     original = helper.apply_bypass_mode
     if getattr(original, "_satrl_guard", False):
         return
