@@ -65,7 +65,8 @@ def test_resume_without_checkpoint_starts_from_zero(run_tiny, capsys):
     shutil.rmtree(out / "checkpoints")
     (out / "checkpoints" / ".step-000002.tmp").mkdir(parents=True)  # killed while writing the first one
     (out / "checkpoints" / ".step-000002.tmp" / "model.safetensors").write_bytes(b"\0" * 10)
-    (out / "checkpoints" / "latest").write_text("step-000002")  # a pointer to nothing
+    # no latest: it is written only after a checkpoint is complete (one naming a folder that is gone is damage,
+    # refused: tests/training/test_checkpoint_manifest.py, "only checkpoint deleted")
     capsys.readouterr()
     run_tiny("steps=4", name="early", resume=True)
     err = capsys.readouterr().err

@@ -284,6 +284,9 @@ RESUME_CASES = {  # name -> (damage to the latest checkpoint of a copy of the ru
     "manifest deleted": (lambda step, tmp: (step / "manifest.json").unlink(), "manifest.json is missing"),
     "latest escapes": (_latest_escapes, "refusing to read a checkpoint from outside"),
     "checkpoint symlinked outside": (_symlinked_outside, "outside"),
+    # issue 46, item 9: the run's only checkpoint deleted, latest still naming it (it restarted at step 0 and
+    # rewrote its logs, exit 0)
+    "only checkpoint deleted": (lambda step, tmp: shutil.rmtree(step), "which is gone (no checkpoint is left)"),
 }
 
 

@@ -294,8 +294,9 @@ def damage(root: Path) -> str | None:
     if path.is_dir() and not _complete(path):
         missing = [f for f in FILES if not (path / f).is_file()]
         return f"{path}: damaged checkpoint ({', '.join(missing)} missing)"
-    if not path.exists() and any(root.glob("step-*")):
-        return f"{root / 'latest'}: names {name}, which is gone (an older checkpoint is left)"
+    if not path.exists():  # the only checkpoint deleted too: restarting at step 0 would rewrite the logs (issue 46)
+        left = "an older checkpoint is left" if any(root.glob("step-*")) else "no checkpoint is left"
+        return f"{root / 'latest'}: names {name}, which is gone ({left})"
     return None
 
 
