@@ -1,6 +1,7 @@
 import argparse
 import json
 import math
+import shutil
 import textwrap
 
 import pytest
@@ -109,7 +110,7 @@ def test_report_cli_and_regeneration_from_packed_results(grid_out, tmp_path, cap
     )
     assert run_report(args) == 0 and "wrote" in capsys.readouterr().out
     r1 = (tmp_path / "r1" / "report.md").read_text()
-    assert run_report(parser.parse_args([str(packed), "--resamples", "500"])) == 0
+    assert run_report(parser.parse_args([str(packed), "--resamples", "500", "--out", str(packed)])) == 0
     r2 = (packed / "report.md").read_text()
     table = [line for line in r1.splitlines() if line.startswith("| Alpha") or line.startswith("| Beta")]
     assert table and table == [line for line in r2.splitlines() if line.startswith(("| Alpha", "| Beta"))]
@@ -402,3 +403,24 @@ def test_paired_eval_diffs_by_hand():
     steps, vals = d["sat", 8]
     assert steps.tolist() == [0, 100, 200]
     np.testing.assert_allclose(vals, [[0.0, 0.1, -0.1], [0.0, 0.05, 0.05]], atol=1e-12)
+
+
+def test_a_packed_folder_is_rewritten_only_when_out_names_it(grid_out, tmp_path, capsys, monkeypatch):
+    """Issue 47: `satrl report docs/results/<grid>` once rewrote the committed report (its provenance line);
+    without --out a packed folder's report goes to runs/reports/<name>, and the folder stays byte-identical."""
+    parser = argparse.ArgumentParser()
+    add_report_args(parser)
+    packed = tmp_path / "packed"
+    assert run_report(parser.parse_args([str(grid_out), "--out", str(tmp_path / "r1"), "--resamples", "200",
+                                         "--pack", str(packed)])) == 0  # fmt: skip
+    before = {p: p.read_bytes() for p in sorted(packed.rglob("*")) if p.is_file()}
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert run_report(parser.parse_args([str(packed), "--resamples", "200"])) == 0
+    assert "holds packed results: writing to runs/reports/packed" in capsys.readouterr().err
+    assert (tmp_path / "runs" / "reports" / "packed" / "report.md").is_file()
+    assert {p: p.read_bytes() for p in sorted(packed.rglob("*")) if p.is_file()} == before
+    live = tmp_path / "live"
+    shutil.copytree(grid_out, live)
+    assert run_report(parser.parse_args([str(live), "--resamples", "200"])) == 0  # a live grid: in place
+    assert (live / "report.md").is_file()

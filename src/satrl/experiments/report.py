@@ -391,7 +391,8 @@ def _figures_md(res: GridResults, tables: dict, dest: Path, figdir: Path) -> lis
 
 def add_report_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="grid output folder, e.g. runs/paper_table (or packed results)")
-    parser.add_argument("--out", default=None, help="where report.md and figures/ go (default: run_dir)")
+    parser.add_argument("--out", default=None, help="where report.md and figures/ go (default: run_dir; for packed "
+                        "results, runs/reports/<name>: a committed folder is rewritten only when --out names it)")
     parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10000)")
     parser.add_argument("--ci", type=float, default=0.95, help="confidence level (default 0.95)")
     parser.add_argument(
@@ -430,6 +431,13 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
     return None
 
 
+def packed(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds packed results (``--pack``'s output: runs with ``metrics.jsonl.gz`` and no live
+    ``metrics.jsonl``), as the folders under docs/results do."""
+    logs = [p.name for p in run_dir.glob("*/lag*/seed*/metrics.jsonl*")]
+    return "metrics.jsonl.gz" in logs and "metrics.jsonl" not in logs
+
+
 def run_report(args: argparse.Namespace) -> int:
     if why := _bad_flag(args):
         print(f"satrl report: {why}", file=sys.stderr)
@@ -437,6 +445,10 @@ def run_report(args: argparse.Namespace) -> int:
     if not Path(args.run_dir).is_dir():
         print(f"satrl report: no such folder {args.run_dir}; give a grid's --out folder", file=sys.stderr)
         return 2
+    if args.out is None and packed(Path(args.run_dir)):  # a committed results folder: never rewritten unasked
+        args.out = Path("runs") / "reports" / Path(args.run_dir).resolve().name
+        print(f"satrl report: {args.run_dir} holds packed results: writing to {args.out} (--out {args.run_dir} "
+              "regenerates them in place)", file=sys.stderr)  # fmt: skip
     if args.pack:
         from satrl.experiments.store import pack_results
 
