@@ -10,7 +10,8 @@ completes); the run folder locked by another process (exit 2 naming its pid; onc
 ``--resume DIR steps=<more>`` (it completes); a grid edited and rerun into the same ``--out`` (exit 2 naming
 what changed, grid.yaml untouched). Issue 34: an emptied or edited config.yaml, a resume that changes the seed
 and method, the checkpoint weights deleted, a block of the weights zeroed, and a grid's base file edited (each
-exit 2 with one line, the run folder byte-identical). :func:`folder_faults` returns ``{"tried": n, "clean": m}``.
+exit 2 with one line, the run folder byte-identical). Issue 46: eval.jsonl cut mid-line, emptied, deleted or
+missing a row (each exit 2 naming eval.jsonl, the folder byte-identical). :func:`folder_faults` returns ``{"tried": n, "clean": m}``.
 """
 
 from __future__ import annotations
@@ -145,6 +146,17 @@ def _zero_block(d: Path) -> None:
     weights.write_bytes(bytes(data))
 
 
+def _eval_cut(d: Path) -> None:  # the file cut inside its last row (the step-4 evaluation)
+    text = (d / "eval.jsonl").read_text()
+    last = text.splitlines(keepends=True)[-1]
+    (d / "eval.jsonl").write_text(text[: len(text) - len(last) + 25])
+
+
+def _eval_row_removed(d: Path) -> None:  # the step-2 evaluation gone
+    lines = (d / "eval.jsonl").read_text().splitlines(keepends=True)
+    (d / "eval.jsonl").write_text("".join(lines[:1] + lines[2:]))
+
+
 def _no_weights(d: Path) -> None:
     for p in (d / "checkpoints").glob("step-*/model.safetensors"):
         p.unlink()
@@ -188,6 +200,13 @@ CASES: dict[str, Callable[[Path], str | None]] = {
     "checkpoint weights deleted": lambda d: _refused_untouched(d, _no_weights, "steps=6", needle="model.safetensors"),
     "checkpoint weights damaged": lambda d: _refused_untouched(d, _zero_block, needle="checksum"),
     "grid base file edited": _edited_base,
+    # issue 46, item 4: a damaged eval log is refused, not resumed past
+    "eval line cut mid-line": lambda d: _refused_untouched(d, _eval_cut, needle=f"{d / 'eval.jsonl'}:3:"),
+    "eval.jsonl emptied": lambda d: _refused_untouched(
+        d, lambda d: (d / "eval.jsonl").write_text(""), needle=f"{d / 'eval.jsonl'}: the log is empty"),
+    "eval.jsonl deleted": lambda d: _refused_untouched(
+        d, lambda d: (d / "eval.jsonl").unlink(), needle=f"{d / 'eval.jsonl'}: the log is missing"),
+    "eval row removed": lambda d: _refused_untouched(d, _eval_row_removed, needle=f"{d / 'eval.jsonl'}:2:"),
 }
 
 

@@ -141,6 +141,17 @@ BAD_CONFIGS: list[tuple[str | None, list[str], str]] = [
     (None, ["task.kwargs=3"], "task.kwargs"),
     ("\x00\x01binary", [], "YAML"),
     ("a: &x [*x]\n", [], "a"),
+    # issue 46, items 7-8: sizes that cannot fit, devices, seeds and numbers out of range, split fractions
+    (None, ["train.prompts_per_batch=1000000000"], "train.prompts_per_batch"),
+    (None, ["train.prompts_per_batch=100000", "train.group_size=100"], "train.prompts_per_batch"),
+    (None, ["train.group_size=1000000000"], "train.group_size"),
+    (None, ["train.device=meta"], "train.device"),
+    (None, ["train.device=bogus"], "train.device"),
+    (None, ["seed=9223372036854775807"], "seed"),
+    (None, ["objective.trust_region.eps_high=1e308"], "trust_region.eps_high"),
+    (None, ["objective.trust_region.dual_clip=1e308"], "trust_region.dual_clip"),
+    (None, ["task.name=jsonl_math", "task.kwargs.path=x.jsonl", "task.kwargs.eval_fraction=1"], "task.kwargs.eval_fraction"),
+    (None, ["task.name=jsonl_math", "task.kwargs.path=x.jsonl", "task.kwargs.eval_fraction=0"], "task.kwargs.eval_fraction"),
 ]
 
 

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 import transformers
 
@@ -60,3 +61,41 @@ def test_one_model_name_with_other_kernels_is_another_kind():
     sessions = [{"cpu": {**amd, "capability": "AVX2"}}, {"cpu": {**amd, "capability": "AVX512"}}, {"cpu": amd}]
     assert machine_label(sessions) == "AuthenticAMD AMD EPYC (AVX2) then AuthenticAMD AMD EPYC (AVX512) then " \
         "AuthenticAMD AMD EPYC"
+
+
+def test_outside_git_the_commit_is_the_builds_record(tmp_path, monkeypatch):
+    """An installed wheel has no git: git_commit() reads the commit its build recorded (BUILD_COMMIT)."""
+    import subprocess as sp
+
+    from satrl import provenance
+
+    def no_git(*a, **k):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(sp, "run", no_git)
+    record = tmp_path / "BUILD_COMMIT"
+    monkeypatch.setattr(provenance, "BUILD_COMMIT", record)
+    assert provenance.git_commit() is None  # neither git nor a record
+    record.write_text("0123abcd+dirty\n")
+    assert provenance.git_commit() == "0123abcd+dirty"
+
+
+@pytest.mark.slow
+def test_a_wheel_records_the_commit_it_is_built_from(tmp_path):
+    """Issue 47: `satrl --version` named no commit in an installed wheel. The build backend (build_backend/)
+    writes the commit into the wheel, and it is the one this checkout's code reports."""
+    import subprocess as sp
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    from satrl.provenance import git_commit
+
+    repo = Path(__file__).resolve().parents[1]
+    done = sp.run([sys.executable, "-m", "pip", "wheel", str(repo), "--no-deps", "--no-build-isolation", "-q",
+                   "-w", str(tmp_path)], capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (wheel,) = tmp_path.glob("satrl_async-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        recorded = z.read("satrl/BUILD_COMMIT").decode().strip()
+    assert recorded and recorded == git_commit()

@@ -186,7 +186,8 @@ def _first_line(err: BaseException) -> str:
 
 
 def version_line() -> str:
-    """``satrl <version> (distribution satrl-async, commit <sha>[+dirty])``; the commit only in a git checkout."""
+    """``satrl <version> (distribution satrl-async, commit <sha>[+dirty])``: from git in a checkout, from the build
+    record in an installed wheel (``provenance.git_commit``)."""
     from satrl import __version__
     from satrl.provenance import git_commit
 

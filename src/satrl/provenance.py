@@ -23,18 +23,26 @@ import satrl
 ENVIRONMENT = "environment.json"
 
 
+BUILD_COMMIT = Path(__file__).resolve().parent / "BUILD_COMMIT"  # written by the wheel's build (build_backend/)
+
+
 def git_commit() -> str | None:
     """The commit of the satrl code that runs (not of the cwd), '+dirty' if the package's tracked files differ
-    from it (results and docs elsewhere in the checkout do not count); None outside a git checkout (a wheel)."""
+    from it (results and docs elsewhere in the checkout do not count). Outside a git checkout (an installed
+    wheel) the commit its build recorded (``BUILD_COMMIT``); None if neither."""
     here = Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain", "-uno", "--", "."], cwd=here, capture_output=True,
                                text=True, timeout=10)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
+        head = dirty = None
+    if head is not None and head.returncode == 0 and head.stdout.strip():
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    try:
+        return BUILD_COMMIT.read_text().strip() or None
+    except OSError:
         return None
-    commit = head.stdout.strip() if head.returncode == 0 else ""
-    return (commit + ("+dirty" if dirty.stdout.strip() else "")) or None
 
 
 def cpu_kind(cpuinfo: str | None = None) -> dict:
