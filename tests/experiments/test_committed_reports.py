@@ -27,7 +27,7 @@ def test_committed_report_regenerates_unchanged(tmp_path, grid):
     committed = (RESULTS / grid / "report.md").read_text()
     copy = tmp_path / grid
     shutil.copytree(RESULTS / grid, copy, ignore=shutil.ignore_patterns("figures", "report.md"))
-    out = subprocess.run([sys.executable, "-m", "satrl", "report", str(copy), *_options(committed)],
+    out = subprocess.run([sys.executable, "-m", "satrl", "report", str(copy), "--out", str(copy), *_options(committed)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     fresh = (copy / "report.md").read_text()
