@@ -104,7 +104,9 @@ def test_checkpoints_deleted_from_a_finished_run_are_refused(copy):
     out = copy()
     for p in (out / "checkpoints").glob("step-*"):
         shutil.rmtree(p)
-    assert "summary.json" in _refused(out)
+    assert "no checkpoint is left" in _refused(out)  # latest names a checkpoint that is gone (issue 46, item 9)
+    (out / "checkpoints" / "latest").unlink()
+    assert "summary.json" in _refused(out)  # no pointer either: a finished run without checkpoints
 
 
 def test_flipped_block_in_the_weights_is_refused(copy):
