@@ -120,3 +120,33 @@ def engine_signaller(made: list, sig: int, times: int):
             os.kill(pid, sig)
 
     return on_step, hit
+
+
+def folder_tree(out: Path) -> dict[str, str]:
+    """sha256 of every file under a run folder (the lock file holds the pid of its last holder: left out)."""
+    import hashlib
+
+    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(out.rglob("*")) if p.is_file() and p.name != ".satrl.lock"}  # fmt: skip
+
+
+def resume_lines(out: Path, *overrides: str) -> tuple[int, list[str]]:
+    """``satrl train --resume out *overrides`` in this process: its exit code and non-blank stderr lines."""
+    import contextlib
+    import io
+
+    from satrl import cli
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = cli.main(["train", "--resume", str(out), *overrides, "--no-progress"])
+    return rc, [x for x in err.getvalue().splitlines() if x.strip()]
+
+
+def refused_resume(out: Path, *overrides: str) -> str:
+    """The resume must exit 2 with one stderr line and leave the folder byte-identical; returns the line."""
+    before = folder_tree(out)
+    rc, lines = resume_lines(out, *overrides)
+    assert rc == 2 and len(lines) == 1, (rc, lines[:5])
+    assert folder_tree(out) == before, "a refused resume changed the run folder"
+    return lines[0]

@@ -4,43 +4,18 @@ checkpoint and changed ``best_step``, ``best_test_avg_at_k`` and ``eval_base``. 
 steps evaluated so far; a log that does not hold exactly those rows is refused: exit 2, one line naming
 eval.jsonl:LINE (or the missing evaluation's step), the folder byte-identical."""
 
-import contextlib
-import hashlib
-import io
 import shutil
 
 import pytest
 
-from run_helpers import TINY, read_jsonl, stable
-from satrl import cli
+from run_helpers import TINY, folder_tree, read_jsonl, refused_resume, resume_lines, stable
 from satrl.config import load_config
 from satrl.pipeline.orchestrator import train
 from satrl.pipeline.rundir import RunDir
 
 RUN = ("steps=4", "lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=7", "eval.every=2")
 
-
-def _tree(out) -> dict[str, str]:
-    """sha256 of every file under the run folder (the lock file holds the pid of its last holder: left out)."""
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(out.rglob("*")) if p.is_file() and p.name != ".satrl.lock"}  # fmt: skip
-
-
-def _resume(out, *overrides: str) -> tuple[int, list[str]]:
-    """``satrl train --resume out *overrides`` in this process: its exit code and stderr lines."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        rc = cli.main(["train", "--resume", str(out), *overrides, "--no-progress"])
-    return rc, [x for x in err.getvalue().splitlines() if x.strip()]
-
-
-def _refused(out, *overrides: str) -> str:
-    """The resume must exit 2 with one stderr line and leave the folder byte-identical; returns the line."""
-    before = _tree(out)
-    rc, lines = _resume(out, *overrides)
-    assert rc == 2 and len(lines) == 1, (rc, lines[:5])
-    assert _tree(out) == before, "a refused resume changed the run folder"
-    return lines[0]
+_tree, _resume, _refused = folder_tree, resume_lines, refused_resume
 
 
 @pytest.fixture(scope="module")

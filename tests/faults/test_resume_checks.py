@@ -3,40 +3,19 @@
 their recorded checksums) before it touches any file (1, 2, 10); a refused resume keeps its logs and gives advice
 that keeps the run's length (6); an extended run equals one longer run, evaluations and summary included (7)."""
 
-import contextlib
-import hashlib
-import io
 import json
 import shutil
 
 import pytest
 
-from run_helpers import read_jsonl, stable
-from satrl import cli
+from run_helpers import folder_tree, read_jsonl, refused_resume, stable
 from satrl.pipeline.orchestrator import train
 from satrl.pipeline.rundir import RunDir
 from satrl.provenance import read_sessions
 
 LAGGED = ("lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=5")
 
-
-def _tree(out) -> dict[str, str]:
-    """sha256 of every file under the run folder (the lock file holds the pid of its last holder: left out)."""
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(out.rglob("*")) if p.is_file() and p.name != ".satrl.lock"}  # fmt: skip
-
-
-def _refused(out, *overrides: str) -> str:
-    """``satrl train --resume out *overrides`` in this process: must exit 2 with one stderr line, the folder
-    byte-identical; returns the line."""
-    before = _tree(out)
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        rc = cli.main(["train", "--resume", str(out), *overrides, "--no-progress"])
-    lines = [x for x in err.getvalue().splitlines() if x.strip()]
-    assert rc == 2 and len(lines) == 1, (rc, lines[:5])
-    assert _tree(out) == before, "a refused resume changed the run folder"
-    return lines[0]
+_tree, _refused = folder_tree, refused_resume
 
 
 @pytest.fixture(scope="module")
