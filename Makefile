@@ -99,7 +99,7 @@ test-verl: $(VERL_STAMP)
 	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(VERL_VENV)/bin/python -m pytest tests/integrations tests/objectives -m "not vllm" $(PYTEST_ARGS); $(NONE_IS_OK)
 	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(VERL_VENV)/bin/python -m pytest tests/engines tests/models tests/training -m "not vllm and not slow" $(PYTEST_ARGS); $(NONE_IS_OK)
 
-# GRPO and SAT-GRPO side by side (satrl demo: 50 steps of the SAT trial's regime each); README gives its time.
+# GRPO, SAT-GRPO and VCPO side by side (satrl demo: 50 steps of the SAT trial's regime each); README gives its cost.
 demo: $(STAMP)
 	$(BIN)/satrl demo --out runs/demo
 

@@ -4,6 +4,7 @@ the trial's own runs cut to the demo's length."""
 
 import gzip
 import json
+import re
 import subprocess
 import sys
 
@@ -12,19 +13,23 @@ from run_helpers import REPO, TINY
 TRIAL_RUNS = REPO / "docs" / "results" / "sat_trial"
 
 
-def test_demo_writes_report_with_both_runs(tmp_path):
+def test_demo_writes_report_with_its_three_runs(tmp_path):
     out = tmp_path / "demo"
     cmd = [sys.executable, "-m", "satrl", "demo", "--out", str(out), "--steps", "2", "--lag", "2", *TINY]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = (out / "report.md").read_text()
-    assert "| grpo |" in report and "| sat_grpo |" in report
+    # each run twice: its scores, and what its controls did (VCPO's ESS and step scale are numbers, GRPO's "—")
+    assert all(report.count(f"| {m} |") == 2 for m in ("grpo", "sat_grpo", "vcpo")), report
+    vcpo_did = report.splitlines()[[i for i, line in enumerate(report.splitlines()) if line.startswith("| vcpo |")][1]]
+    assert re.match(r"\| vcpo \| — \| — \| — \| \d+\.\d% \| \d\.\d{3} \(\d\.\d{3}\) \| \d\.\d{3} \|$", vcpo_did), vcpo_did
+    assert "VCPO's step size" in report and "VCPO's baseline" in report
     png = (out / "demo.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-    for method in ("grpo", "sat_grpo"):
+    for method in ("grpo", "sat_grpo", "vcpo"):
         assert (out / method / "summary.json").exists()
-    # both runs' progress reached the demo's stdout (they run as child processes)
-    assert f"{out / 'grpo'} step 2/2" in proc.stdout and f"{out / 'sat_grpo'} step 2/2" in proc.stdout
+        # every run's progress reached the demo's stdout (they run as child processes)
+        assert f"{out / method} step 2/2" in proc.stdout
 
 
 def test_demo_bad_override_is_one_line_exit_2(tmp_path):
@@ -102,3 +107,16 @@ def test_the_demos_eval_and_diagnostics_changes_do_not_change_what_is_trained(tm
         rows[name] = [{k: v for k, v in r.items() if not k.startswith(("mismatch/d_policy", "mismatch/d_impl",
                        "mismatch/frac_"))} for r in stable(read_jsonl(tmp_path / name / "metrics.jsonl"))]  # fmt: skip
     assert rows["trial"] == rows["demo"] and len(rows["demo"]) == 3
+
+
+def test_what_one_seed_cannot_show_quotes_the_findings_it_names():
+    """Every interval and point estimate LOOK_FOR quotes is in the findings it names (as the README's are,
+    tests/test_readme_front.py), so a re-analysis that changes a number fails here until the demo says it too."""
+    from satrl.demo import LOOK_FOR
+    from test_readme_front import INTERVAL, _norm
+
+    named = re.findall(r"docs/results/\w+/findings\.md", LOOK_FOR)
+    assert set(named) == {"docs/results/sat_trial/findings.md", "docs/results/repair_trial/findings.md"}
+    sources = _norm("".join((REPO / n).read_text() for n in named))
+    quoted = INTERVAL.findall(LOOK_FOR)
+    assert len(quoted) >= 5 and all(_norm(q) in sources for q in quoted), [q for q in quoted if _norm(q) not in sources]
