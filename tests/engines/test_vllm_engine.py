@@ -9,27 +9,16 @@ reason printed; with ``SATRL_REQUIRE_VLLM=1`` (set by ``make test-vllm``) a miss
 from __future__ import annotations
 
 import copy
-import importlib.util
-import json
-import math
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from vllm_helpers import HAVE_VLLM, REQUIRED, needs_vllm
 
-from run_helpers import REPO, TINY, read_jsonl, stable
 from satrl.models import build_tiny_model, builtin_path, load_policy
 from satrl.types import GenerationRequest, SamplingParams
 
-HAVE_VLLM = importlib.util.find_spec("vllm") is not None
-REQUIRED = os.environ.get("SATRL_REQUIRE_VLLM") == "1"
 pytestmark = pytest.mark.vllm
-needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed here; `make test-vllm` runs these tests")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU: plenty for tiny models
 
 
 def test_vllm_present_when_required():
@@ -196,24 +185,6 @@ def test_inflight_blocks_follow_the_schedule(engine, policy):
 
 
 @needs_vllm
-@pytest.mark.slow
-def test_satrl_train_inflight_on_vllm_local_equals_sequential(tmp_path):
-    """`engine=vllm lag.inflight_every=2`: responses cross versions, and the local backend (the engine process
-    waiting mid-rollout for versions) equals its sequential replay, metric for metric."""
-    runs = {}
-    for backend in ("sequential", "local"):
-        out = tmp_path / backend
-        args = [sys.executable, "-m", "satrl", "train", str(REPO / "configs" / "sat_grpo.yaml"), *TINY, "engine=vllm",
-                "engine.max_new_tokens=7", "lag.inflight_every=2", "steps=4", "lag.n=1", f"backend={backend}",
-                f"out={out}"]  # fmt: skip
-        r = subprocess.run(args, capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, r.stderr[-4000:]
-        runs[backend] = read_jsonl(out / "metrics.jsonl")
-    assert max(row["lag/multi_version_frac"] for row in runs["local"]) > 0
-    assert stable(runs["local"]) == stable(runs["sequential"])
-
-
-@needs_vllm
 def test_bf16_weights_are_rounded_from_the_first_batch(policy):
     """numerics=bf16-weights: the engine's first log-probs are those of the bf16-rounded weights in fp32, as after
     any later version. Before 2026-12-03 the start-up rounding missed the tied LM head (the checkpoint names it
@@ -244,66 +215,3 @@ def test_r3_refuses_when_vllm_cannot_return_routing():
         pytest.skip("a GPU vLLM may support routed experts; this checks the CPU build's refusal")
     with pytest.raises(RuntimeError, match="R3 needs them: use engine=torch, or r3=false"):
         VLLMEngine(builtin_path("tiny-arith-moe"), eos_token_id=1, capture_routing=True)
-
-
-def vllm_pids() -> set[int]:
-    """Processes vLLM names after itself (``VLLM::EngineCore``, ``VLLM::Worker``)."""
-    pids = set()
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"VLLM::"):
-                pids.add(int(proc.name))
-        except OSError:
-            pass
-    return pids
-
-
-@needs_vllm
-@pytest.mark.slow
-def test_satrl_train_with_the_vllm_engine(tmp_path):
-    """`satrl train ... engine=vllm`: rollouts and the final evaluation through vLLM, with weight sync at lag 2;
-    the local backend (engine in a child process, vLLM's own processes below it), the local backend with
-    weights.transport=vllm (each version broadcast once and loaded by vLLM's weight-transfer API) and the Ray
-    backend (vLLM inside a Ray actor; `make test-vllm` installs Ray) give the same metrics as the sequential one,
-    bit for bit, and no vLLM process outlives a run."""
-    before = vllm_pids()
-    runs = {}
-    backends = ("sequential", "local", "ray") if (REQUIRED or importlib.util.find_spec("ray")) else ("sequential", "local")
-    backends += ("local-vllm-transport",)  # vLLM's own weight-transfer API (weights.transport=vllm)
-    for backend in backends:
-        out = tmp_path / backend
-        name, _, transport = backend.partition("-")
-        extra = ["weights.transport=vllm"] if transport else []
-        args = [sys.executable, "-m", "satrl", "train", str(REPO / "configs" / "sat_grpo.yaml"), *TINY,
-                "engine=vllm", "steps=4", "lag.n=2", f"backend={name}", *extra, f"out={out}"]  # fmt: skip
-        r = subprocess.run(args, capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, r.stderr[-4000:]
-        runs[backend] = rows = read_jsonl(out / "metrics.jsonl")
-        assert [row["step"] for row in rows] == [1, 2, 3, 4]
-        assert max(row["lag/max"] for row in rows) >= 1  # batch 2 came after a weight sync
-        # step 1 is at lag 0: d is pure implementation mismatch (bf16-weights engine vs fp32 trainer): small, real
-        assert 0 < rows[0]["mismatch/d_pi"] < 0.02 and all(math.isfinite(row["loss"]) for row in rows)
-        print(f"backend={backend}: d_pi at lag 0 (step 1) = {rows[0]['mismatch/d_pi']:.2e}")
-        assert json.loads((out / "summary.json").read_text())["steps"] == 4 and (out / "eval.jsonl").read_text().strip()
-        assert "name: vllm" in (out / "config.yaml").read_text()
-    assert all(stable(runs[b]) == stable(runs["sequential"]) for b in backends)
-    for _ in range(20):  # vLLM's processes stop within seconds of the run's end
-        if not (vllm_pids() - before):
-            break
-        time.sleep(0.5)
-    assert not (vllm_pids() - before), "vLLM processes outlived the run"
-
-
-@needs_vllm
-@pytest.mark.slow
-def test_satrl_eval_with_the_vllm_engine_matches_torch_greedy():
-    """`satrl eval --engine vllm`: greedy accuracy equals the torch engine's (fp32 both: same argmax)."""
-    out = {}
-    for engine in ("torch", "vllm"):
-        args = [sys.executable, "-m", "satrl", "eval", "--model", "tiny-arith", "--engine", engine, "--k", "2",
-                "--n-problems", "40", "--max-new-tokens", "6", "--json"]  # fmt: skip
-        r = subprocess.run(args, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stderr[-3000:]
-        out[engine] = json.loads(next(x for x in r.stdout.splitlines()[::-1] if x.startswith('{"')))
-    assert out["vllm"]["greedy_acc"] == out["torch"]["greedy_acc"] > 0.3
-    assert 0.1 < out["vllm"]["avg_at_k"] < 0.9 and out["vllm"]["n_problems"] == 40
