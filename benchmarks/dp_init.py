@@ -6,8 +6,9 @@ Method. ``torchrun --standalone --nproc_per_node=RANKS`` on CPU (gloo), twice. R
 initialised Qwen3-0.6B-shaped policy (local config, no hub; tied embeddings), standing for the checkpoint it
 loads. The other ranks build either the same loaded policy (row "loaded": what every rank did before
 2026-12-03) or the architecture on the meta device (row "meta": what ``satrl train`` under torchrun does
-since, through ``satrl.models.empty_model``). Then every rank builds ``DPTrainer`` with a KL term (so that it
-holds a reference model) and ``dtype=bf16``: the policy's fp32 shards and the reference's bf16 shards, filled
+since, through ``satrl.models.empty_model``). Then every rank builds its trainer over FSDP2 shards (``Trainer`` on
+``Sharded``, as ``satrl.pipeline.launch.setup.build_trainer`` does) with a KL term (so that it holds a reference
+model) and ``dtype=bf16``: the policy's fp32 shards and the reference's bf16 shards, filled
 from rank 0's weights one parameter at a time. Peak host memory is each rank's largest resident-set growth
 from before the policy is built to after the trainer is (the kernel's high-water mark, VmHWM, reset first; a
 2 ms sampler where the kernel refuses the reset), next to what the rank keeps (its shards) and to one fp32
@@ -57,21 +58,20 @@ def worker(mode: str, quick: bool, out: Path) -> None:
     from benchmarks.weight_sync import PeakRss
     from satrl.objectives import resolve_objective
     from satrl.training import dp
-    from satrl.training import dp_calls as calls
-    from satrl.training.dp_trainer import DPTrainer
     from satrl.training.settings import TrainerSettings
+    from satrl.training.sharded import Sharded
+    from satrl.training.trainer import Trainer
 
     torch.set_num_threads(1)
     shape, vocab = (QUICK_SHAPES["tiny"], 1000) if quick else (SHAPES["0.6B"], VOCAB)
     objective = resolve_objective("grpo", kl_coef=1e-3)
     ctx = dp.init("cpu")
-    if not ctx.leader:
-        assert isinstance(calls.decode(ctx.channel.recv()), calls.Start)  # as a rank serving `satrl train` does
     with PeakRss() as mem:
         policy = build_policy(shape, vocab, ctx.leader, mode)
         full = sum(p.numel() for p in policy.parameters()) * 4
-        trainer = DPTrainer(policy, objective, TrainerSettings(lr=1e-6, dtype="bf16"), dp=ctx, template=lambda: None)
-    row = {"mode": mode, "rank": ctx.rank, "peak": mem.peak, "kept": kept_bytes(trainer.trainer), "full_fp32": full}
+        settings = TrainerSettings(lr=1e-6, dtype="bf16", device=str(ctx.device))
+        trainer = Trainer(policy, objective, settings, Sharded(ctx, template=lambda: None))
+    row = {"mode": mode, "rank": ctx.rank, "peak": mem.peak, "kept": kept_bytes(trainer), "full_fp32": full}
     (out / f"{mode}-{ctx.rank}.json").write_text(json.dumps(row))
     dp.shutdown()
 

@@ -1,15 +1,16 @@
 """The one table of dtypes satrl names: how a dtype is spelled on a wire or in a header, and in the config.
 
-A dtype crosses a process boundary by name (the weight wire's JSON headers, ``satrl.weights.dist``; the data
-parallel channel's messages, ``satrl.training.dist_channel``, by its index in :data:`WIRE`) and reaches vLLM by
-name; the config spells the trainer's compute dtype ``fp32`` / ``bf16``. Imports nothing of satrl.
+A dtype crosses a process boundary by name (the weight wire's JSON headers, ``satrl.weights.dist``; rank 0's
+broadcasts to the other data-parallel ranks, ``satrl.training.dp.broadcast_tensors``, by its index in
+:data:`WIRE`) and reaches vLLM by name; the config spells the trainer's compute dtype ``fp32`` / ``bf16``.
+Imports nothing of satrl.
 """
 
 from __future__ import annotations
 
 import torch
 
-# Every dtype that may cross a wire. The data-parallel channel sends the index: append, never reorder.
+# Every dtype that may cross a wire. Data parallel's broadcasts send the index: append, never reorder.
 WIRE: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.int64, torch.int32, torch.bool, torch.bfloat16,
                                  torch.float16, torch.uint8)  # fmt: skip
 # ``train.dtype``: the config's spelling of the trainer's compute dtype.

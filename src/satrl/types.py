@@ -221,7 +221,7 @@ class Closable(Protocol):
 
 @runtime_checkable
 class TrainerLike(Protocol):
-    """What the pipeline reads of a trainer (``satrl.training.trainer.Trainer``, or a data-parallel one): the
+    """What the pipeline reads of a trainer (``satrl.training.trainer.Trainer``, on any placement): the
     policy ``model``, its ``version`` (optimizer-step slots), a CPU copy of its ``weights``, the state a checkpoint
     saves besides them, and ``train_batch``, which trains one rollout batch and yields ``(metrics, rows)`` after
     each optimizer step. ``snapshots(v)`` gives the kept weights of version v (the Δπ/Δimpl split)."""
@@ -237,9 +237,9 @@ class TrainerLike(Protocol):
 
     def load_state_dict(self, state: dict) -> None: ...
 
-    def write_shards(self, path: Path) -> None: ...
+    def write_shards(self, path: Path | None) -> None: ...
 
-    def read_shards(self, path: Path) -> None: ...
+    def read_shards(self, path: Path | None) -> None: ...
 
     def engine_model(self) -> torch.nn.Module: ...
 

@@ -16,7 +16,7 @@ from run_helpers import DP_IMPL_RTOL, DP_RTOL, REPO, TINY, read_jsonl, row_diff,
 from satrl.config import load_config
 from satrl.pipeline.orchestrator import train
 
-pytestmark = pytest.mark.slow  # about a minute on 2 cores: five runs, four of them under torchrun
+pytestmark = pytest.mark.slow  # minutes on 2 cores: six runs, five of them under torchrun
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 CONFIG = REPO / "configs" / "sat_grpo.yaml"
@@ -104,6 +104,21 @@ def test_one_process_refuses_a_dp_checkpoint(runs, tmp_path):
     done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "resume it under torchrun" in done.stderr, done.stderr[-2000:]
     assert len(done.stderr.strip().splitlines()) == 1
+    assert (out / "metrics.jsonl").read_text() == before
+
+
+def test_torchrun_refuses_a_one_process_checkpoint(runs, tmp_path):
+    """The other way round: rank 0 refuses the resume in one line naming the way on, before its plan, so the
+    other rank (its trainer built, waiting for the plan) is released instead of left in a broadcast; nothing
+    rewritten."""
+    import shutil
+
+    out = tmp_path / "one"
+    shutil.copytree(runs["one"], out)
+    before = (out / "metrics.jsonl").read_text()
+    done = subprocess.run(torchrun("--resume", str(out)), env=ENV, capture_output=True, text=True, timeout=300)
+    named = [x for x in done.stderr.splitlines() if x.startswith("satrl train")]
+    assert done.returncode != 0 and len(named) == 1 and "resume it without torchrun" in named[0], done.stderr[-2000:]
     assert (out / "metrics.jsonl").read_text() == before
 
 

@@ -1,9 +1,12 @@
 """Run by test_dp_trainer.py under torchrun: one optimizer step of the data-parallel trainer against the
-one-device trainer, on the same tiny policy and batch. Rank 0 writes what it saw to the JSON file argv[1]."""
+one-device trainer, on the same tiny policy and batch. Every rank runs the same code on its own trainer (SPMD, as
+`satrl train` under torchrun does: pipeline.launch.data_parallel); rank 0 sends the batch, checks against one
+device and writes what it saw to the JSON file argv[1]."""
 
 import copy
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -15,30 +18,37 @@ from test_trainer_no_host_sync import SYNCING, OrderedRecorder  # noqa: E402
 
 from satrl.models import build_char_tokenizer, build_tiny_model, meta_copy  # noqa: E402
 from satrl.objectives import resolve_objective  # noqa: E402
+from satrl.pipeline.launch.data_parallel import BATCH_FIELDS, Follower, Leader, gather_weights  # noqa: E402
 from satrl.training import dp  # noqa: E402
-from satrl.training import dp_calls as calls  # noqa: E402
-from satrl.training.dp_trainer import DPTrainer  # noqa: E402
 from satrl.training.microbatches import plan_microbatches  # noqa: E402
 from satrl.training.placement import cpu_copy  # noqa: E402
-from satrl.training.settings import TrainerSettings
+from satrl.training.settings import TrainerSettings  # noqa: E402
+from satrl.training.sharded import Sharded  # noqa: E402
 from satrl.training.trainer import Trainer  # noqa: E402
 
 CASES = [40, 60, 1 << 20]  # microbatch token budgets: 3+ microbatches (odd: padding), several, one (padding only)
 
 
-def leader_trainer(ctx, model, obj, kw: dict) -> DPTrainer | None:
-    """Rank 0's DPTrainer; on the other ranks, build the same trainer, serve rank 0's announced calls until it
-    stops, and return None."""
-    if not ctx.leader:
-        assert isinstance(calls.decode(ctx.channel.recv()), calls.Start)
-    # The other ranks start from the architecture on the meta device, as `satrl train` under torchrun does:
-    # every weight they train with comes from rank 0.
+def sharded_trainer(ctx, model, obj, kw: dict) -> Trainer:
+    """This rank's trainer over FSDP2 shards, built as `satrl train` builds it (pipeline.launch.setup.build_trainer).
+    The other ranks start from the architecture on the meta device: every weight they train with comes from rank 0."""
     mine = copy.deepcopy(model) if ctx.leader else meta_copy(model)
-    trainer = DPTrainer(mine, obj, TrainerSettings(**kw), dp=ctx, template=lambda: None)
+    return Trainer(mine, obj, replace(TrainerSettings(**kw), device=ctx.device), Sharded(ctx, template=lambda: None))
+
+
+def shared_batch(ctx, tok):
+    """Rank 0's batch on every rank, sent as `satrl train` sends it (``Leader.train``), with its index and the
+    versions rank 0's snapshot store holds. The others check that they got exactly its tensors."""
+    batch = make_batch(tok, n=12, seed=1)
     if ctx.leader:
-        return trainer
-    trainer.serve()
-    return None
+        Leader(ctx).train(batch, 3, {5, 2})
+        return batch
+    got = Follower(ctx).batch()
+    assert (got.index, [got.snapshots(v) for v in (2, 3, 5)]) == (3, [{}, None, {}])
+    for f in BATCH_FIELDS:
+        mine, theirs = getattr(batch, f), getattr(got.batch, f)
+        assert (mine is None and theirs is None) or (mine.dtype == theirs.dtype and torch.equal(mine, theirs)), f
+    return got.batch
 
 
 def loop_syncs(ops: list[str]) -> list[str]:
@@ -53,23 +63,23 @@ def main(out: str) -> None:
     ctx = dp.init("cpu")
     tok = build_char_tokenizer()
     model = build_tiny_model("dense", vocab_size=len(tok), seed=0, num_hidden_layers=2)
-    batch = make_batch(tok, n=12, seed=1)
+    batch = shared_batch(ctx, tok)
     adv = torch.linspace(-1, 1, 12)
     results = []
     for budget in CASES:
         kw = {"lr": 1e-2, "microbatch_tokens": budget}
         obj = resolve_objective("sat_grpo", kl_coef=1e-3)  # with a sharded reference model too
-        trainer = leader_trainer(ctx, model, obj, kw)
-        if trainer is None:
-            continue
-        one = Trainer(copy.deepcopy(model), obj, TrainerSettings(**kw))
+        trainer = sharded_trainer(ctx, model, obj, kw)
         rec = OrderedRecorder()
         with rec:  # FSDP's collectives included: nothing in the microbatch loop may wait for the device
             got = trainer.step(batch, adv)
+        gather_weights(trainer)  # every rank, as at a sync point
+        if not ctx.leader:
+            continue
+        one = Trainer(copy.deepcopy(model), obj, TrainerSettings(**kw))
         want = one.step(batch, adv)
-        per_mb = [[{k: float(v) for k, v in m.items()} for m in t.microbatch_metrics] for t in (trainer.trainer, one)]
+        per_mb = [[{k: float(v) for k, v in m.items()} for m in t.microbatch_metrics] for t in (trainer, one)]
         full, ref = trainer.weights(), cpu_copy(one.model)
-        calls.announce(ctx.channel, calls.Stop())
         results.append({
             "microbatches": len(plan_microbatches(batch, budget)),
             "per_mb": per_mb, "metrics": [got, want],
@@ -90,27 +100,28 @@ def scaled_step(ctx, model, batch, adv) -> dict | None:
     the gathered tokens, so the full weights equal one device's only if every rank used the same scale."""
     kw = {"lr": 1e-2, "microbatch_tokens": 60, "lr_lag_scaling": "inverse_sqrt"}
     obj = resolve_objective("vcpo", baseline="group_mean")
-    trainer = leader_trainer(ctx, model, obj, kw)
-    if trainer is None:
+    trainer = sharded_trainer(ctx, model, obj, kw)
+    trainer.version = 4
+    got = trainer.step(batch, adv)
+    gather_weights(trainer)
+    if not ctx.leader:
         return None
     one = Trainer(copy.deepcopy(model), obj, TrainerSettings(**kw))
-    trainer.version = one.version = 4
-    got, want = trainer.step(batch, adv), one.step(batch, adv)
+    one.version = 4
+    want = one.step(batch, adv)
     full, ref = trainer.weights(), cpu_copy(one.model)
-    calls.announce(ctx.channel, calls.Stop())
     return {"metrics": [got, want], "max_weight_diff": max(float((full[k] - ref[k]).abs().max()) for k in ref),
             "moved": max(float((ref[k] - v).abs().max()) for k, v in cpu_copy(model).items()),
-            "lr_after": trainer.trainer.opt.param_groups[0]["lr"]}  # fmt: skip
+            "lr_after": trainer.opt.param_groups[0]["lr"]}  # fmt: skip
 
 
 def mismatched_architecture(ctx, model) -> str:
     """Rank 1 passes a meta copy made with `Module.to("meta")`, which unties the LM head: every rank must refuse
     it when the trainer is built, instead of hanging in a collective. Returns the error (or "" if none)."""
-    if not ctx.leader:
-        assert isinstance(calls.decode(ctx.channel.recv()), calls.Start)
     mine = copy.deepcopy(model) if ctx.leader else copy.deepcopy(model).to("meta")
     try:
-        DPTrainer(mine, resolve_objective("sat_grpo"), TrainerSettings(lr=1e-2), dp=ctx, template=lambda: None)
+        Trainer(mine, resolve_objective("sat_grpo"), replace(TrainerSettings(lr=1e-2), device=ctx.device),
+                Sharded(ctx, template=lambda: None))  # fmt: skip
     except ValueError as e:
         return str(e)
     return ""

@@ -89,26 +89,39 @@ def test_unsupported_settings_are_refused_in_one_line():
             check_supported(load_config(None, overrides))
 
 
-def test_a_failure_while_the_trainer_is_built_keeps_the_job_busy(monkeypatch):
-    """Rank 0 announces Start, then the others build the same trainer inside collectives; if rank 0 fails
-    there it must exit (torchrun stops the rest), not send them a Stop they cannot receive: that deadlocked
+def test_a_failure_while_the_trainer_is_built_ends_the_job(monkeypatch, tmp_path):
+    """Every rank builds its trainer inside collectives; if rank 0 fails there it must exit (torchrun stops the
+    rest), never broadcast the others a refusal they would take for the build's next collective: that deadlocked
     every torchrun job once (a transformers upgrade made rank 0 fail while placing the policy; the watchdog sees live
-    heartbeats and never fires). `dp.busy` is what `pipeline.launch.data_parallel.run` reads to choose."""
+    heartbeats and never fires). Only once the trainers are built do the others wait for the plan, and only there
+    does a refusal release them (`pipeline.launch.data_parallel.run` calls `ranks.release`)."""
     from types import SimpleNamespace
 
-    from satrl.objectives import resolve_objective
-    from satrl.training import dp_calls as calls
-    from satrl.training.dp_trainer import DPTrainer
-    from satrl.training.settings import TrainerSettings
+    import torch
+
+    from satrl.config import load_config
+    from satrl.pipeline import orchestrator
+    from satrl.pipeline.launch import data_parallel as ranks
+    from satrl.training import dp
     from satrl.training.sharded import Sharded
 
     sent = []
-    ctx = SimpleNamespace(leader=True, device="cpu", busy=False, channel=SimpleNamespace(send=sent.append))
+    ctx = SimpleNamespace(leader=True, device=torch.device("cpu"))
+    monkeypatch.setattr(dp, "current", lambda: ctx)
+    monkeypatch.setattr(dp, "broadcast_ints", lambda _, values, n: sent.append(values) or values)
 
     def fail(self, model, uses_ref, device, dtype):
         raise RuntimeError("rank 0 failed while placing the policy")
 
     monkeypatch.setattr(Sharded, "place", fail)
-    with pytest.raises(RuntimeError, match="placing"):
-        DPTrainer(object(), resolve_objective("grpo"), TrainerSettings(lr=1e-3), dp=ctx, template=lambda: None)
-    assert [type(calls.decode(m)) for m in sent] == [calls.Start] and ctx.busy
+    threads = torch.get_num_threads()
+    try:  # rank 0's loop, as under torchrun, up to its trainer
+        with pytest.raises(RuntimeError, match="placing"):
+            orchestrator.train(load_config(None, ["train.threads=1", f"out={tmp_path / 'run'}"]))
+    finally:
+        torch.set_num_threads(threads)
+    ranks.release()
+    assert sent == []  # the others are in the build's collectives: this process exits, torchrun ends them
+    ranks.following()  # rank 0's trainer is built: the others wait for its plan
+    ranks.release()
+    assert sent == [[ranks.REFUSED, 0]]

@@ -1,7 +1,9 @@
 """Run by test_weights.py under torchrun (2 ranks, gloo): after one optimizer step of the data-parallel trainer
-(so FSDP may hold its root gathered), ``DPTrainer.weight_buckets`` driven from rank 0, the others following the
-announced call, gives rank 0 the full weights, equal to the one-device trainer's after the same step to the
-rounding of the gradient sum's order. Rank 0 writes what it saw to the JSON file argv[1]."""
+(so FSDP may hold its root gathered), every rank gathers the weights at a sync point, as `satrl train` does
+(pipeline.launch.data_parallel), and rank 0's ``Trainer.weight_buckets`` (cut from that copy) gives the full
+weights, equal to the one-device trainer's after the same step to the rounding of the gradient sum's order.
+Before the sync point, asking for them is refused on every rank (a gather the others did not enter would hang).
+Rank 0 writes what it saw to the JSON file argv[1]."""
 
 import copy
 import json
@@ -10,18 +12,27 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # make_batch, leader_trainer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # make_batch, sharded_trainer
 
-from dp_step_worker import leader_trainer  # noqa: E402
+from dp_step_worker import sharded_trainer  # noqa: E402
 from test_trainer import make_batch  # noqa: E402
 
 from satrl.models import build_char_tokenizer, build_tiny_model  # noqa: E402
 from satrl.objectives import resolve_objective  # noqa: E402
+from satrl.pipeline.launch.data_parallel import gather_weights  # noqa: E402
 from satrl.training import dp  # noqa: E402
-from satrl.training import dp_calls as calls  # noqa: E402
-from satrl.training.settings import TrainerSettings
+from satrl.training.settings import TrainerSettings  # noqa: E402
 from satrl.training.trainer import Trainer  # noqa: E402
 from satrl.weights.buckets import aliases, unpack  # noqa: E402
+
+
+def refused(ask) -> str:
+    """The error of ``ask()`` outside a sync point ("" if it returned)."""
+    try:
+        ask()
+    except RuntimeError as e:
+        return str(e)
+    return ""
 
 
 def main(out: str) -> None:
@@ -32,17 +43,18 @@ def main(out: str) -> None:
     batch, adv = make_batch(tok, n=8, seed=1), torch.linspace(-1, 1, 8)
     kw = {"lr": 1e-2, "microbatch_tokens": 60}
     obj = resolve_objective("grpo")
-    trainer = leader_trainer(ctx, model, obj, kw)
-    if trainer is None:  # a follower: rank 0 has stopped
+    trainer = sharded_trainer(ctx, model, obj, kw)
+    trainer.step(batch, adv)
+    outside = [refused(trainer.weights), refused(lambda: list(trainer.weight_buckets(None, 4096)))]
+    gather_weights(trainer)  # every rank, together
+    if not ctx.leader:
         dp.shutdown()
         return
     one = Trainer(copy.deepcopy(model), obj, TrainerSettings(**kw))
-    trainer.step(batch, adv)
     one.step(batch, adv)
     streams = {}
     for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
         streams[name] = unpack(list(trainer.weight_buckets(dtype, 4096)), aliases(trainer.model))
-    calls.announce(ctx.channel, calls.Stop())
     ref = one.model.state_dict()
     fp32, bf16 = streams["fp32"], streams["bf16"]
     report = {
@@ -51,6 +63,7 @@ def main(out: str) -> None:
         "bf16_is_rounded_fp32": all(torch.equal(bf16[k], fp32[k].to(torch.bfloat16)) for k in ref),
         "bf16_dtypes": sorted({str(t.dtype) for t in bf16.values()}),
         "tied": aliases(trainer.model),
+        "outside_sync": outside,
     }
     Path(out).write_text(json.dumps(report))
     dp.shutdown()

@@ -137,7 +137,8 @@ def test_a_sharded_model_streams_its_full_weights():
 
 
 def test_the_data_parallel_trainer_streams_its_full_weights(tmp_path):
-    """``DPTrainer.weight_buckets`` under torchrun (2 ranks): rank 0 drives, the other joins the announced call."""
+    """``Trainer.weight_buckets`` on the sharded trainer under torchrun (2 ranks): cut on rank 0 from the copy every
+    rank gathered at a sync point; asked for outside one, the weights are refused (one line), not a hang."""
     import json
     import subprocess
     import sys
@@ -155,3 +156,4 @@ def test_the_data_parallel_trainer_streams_its_full_weights(tmp_path):
     got = json.loads(out.read_text())
     assert got["keys_equal"] and got["max_diff"] < 1e-5 and got["bf16_is_rounded_fp32"]
     assert got["bf16_dtypes"] == ["torch.bfloat16"]
+    assert all("outside a sync point" in e for e in got["outside_sync"]), got["outside_sync"]

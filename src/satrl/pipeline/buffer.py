@@ -69,12 +69,17 @@ class SnapshotStore:
     def wanted(self, b_training: int) -> set[int]:
         return set().union(*(self.needed(b) for b in range(b_training, b_training + self.horizon + 1)))
 
+    def wants(self, version: int, b_training: int) -> bool:
+        """Whether the store reads the weights of ``version`` now (:meth:`update`, ``Rollouts.restore``): a
+        pending batch needs them and they are not kept yet. Data parallel gathers them only then."""
+        return version in self.wanted(b_training) and version not in self.states
+
     def update(self, version: int, weights: Callable[[], dict[str, torch.Tensor]], b_training: int) -> None:
         """Store the weights of ``version`` (just trained) if a pending batch needs them; forget versions no one
         needs any more."""
-        wanted = self.wanted(b_training)
-        if version in wanted and version not in self.states:
+        if self.wants(version, b_training):
             self.states[version] = weights()
+        wanted = self.wanted(b_training)
         self.states = {v: s for v, s in self.states.items() if v in wanted}
 
     def get(self, version: int) -> dict[str, torch.Tensor] | None:

@@ -4,7 +4,8 @@ Read :func:`train` first; everything else is a helper it calls. The lag schedule
 generates each batch; :class:`~satrl.pipeline.rollouts.Rollouts` submits a batch to the backend as soon as that
 version exists, so the engine works while the trainer trains, and a concurrent run equals a sequential one.
 The run directory (:class:`~satrl.pipeline.rundir.RunDir`) only reads and writes files; the loop applies what
-it reads.
+it reads. Under data parallel this is rank 0's loop: ``followers`` (:mod:`satrl.pipeline.launch.data_parallel`)
+tells the other ranks, which train each batch with it, what only this loop knows; on one process it does nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from satrl.dtypes import set_tf32
 from satrl.engines.registry import pad_id
 from satrl.pipeline.buffer import collate
 from satrl.pipeline.engine_side.backends import backend_options, make_backend
+from satrl.pipeline.launch.data_parallel import Followers, following
 from satrl.pipeline.launch.setup import (
     build_evaluator,
     build_run_dir,
@@ -52,11 +54,12 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
 
 def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
     torch.set_num_threads(cfg.trainer_threads)  # a grid caps it with train.max_threads (W x threads <= cores)
-    set_tf32(cfg.train.tf32)  # process-wide, so here where the program starts (each data-parallel rank: serve)
+    set_tf32(cfg.train.tf32)  # process-wide, so here where the program starts (each data-parallel rank: follow)
     torch.manual_seed(cfg.seed)
     task = make_task(cfg.task.name, **cfg.task_kwargs)  # here too, so bad data fails before any engine starts
     run.skipped_rows = len(task.skipped) if isinstance(task, SkipsRows) else 0
     trainer, tokenizer = build_trainer(cfg)
+    followers = following()  # data parallel: the other ranks, which mirror this loop's collectives; none on one process
     S, P = cfg.steps_per_batch, cfg.train.prompts_per_batch
     n_batches = math.ceil(cfg.steps / S)
     sched = make_schedule(cfg.lag.schedule, S, cfg.lag.n, cfg.lag.max_staleness, cfg.seed, cfg.lag.on_stale)
@@ -64,7 +67,8 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
     rollouts = Rollouts(sched, lambda b: _versions(sched, b, P, K, N), P, n_batches, inflight_every=K)
     snapshot = snapshot_weights(cfg, trainer)  # a version's weights as the store holds them (fp32, or the engine's dtype)
     evaluator = build_evaluator(cfg, tokenizer, task)
-    state = _resume(run, trainer, rollouts, cfg, snapshot, evaluator.due) if resume else _fresh(run, rollouts, snapshot)
+    state = (_resume(run, trainer, rollouts, cfg, snapshot, evaluator.due, followers) if resume
+             else _fresh(run, trainer, rollouts, snapshot, followers))  # fmt: skip
     record_session(run.path, trainer.version, cfg.trainer_threads, run.changes)  # environment.json: code, machine
     evaluator.prepare()
     check_context(cfg, trainer.model, tokenizer, [*evaluator.pool, *_first_batch(task, cfg.seed, P)])
@@ -75,8 +79,11 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
             rollouts.submit_ready(trainer.version, b)  # rollouts ahead
             got = rollouts.take(b)  # get the batch
             batch = collate(got.samples, pad_id(tokenizer))
+            followers.train(batch, b, rollouts.store.states)  # every rank trains it
             t0 = time.perf_counter()
             for metrics, rows in trainer.train_batch(batch, b, rollouts.store.get, stop_at=cfg.steps):  # train it
+                v = trainer.version  # every rank gathers its weights if the store or the evaluator reads them:
+                followers.sync(trainer, gather=rollouts.store.wants(v, b) or evaluator.due(v, cfg.steps))
                 rollouts.trained(trainer.version, snapshot, b)  # push the new weights
                 metrics.update(_batch_metrics(batch, rows, time.perf_counter() - t0, got, rollouts))
                 got = Taken(got.samples, 0.0, 0, 0, 0)  # waits, drops, holds, timeouts: logged on the first step
@@ -89,7 +96,9 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
                 t0 = time.perf_counter()
             state.next_batch = b + 1
             rollouts.collect()
-            if (b + 1) % cfg.checkpoint.every == 0 or b + 1 == n_batches:  # checkpoint
+            due = (b + 1) % cfg.checkpoint.every == 0 or b + 1 == n_batches
+            followers.sync(trainer, gather=due, shards=due)  # every rank: the checkpoint's weights and shards
+            if due:  # checkpoint
                 run.checkpoint(trainer.version, trainer.weights(), _payload(trainer, rollouts, state),
                                write_extra=trainer.write_shards)  # fmt: skip
     return run.finish(trainer.version)
@@ -104,27 +113,32 @@ def _versions(sched: Schedule, b: int, P: int, every: int = 0, tokens: int = 1) 
     return set().union(*(inflight_versions(sched.version(b, g), cap, every, tokens) for g in range(P)))
 
 
-def _fresh(run: RunDir, rollouts: Rollouts, snapshot: Callable[[], dict]) -> RunState:
+def _fresh(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, snapshot: Callable[[], dict],
+           followers: Followers) -> RunState:  # fmt: skip
     state = run.fresh()
+    followers.start(resume=False)
+    followers.sync(trainer, gather=True)  # version 0: batch 0 is generated with it, step 0 may be evaluated
     rollouts.fresh(state, snapshot)
     return state
 
 
 def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfig, snapshot: Callable[[], dict],
-            due: Callable[[int, int], bool]) -> RunState:  # fmt: skip
+            due: Callable[[int, int], bool], followers: Followers) -> RunState:  # fmt: skip
     """Apply the run's latest checkpoint (or start over if it has none) once the folder checks out (checkpoint
     files and config, :meth:`RunDir.load` and :meth:`RunDir.check_config`), check that its settings can go on
     to ``steps``, and only then cut the logs and rewrite ``config.yaml``: a refused resume changes no file."""
     loaded, steps = run.load(), cfg.steps
     if loaded is None:
-        return _fresh(run, rollouts, snapshot)
+        return _fresh(run, trainer, rollouts, snapshot, followers)
     planned = run.check_config(loaded)
     check_snapshots(loaded.snapshots, cfg.diagnostics.decompose)
+    followers.start(resume=True)  # data parallel: every rank loads the checkpoint's shards with this one
     with ckpt.applying(loaded.path):  # a state of the wrong structure is one line naming the checkpoint
         trainer.load_weights(loaded.weights)
         trainer.load_state_dict(loaded.trainer)
         trainer.read_shards(loaded.path)  # data parallel: model and optimizer shards (DCP); nothing on one device
         torch.set_rng_state(loaded.rng)
+        followers.sync(trainer, gather=True)  # the version resumed: the store may keep it, step 0 be evaluated
         rollouts.restore(loaded, trainer.version, snapshot)
     rollouts.check_continuable(trainer.version, steps, planned)
     run.resume_at(trainer.version, rollouts.state, loaded.wall_s, lambda step: due(step, steps))

@@ -73,7 +73,7 @@ class Rollouts:
         self.store.states = loaded.snapshots
         self.state = loaded.run
         self.state.next_submit = self.state.next_batch
-        if version in self.store.wanted(self.state.next_batch) and version not in self.store.states:
+        if self.store.wants(version, self.state.next_batch):
             self.store.states[version] = weights()
 
     def check_continuable(self, version: int, steps: int, planned: int) -> None:

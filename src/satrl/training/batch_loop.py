@@ -1,9 +1,11 @@
 """One rollout batch, trained: advantages, pi_old, the per-version log-probs, then ``ppo_epochs`` passes of
 ``minibatches`` optimizer steps.
 
-These are functions of any :class:`Steps` (the one-device :class:`~satrl.training.trainer.Trainer`, or the
-data-parallel :class:`~satrl.training.dp_trainer.DPTrainer`), so that a trainer that must announce each
-collective call to other ranks runs the same loop through its own ``step`` and ``logp_with``.
+These are functions of any :class:`Steps` (:class:`~satrl.training.trainer.Trainer` is one), kept apart from the
+trainer's step so that the loop over a rollout batch reads in one place. Under data parallel every rank runs
+this same loop on its own trainer (SPMD), so its steps' and forwards' collectives line up by construction; what
+rank 0 alone knows (the batch, which weight versions its snapshot store holds) it broadcasts first
+(:mod:`satrl.pipeline.launch.data_parallel`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,17 @@
 """Data parallel training with FSDP2, launched by ``torchrun --nproc_per_node=N -m satrl train ...``: this
-process's place in the job (:class:`DataParallel`), the process groups, the ranks' :class:`Watchdog`, FSDP2's
-sharding. Which ranks do what for a run config is :mod:`satrl.pipeline.launch.data_parallel`.
+process's place in the job (:class:`DataParallel`), the process groups, what rank 0 broadcasts to the others
+(:func:`broadcast_ints`, :func:`broadcast_tensors`), the ranks' :class:`Watchdog`, FSDP2's sharding. Which ranks do
+what for a run config is :mod:`satrl.pipeline.launch.data_parallel`.
 
-Design (docs/design.md, "Data parallel"): rank 0 alone runs the training loop
-(:func:`satrl.pipeline.orchestrator.train`): the rollout backend and its engine, the run directory, the
-evaluator, the snapshot store. Its trainer is a :class:`~satrl.training.dp_trainer.DPTrainer`, which announces
-each call that needs the other ranks (:mod:`satrl.training.dp_calls`) on a control channel
-(:mod:`satrl.training.dist_channel`); the other ranks build the same trainer and run each call they receive.
+Design (docs/design.md, "Data parallel"): every rank runs the same batch loop on a plain
+:class:`~satrl.training.trainer.Trainer` over the :class:`~satrl.training.sharded.Sharded` placement (SPMD). Rank 0
+alone runs the loop's I/O (:func:`satrl.pipeline.orchestrator.train`): the rollout backend and its engine, the run
+directory, the evaluator, the snapshot store. It broadcasts each collated batch and, at each sync point,
+whether every rank gathers the weights now (:mod:`satrl.pipeline.launch.data_parallel`); the other ranks mirror
+its collectives.
 
-The process group is gloo on CPU and NCCL on CUDA; the control channel is always a gloo group on CPU, with a
-long timeout, because the other ranks wait on it while rank 0 generates and evaluates. So that a stopped or
+The process group is gloo on CPU and NCCL on CUDA; rank 0's broadcasts go over a gloo group on CPU (``control``)
+with a long timeout, because the other ranks wait there while rank 0 generates and evaluates. So that a stopped or
 frozen rank does not hang the job for that long, every rank beats a heartbeat into torchrun's store and watches
 the others' (:class:`Watchdog`): one that misses ``train.rank_timeout_s`` is named in one line and the job ends.
 """
@@ -26,23 +28,22 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from satrl.training.dist_channel import Channel
+from satrl.dtypes import WIRE
 
 CONTROL_TIMEOUT = datetime.timedelta(days=7)  # the others wait on rank 0's loop: generation, evaluation, I/O
 
 
 @dataclass
 class DataParallel:
-    """This process's place in the job: rank, world size, device, groups, the FSDP mesh and the channel."""
+    """This process's place in the job: rank, world size, device, groups and the FSDP mesh."""
 
     rank: int
     world: int
     local_rank: int
     device: torch.device
     group: object  # the data plane (FSDP's collectives, the step's reductions)
-    channel: Channel
+    control: object  # gloo, long timeout: rank 0's broadcasts, which the others may wait on for a generation
     mesh: object
-    busy: bool = False  # inside a call the other ranks joined (see satrl.pipeline.launch.data_parallel.run)
     watchdog: Watchdog | None = None
 
     @property
@@ -136,7 +137,7 @@ class Watchdog:
 
 
 def init(device: str, rank_timeout_s: float = 120.0) -> DataParallel:
-    """Join the job torchrun started: the process group (NCCL on CUDA, gloo on CPU), the control channel,
+    """Join the job torchrun started: the process group (NCCL on CUDA, gloo on CPU), the control group,
     the 1-D device mesh FSDP shards over, and the :class:`Watchdog` of the ranks (``rank_timeout_s``)."""
     global _CURRENT
     from torch.distributed.device_mesh import init_device_mesh
@@ -151,7 +152,7 @@ def init(device: str, rank_timeout_s: float = 120.0) -> DataParallel:
     mesh = init_device_mesh(dev.type, (world,))
     store = dist.PrefixStore("satrl/ranks/", dist.distributed_c10d._get_default_store())
     watchdog = Watchdog(store, rank, world, rank_timeout_s)  # one rank too: it watches its launcher
-    _CURRENT = DataParallel(rank, world, local, dev, dist.group.WORLD, Channel(control), mesh, watchdog=watchdog)
+    _CURRENT = DataParallel(rank, world, local, dev, dist.group.WORLD, control, mesh, watchdog=watchdog)
     return _CURRENT
 
 
@@ -162,6 +163,59 @@ def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     _CURRENT = None
+
+
+# -- rank 0's broadcasts: ints and tensors over the control group, never pickles ----------------------
+MAX_DIMS = 6
+_META = 2 + MAX_DIMS  # per tensor: dtype code (-1: None), ndim, shape
+
+
+def broadcast_ints(dp: DataParallel, values: list[int] | None, n: int) -> list[int]:
+    """Rank 0's ``n`` ints ``values`` on every rank (the others pass None)."""
+    t = torch.tensor(values, dtype=torch.int64) if dp.leader else torch.zeros(n, dtype=torch.int64)
+    if t.numel() != n:
+        raise ValueError(f"broadcast_ints: {t.numel()} values, expected {n}")
+    dist.broadcast(t, src=0, group=dp.control)
+    return t.tolist()
+
+
+def broadcast_tensors(dp: DataParallel, tensors: list[torch.Tensor | None] | None) -> list[torch.Tensor | None]:
+    """Rank 0's ``tensors`` (any of :data:`~satrl.dtypes.WIRE`'s dtypes, or None) on every rank, as CPU tensors
+    (the others pass None): their count, then their dtypes and shapes, then one byte buffer of their contents."""
+    if dp.leader:
+        data = [t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8) for t in tensors if t is not None]
+        meta = [v for t in tensors for v in _meta(t)]
+        head = broadcast_ints(dp, [len(tensors), sum(x.numel() for x in data)], 2)
+        if meta:
+            broadcast_ints(dp, meta, len(meta))
+        if head[1]:
+            dist.broadcast(torch.cat(data), src=0, group=dp.control)
+        return [None if t is None else t.detach().to("cpu") for t in tensors]
+    count, size = broadcast_ints(dp, None, 2)
+    meta = broadcast_ints(dp, None, count * _META) if count else []
+    buf = torch.zeros(size, dtype=torch.uint8)
+    if size:
+        dist.broadcast(buf, src=0, group=dp.control)
+    out: list[torch.Tensor | None] = []
+    at = 0
+    for i in range(count):
+        code, ndim, *shape = meta[i * _META : (i + 1) * _META]
+        if code < 0:
+            out.append(None)
+            continue
+        dtype, shape = WIRE[code], shape[:ndim]
+        n = torch.Size(shape).numel() * dtype.itemsize
+        out.append(buf[at : at + n].clone().view(dtype).reshape(shape))  # a copy of its own: aligned
+        at += n
+    return out
+
+
+def _meta(t: torch.Tensor | None) -> list[int]:
+    if t is None:
+        return [-1, 0] + [0] * MAX_DIMS
+    if t.dim() > MAX_DIMS:
+        raise ValueError(f"a tensor of {t.dim()} dims cannot be broadcast to the other ranks (at most {MAX_DIMS})")
+    return [WIRE.index(t.dtype), t.dim(), *t.shape, *[0] * (MAX_DIMS - t.dim())]
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

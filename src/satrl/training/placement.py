@@ -127,11 +127,12 @@ class Placement(Protocol):
         """Restore what :meth:`optimizer_state` gave (refusing a checkpoint written by another placement)."""
         ...
 
-    def write(self, path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-        """Write the state kept in shards into checkpoint folder ``path`` (nothing for one device)."""
+    def write(self, path: Path | None, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        """Write the state kept in shards into checkpoint folder ``path`` (nothing for one device; under data
+        parallel rank 0 names the folder, the other ranks pass None)."""
         ...
 
-    def read(self, path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    def read(self, path: Path | None, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read what :meth:`write` wrote."""
         ...
 

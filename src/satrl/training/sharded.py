@@ -10,7 +10,11 @@ ranks (each microbatch's loss carries its share of the minibatch), so only the o
 Each microbatch's loss and metrics and every per-token tensor then come to every rank (a sum over ranks of
 tensors that are zero where another rank owns the value), and reduce exactly as on one device.
 
-Every method here is a collective: every rank calls it together (:mod:`satrl.training.dp_calls` sees to that).
+Every method here is a collective: every rank calls it together. Every rank runs the same batch loop on its own
+trainer, so a step's and a forward's collectives line up by construction; the others, whose need depends on what
+rank 0 alone does (reading the weights for the snapshot store, an evaluation or a checkpoint), run at the sync
+points where rank 0 says so (:mod:`satrl.pipeline.launch.data_parallel`). Gathering the weights anywhere else is
+refused (:meth:`Sharded.weights`): a gather only rank 0 entered would wait forever.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import torch.distributed as dist
 from satrl.dtypes import CONFIG_DTYPES
 from satrl.models.loading import meta_copy
 from satrl.training import dp as dpm
-from satrl.weights.buckets import buckets
+from satrl.weights.buckets import aliases, copy_buckets
 
 SHARDS = "shards"  # a checkpoint's DCP folder: model and optimizer, one safetensors file per rank
 
@@ -35,6 +39,7 @@ class Sharded:
 
     def __init__(self, dp: dpm.DataParallel, template: Callable[[], torch.nn.Module]) -> None:
         self.dp, self.template, self.device = dp, template, dp.device
+        self._synced = False  # inside gathering(): every rank is at the same sync point
 
     def place(self, model, uses_ref, device, dtype):
         """The policy (fp32 master weights) and the reference (compute dtype, forwards only) as FSDP2 shards,
@@ -69,8 +74,8 @@ class Sharded:
         params, buffers = list(model.parameters()), list(model.buffers())
         mine = torch.tensor([len(params), len(buffers), sum(p.numel() for p in params)], dtype=torch.float64)
         lo, hi = mine.clone(), mine.clone()
-        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=self.dp.channel.group)
-        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=self.dp.channel.group)
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=self.dp.control)
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=self.dp.control)
         if not torch.equal(lo, hi):
             raise ValueError(
                 f"data parallel: the ranks' policies differ (parameters, buffers, numel from {lo.long().tolist()} to "
@@ -136,11 +141,29 @@ class Sharded:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
-    # -- the weights -------------------------------------------------------------------------------
+    # -- the weights ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def gathering(self):
+        """Around a gather that every rank makes at the same sync point
+        (:mod:`satrl.pipeline.launch.data_parallel`): only inside it may :meth:`weights` run."""
+        self._synced = True
+        try:
+            yield
+        finally:
+            self._synced = False
+
     def weights(self, model):
-        """The full weights on CPU, gathered from the shards: on rank 0; an empty dict elsewhere."""
+        """The full weights on CPU, gathered from the shards: on rank 0; an empty dict elsewhere. Only inside
+        :meth:`gathering`: rank 0 alone may know that it needs them (an evaluation, a checkpoint, the snapshot
+        store), and a gather the others did not enter would wait for them forever."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        if not self._synced:
+            raise RuntimeError(
+                f"data parallel: rank {self.dp.rank} asked for the full weights outside a sync point, so the other "
+                "ranks would not join the gather; rank 0 must say at the sync point before it that it reads them "
+                "(satrl.pipeline.launch.data_parallel)"
+            )
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         # On one CPU rank the "gathered" tensors are the live parameters, and a tied weight comes back as one
         # tensor twice: copy those, so that the dict is a snapshot with one tensor per key.
@@ -153,9 +176,9 @@ class Sharded:
         return full
 
     def buckets(self, model, dtype, bucket_bytes):
-        """Gathered one parameter at a time: every rank walks the stream together, rank 0 keeps the buckets."""
-        _reshard(model)  # FSDP keeps the root gathered after a forward: start from plain shards
-        yield from buckets(model, dtype, bucket_bytes)
+        """Cut from a full gather (:meth:`weights`, so only inside :meth:`gathering`; the trainer cuts them from
+        the copy it holds once a sync point gathered it, :meth:`Trainer.weight_buckets`): on rank 0; none elsewhere."""
+        return copy_buckets(self.weights(model), aliases(model), dtype, bucket_bytes)
 
     def load(self, model, weights):
         self._set_full(model, weights)
@@ -187,25 +210,31 @@ class Sharded:
 
     def write(self, path, model, opt):
         """Every rank writes its shards of the policy and of AdamW's state into ``path/shards`` (DCP, in
-        safetensors with JSON sharding metadata: nothing pickled)."""
+        safetensors with JSON sharding metadata: nothing pickled). Rank 0 names the folder (the others pass None)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
-        writer = HuggingFaceStorageWriter(str(Path(path) / SHARDS), save_distributed=True)
+        writer = HuggingFaceStorageWriter(str(self._folder(path) / SHARDS), save_distributed=True)
         dcp.save(_dcp_state(model, opt), storage_writer=writer)
 
     def read(self, path, model, opt):
         """Load the policy and AdamW's state from ``path/shards``, each rank the slices of its own shards (DCP
-        reshards: the checkpoint may come from another world size)."""
+        reshards: the checkpoint may come from another world size). Rank 0 names the folder (the others pass None)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import HuggingFaceStorageReader
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         flat, groups = _dcp_state(model, opt, with_groups=True)
-        dcp.load(flat, storage_reader=HuggingFaceStorageReader(str(Path(path) / SHARDS)))
+        dcp.load(flat, storage_reader=HuggingFaceStorageReader(str(self._folder(path) / SHARDS)))
         optim = {"state": _unflatten(flat, "optim."), "param_groups": groups}
         set_state_dict(model, opt, model_state_dict=_unflatten(flat, "model.", nested=False),
                        optim_state_dict=optim, options=StateDictOptions(strict=False))  # a tied weight comes once
+
+    def _folder(self, path: Path | None) -> Path:
+        """Rank 0's checkpoint folder, on every rank (only rank 0 runs the run directory)."""
+        text = torch.tensor(list(str(path).encode()), dtype=torch.uint8) if self.dp.leader else None
+        (got,) = dpm.broadcast_tensors(self.dp, [text])
+        return Path(bytes(got.tolist()).decode())
 
 
 def _dcp_state(model: torch.nn.Module, opt: torch.optim.Optimizer, with_groups: bool = False):

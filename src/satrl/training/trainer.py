@@ -50,7 +50,7 @@ from satrl.training.placement import OneDevice, Placement, StepOutputs, StepPiec
 from satrl.training.score_norms import ChunkedHead, score_norms
 from satrl.training.settings import TrainerSettings
 from satrl.types import Batch
-from satrl.weights.buckets import Bucket
+from satrl.weights.buckets import Bucket, aliases, copy_buckets
 
 __all__ = ["Trainer"]
 
@@ -192,7 +192,11 @@ class Trainer:
     def weight_buckets(self, dtype: torch.dtype | None, bucket_bytes: int) -> Iterator[Bucket]:
         """The current weights as a stream of flat buckets in ``dtype`` (None: as held), tied weights once
         (``satrl.weights.buckets``): at most one bucket on the host at a time, never a full fp32 copy. The
-        ``dist`` transport's source; consume it to the end before the next step."""
+        ``dist`` transport's source; consume it to the end before the next step. Where this version's copy is
+        held already (:meth:`weights`) they are cut from it, the same bits without a second copy off the model
+        (under data parallel, the copy every rank gathered at a sync point)."""
+        if self.weights_held():
+            return copy_buckets(self._weights[1], aliases(self.model), dtype, bucket_bytes)
         return self.placement.buckets(self.model, dtype, bucket_bytes)
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
@@ -208,12 +212,13 @@ class Trainer:
         self.version, self.skipped = state["version"], state["skipped"]
         self._weights = None
 
-    def write_shards(self, path: Path) -> None:
-        """Write the state the placement keeps in shards into checkpoint folder ``path`` (none on one device)."""
+    def write_shards(self, path: Path | None) -> None:
+        """Write the state the placement keeps in shards into checkpoint folder ``path`` (none on one device;
+        under data parallel every rank writes its own, into the folder rank 0 names: the others pass None)."""
         self.placement.write(path, self.model, self.opt)
 
-    def read_shards(self, path: Path) -> None:
-        """Read what :meth:`write_shards` wrote."""
+    def read_shards(self, path: Path | None) -> None:
+        """Read what :meth:`write_shards` wrote (``path`` as there)."""
         self.placement.read(path, self.model, self.opt)
         self._weights = None
 

@@ -1,6 +1,7 @@
 """Weights out of the trainer as a stream of buckets: each a few hundred MiB of flat tensors in the dtype the
-engine holds, gathered parameter by parameter from the shards, so no full copy of the weights (let alone an fp32
-one) is ever made on the host.
+engine holds, cast parameter by parameter from the model, so no full copy of the weights (let alone an fp32 one)
+is made on the host for them. Under data parallel the trainer cuts them instead from the fp32 copy that every
+rank gathered together at a sync point (:func:`copy_buckets`; docs/design.md, "Data parallel").
 
 A **bucket** is one flat 1-D tensor plus the names and shapes of the tensors packed into it, in order. Tied
 parameters (Qwen3's shared input embedding and LM head) travel once: the stream's end names the aliases and the
@@ -21,7 +22,8 @@ import torch
 
 from satrl.dtypes import dtype_name
 
-__all__ = ["Bucket", "DEFAULT_BUCKET_BYTES", "aliases", "buckets", "state_aliases", "state_buckets", "unpack"]
+__all__ = ["Bucket", "DEFAULT_BUCKET_BYTES", "aliases", "buckets", "copy_buckets", "state_aliases", "state_buckets",
+           "unpack"]  # fmt: skip
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20  # large enough to amortise a collective, small next to any GPU's memory
 
@@ -92,6 +94,14 @@ def state_buckets(state: dict[str, torch.Tensor], dtype: torch.dtype | None = to
     it, without a copy: a snapshot never changes, unlike a model's parameters."""
     skip = state_aliases(state)
     return _pack(((k, t) for k, t in state.items() if k not in skip), dtype, bucket_bytes, share=True)
+
+
+def copy_buckets(state: dict[str, torch.Tensor], tied: dict[str, str], dtype: torch.dtype | None = torch.bfloat16,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[Bucket]:  # fmt: skip
+    """:func:`buckets` of a model, from a full copy of its state dict already on the host (``Trainer.weights``,
+    whose tied entries are separate tensors): the model's aliases ``tied`` (:func:`aliases`) left out, as
+    :func:`buckets` leaves them, so the same stream and the same :func:`unpack`."""
+    return state_buckets({k: t for k, t in state.items() if k not in tied}, dtype, bucket_bytes)
 
 
 def _pack(items: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype | None, bucket_bytes: int,

@@ -1,14 +1,38 @@
-"""Which rank does what in a data-parallel run (``torchrun --nproc_per_node=N -m satrl train ...``).
+"""Which rank does what in a data-parallel run (``torchrun --nproc_per_node=N -m satrl train ...``), and what
+rank 0 tells the others (SPMD; nothing at all on one process).
 
-Rank 0 runs the training loop as on one device, with a data-parallel trainer; every other rank serves that
-trainer's calls (:mod:`satrl.training.dp_calls`, docs/design.md "Data parallel"). Settings data parallel does not
-support are refused here, on every rank, before any process group exists: one line naming the setting.
+Every rank builds the same trainer (a plain :class:`~satrl.training.trainer.Trainer` over the
+:class:`~satrl.training.sharded.Sharded` placement) and trains every batch with the same batch loop
+(:func:`satrl.training.batch_loop.train_batch`), so its steps and forwards are collectives that line up by
+construction. Rank 0 runs the training loop as on one device (:func:`satrl.pipeline.orchestrator.train`: the
+engine, the run directory, the evaluator, the snapshot store); every other rank runs :func:`follow`, the same loop
+without its I/O. What only rank 0 knows, it broadcasts to them (:class:`Leader` to :class:`Follower`, over the
+control group, whose long timeout covers their wait while it generates and evaluates; docs/design.md "Data
+parallel"):
+
+- the **plan**, once every rank has built its trainer: the run starts from a checkpoint (every rank then loads
+  its shards with rank 0) or from scratch; or rank 0 refused it (a resume check failed), and the others exit 0;
+- each **batch**, collated, with its index and the weight versions the snapshot store holds (the Δπ/Δimpl split
+  runs one forward per version it holds, rank 0's weights swapped into every rank's shards, and stops at the
+  first it lacks: the others must run exactly the same forwards);
+- at each **sync point** (the start, after each optimizer step, at each batch's end) the trainer's version (at
+  the start the checkpoint's; every rank's from then on), whether every rank gathers the weights now, and
+  whether a checkpoint's shards follow. Whether rank 0 reads a version's weights before the next sync point
+  depends on what only it knows (the snapshot store keeps a version only while a pending batch needs it, an
+  evaluation is due, a checkpoint): it decides, the others follow, and rank 0's trainer keeps the copy for that
+  version. Asking for the weights anywhere else is refused (``Sharded.weights``), never a hang.
+
+A rank 0 that fails anywhere but before the plan exits non-zero and torchrun ends the others (they wait in a
+broadcast or a collective it will never reach); a stopped rank is the ranks' ``Watchdog``'s (``satrl.training.dp``).
+Settings data parallel does not support are refused here (:func:`check_supported`), on every rank, before any
+process group exists: one line naming the setting.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import torch
 
@@ -16,7 +40,15 @@ from satrl.config import ConfigError, RunConfig
 from satrl.dtypes import set_tf32
 from satrl.pipeline.launch.setup import build_trainer
 from satrl.training import dp
-from satrl.training import dp_calls as calls
+from satrl.training.trainer import Trainer
+from satrl.types import Batch
+
+_leader: Leader | None = None  # rank 0's, once its trainer is built (following)
+GATHER, SHARDS = 1, 2  # a sync point's flags: every rank gathers the weights; every rank writes its shards
+GO, REFUSED = 1, 0  # the plan
+BATCH, END = 1, 0  # what rank 0 sends where the others wait for the next batch
+BATCH_FIELDS = ("input_ids", "attention_mask", "prompt_len", "mask", "response_ids", "behavior_logp", "versions",
+                "rewards", "group_index", "routing")  # fmt: skip
 
 
 def check_supported(cfg: RunConfig) -> None:
@@ -33,38 +65,180 @@ def check_supported(cfg: RunConfig) -> None:
                           "group_mean)")  # fmt: skip
 
 
-def serve(cfg: RunConfig) -> None:
-    """Ranks > 0: wait for rank 0 to start the trainer, build the same one, then join each call it announces
-    until it stops (or the job ends: torchrun stops every rank when one fails)."""
-    ctx = dp.current()
-    torch.set_num_threads(cfg.trainer_threads)
-    set_tf32(cfg.train.tf32)
-    torch.manual_seed(cfg.seed)
-    if not isinstance(calls.decode(ctx.channel.recv()), calls.Start):
-        return  # Stop: rank 0 refused the run before training began
-    trainer, _ = build_trainer(cfg)
-    trainer.serve()
-
-
 def run(cfg: RunConfig, leader_run: Callable[[], object]) -> object:
     """Run this process's part of a data-parallel job: ``leader_run()`` (the training loop) on rank 0,
-    :func:`serve` elsewhere. Returns the leader's result (None elsewhere)."""
+    :func:`follow` elsewhere. Returns the leader's result (None elsewhere)."""
     check_supported(cfg)
     ctx = dp.init(cfg.train.device, cfg.train.rank_timeout_s)
     try:
         if not ctx.leader:
-            serve(cfg)
+            follow(cfg)
             return None
         try:
             result = leader_run()
         except BaseException:
-            # Between calls the others wait on the channel: release them. Inside a call they are in a
-            # collective this process left; exiting non-zero makes torchrun stop them.
-            if not getattr(ctx, "busy", False):
-                calls.announce(ctx.channel, calls.Stop())
+            release()  # refused before its plan: the others exit quietly (else torchrun ends them)
             raise
-        calls.announce(ctx.channel, calls.Stop())
+        finish()
         return result
     finally:
         sys.stdout.flush()
         dp.shutdown()
+
+
+def follow(cfg: RunConfig) -> None:
+    """Ranks > 0: build the same trainer as rank 0 (inside the same collectives), then run its loop
+    (``orchestrator._train``) without the I/O: the plan (rank 0's refusal ends it here), the checkpoint's shards if
+    the run resumes, the start's sync point, and for each batch rank 0 sends the same ``train_batch``, with a sync
+    point after each optimizer step and at the batch's end; until rank 0's loop is over. A failure of rank 0 in
+    between ends this process through torchrun."""
+    torch.set_num_threads(cfg.trainer_threads)
+    set_tf32(cfg.train.tf32)
+    torch.manual_seed(cfg.seed)
+    trainer, _ = build_trainer(cfg)
+    leader = Follower(dp.current())
+    resume = leader.plan()
+    if resume is None:
+        return  # rank 0 refused the run before training
+    if resume:  # in rank 0's order (orchestrator._resume); its version comes with the next sync point
+        trainer.load_weights({})
+        trainer.read_shards(None)
+    leader.sync(trainer)  # the start: the version the run starts from
+    while (got := leader.batch()) is not None:
+        for _ in trainer.train_batch(got.batch, got.index, got.snapshots, stop_at=cfg.steps):
+            leader.sync(trainer)  # after each optimizer step
+        leader.sync(trainer)  # the batch's end: its checkpoint
+
+
+def following() -> OneProcess | Leader:
+    """The other ranks as rank 0's loop sees them once its trainer is built (every rank built its own in the
+    same collectives, and the others now wait for the plan): a :class:`Leader`, or :data:`ONE_PROCESS`."""
+    global _leader
+    ctx = dp.current()
+    if ctx is None:
+        return ONE_PROCESS
+    if not ctx.leader:
+        raise RuntimeError("data parallel: only rank 0 runs the training loop; the others follow it")
+    _leader = Leader(ctx)
+    return _leader
+
+
+def release() -> None:
+    """Rank 0's loop failed: if the others wait for the plan, they exit quietly (:meth:`Leader.refuse`). Anywhere
+    else they are in a collective or a broadcast this process will never reach: it exits non-zero, and torchrun
+    ends them."""
+    global _leader
+    if _leader is not None:
+        _leader.refuse()
+    _leader = None
+
+
+def finish() -> None:
+    """Rank 0's loop ended: the others stop waiting for the next batch."""
+    global _leader
+    if _leader is not None:
+        _leader.end()
+    _leader = None
+
+
+def gather_weights(trainer: Trainer) -> None:
+    """Every rank at once: gather this version's full weights. Rank 0's trainer keeps the copy for the version
+    (:meth:`Trainer.weights`), so that whatever reads them before the next step gets it without a collective."""
+    with trainer.placement.gathering():
+        trainer.weights()
+
+
+class OneProcess:
+    """No other ranks: the loop tells nobody anything, and pays nothing for it."""
+
+    def start(self, resume: bool) -> None:
+        pass
+
+    def train(self, batch: Batch, index: int, held: Iterable[int]) -> None:
+        pass
+
+    def sync(self, trainer: Trainer, gather: bool, shards: bool = False) -> None:
+        pass
+
+
+ONE_PROCESS = OneProcess()
+
+
+class Leader:
+    """Rank 0: tells the others (:class:`Follower`) what only it knows, where they wait for it (module docstring)."""
+
+    def __init__(self, ctx: dp.DataParallel) -> None:
+        self.ctx = ctx
+        self.planned = False  # the others wait for the plan until it is sent (or rank 0 refuses the run)
+
+    def start(self, resume: bool) -> None:
+        """The plan: the run goes on from the checkpoint rank 0 loads next (``resume``), or from scratch."""
+        dp.broadcast_ints(self.ctx, [GO, int(resume)], 2)
+        self.planned = True
+
+    def refuse(self) -> None:
+        """Rank 0 refused the run before its plan: the others, waiting for it, exit quietly."""
+        if not self.planned:
+            dp.broadcast_ints(self.ctx, [REFUSED, 0], 2)
+            self.planned = True
+
+    def train(self, batch: Batch, index: int, held: Iterable[int]) -> None:
+        """Every rank trains rollout batch ``index`` (the snapshot store holding versions ``held``)."""
+        head = torch.tensor([BATCH, index], dtype=torch.int64)
+        kept = torch.tensor(sorted(held), dtype=torch.int64)
+        dp.broadcast_tensors(self.ctx, [head, kept, *(getattr(batch, f) for f in BATCH_FIELDS)])
+
+    def end(self) -> None:
+        """The loop is over: the others stop waiting for a batch."""
+        dp.broadcast_tensors(self.ctx, [torch.tensor([END, 0], dtype=torch.int64)])
+
+    def sync(self, trainer: Trainer, gather: bool, shards: bool = False) -> None:
+        """A sync point: every rank takes this trainer's version, gathers the weights now if ``gather`` (this rank
+        reads them before the next sync point), and writes its shards into the checkpoint that follows if ``shards``."""
+        flags = (GATHER if gather else 0) | (SHARDS if shards else 0)
+        dp.broadcast_ints(self.ctx, [flags, trainer.version], 2)
+        if gather:
+            gather_weights(trainer)
+
+
+class Received(NamedTuple):
+    """A batch as the other ranks receive it, with ``snapshots``, which gives ``{}`` (rank 0's weights come inside
+    the swap's collectives) for a version rank 0's store holds, else None."""
+
+    batch: Batch
+    index: int
+    snapshots: Callable[[int], dict | None]
+
+
+class Follower:
+    """Ranks > 0: wait for rank 0 where only it knows what comes next (:func:`follow`)."""
+
+    def __init__(self, ctx: dp.DataParallel) -> None:
+        self.ctx = ctx
+
+    def plan(self) -> bool | None:
+        """Whether the run resumes from a checkpoint; None if rank 0 refused it."""
+        go, resume = dp.broadcast_ints(self.ctx, None, 2)
+        return bool(resume) if go == GO else None
+
+    def batch(self) -> Received | None:
+        """The next batch to train, or None when rank 0's loop is over."""
+        head, *rest = dp.broadcast_tensors(self.ctx, None)
+        kind, index = head.tolist()
+        if kind == END:
+            return None
+        held, fields = set(rest[0].tolist()), rest[1:]
+        batch = Batch(**dict(zip(BATCH_FIELDS, fields)))
+        return Received(batch, index, lambda v: {} if v in held else None)
+
+    def sync(self, trainer: Trainer) -> None:
+        """A sync point: do what rank 0 says (:meth:`Leader.sync`). Its version first, so that every rank's trainer
+        keeps its gathered copy (``{}`` here) under the same version, and steps at the same lag."""
+        flags, trainer.version = dp.broadcast_ints(self.ctx, None, 2)
+        if flags & GATHER:
+            gather_weights(trainer)
+        if flags & SHARDS:
+            trainer.write_shards(None)  # rank 0 names the folder when its checkpoint gets there
+
+
+Followers = OneProcess | Leader  # what rank 0's loop holds (following)

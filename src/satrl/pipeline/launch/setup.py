@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -71,8 +72,9 @@ def snapshot_weights(cfg: RunConfig, trainer) -> Callable[[], dict[str, torch.Te
     full fp32 CPU copy (``Trainer.weights``) when the transport sends it as it is (its ``full_snapshots``), and
     whenever the Δπ/Δimpl split (``diagnostics.decompose``) reads it, since its log-probs must be today's;
     otherwise one copy in the engine's dtype, assembled from the trainer's bucket stream
-    (``Trainer.weight_buckets``, gathered from the shards under data parallel) without ever building an fp32
-    one. The engine rounds to that dtype anyway, so it generates with the same weights either way."""
+    (``Trainer.weight_buckets``) without building an fp32 one on one device (under data parallel the buckets are
+    cut from the fp32 copy every rank gathered at the sync point before: ``satrl.pipeline.launch.data_parallel``). The
+    engine rounds to that dtype anyway, so it generates with the same weights either way."""
     from satrl.engines.numerics import resolve_numerics
 
     if TRANSPORTS.get(cfg.weights.transport).full_snapshots or cfg.diagnostics.decompose:
@@ -143,31 +145,30 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
 
 
 def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
-    """The policy (fp32 master weights) and its trainer; returns ``(trainer, tokenizer)``. Under data parallel only
-    rank 0 reads the weights (:func:`load_policy_here`)."""
+    """The policy (fp32 master weights) and its trainer; returns ``(trainer, tokenizer)``. Under data parallel every
+    rank builds it, together (its placement shards the policy over the ranks: :func:`placement_here`); only rank 0
+    reads the weights (:func:`load_policy_here`)."""
     model, tokenizer = load_policy_here(cfg)
     if cfg.r3:
         from satrl.models.routing import moe_num_layers
 
         if moe_num_layers(model) == 0:
             raise ValueError(f"r3=true needs an MoE policy; {cfg.model.source!r} is dense (try model.name=tiny-arith-moe)")
-    make, extra = trainer_factory(cfg)  # Trainer, or the data-parallel one under torchrun
-    trainer = make(model, cfg.objective, trainer_settings(cfg), **extra)
-    return trainer, tokenizer
+    settings, placement = placement_here(cfg, trainer_settings(cfg))
+    return Trainer(model, cfg.objective, settings, placement), tokenizer
 
 
-def trainer_factory(cfg: RunConfig) -> tuple[type, dict]:
-    """The trainer class and its extra arguments: :class:`Trainer` on one device, else the data-parallel one
-    with this process's context and a way to build an unsharded copy of the policy (for an engine)."""
-    from satrl.training.trainer import Trainer
-
+def placement_here(cfg: RunConfig, settings: TrainerSettings) -> tuple[TrainerSettings, object]:
+    """Where this process's trainer keeps the weights: the whole policy on ``train.device`` (None: the trainer's
+    default), or, under data parallel, FSDP2 shards on this rank's device, with a way to build an unsharded copy
+    of the policy for an engine (:class:`~satrl.training.sharded.Sharded`)."""
     ctx = dp.current()
     if ctx is None:
-        return Trainer, {}
+        return settings, None
     from satrl.models import load_policy
-    from satrl.training.dp_trainer import DPTrainer
+    from satrl.training.sharded import Sharded
 
-    return DPTrainer, {"dp": ctx, "template": lambda: load_policy(cfg.model.source)[0]}
+    return replace(settings, device=ctx.device), Sharded(ctx, lambda: load_policy(cfg.model.source)[0])
 
 
 def load_policy_here(cfg: RunConfig):
