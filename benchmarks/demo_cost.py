@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         for method in () if a.demo_only else ("vcpo", "grpo"):
             over = [f"objective.name={method}"] if method != "grpo" else []
             wall, cpu = timed([*satrl, "train", REGIME, *over, f"out={tmp}/{method}"])
-            rows.append(f"| `satrl train {REGIME} {' '.join(over)}` (600 steps) | {wall:.0f} | {cpu:.0f} |")
+            rows.append(f"| `{' '.join(['satrl train', REGIME, *over])}` (600 steps) | {wall:.0f} | {cpu:.0f} |")
             print(rows[-1], flush=True)
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     body = "\n".join(rows) + (

@@ -82,3 +82,23 @@ def test_the_quoted_vcpo_cost_is_the_benchmarks():
     section = bench[bench.index("<!-- BEGIN VCPO cost -->"):bench.index("<!-- END VCPO cost -->")]
     row = re.search(r"\| trial [^|]*\| vcpo \| [\d.]+ \| (\d+\.\d+) \|", section).group(1)
     assert quoted == row
+
+
+def _bench_section(name: str) -> str:
+    bench = (REPO / "docs" / "benchmarks.md").read_text()
+    return bench[bench.index(f"<!-- BEGIN {name} -->"):bench.index(f"<!-- END {name} -->")]
+
+
+def test_the_quoted_demo_and_regime_costs_are_the_benchmarks():
+    """The Quickstart's demo cost (CPU s, wall s, machine, date) and "What to turn on"'s minutes per run are what
+    docs/benchmarks.md's "Demo" section measured (python -m benchmarks.demo_cost rewrites it)."""
+    text, section = README.read_text().replace("\n", " "), _bench_section("Demo")
+    cpu, wall, where, date = re.search(r"three 50-step runs \((\d+) s of CPU, (\d+) s wall on a 2-core ([\w ]+?), "
+                                       r"(\d{4}-\d\d-\d\d)", text).groups()  # fmt: skip
+    row = re.search(r"\| `satrl demo` [^|]*\| (\d+) \| (\d+) \|", section)
+    assert (wall, cpu) == row.groups() and where in section and f"Date: {date}" in section
+    vcpo, grpo = re.search(r"take about (\d+) min on one core \(GRPO (\d+) min", text).groups()
+    for command, quoted in (("configs/regimes/repair_trial.yaml objective.name=vcpo", vcpo),
+                            ("configs/regimes/repair_trial.yaml", grpo)):  # fmt: skip
+        s = re.search(rf"\| `satrl train {re.escape(command)}` \(600 steps\) \| (\d+) \|", section)
+        assert int(quoted) == round(int(s.group(1)) / 60), (command, quoted, s.group(1))
