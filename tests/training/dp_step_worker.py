@@ -88,9 +88,10 @@ def main(out: str) -> None:
             "loop_syncs": loop_syncs(rec.ops),
         })  # fmt: skip
     scaled = scaled_step(ctx, model, batch, adv)
+    scores = opob_scores(ctx, tok, batch)
     refused = mismatched_architecture(ctx, model)
     if ctx.leader:
-        Path(out).write_text(json.dumps({"cases": results, "refused": refused, "scaled": scaled}))
+        Path(out).write_text(json.dumps({"cases": results, "refused": refused, "scaled": scaled, "scores": scores}))
     dp.shutdown()
 
 
@@ -113,6 +114,24 @@ def scaled_step(ctx, model, batch, adv) -> dict | None:
     return {"metrics": [got, want], "max_weight_diff": max(float((full[k] - ref[k]).abs().max()) for k in ref),
             "moved": max(float((ref[k] - v).abs().max()) for k, v in cpu_copy(model).items()),
             "lr_after": trainer.opt.param_groups[0]["lr"]}  # fmt: skip
+
+
+def opob_scores(ctx, tok, batch) -> dict | None:
+    """VCPO's off-policy optimal baseline under data parallel, on the dense and the MoE policy: each rank takes the
+    score norms of its own microbatches (3 here: rank 1 also runs a zero-weight padding copy), the rows are summed
+    across ranks, and log w, ||grad log pi||^2 and the advantages equal one device's bit for bit."""
+    out = {}
+    for kind in ("dense", "moe"):
+        model = build_tiny_model(kind, vocab_size=len(tok), seed=0, num_hidden_layers=2)
+        kw, obj = {"lr": 1e-2, "microbatch_tokens": 60}, resolve_objective("vcpo")
+        trainer = sharded_trainer(ctx, model, obj, kw)
+        (log_w, score_sq), (adv, stats) = trainer.sequence_scores(batch), trainer.advantages(batch)
+        one = Trainer(copy.deepcopy(model), obj, TrainerSettings(**kw))
+        (log_w1, score_sq1), (adv1, stats1) = one.sequence_scores(batch), one.advantages(batch)
+        out[kind] = {"microbatches": len(plan_microbatches(batch, 60)), "stats": [stats, stats1],
+                     "equal": [torch.equal(a, b) for a, b in ((log_w, log_w1), (score_sq, score_sq1), (adv, adv1))],
+                     "shift": stats1["obj/opob_shift"]}  # fmt: skip
+    return out if ctx.leader else None
 
 
 def mismatched_architecture(ctx, model) -> str:

@@ -79,11 +79,21 @@ def test_microbatch_loop_has_no_host_sync(steps):
     assert [c["loop_syncs"] for c in steps] == [[], [], []]
 
 
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_vcpo_baseline_equals_one_device(worker, kind):
+    """VCPO's OPOB under data parallel (issue 45): the per-row log w and score norms from each rank's own
+    microbatches, summed across ranks, and the advantages made from them equal one device's bit for bit."""
+    case = worker["scores"][kind]
+    assert case["microbatches"] == 3 and case["equal"] == [True, True, True]
+    assert case["stats"][0] == case["stats"][1] and case["shift"] > 0  # the baseline moved: the check has teeth
+
+
 def test_unsupported_settings_are_refused_in_one_line():
     from satrl.config import ConfigError, load_config
     from satrl.pipeline.launch.data_parallel import check_supported
 
     check_supported(load_config(None, []))  # the defaults run
+    check_supported(load_config(None, ["objective.name=vcpo"]))  # VCPO's baseline too (issue 45)
     for overrides, key in ((["r3=true", "model.name=tiny-arith-moe"], "r3"), (["train.device=mps"], "train.device")):
         with pytest.raises(ConfigError, match=key):
             check_supported(load_config(None, overrides))

@@ -87,6 +87,11 @@ class Placement(Protocol):
         runs only so that every process runs the same number of forwards)."""
         ...
 
+    def summed(self, values: torch.Tensor) -> torch.Tensor:
+        """A CPU tensor each process filled for its own microbatches' rows (zeros elsewhere), summed over the
+        processes, on CPU: every row's value on every process (itself on one device)."""
+        ...
+
     def gathered(self, plan: list[Micro], rows: int, pieces: StepPieces) -> StepOutputs:
         """Every microbatch's loss and metrics in plan order, and the per-token tensors of all ``rows``, from
         the pieces this process ran (in :meth:`assigned`'s order)."""
@@ -156,6 +161,9 @@ class OneDevice:
 
     def assigned(self, plan):
         return [(p, True) for p in plan]
+
+    def summed(self, values):
+        return values
 
     def gathered(self, plan, rows, pieces):
         return pieces.outputs(pieces.losses, pieces.metrics, torch.cat)

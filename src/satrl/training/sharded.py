@@ -107,6 +107,11 @@ class Sharded:
         cheapest = min(plan, key=lambda p: (p[1] - p[0]) * p[2])
         return mine + [(cheapest, False)] * (per_rank - len(mine))
 
+    def summed(self, values):
+        out = values.to(self.device)
+        dist.all_reduce(out, group=self.dp.group)  # each row is nonzero on one rank only: the sum is exact
+        return out.cpu()
+
     def gathered(self, plan, rows, pieces):
         dev, W, r = self.device, self.dp.world, self.dp.rank
         mine = [i for i in range(len(plan)) if i % W == r]  # the first len(mine) pieces are real, in this order

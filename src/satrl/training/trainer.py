@@ -292,19 +292,23 @@ class Trainer:
         """Per row i, at the current weights: log w_i = sum_t (log pi - log mu) and ||grad_theta sum_t log pi||^2,
         the inputs of an objective's advantage rule (VCPO's OPOB). One forward and one backward per microbatch
         of the step's plan (:func:`satrl.training.score_norms.score_norms`); the backward stops at the layers'
-        outputs, so the parameters' ``.grad`` are not touched. With chunked log-probs (``logprob_chunk_tokens``
+        outputs, so the parameters' ``.grad`` are not touched. Under data parallel each rank takes the microbatches
+        the placement assigns it (as a step does) and the rows' values are summed across ranks (each row is nonzero
+        on one rank only: the sum is exact). With chunked log-probs (``logprob_chunk_tokens``
         > 0) the LM head's share is rebuilt row by row (:class:`~satrl.training.score_norms.ChunkedHead`), so the
         pass holds no more vocabulary-sized tensors than the step does."""
-        log_w, score_sq = [], []
-        for p in plan_microbatches(batch, self.microbatch_tokens):
+        rows = batch.mask.shape[0]
+        log_w, score_sq = torch.zeros(rows, dtype=torch.float64), torch.zeros(rows, dtype=torch.float64)
+        for p, real in self.placement.assigned(plan_microbatches(batch, self.microbatch_tokens)):
             m = to_device(row_slice(batch, p.start, p.end), self.device)
             head = None
             if self.logprob_chunk_tokens > 0:
                 head = ChunkedHead(self.model.get_output_embeddings(), m.response_ids, self.settings.temperature)
             logp, sq = score_norms(self.model, lambda m=m, p=p: self._logp(self.model, m, p)[0], m.mask, head)
-            log_w.append(torch.where(m.mask, logp.to(torch.float64) - m.behavior_logp.to(torch.float64), 0.0).sum(1))
-            score_sq.append(sq)
-        return torch.cat(log_w).cpu(), torch.cat(score_sq).cpu()
+            if real:  # else a zero-weight copy that lines up the ranks' collectives (data parallel)
+                w = torch.where(m.mask, logp.to(torch.float64) - m.behavior_logp.to(torch.float64), 0.0).sum(1)
+                log_w[p.start : p.end], score_sq[p.start : p.end] = w.cpu(), sq.cpu()
+        return self.placement.summed(log_w), self.placement.summed(score_sq)
 
     # -- one optimizer step ------------------------------------------------------------------------
     def step(

@@ -57,12 +57,6 @@ def check_supported(cfg: RunConfig) -> None:
         raise ConfigError("r3=true is not supported under data parallel (torchrun) yet; run it on one process")
     if not (cfg.train.device == "cpu" or cfg.train.device.startswith("cuda")):
         raise ConfigError(f"train.device={cfg.train.device}: data parallel runs on cpu (gloo) or cuda (NCCL)")
-    from satrl.objectives.step_size import advantage_rule
-
-    if advantage_rule(cfg.objective) is not None:
-        raise ConfigError(f"objective {cfg.objective.name}: its advantage baseline needs per-sequence gradients, "
-                          "which data parallel does not compute; run on one process (vcpo: or objective.baseline="
-                          "group_mean)")  # fmt: skip
 
 
 def run(cfg: RunConfig, leader_run: Callable[[], object]) -> object:
