@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from benchmarks._report import write_section
-from satrl.engines import TorchEngine
+from satrl.engines import EngineSpec, TorchEngine
 from satrl.models import build_char_tokenizer, build_tiny_model, load_policy
 from satrl.models.routing import capture_routing
 from satrl.types import GenerationRequest, SamplingParams
@@ -94,7 +94,7 @@ def throughput(
     rows; HF keeps decoding them until every row is done); tokens counted up to and including EOS."""
     eos_id = tok.eos_token_id if eos else None
     engine = TorchEngine(
-        model, eos_token_id=eos_id, pad_token_id=tok.pad_token_id, numerics=numerics, device=device
+        model, EngineSpec(eos_token_id=eos_id, pad_token_id=tok.pad_token_id, numerics=numerics), device=device
     )
     reqs = [GenerationRequest(str(i), p, seed=i) for i, p in enumerate(prompts)]
     sampling = SamplingParams(max_new_tokens=new)
@@ -137,8 +137,7 @@ def throughput(
 def mismatch(model, tok, prompts, numerics: str, new: int, device: torch.device) -> dict:
     """|d| = |log pi_fp32 - log mu| of sampled tokens (T = 1, full support) and routing disagreement
     (share of (token, MoE layer) pairs whose expert sets differ) vs the fp32 trainer forward."""
-    engine = TorchEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, numerics=numerics,
-                         device=device)  # fmt: skip
+    engine = TorchEngine(model, EngineSpec(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, numerics=numerics), device=device)  # fmt: skip
     reqs = [GenerationRequest(str(i), p, seed=10_000 + i) for i, p in enumerate(prompts)]
     comps = engine.generate(reqs, SamplingParams(max_new_tokens=new))
     P = [len(c.prompt_ids) for c in comps]

@@ -146,12 +146,12 @@ def dist_path(shape: dict, vocab: int, versions: int, keep: str = "bf16", device
     the trainer's weights live (cuda: each bucket is copied off the GPU on the way, as a GPU trainer's are)."""
     from satrl.training.placement import cpu_copy
     from satrl.weights.buckets import aliases, buckets, unpack
-    from satrl.weights.transports import DistTransport
+    from satrl.weights.transports import DistTransport, Wiring
 
     ctx = torch.multiprocessing.get_context("spawn")
     loaded = ctx.Queue()
     trainer = random_qwen3(shape, shape["num_hidden_layers"], vocab).to(device)
-    transport = DistTransport(lambda message: None, torch.bfloat16)  # markers order the queue: none here
+    transport = DistTransport(Wiring(lambda message: None, torch.bfloat16))  # markers order the queue: none here
     link = transport.open(lambda: proc.is_alive()).link  # the engine side's receiver says where to join
     proc = ctx.Process(target=_engine, args=(link, shape, vocab, versions + 1, loaded))
     proc.start()

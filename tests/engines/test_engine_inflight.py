@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from engine_helpers import EOS, PAD, make_requests, tiny_model
 
+from satrl.engines import EngineSpec
 from satrl.engines.torch_engine import TorchEngine
 from satrl.pipeline.schedules import inflight_version, inflight_versions
 from satrl.types import SamplingParams
@@ -32,8 +33,8 @@ def test_rule_moves_one_version_per_k_tokens_up_to_the_cap():
 def test_switching_to_the_same_weights_changes_no_token(dense):
     """Only the version label moves when the weights do not: the KV cache is kept across a switch."""
     reqs = make_requests(6, max_len=5)
-    plain = TorchEngine(dense, eos_token_id=EOS, pad_token_id=PAD, numerics="fp32", max_batch_size=4).generate(reqs, SAMPLING)
-    engine = TorchEngine(dense, eos_token_id=EOS, pad_token_id=PAD, numerics="fp32", max_batch_size=4)
+    plain = TorchEngine(dense, EngineSpec(eos_token_id=EOS, pad_token_id=PAD, numerics="fp32"), max_batch_size=4).generate(reqs, SAMPLING)
+    engine = TorchEngine(dense, EngineSpec(eos_token_id=EOS, pad_token_id=PAD, numerics="fp32"), max_batch_size=4)
     state = dense.state_dict()
     got = engine.generate(reqs, SAMPLING, switch=_switcher(engine, {0: state, 1: state, 2: state}, 0, 2))
     for a, b in zip(plain, got):
@@ -48,8 +49,8 @@ def test_new_weights_take_over_at_the_switch(dense):
     new weights; a second chunk (max_batch_size) starts again on the start version."""
     reqs = make_requests(6, max_len=5)
     other = tiny_model("dense", seed=1).state_dict()
-    plain = TorchEngine(dense, eos_token_id=EOS, pad_token_id=PAD, numerics="fp32", max_batch_size=4).generate(reqs, SAMPLING)
-    engine = TorchEngine(dense, eos_token_id=EOS, pad_token_id=PAD, numerics="fp32", max_batch_size=4)
+    plain = TorchEngine(dense, EngineSpec(eos_token_id=EOS, pad_token_id=PAD, numerics="fp32"), max_batch_size=4).generate(reqs, SAMPLING)
+    engine = TorchEngine(dense, EngineSpec(eos_token_id=EOS, pad_token_id=PAD, numerics="fp32"), max_batch_size=4)
     got = engine.generate(reqs, SAMPLING, switch=_switcher(engine, {0: dense.state_dict(), 1: other}, 0, 1))
     moved = 0
     for a, b in zip(plain, got):

@@ -7,7 +7,7 @@ import torch
 from engine_helpers import EOS, PAD, make_requests, sampled_ref_logp, tiny_model
 
 from run_helpers import collated_routing
-from satrl.engines import TorchEngine
+from satrl.engines import EngineSpec, TorchEngine
 from satrl.models.routing import (
     capture_routing,
     moe_num_layers,
@@ -116,7 +116,7 @@ def test_r3_replays_engine_routing_exactly(moe):
     """fp32 engine: replaying its routing in a full-sequence trainer forward reproduces behavior_logp.
     bf16 engine: the trainer's own routing disagrees; under replay it uses exactly the engine's."""
     sampling = SamplingParams(temperature=0.9, max_new_tokens=12)
-    comps = TorchEngine(moe, eos_token_id=EOS, pad_token_id=PAD, numerics="fp32").generate(
+    comps = TorchEngine(moe, EngineSpec(eos_token_id=EOS, pad_token_id=PAD, numerics="fp32")).generate(
         make_requests(7), sampling
     )
     P = [len(c.prompt_ids) for c in comps]
@@ -126,7 +126,7 @@ def test_r3_replays_engine_routing_exactly(moe):
     ref = sampled_ref_logp(moe, comps, 0.9, routing=routing)
     assert (torch.cat([c.behavior_logp for c in comps]).double() - ref).abs().max() < 1e-5
 
-    comps = TorchEngine(moe, eos_token_id=None, pad_token_id=PAD, numerics="bf16").generate(
+    comps = TorchEngine(moe, EngineSpec(eos_token_id=None, pad_token_id=PAD, numerics="bf16")).generate(
         make_requests(48, min_len=5, max_len=5), SamplingParams(max_new_tokens=16)
     )
     ids = torch.tensor([c.prompt_ids + c.response_ids for c in comps])

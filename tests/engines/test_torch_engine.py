@@ -16,7 +16,7 @@ from engine_helpers import (
     tiny_model,
 )
 
-from satrl.engines import TorchEngine, make_engine
+from satrl.engines import EngineSpec, TorchEngine, make_engine
 from satrl.models.routing import capture_routing
 from satrl.types import Engine, GenerationRequest, SamplingParams
 
@@ -28,8 +28,8 @@ SAMPLINGS = [
 ]
 
 
-def _engine(model, numerics="fp32", **kw) -> TorchEngine:
-    return TorchEngine(model, eos_token_id=EOS, pad_token_id=PAD, numerics=numerics, **kw)
+def _engine(model, numerics="fp32", max_batch_size=256, **spec) -> TorchEngine:
+    return TorchEngine(model, EngineSpec(EOS, PAD, numerics=numerics, **spec), max_batch_size=max_batch_size)
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
@@ -110,7 +110,7 @@ def test_stops_at_eos_and_at_max_tokens(dense):
             return "".join(chr(97 + i % 26) for i in ids)
 
     sampling = SamplingParams(max_new_tokens=10)
-    comps = TorchEngine(dense, eos_token_id=EOS, pad_token_id=PAD, tokenizer=Tok(), numerics="fp32").generate(
+    comps = TorchEngine(dense, EngineSpec(eos_token_id=EOS, pad_token_id=PAD, tokenizer=Tok(), numerics="fp32")).generate(
         make_requests(40), sampling
     )
     reasons = {c.finish_reason for c in comps}

@@ -34,11 +34,12 @@ def policy():
 
 @pytest.fixture(scope="module")
 def engine(policy):
+    from satrl.engines import EngineSpec
     from satrl.engines.vllm_engine import VLLMEngine
 
     _, tok = policy
     t0 = time.perf_counter()
-    eng = VLLMEngine(builtin_path("tiny-arith"), eos_token_id=tok.eos_token_id, tokenizer=tok, numerics="fp32")
+    eng = VLLMEngine(builtin_path("tiny-arith"), EngineSpec(eos_token_id=tok.eos_token_id, tokenizer=tok, numerics="fp32"))
     print(f"vLLM engine start: {time.perf_counter() - t0:.1f} s")
     yield eng
     eng.close()
@@ -82,11 +83,11 @@ def test_raw_logprobs_mode_would_be_wrong_at_temperature_below_one(policy):
     """Why the engine sets ``processed_logprobs``: vLLM's default ``raw_logprobs`` reports log-softmax of the
     unscaled logits, so at T = 0.7 it disagrees with the sampling distribution (the trainer's T-scaled
     log-probs) and agrees instead with the T = 1 ones."""
+    from satrl.engines import EngineSpec
     from satrl.engines.vllm_engine import VLLMEngine
 
     model, tok = policy
-    raw = VLLMEngine(builtin_path("tiny-arith"), eos_token_id=tok.eos_token_id, tokenizer=tok, numerics="fp32",
-                     logprobs_mode="raw_logprobs")  # fmt: skip
+    raw = VLLMEngine(builtin_path("tiny-arith"), EngineSpec(eos_token_id=tok.eos_token_id, tokenizer=tok, numerics="fp32"), logprobs_mode="raw_logprobs")  # fmt: skip
     try:
         comps = raw.generate(requests(tok), SamplingParams(temperature=0.7, max_new_tokens=8))
     finally:
@@ -189,6 +190,7 @@ def test_bf16_weights_are_rounded_from_the_first_batch(policy):
     """numerics=bf16-weights: the engine's first log-probs are those of the bf16-rounded weights in fp32, as after
     any later version. Before 2026-12-03 the start-up rounding missed the tied LM head (the checkpoint names it
     once), and the batches before the first weight sync were off by up to 2e-3."""
+    from satrl.engines import EngineSpec
     from satrl.engines.vllm_engine import VLLMEngine
 
     model, tok = policy
@@ -196,7 +198,7 @@ def test_bf16_weights_are_rounded_from_the_first_batch(policy):
     with torch.no_grad():
         for p in rounded.parameters():
             p.copy_(p.to(torch.bfloat16).float())
-    eng = VLLMEngine(builtin_path("tiny-arith"), eos_token_id=tok.eos_token_id, tokenizer=tok, numerics="bf16-weights")
+    eng = VLLMEngine(builtin_path("tiny-arith"), EngineSpec(eos_token_id=tok.eos_token_id, tokenizer=tok, numerics="bf16-weights"))
     try:
         comps = eng.generate(requests(tok, n=16), SamplingParams(temperature=1.0, max_new_tokens=6))
     finally:
@@ -209,9 +211,10 @@ def test_bf16_weights_are_rounded_from_the_first_batch(policy):
 def test_r3_refuses_when_vllm_cannot_return_routing():
     """vLLM returns routed experts only from its V2 model runner, which the CPU build lacks: asking for routing
     (what r3=true does) fails at start-up with what to do, instead of training with nothing replayed."""
+    from satrl.engines import EngineSpec
     from satrl.engines.vllm_engine import VLLMEngine
 
     if torch.cuda.is_available():
         pytest.skip("a GPU vLLM may support routed experts; this checks the CPU build's refusal")
     with pytest.raises(RuntimeError, match="R3 needs them: use engine=torch, or r3=false"):
-        VLLMEngine(builtin_path("tiny-arith-moe"), eos_token_id=1, capture_routing=True)
+        VLLMEngine(builtin_path("tiny-arith-moe"), EngineSpec(eos_token_id=1, capture_routing=True))

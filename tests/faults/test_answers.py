@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from satrl.tasks.jsonl_math import JsonlMathTask
+from satrl.tasks.jsonl_math import JsonlMathOptions, JsonlMathTask
 
 HOSTILE = {
     "tower": "\\boxed{9^9^9^9}",
@@ -22,7 +22,7 @@ HOSTILE = {
 def task(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "set.jsonl"
     path.write_text('{"problem": "1+1?", "answer": "2"}\n')
-    return JsonlMathTask(path, verify_timeout_s=1)
+    return JsonlMathTask(JsonlMathOptions(path, verify_timeout_s=1))
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
@@ -63,7 +63,7 @@ def test_skipped_row_warning_shows_a_short_preview_of_a_long_answer(tmp_path):
     path.write_text('{"problem": "1+1?", "answer": "2"}\n' + json.dumps({"problem": "x", "answer": "\\boxed{" + "@" * 500_000}) + "\n")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        t = JsonlMathTask(path, verify_timeout_s=1)
+        t = JsonlMathTask(JsonlMathOptions(path, verify_timeout_s=1))
     assert len(t.skipped) == 1 and "500,007 characters" in t.skipped[0][1]
     (w,) = [str(x.message) for x in seen]
     assert "line 2" in w and len(w) < 400 and "\n" not in w, w[:500]
@@ -80,7 +80,7 @@ def test_gold_whose_grading_always_times_out_is_skipped_at_load(tmp_path, gold):
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        t = JsonlMathTask(path, verify_timeout_s=1)
+        t = JsonlMathTask(JsonlMathOptions(path, verify_timeout_s=1))
     assert time.perf_counter() - t0 < 2 * t.verify_timeout_s + 3
     assert [n for n, _ in t.skipped] == [2] and "time limit" in t.skipped[0][1], t.skipped
     assert [p.answer for p in t.problems("eval")] == ["2"]

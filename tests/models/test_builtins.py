@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from satrl.engines import TorchEngine
+from satrl.engines import EngineSpec, TorchEngine
 from satrl.models import BUILTINS, builtin_path, count_params, load_policy
 from satrl.tasks import make_task
 from satrl.tasks.evaluate import evaluate
@@ -33,8 +33,7 @@ def test_shipped_files_and_record(name):
 @pytest.mark.parametrize("name", sorted(BUILTINS))
 def test_shipped_policy_scores_in_band(name):
     model, tok = load_policy(name)
-    engine = TorchEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tokenizer=tok,
-                         numerics="fp32")  # fmt: skip
+    engine = TorchEngine(model, EngineSpec(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tokenizer=tok, numerics="fp32"))  # fmt: skip
     task = make_task("arithmetic", digits=3, ops="+")
     result = evaluate(engine, tok, task, k=8, n_problems=50, seed=1)
     assert 0.2 <= result.avg_at_k <= 0.6, result.as_dict()

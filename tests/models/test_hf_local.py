@@ -24,7 +24,7 @@ from transformers import (
 )
 
 from run_helpers import REPO, TINY, collated_routing, read_jsonl
-from satrl.engines import TorchEngine
+from satrl.engines import EngineSpec, TorchEngine
 from satrl.models import load_policy
 from satrl.models.routing import capture_routing, moe_num_layers, moe_top_k, replay_routing
 from satrl.tasks import make_task
@@ -97,8 +97,7 @@ def test_any_local_causal_lm_loads_and_generates(tmp_path, arch):
     assert type(loaded) is type(model) and AutoConfig.from_pretrained(tmp_path).model_type == arch
     assert moe_num_layers(loaded) == (0 if arch == "llama" else 2)
     prompt = loaded_tok("12+34=")["input_ids"]
-    engine = TorchEngine(loaded, eos_token_id=loaded_tok.eos_token_id, pad_token_id=loaded_tok.pad_token_id,
-                         numerics="fp32")  # fmt: skip
+    engine = TorchEngine(loaded, EngineSpec(eos_token_id=loaded_tok.eos_token_id, pad_token_id=loaded_tok.pad_token_id, numerics="fp32"))  # fmt: skip
     (c,) = engine.generate([GenerationRequest("r0", prompt, seed=3)], SamplingParams(max_new_tokens=6))
     # behavior_logp is what the fp32 model itself assigns to the sampled tokens
     ids = torch.tensor([c.prompt_ids + c.response_ids])
@@ -119,7 +118,7 @@ def test_r3_on_a_saved_qwen3_moe_uses_the_same_replay_hook(moe_dir):
     sampling = SamplingParams(max_new_tokens=10)
     eos, pad = tok.eos_token_id, tok.pad_token_id
 
-    comps = TorchEngine(model, eos_token_id=None, pad_token_id=pad, numerics="bf16").generate(reqs, sampling)
+    comps = TorchEngine(model, EngineSpec(eos_token_id=None, pad_token_id=pad, numerics="bf16")).generate(reqs, sampling)
     disagree = False
     for c in comps:  # one row at a time: BPE prompts differ in length
         P, T = len(c.prompt_ids), len(c.response_ids)
@@ -134,7 +133,7 @@ def test_r3_on_a_saved_qwen3_moe_uses_the_same_replay_hook(moe_dir):
         assert torch.equal(used, c.routing)
     assert disagree  # there was something for R3 to fix
 
-    comps = TorchEngine(model, eos_token_id=eos, pad_token_id=pad, numerics="fp32").generate(reqs[:4], sampling)
+    comps = TorchEngine(model, EngineSpec(eos_token_id=eos, pad_token_id=pad, numerics="fp32")).generate(reqs[:4], sampling)
     for c in comps:
         P, row = len(c.prompt_ids), torch.tensor([c.prompt_ids + c.response_ids])
         routing = collated_routing([c])

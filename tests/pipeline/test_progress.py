@@ -23,7 +23,7 @@ ROW = {"train/reward": 0.5, "lag/mean": 2.0, "mismatch/d_pi": 0.0123, "obj/gate_
 
 def _log(total: int, steps, every=None, seconds=60.0, dt=1.0) -> list[str]:
     clock, stream = Clock(), io.StringIO()
-    log = progress.LineLog("runs/x", total, stream, every=every, seconds=seconds, clock=clock)
+    log = progress.LineLog("runs/x", total, stream, progress.Cadence(every, seconds), clock=clock)
     for step in steps:
         clock.t += dt
         log(step, ROW, {"avg_at_k": 0.7, "test_avg_at_k": 0.75} if step == 3 else None)
@@ -44,7 +44,7 @@ def test_a_slow_first_step_does_not_inflate_the_eta():
     """The pipeline's first step took 30 s (the engine's first batches), every later one 1 s: once two steps are
     timed the eta is the steps left at 1 s, not at the mean with the warm-up in it (issue 47's probe: 3x)."""
     clock, stream = Clock(), io.StringIO()
-    log = progress.LineLog("runs/x", 50, stream, every=1, clock=clock)
+    log = progress.LineLog("runs/x", 50, stream, progress.Cadence(every=1), clock=clock)
     for step, dt in ((1, 5.0), (2, 30.0), (3, 1.0), (4, 1.0)):
         clock.t += dt
         log(step, ROW, None)
@@ -99,7 +99,7 @@ def test_eta_leaves_out_start_up_and_counts_the_evals_still_due():
     first line's eta is the steps left at 1 s (no eval seen yet: `?` before any step); once an eval has been
     seen, the evals still due (every 10 steps and the last) are added at its cost."""
     clock, stream = Clock(), io.StringIO()
-    log = progress.LineLog("runs/x", 30, stream, every=5, clock=clock, eval_every=10)
+    log = progress.LineLog("runs/x", 30, stream, progress.Cadence(every=5), clock=clock, eval_every=10)
     clock.t = 100.0
     for step in range(1, 31):
         clock.t += 1.0 + (5.0 if step % 10 == 0 else 0.0)

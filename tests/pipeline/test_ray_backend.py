@@ -111,13 +111,13 @@ class KillingRayBackend:
         self.sig = sig
 
     def __call__(self, spec, **options):
-        from satrl.pipeline.engine_side.ray_backend import RayBackend
+        from satrl.pipeline.engine_side.ray_backend import RayBackend, RayOptions
 
         hook = self
 
         class Killing(RayBackend):
             def __init__(self, spec):
-                super().__init__(spec, **options)
+                super().__init__(spec, RayOptions(**options))
                 self.pids = self.actor_pids()
                 self.results = 0
 

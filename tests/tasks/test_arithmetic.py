@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from satrl.tasks import ArithmeticTask, make_task
+from satrl.tasks import ArithmeticOptions, ArithmeticTask, make_task
 from satrl.types import Problem, Task
 
 PROMPT_RE = re.compile(r"^(\d+)([+\-*])(\d+)=$")
@@ -30,7 +30,7 @@ def test_unknown_task_name_lists_choices():
 
 
 def test_prompt_zero_padded_and_answer_is_plain_integer():
-    task = ArithmeticTask(digits=3, ops="+-*")
+    task = ArithmeticTask(ArithmeticOptions(digits=3, ops="+-*"))
     assert task.make_problem("x", 7, "+", 45).prompt == "007+045="
     assert task.make_problem("x", 7, "+", 45).answer == "52"
     assert task.make_problem("x", 7, "-", 45).answer == "-38"
@@ -46,7 +46,7 @@ def test_answers_match_python_arithmetic(digits, data):
     a = data.draw(st.integers(0, 10**digits - 1))
     b = data.draw(st.integers(0, 10**digits - 1))
     op = data.draw(st.sampled_from(["+", "-", "*"]))
-    task = ArithmeticTask(digits=digits, ops=(op,))
+    task = ArithmeticTask(ArithmeticOptions(digits=digits, ops=(op,)))
     p = task.make_problem("x", a, op, b)
     assert len(p.prompt) == 2 * digits + 2
     assert _parse(p) == (a, op, b)
@@ -67,7 +67,7 @@ def test_reward_is_strict(text, expected):
 
 
 def test_negative_answer_needs_the_minus_sign():
-    task = ArithmeticTask(digits=1, ops="-", n_eval=3)
+    task = ArithmeticTask(ArithmeticOptions(digits=1, ops="-", n_eval=3))
     p = task.make_problem("x", 3, "-", 8)
     assert task.reward(p, "-5") == 1.0
     assert task.reward(p, "5") == 0.0
@@ -77,7 +77,7 @@ def test_negative_answer_needs_the_minus_sign():
 def test_splits_disjoint_over_the_full_space():
     # 2 digits, 3 ops: all 30,000 expressions. Each belongs to exactly one split, the eval split is drawn
     # only from the eval partition and a long train stream never hits it.
-    task = ArithmeticTask(digits=2, ops="+-*", n_eval=500, n_train=20_000)
+    task = ArithmeticTask(ArithmeticOptions(digits=2, ops="+-*", n_eval=500, n_train=20_000))
     space = [(a, op, b) for op in "+-*" for a in range(100) for b in range(100)]
     eval_part = {t for t in space if task.split_of(*t) == "eval"}
     assert 0.08 < len(eval_part) / len(space) < 0.12  # eval_fraction = 0.1
@@ -90,7 +90,7 @@ def test_splits_disjoint_over_the_full_space():
 
 
 def test_splits_disjoint_on_a_large_sample_3_digits():
-    task = ArithmeticTask(digits=3, ops="+-", n_eval=1000)
+    task = ArithmeticTask(ArithmeticOptions(digits=3, ops="+-", n_eval=1000))
     ev = {_parse(p) for p in task.problems("eval", 0)}
     assert len(ev) == 1000
     tr = {_parse(p) for p in itertools.islice(task.problems("train", 0), 50_000)}
@@ -100,7 +100,7 @@ def test_splits_disjoint_on_a_large_sample_3_digits():
 
 
 def test_deterministic_for_a_seed():
-    t1, t2 = ArithmeticTask(digits=3), ArithmeticTask(digits=3)
+    t1, t2 = ArithmeticTask(ArithmeticOptions(digits=3)), ArithmeticTask(ArithmeticOptions(digits=3))
     a = list(itertools.islice(t1.problems("train", 7), 200))
     b = list(itertools.islice(t2.problems("train", 7), 200))
     c = list(itertools.islice(t2.problems("train", 8), 200))
@@ -109,22 +109,22 @@ def test_deterministic_for_a_seed():
 
 
 def test_eval_same_for_every_seed_unless_asked():
-    task = ArithmeticTask(digits=3)
+    task = ArithmeticTask(ArithmeticOptions(digits=3))
     e0, e5 = list(task.problems("eval", 0)), list(task.problems("eval", 5))
     assert len(e0) == 200 and e0 == e5
     assert len({p.id for p in e0}) == 200
-    free = ArithmeticTask(digits=3, eval_seed=None)
+    free = ArithmeticTask(ArithmeticOptions(digits=3, eval_seed=None))
     assert [p.prompt for p in free.problems("eval", 0)] != [p.prompt for p in free.problems("eval", 5)]
 
 
 def test_train_stream_is_endless_by_default_and_sized_on_request():
-    task = ArithmeticTask(digits=1, ops="+", n_eval=5)
+    task = ArithmeticTask(ArithmeticOptions(digits=1, ops="+", n_eval=5))
     assert len(list(itertools.islice(task.problems("train", 0), 5000))) == 5000
-    assert len(list(ArithmeticTask(n_train=37).problems("train", 0))) == 37
+    assert len(list(ArithmeticTask(ArithmeticOptions(n_train=37)).problems("train", 0))) == 37
 
 
 def test_large_digit_space_uses_sampling():
-    task = ArithmeticTask(digits=6, ops="*", n_eval=50)
+    task = ArithmeticTask(ArithmeticOptions(digits=6, ops="*", n_eval=50))
     ev = list(task.problems("eval", 0))
     assert len({p.prompt for p in ev}) == 50
     assert all(len(p.prompt) == 14 for p in ev)
@@ -137,11 +137,11 @@ def test_large_digit_space_uses_sampling():
 )
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        ArithmeticTask(**kwargs)
+        ArithmeticTask(ArithmeticOptions(**kwargs))
 
 
 def test_eval_larger_than_partition_is_a_clear_error():
-    task = ArithmeticTask(digits=1, ops="+", n_eval=50)  # ~10 eval expressions exist
+    task = ArithmeticTask(ArithmeticOptions(digits=1, ops="+", n_eval=50))  # ~10 eval expressions exist
     with pytest.raises(ValueError, match="lower n_eval"):
         list(task.problems("eval", 0))
 

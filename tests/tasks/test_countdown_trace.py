@@ -16,7 +16,14 @@ from satrl.models import load_policy
 from satrl.models.tokenizer import CHARS, build_char_tokenizer
 from satrl.tasks import TASKS, TaskError, make_task
 from satrl.tasks.countdown_solver import check_answer, evaluate, final_answer, solve
-from satrl.tasks.countdown_trace import CONTEXT, CountdownTraceTask, length_stats, parse_prompt, prompt_of
+from satrl.tasks.countdown_trace import (
+    CONTEXT,
+    CountdownTraceOptions,
+    CountdownTraceTask,
+    length_stats,
+    parse_prompt,
+    prompt_of,
+)
 from satrl.training.pretrain import RECIPES, PretrainSettings, add_pretrain_args, pretrain, run_pretrain
 from satrl.types import Problem, Task
 
@@ -164,18 +171,18 @@ def test_the_overlap_check_catches_a_leaky_split():
         def _next(self, rng, split):  # train drawn from the eval partition too
             return super()._next(rng, "eval")
 
-    assert _overlap(Leaky(n_eval=100), n_train=500)
+    assert _overlap(Leaky(CountdownTraceOptions(n_eval=100)), n_train=500)
 
 
 def test_eval_is_fixed_and_train_follows_the_seed():
     eval_problems = list(TASK.problems("eval", 0))
     assert len(eval_problems) == 256 and len({_key(p) for p in eval_problems}) == 256
     assert eval_problems == list(CountdownTraceTask().problems("eval", 7))  # eval_seed=0: the same for every seed
-    other = CountdownTraceTask(eval_seed=None)
+    other = CountdownTraceTask(CountdownTraceOptions(eval_seed=None))
     assert list(other.problems("eval", 1)) != list(other.problems("eval", 2))
     assert list(islice(TASK.problems("train", 1), 20)) == list(islice(CountdownTraceTask().problems("train", 1), 20))
     assert list(islice(TASK.problems("train", 1), 20)) != list(islice(TASK.problems("train", 2), 20))
-    assert len(list(CountdownTraceTask(n_train=5).problems("train", 0))) == 5
+    assert len(list(CountdownTraceTask(CountdownTraceOptions(n_train=5)).problems("train", 0))) == 5
 
 
 @pytest.mark.parametrize("eval_seed", [0, 1, 2, 5])
@@ -184,7 +191,7 @@ def test_eval_split_holds_a_runs_default_val_and_test_parts(eval_seed):
     (with 200 problems, seeds 2, 3 and 5 had fewer than 100 test problems)."""
     from satrl.tasks.evaluate import split_val_test
 
-    _, val, test = split_val_test(CountdownTraceTask(eval_seed=eval_seed).problems("eval", 0), 80, 100)
+    _, val, test = split_val_test(CountdownTraceTask(CountdownTraceOptions(eval_seed=eval_seed)).problems("eval", 0), 80, 100)
     assert (len(val), len(test)) == (80, 100)
 
 
@@ -198,7 +205,7 @@ def test_traces_are_long_and_fit_the_context():
 
 
 def test_the_trace_budget_drops_long_draws():
-    short = CountdownTraceTask(max_trace_tokens=60)
+    short = CountdownTraceTask(CountdownTraceOptions(max_trace_tokens=60))
     assert all(len(p.answer) + 1 <= 60 for p in islice(short.problems("train", 0), 100))
     assert short.n_rejected["too_long"] > 0
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from satrl.eval_cli import add_eval_args, run_eval
-from satrl.tasks import ArithmeticTask
+from satrl.tasks import ArithmeticOptions, ArithmeticTask
 from satrl.tasks.evaluate import EvalResult, evaluate
 from satrl.types import Completion, Engine, SamplingParams, request_seed
 
@@ -53,7 +53,7 @@ class ScriptedEngine:
 
 
 def _three_problems():
-    task = ArithmeticTask(digits=2, ops="+", n_eval=3)
+    task = ArithmeticTask(ArithmeticOptions(digits=2, ops="+", n_eval=3))
     probs = list(task.problems("eval", 0))
     return task, probs
 
@@ -158,9 +158,8 @@ def tiny_dir(tmp_path_factory):
 
 def test_real_engine_is_deterministic_and_batch_invariant(tiny_dir):
     model, tok = models.load_policy(str(tiny_dir))
-    engine = engines.TorchEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                                 tokenizer=tok, numerics="fp32")
-    task = ArithmeticTask(digits=3, n_eval=6)
+    engine = engines.TorchEngine(model, engines.EngineSpec(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tokenizer=tok, numerics="fp32"))
+    task = ArithmeticTask(ArithmeticOptions(digits=3, n_eval=6))
     sampling = SamplingParams(max_new_tokens=6)
     a = evaluate(engine, tok, task, k=3, sampling=sampling, seed=1, batch_size=256)
     b = evaluate(engine, tok, task, k=3, sampling=sampling, seed=1, batch_size=4)
@@ -215,13 +214,13 @@ def test_cli_missing_model_dir(tmp_path, capsys):
 def test_val_test_parts_are_disjoint_deterministic_and_cover_every_problem():
     from satrl.tasks.evaluate import part_of, split_val_test
 
-    task = ArithmeticTask(digits=3, n_eval=1000)
+    task = ArithmeticTask(ArithmeticOptions(digits=3, n_eval=1000))
     problems = list(task.problems("eval", 0))
     parts = [part_of(p) for p in problems]
     assert set(parts) == {"val", "test"} and 0.45 < parts.count("val") / len(parts) < 0.55
     # the same problem lands in the same part whatever the order, the seed of the draw or the process
     assert [part_of(p) for p in reversed(problems)] == parts[::-1]
-    other = ArithmeticTask(digits=3, n_eval=1000, eval_seed=7)
+    other = ArithmeticTask(ArithmeticOptions(digits=3, n_eval=1000, eval_seed=7))
     again = {p.prompt: part_of(p) for p in other.problems("eval", 0)}
     assert all(again[p.prompt] == part for p, part in zip(problems, parts) if p.prompt in again)
     pool, val, test = split_val_test(problems, 30, 40)

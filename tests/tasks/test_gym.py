@@ -40,11 +40,11 @@ def test_countdown_accepts_another_correct_expression(countdown):
 
 
 def test_answer_tag_extraction():
-    task = ReasoningGymTask("countdown", size=5, n_eval=3, extract="answer_tag")
+    task = ReasoningGymTask.from_kwargs("countdown", size=5, n_eval=3, extract="answer_tag")
     p = next(task.problems("eval", 0))
     assert task.reward(p, f"<think>try</think><answer>{p.answer}</answer>") == 1.0
     assert task.reward(p, p.answer) == 0.0  # no tag, nothing to score
-    custom = ReasoningGymTask("countdown", size=5, n_eval=3, extract=lambda s: s.split("|")[-1])
+    custom = ReasoningGymTask.from_kwargs("countdown", size=5, n_eval=3, extract=lambda s: s.split("|")[-1])
     q = next(custom.problems("eval", 0))
     assert custom.reward(q, f"junk|{q.answer}") == 1.0
 
@@ -58,12 +58,12 @@ def test_gym_prefix_with_config():
 
 
 def test_eval_fixed_train_deterministic_and_disjoint():
-    task = ReasoningGymTask("basic_arithmetic", size=40, n_eval=40, min_terms=2, max_terms=2, max_digits=1)
+    task = ReasoningGymTask.from_kwargs("basic_arithmetic", size=40, n_eval=40, min_terms=2, max_terms=2, max_digits=1)
     ev = list(task.problems("eval", 0))
     assert ev == list(task.problems("eval", 7))  # same eval for every seed
     eval_q = {p.prompt for p in ev}
     a = list(itertools.islice(task.problems("train", 0), 100))  # crosses an epoch
-    b = list(itertools.islice(ReasoningGymTask(
+    b = list(itertools.islice(ReasoningGymTask.from_kwargs(
         "basic_arithmetic", size=40, n_eval=40, min_terms=2, max_terms=2, max_digits=1
     ).problems("train", 0), 100))
     assert [p.id for p in a] == [p.id for p in b]
@@ -80,9 +80,9 @@ def test_bad_names_and_config():
     with pytest.raises(ValueError, match="unknown countdown config.*min_numbers"):
         make_task("countdown", bogus=3)
     with pytest.raises(ValueError, match="answer_tag"):
-        ReasoningGymTask("countdown", extract="xml")
+        ReasoningGymTask.from_kwargs("countdown", extract="xml")
     with pytest.raises(ValueError, match="eval.*train"):
-        ReasoningGymTask("countdown", size=2, n_eval=2).problems("test", 0)
+        ReasoningGymTask.from_kwargs("countdown", size=2, n_eval=2).problems("test", 0)
 
 
 def test_foreign_problem_is_an_error(countdown):

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from satrl.tasks import make_task
-from satrl.tasks.jsonl_math import JsonlMathTask
+from satrl.tasks.jsonl_math import JsonlMathOptions, JsonlMathTask
 from satrl.types import Problem, Task
 
 ROWS = [
@@ -52,19 +52,19 @@ def test_loads_and_formats_prompts(tmp_path):
     ],
 )
 def test_math_verify_reward(tmp_path, row, text, expected):
-    task = JsonlMathTask(_good_file(tmp_path))
+    task = JsonlMathTask(JsonlMathOptions(_good_file(tmp_path)))
     p = list(task.problems("eval", 0))[row]
     assert task.reward(p, text) == expected
 
 
 def test_reward_for_a_problem_built_elsewhere(tmp_path):
-    task = JsonlMathTask(_good_file(tmp_path))
+    task = JsonlMathTask(JsonlMathOptions(_good_file(tmp_path)))
     assert task.reward(Problem(id="other", prompt="?", answer="\\frac{3}{4}"), "\\boxed{0.75}") == 1.0
 
 
 def test_reward_works_off_the_main_thread(tmp_path):
     # math-verify's timeout uses SIGALRM, which fails outside the main thread; the task must not.
-    task = JsonlMathTask(_good_file(tmp_path))
+    task = JsonlMathTask(JsonlMathOptions(_good_file(tmp_path)))
     p = list(task.problems("eval", 0))[1]
     out = []
     t = threading.Thread(target=lambda: out.append(task.reward(p, "\\boxed{0.5}")))
@@ -86,7 +86,7 @@ def test_malformed_rows_are_counted_with_line_numbers(tmp_path):
         json.dumps(ROWS[2]),  # 9 ok
     ]
     with pytest.warns(UserWarning, match="skipped 6 malformed rows"):
-        task = JsonlMathTask(_write(tmp_path / "bad.jsonl", lines))
+        task = JsonlMathTask(JsonlMathOptions(_write(tmp_path / "bad.jsonl", lines)))
     assert [n for n, _ in task.skipped] == [2, 3, 4, 5, 7, 8]
     reasons = dict(task.skipped)
     assert "bad JSON" in reasons[2] and "'answer'" in reasons[3] and "'problem'" in reasons[4]
@@ -97,20 +97,20 @@ def test_malformed_rows_are_counted_with_line_numbers(tmp_path):
 
 def test_custom_keys(tmp_path):
     path = _good_file(tmp_path, [{"question": "1+1?", "solution": "2"}])
-    task = JsonlMathTask(path, problem_key="question", answer_key="solution", prompt_template="{problem}")
+    task = JsonlMathTask(JsonlMathOptions(path, problem_key="question", answer_key="solution", prompt_template="{problem}"))
     (p,) = task.problems("eval", 0)
     assert p.prompt == "1+1?" and task.reward(p, "\\boxed{2}") == 1.0
 
 
 def test_no_usable_rows_is_an_error(tmp_path):
     with pytest.raises(ValueError, match=r"no usable rows.*line 1: bad JSON.*line 2: missing"):
-        JsonlMathTask(_write(tmp_path / "x.jsonl", ["{bad", json.dumps({"q": 1})]))
+        JsonlMathTask(JsonlMathOptions(_write(tmp_path / "x.jsonl", ["{bad", json.dumps({"q": 1})])))
 
 
 def test_split_fraction_is_deterministic_and_disjoint(tmp_path):
     rows = [{"problem": f"What is {i}+1?", "answer": str(i + 1)} for i in range(200)]
     path = _good_file(tmp_path, rows)
-    t1, t2 = JsonlMathTask(path, eval_fraction=0.25), JsonlMathTask(path, eval_fraction=0.25)
+    t1, t2 = JsonlMathTask(JsonlMathOptions(path, eval_fraction=0.25)), JsonlMathTask(JsonlMathOptions(path, eval_fraction=0.25))
     ev = [p.id for p in t1.problems("eval", 0)]
     assert ev == [p.id for p in t2.problems("eval", 3)]
     assert 30 < len(ev) < 70
@@ -125,7 +125,7 @@ def test_split_fraction_is_deterministic_and_disjoint(tmp_path):
 
 
 def test_all_eval_by_default_and_train_is_a_clear_error(tmp_path):
-    task = JsonlMathTask(_good_file(tmp_path))
+    task = JsonlMathTask(JsonlMathOptions(_good_file(tmp_path)))
     assert len(list(task.problems("eval", 0))) == 4
     with pytest.raises(ValueError, match="no train rows"):
         task.problems("train", 0)
@@ -133,16 +133,16 @@ def test_all_eval_by_default_and_train_is_a_clear_error(tmp_path):
 
 def test_missing_file_and_bad_arguments(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
-        JsonlMathTask(tmp_path / "nope.jsonl")
+        JsonlMathTask(JsonlMathOptions(tmp_path / "nope.jsonl"))
     path = _good_file(tmp_path)
     with pytest.raises(ValueError, match="problem"):
-        JsonlMathTask(path, prompt_template="no field")
+        JsonlMathTask(JsonlMathOptions(path, prompt_template="no field"))
     with pytest.raises(ValueError, match="eval_fraction"):
-        JsonlMathTask(path, eval_fraction=2.0)
+        JsonlMathTask(JsonlMathOptions(path, eval_fraction=2.0))
     csv = tmp_path / "x.csv"
     csv.write_text("a,b\n")
     with pytest.raises(ValueError, match="parquet"):
-        JsonlMathTask(csv)
+        JsonlMathTask(JsonlMathOptions(csv))
 
 
 def test_parquet(tmp_path):
@@ -151,10 +151,10 @@ def test_parquet(tmp_path):
     if importlib.util.find_spec("pyarrow") is None:
         path.write_bytes(b"PAR1")  # never read: the missing dependency is reported first
         with pytest.raises(ImportError, match="pip install pyarrow"):
-            JsonlMathTask(path)
+            JsonlMathTask(JsonlMathOptions(path))
         return
     pd.DataFrame([{"problem": "1+1?", "answer": "2"}, {"problem": "x", "answer": None}]).to_parquet(path)
     with pytest.warns(UserWarning, match="skipped 1"):
-        task = JsonlMathTask(path)
+        task = JsonlMathTask(JsonlMathOptions(path))
     (p,) = task.problems("eval", 0)
     assert task.reward(p, "\\boxed{2}") == 1.0

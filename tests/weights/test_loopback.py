@@ -99,12 +99,12 @@ def _engine(link, out, done) -> None:
 def test_trainer_and_engine_listen_on_loopback_only():
     """A live link (one version broadcast over it): every LISTEN socket of the trainer process (the store, the
     gloo listener of rank 0) and of the engine process (rank 1's gloo listener) is bound to 127.0.0.1."""
-    from satrl.weights.transports import DistTransport
+    from satrl.weights.transports import DistTransport, Wiring
 
     ctx = torch.multiprocessing.get_context("spawn")
     out, done = ctx.Queue(), ctx.Event()
     before = set(listening())
-    transport = DistTransport(lambda message: None, torch.float32, timeout_s=60, start_timeout_s=60)
+    transport = DistTransport(Wiring(lambda message: None, torch.float32, timeout_s=60, start_timeout_s=60))
     link = transport.open(lambda: proc.is_alive()).link
     assert link.host == "127.0.0.1"
     proc = ctx.Process(target=_engine, args=(link, out, done))

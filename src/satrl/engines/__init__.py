@@ -8,10 +8,12 @@ builds an engine by its name in the :data:`ENGINES` registry (``"torch"``; ``"vl
 from satrl.engines.numerics import NUMERICS, resolve_numerics
 from satrl.engines.registry import ENGINES, make_engine
 from satrl.engines.sampling import request_uniforms, sample_step, sampling_logprobs, truncate_logits
+from satrl.engines.spec import EngineSpec
 from satrl.engines.torch_engine import TorchEngine
 
 __all__ = [
     "ENGINES",
+    "EngineSpec",
     "NUMERICS",
     "TorchEngine",
     "make_engine",

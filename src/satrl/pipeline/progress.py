@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from typing import TextIO
 
 from satrl.config import RunConfig
@@ -43,9 +44,22 @@ def step_info(row: dict, last_eval: dict) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Cadence:
+    """When :class:`LineLog` prints a line (besides the last step).
+
+    Attributes:
+        every: every this many steps; None: every ``total // LOG_FRACTION`` steps (at least 1).
+        seconds: after this many seconds without a line.
+    """
+
+    every: int | None = None
+    seconds: float = LOG_SECONDS
+
+
 class LineLog:
-    """``on_step`` callback printing one plain line every ``every`` steps, after ``seconds`` without a
-    line, and at the last step. ``clock`` is injectable for tests.
+    """``on_step`` callback printing one plain line every ``cadence.every`` steps, after ``cadence.seconds``
+    without a line, and at the last step (:class:`Cadence`). ``clock`` is injectable for tests.
 
     The eta is measured from this process's second step on, so start-up (imports, the model, the step-0 eval)
     and the first step after it (the pipeline filling: the engine's first batches, first-call allocations; the
@@ -54,11 +68,11 @@ class LineLog:
     (``eval_every`` as in ``eval.every``; the last step always evaluates). Until two steps have been timed there
     is no rate: ``eta ?``."""
 
-    def __init__(self, name: str, total: int, stream: TextIO, every: int | None = None,
-                 seconds: float = LOG_SECONDS, clock=time.monotonic, eval_every: int = 0) -> None:  # fmt: skip
+    def __init__(self, name: str, total: int, stream: TextIO, cadence: Cadence = Cadence(),
+                 clock=time.monotonic, eval_every: int = 0) -> None:  # fmt: skip
         self.name, self.total, self.stream, self.clock = name, total, stream, clock
-        self.every = every or max(1, total // LOG_FRACTION)
-        self.seconds, self.eval_every = seconds, eval_every
+        self.every = cadence.every or max(1, total // LOG_FRACTION)
+        self.seconds, self.eval_every = cadence.seconds, eval_every
         self.t0 = self.last_t = clock()
         self.prev: float | None = None  # the previous step's time (None before the first step)
         self.warm = False  # the first interval (the pipeline filling) is not a step's time

@@ -9,11 +9,12 @@ lazily, so ``import satrl.tasks`` stays light.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 from satrl.registry import Registry, UnknownChoice
-from satrl.tasks.arithmetic import ArithmeticTask
+from satrl.tasks.arithmetic import ArithmeticOptions, ArithmeticTask
 from satrl.types import Problem, Task
 
 
@@ -45,20 +46,28 @@ def _gym(name: str) -> Callable[..., Task] | None:
     def build(**kwargs: Any) -> Task:
         from satrl.tasks.gym import ReasoningGymTask
 
-        return ReasoningGymTask(name[len(GYM_PREFIX) :], **kwargs)
+        return ReasoningGymTask.from_kwargs(name[len(GYM_PREFIX) :], **kwargs)
 
     return build
 
 
 TASKS: Registry[Callable[..., Task]] = Registry("task", fallback=_gym, hint=f" or '{GYM_PREFIX}<reasoning_gym dataset>'")
-TASKS.register("arithmetic", ArithmeticTask)
+
+
+@TASKS.register("arithmetic")
+def _arithmetic(**kwargs: Any) -> Task:
+    return ArithmeticTask(ArithmeticOptions(**kwargs))
+
+
+# Its keys, as its factory's signature: `satrl pretrain` passes digits and ops only to a task whose factory names them.
+_arithmetic.__signature__ = inspect.signature(ArithmeticOptions)
 
 
 @TASKS.register("jsonl_math")
 def _jsonl_math(**kwargs: Any) -> Task:
-    from satrl.tasks.jsonl_math import JsonlMathTask
+    from satrl.tasks.jsonl_math import JsonlMathOptions, JsonlMathTask
 
-    return JsonlMathTask(**kwargs)
+    return JsonlMathTask(JsonlMathOptions(**kwargs))
 
 
 def _jsonl_math_splits(kwargs: dict[str, Any]) -> str | None:
@@ -81,18 +90,18 @@ def _countdown_trace(**kwargs: Any) -> Task:
     """Countdown whose reference completions are depth-first search traces: long responses, exact reward
     (docs/tasks.md). Its task.kwargs: min_numbers/max_numbers (3), min_value/max_value (1-30), min_target/max_target
     (10-99), max_trace_tokens (240, also its max_new_tokens), n_train (endless), n_eval (256), eval_fraction (0.1),
-    eval_seed (0), split_key; :class:`satrl.tasks.countdown_trace.CountdownTraceTask` says what each does."""
+    eval_seed (0), split_key; :class:`satrl.tasks.countdown_trace.CountdownTraceOptions` says what each does."""
     # imported here, so that `python -m satrl.tasks.countdown_trace` (its length statistics) runs it only once
-    from satrl.tasks.countdown_trace import CountdownTraceTask
+    from satrl.tasks.countdown_trace import CountdownTraceOptions, CountdownTraceTask
 
-    return CountdownTraceTask(**kwargs)
+    return CountdownTraceTask(CountdownTraceOptions(**kwargs))
 
 
 @TASKS.register("countdown")
 def _countdown(**kwargs: Any) -> Task:
     from satrl.tasks.gym import ReasoningGymTask
 
-    return ReasoningGymTask("countdown", **kwargs)
+    return ReasoningGymTask.from_kwargs("countdown", **kwargs)
 
 
 def split_problem(name: str, kwargs: dict[str, Any]) -> str | None:
@@ -122,4 +131,4 @@ def make_task(name: str, **kwargs: Any) -> Task:
         raise TaskError(f"task {name!r}: {first}") from e
 
 
-__all__ = ["ArithmeticTask", "Problem", "Task", "TaskError", "TASKS", "make_task", "split_problem"]
+__all__ = ["ArithmeticOptions", "ArithmeticTask", "Problem", "Task", "TaskError", "TASKS", "make_task", "split_problem"]

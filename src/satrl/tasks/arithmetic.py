@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from satrl.types import Problem
 
@@ -35,29 +36,40 @@ SPLITS = ("train", "eval")
 _ENUMERATE_LIMIT = 100_000
 
 
+@dataclass(frozen=True)
+class ArithmeticOptions:
+    """The arithmetic task's options: its ``task.kwargs`` (each key a field, with the same default).
+
+    Attributes:
+        digits: operand width; operands are uniform in ``[0, 10**digits)``.
+        ops: operators drawn uniformly, a subset of ``+ - *`` (a string such as ``"+-"`` or a sequence).
+        n_train: number of train problems per :meth:`ArithmeticTask.problems` call; ``None`` = endless stream.
+        n_eval: size of the eval split (distinct expressions).
+        eval_fraction: share of the expression space reserved for eval.
+        eval_seed: seed of the eval draw; ``None`` = use the seed passed to :meth:`ArithmeticTask.problems`.
+        split_key: key of the split hash; changing it gives a different (still disjoint) partition.
+    """
+
+    digits: int = 3
+    ops: tuple[str, ...] | list[str] | str = ("+",)
+    n_train: int | None = None
+    n_eval: int = 200
+    eval_fraction: float = 0.1
+    eval_seed: int | None = 0
+    split_key: str = "satrl-arith-v1"
+
+
 class ArithmeticTask:
     """Zero-padded ``a op b =`` problems with a strict exact-match reward.
 
     Args:
-        digits: operand width; operands are uniform in ``[0, 10**digits)``.
-        ops: operators drawn uniformly, a subset of ``+ - *``.
-        n_train: number of train problems per :meth:`problems` call; ``None`` = endless stream.
-        n_eval: size of the eval split (distinct expressions).
-        eval_fraction: share of the expression space reserved for eval.
-        eval_seed: seed of the eval draw; ``None`` = use the seed passed to :meth:`problems`.
-        split_key: key of the split hash; changing it gives a different (still disjoint) partition.
+        options: the task's settings (:class:`ArithmeticOptions`, what ``task.kwargs`` build); checked here, each
+            bad value refused in one line.
     """
 
-    def __init__(
-        self,
-        digits: int = 3,
-        ops: tuple[str, ...] | list[str] | str = ("+",),
-        n_train: int | None = None,
-        n_eval: int = 200,
-        eval_fraction: float = 0.1,
-        eval_seed: int | None = 0,
-        split_key: str = "satrl-arith-v1",
-    ) -> None:
+    def __init__(self, options: ArithmeticOptions = ArithmeticOptions()) -> None:
+        digits, ops, n_train, n_eval = options.digits, options.ops, options.n_train, options.n_eval
+        eval_fraction = options.eval_fraction
         if isinstance(ops, str):
             ops = tuple(ops)  # "+-" -> ("+", "-")
         ops = tuple(ops)
@@ -74,13 +86,14 @@ class ArithmeticTask:
             raise ValueError(f"n_eval must be >= 1, got {n_eval}")
         if n_train is not None and n_train < 0:
             raise ValueError(f"n_train must be >= 0 or None (endless), got {n_train}")
+        self.options = options
         self.digits = digits
         self.ops = ops
         self.n_train = n_train
         self.n_eval = n_eval
         self.eval_fraction = eval_fraction
-        self.eval_seed = eval_seed
-        self.split_key = split_key
+        self.eval_seed = options.eval_seed
+        self.split_key = options.split_key
         self.name = f"arithmetic(digits={digits},ops={''.join(ops)})"
         self._eval_cache: dict[int, list[Problem]] = {}
 

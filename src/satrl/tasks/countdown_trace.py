@@ -31,6 +31,7 @@ import random
 import re
 import statistics
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from satrl.tasks.countdown_solver import check_answer, final_answer, solve
 from satrl.types import Problem
@@ -54,10 +55,11 @@ def parse_prompt(prompt: str) -> tuple[list[int], int]:
     return [int(x) for x in m[1].split()], int(m[2])
 
 
-class CountdownTraceTask:
-    """Countdown problems whose reference completions are the solver's search traces; see the module docstring.
+@dataclass(frozen=True)
+class CountdownTraceOptions:
+    """The countdown_trace task's options: its ``task.kwargs`` (each key a field, with the same default).
 
-    Args:
+    Attributes:
         min_numbers, max_numbers: how many numbers a problem has (uniform in the range; at least 2). Four numbers
             give traces of hundreds to thousands of tokens: most four-number draws exceed ``max_trace_tokens`` and
             are dropped, which leaves only those solved early, so keep 3 unless the context grows.
@@ -65,29 +67,41 @@ class CountdownTraceTask:
         min_target, max_target: the range of the target.
         max_trace_tokens: a drawn problem is kept only if its reference trace, EOS included, has at most this many
             tokens of the character tokenizer; also the task's ``max_new_tokens`` (what an evaluation needs).
-        n_train: train problems per :meth:`problems` call; ``None`` = endless stream.
+        n_train: train problems per :meth:`CountdownTraceTask.problems` call; ``None`` = endless stream.
         n_eval: size of the eval split (distinct problems); 256 so that a run's default val and test parts (80 and
             100 of them, split by a hash of the prompt) fit for every ``eval.problem_seed`` tried (200 did not).
         eval_fraction: share of the problem space reserved for eval.
-        eval_seed: seed of the eval draw; ``None`` = the seed passed to :meth:`problems`.
+        eval_seed: seed of the eval draw; ``None`` = the seed passed to :meth:`CountdownTraceTask.problems`.
         split_key: key of the split hash; another key gives another (still disjoint) partition.
     """
 
-    def __init__(
-        self,
-        min_numbers: int = 3,
-        max_numbers: int = 3,
-        min_value: int = 1,
-        max_value: int = 30,
-        min_target: int = 10,
-        max_target: int = 99,
-        max_trace_tokens: int = 240,
-        n_train: int | None = None,
-        n_eval: int = 256,
-        eval_fraction: float = 0.1,
-        eval_seed: int | None = 0,
-        split_key: str = "satrl-countdown-trace-v1",
-    ) -> None:
+    min_numbers: int = 3
+    max_numbers: int = 3
+    min_value: int = 1
+    max_value: int = 30
+    min_target: int = 10
+    max_target: int = 99
+    max_trace_tokens: int = 240
+    n_train: int | None = None
+    n_eval: int = 256
+    eval_fraction: float = 0.1
+    eval_seed: int | None = 0
+    split_key: str = "satrl-countdown-trace-v1"
+
+
+class CountdownTraceTask:
+    """Countdown problems whose reference completions are the solver's search traces; see the module docstring.
+
+    Args:
+        options: the task's settings (:class:`CountdownTraceOptions`, what ``task.kwargs`` build); checked here,
+            each bad value refused in one line.
+    """
+
+    def __init__(self, options: CountdownTraceOptions = CountdownTraceOptions()) -> None:
+        o = options
+        min_numbers, max_numbers, min_value, max_value = o.min_numbers, o.max_numbers, o.min_value, o.max_value
+        min_target, max_target, max_trace_tokens = o.min_target, o.max_target, o.max_trace_tokens
+        n_train, n_eval, eval_fraction, eval_seed = o.n_train, o.n_eval, o.eval_fraction, o.eval_seed
         if not 2 <= min_numbers <= max_numbers:
             raise ValueError(f"need 2 <= min_numbers <= max_numbers, got {min_numbers}, {max_numbers}")
         if not 1 <= min_value <= max_value:
@@ -106,7 +120,8 @@ class CountdownTraceTask:
         self.max_new_tokens = max_trace_tokens  # the response cap an evaluation of this task needs
         self.n_train, self.n_eval = n_train, n_eval
         self.eval_fraction, self.eval_seed = eval_fraction, eval_seed
-        self.split_key = split_key
+        self.split_key = o.split_key
+        self.options = options
         self.name = (f"countdown_trace(numbers={min_numbers}-{max_numbers},values={min_value}-{max_value},"
                      f"targets={min_target}-{max_target})")  # fmt: skip
         # draws rejected, by reason: the diagnostics `python -m satrl.tasks.countdown_trace` prints
@@ -202,7 +217,7 @@ def length_stats(task: CountdownTraceTask, n: int = 2000, seed: int = 0) -> dict
     from itertools import islice
 
     from satrl.models.tokenizer import build_char_tokenizer
-    from satrl.tasks.arithmetic import ArithmeticTask
+    from satrl.tasks.arithmetic import ArithmeticOptions, ArithmeticTask
 
     tok = build_char_tokenizer(model_max_length=CONTEXT)
 
@@ -212,7 +227,7 @@ def length_stats(task: CountdownTraceTask, n: int = 2000, seed: int = 0) -> dict
     probs = list(islice(task.problems("train", seed), n))
     prompt = [len(tok(p.prompt)["input_ids"]) for p in probs]
     trace = [response(p.answer) for p in probs]
-    arith = [response(p.answer) for p in islice(ArithmeticTask(digits=3, ops="+").problems("train", seed), n)]
+    arith = [response(p.answer) for p in islice(ArithmeticTask(ArithmeticOptions(digits=3, ops="+")).problems("train", seed), n)]
     total = [a + b for a, b in zip(prompt, trace)]
     stats = {"prompt": _quantiles(prompt), "trace": _quantiles(trace), "total": _quantiles(total),
              "arithmetic_response": _quantiles(arith)}  # fmt: skip

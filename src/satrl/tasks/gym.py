@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from satrl.registry import Registry
@@ -46,31 +47,48 @@ def _answer_tag(text: str) -> str | None:
 EXTRACTORS: Registry[Callable[[str], str | None]] = Registry("extract", {"none": _whole, "answer_tag": _answer_tag})
 
 
+@dataclass(frozen=True)
+class GymOptions:
+    """A reasoning-gym task's own options: the ``task.kwargs`` keys below (same defaults); any other key is the
+    dataset's config (:meth:`ReasoningGymTask.from_kwargs` sorts them).
+
+    Attributes:
+        size: distinct train items per stream seed.
+        seed: base seed of the train datasets.
+        n_eval: number of eval items.
+        eval_seed: seed of the eval dataset; ``None`` = the seed passed to :meth:`ReasoningGymTask.problems`.
+        prompt_template: ``str.format`` template with a ``{question}`` field.
+        extract: ``"none"``, ``"answer_tag"`` or a callable mapping the completion to the scored answer.
+    """
+
+    size: int = 10_000
+    seed: int = 0
+    n_eval: int = 100
+    eval_seed: int | None = 0
+    prompt_template: str = "{question}"
+    extract: str | Callable[[str], str | None] = "none"
+
+
 class ReasoningGymTask:
     """A reasoning-gym dataset as a :class:`satrl.types.Task`; see the module docstring.
 
     Args:
         dataset_name: a reasoning-gym dataset name (``countdown``, ``basic_arithmetic``, ...).
-        size: distinct train items per stream seed.
-        seed: base seed of the train datasets.
-        n_eval: number of eval items.
-        eval_seed: seed of the eval dataset; ``None`` = the seed passed to :meth:`problems`.
-        prompt_template: ``str.format`` template with a ``{question}`` field.
-        extract: ``"none"``, ``"answer_tag"`` or a callable mapping the completion to the scored answer.
+        options: the task's own settings (:class:`GymOptions`); checked here, each bad value refused in one line.
         **config: the dataset's own config fields (e.g. ``min_numbers=3`` for countdown).
     """
 
-    def __init__(
-        self,
-        dataset_name: str,
-        size: int = 10_000,
-        seed: int = 0,
-        n_eval: int = 100,
-        eval_seed: int | None = 0,
-        prompt_template: str = "{question}",
-        extract: str | Callable[[str], str | None] = "none",
-        **config: Any,
-    ) -> None:
+    @classmethod
+    def from_kwargs(cls, dataset_name: str, **kwargs: Any) -> ReasoningGymTask:
+        """The task as ``task.kwargs`` give it: the :class:`GymOptions` keys are its options, the rest the
+        dataset's config."""
+        own = {f.name for f in dataclasses.fields(GymOptions)}
+        options = GymOptions(**{k: v for k, v in kwargs.items() if k in own})
+        return cls(dataset_name, options, **{k: v for k, v in kwargs.items() if k not in own})
+
+    def __init__(self, dataset_name: str, options: GymOptions = GymOptions(), **config: Any) -> None:
+        size, seed, n_eval, eval_seed = options.size, options.seed, options.n_eval, options.eval_seed
+        prompt_template, extract = options.prompt_template, options.extract
         import reasoning_gym
         from reasoning_gym.factory import DATASETS
 
@@ -96,6 +114,7 @@ class ReasoningGymTask:
         self.prompt_template = prompt_template
         self.extract = extract
         self.config = config
+        self.options = options
         self.name = f"gym:{dataset_name}"
         self.n_overlap_skipped = 0
         # problem id -> (dataset, entry): what score_answer needs. Bounded by size per seed + n_eval.

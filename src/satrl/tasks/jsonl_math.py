@@ -30,6 +30,7 @@ import random
 import threading
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -110,10 +111,11 @@ def math_equal(gold: list[Any], completion_text: str, timeout_s: int = _TIMEOUT_
     return bool(pred) and verify(gold, pred, timeout_seconds=_timeout(timeout_s))
 
 
-class JsonlMathTask:
-    """Local JSONL / parquet math set with a math-verify reward; see the module docstring.
+@dataclass(frozen=True)
+class JsonlMathOptions:
+    """The jsonl_math task's options: its ``task.kwargs`` (each key a field, with the same default).
 
-    Args:
+    Attributes:
         path: a ``.jsonl`` (or ``.json`` with one object per line) or ``.parquet`` file.
         problem_key, answer_key: row fields holding the problem and the reference answer.
         prompt_template: ``str.format`` template whose one field is ``{problem}`` (a literal brace: ``{{``, ``}}``).
@@ -121,19 +123,31 @@ class JsonlMathTask:
             config refuses 0 and 1 (the default, 1.0, makes every row eval: for ``satrl eval``).
         split_key: key of the split hash.
         verify_timeout_s: seconds (integer >= 1) math-verify may spend parsing, and again comparing, one
-            answer; past it the reward is 0 and :attr:`timeouts` counts it.
+            answer; past it the reward is 0 and :attr:`JsonlMathTask.timeouts` counts it.
     """
 
-    def __init__(
-        self,
-        path: str | Path,
-        problem_key: str = "problem",
-        answer_key: str = "answer",
-        prompt_template: str = DEFAULT_TEMPLATE,
-        eval_fraction: float = 1.0,
-        split_key: str = "satrl-jsonl-v1",
-        verify_timeout_s: int = _TIMEOUT_S,
-    ) -> None:
+    path: str | Path
+    problem_key: str = "problem"
+    answer_key: str = "answer"
+    prompt_template: str = DEFAULT_TEMPLATE
+    eval_fraction: float = 1.0
+    split_key: str = "satrl-jsonl-v1"
+    verify_timeout_s: int = _TIMEOUT_S
+
+
+class JsonlMathTask:
+    """Local JSONL / parquet math set with a math-verify reward; see the module docstring.
+
+    Args:
+        options: the task's settings (:class:`JsonlMathOptions`, what ``task.kwargs`` build); checked here, each
+            bad value (or a missing file) refused in one line.
+    """
+
+    def __init__(self, options: JsonlMathOptions) -> None:
+        path, problem_key, answer_key = options.path, options.problem_key, options.answer_key
+        prompt_template, eval_fraction, split_key = options.prompt_template, options.eval_fraction, options.split_key
+        verify_timeout_s = options.verify_timeout_s
+        self.options = options
         self.path = Path(path)
         if self.path.is_dir():
             raise ValueError(f"jsonl_math: {str(self.path)!r} is a directory, not a .jsonl or .parquet file")

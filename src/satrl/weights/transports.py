@@ -95,18 +95,18 @@ class DistTransport:
     (:class:`~satrl.weights.link.Link`); each version is broadcast once as buckets in the engine's ``dtype``, and
     the queue carries only the message that orders it among keep lists and requests.
 
+    ``wiring`` (:class:`Wiring`) gives the queue's ``send``, the broadcast ``dtype`` and ``bucket_bytes``, and:
     ``timeout_s``: the most seconds a broadcast may wait for the engine (``engine.timeout_s``);
     ``start_timeout_s``: the most a fresh engine may take to join (``engine.start_timeout_s``); ``host``: the one
     address the store and both ranks' gloo listeners bind (the loopback one unless named: nothing is reachable
-    from another machine; the link is unauthenticated, see docs/design.md)."""
+    from another machine; the link is unauthenticated, see docs/design.md). ``to``: where the engine side loads
+    each version (the engine process, or vLLM's own weight-transfer API)."""
 
-    def __init__(self, send: Send, dtype: torch.dtype, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 timeout_s: float = ENGINE_TIMEOUT_S, start_timeout_s: float = ENGINE_TIMEOUT_S,
-                 to: Broadcast = TO_ENGINE_PROCESS, host: str = LOOPBACK) -> None:  # fmt: skip
-        self.send, self.dtype, self.bucket_bytes, self.to = send, dtype, bucket_bytes, to
-        self.timeout_s, self.start_timeout_s, self.host = timeout_s, start_timeout_s, host
+    def __init__(self, wiring: Wiring, to: Broadcast = TO_ENGINE_PROCESS) -> None:
+        self.send, self.dtype, self.bucket_bytes, self.to = wiring.send, wiring.dtype, wiring.bucket_bytes, to
+        self.timeout_s, self.start_timeout_s, self.host = wiring.timeout_s, wiring.start_timeout_s, wiring.host
         self.held: dict[int, dict[str, torch.Tensor]] = {}
-        self.store = serve(host, start_timeout_s)  # bound to host only (torch binds every interface)
+        self.store = serve(self.host, self.start_timeout_s)  # bound to host only (torch binds every interface)
         self._generation = 0
         self._group: dist.ProcessGroup | None = None
         self._join_error: Exception | None = None
@@ -173,7 +173,7 @@ class DistTransport:
 
 @dataclass(frozen=True)
 class Wiring:
-    """What a backend knows when it builds a transport's trainer side."""
+    """What a backend knows when it builds a transport's trainer side (:class:`DistTransport` takes it whole)."""
 
     send: Send
     dtype: torch.dtype  # the engine's weight dtype: it rounds to it anyway, so broadcast no more bytes
@@ -196,7 +196,7 @@ class TransportKind:
 
 
 def _dist(w: Wiring, to: Broadcast = TO_ENGINE_PROCESS) -> DistTransport:
-    return DistTransport(w.send, w.dtype, w.bucket_bytes, w.timeout_s, w.start_timeout_s, to, w.host)
+    return DistTransport(w, to)
 
 
 TRANSPORTS: Registry[TransportKind] = Registry("weights transport")

@@ -280,9 +280,9 @@ class ProcessBackend:
 
 
 def _ray(spec: WorkerSpec, **options) -> Backend:
-    from satrl.pipeline.engine_side.ray_backend import RayBackend  # optional extra: ray
+    from satrl.pipeline.engine_side.ray_backend import RayBackend, RayOptions  # optional extra: ray
 
-    return RayBackend(spec, **options)
+    return RayBackend(spec, RayOptions(**options))
 
 
 def _local_options(cfg: RunConfig) -> dict:

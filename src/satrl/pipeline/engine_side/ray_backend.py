@@ -88,36 +88,47 @@ class _Shard:
     failed_at: float | None = None  # first time its actor was found dead (bounds the restart wait)
 
 
-class RayBackend:
-    """Rollouts on ``num_workers`` Ray engine actors (implements :class:`~satrl.pipeline.engine_side.backends.Backend`).
+@dataclass(frozen=True)
+class RayOptions:
+    """The Ray backend's settings (config: the ``ray:`` section and the engine's deadlines, ``backend_options``).
 
-    Args:
-        spec: how each actor builds its rollout worker.
+    Attributes:
         num_workers: engine actors (config ``ray.workers``).
         address: Ray cluster to join (``ray.address``); None starts a private local cluster (shut down by
-            :meth:`close`). If Ray is already initialized in this process, that cluster is used and left running.
+            :meth:`RayBackend.close`). If Ray is already initialized in this process, that cluster is used and left
+            running.
         num_gpus: GPUs reserved per actor (``ray.gpus``).
         max_restarts: how often Ray may restart each actor after it dies.
         restart_timeout_s: how long a shard waits for its dead actor to come back before the run fails.
-        timeout_s: how long :meth:`result` waits for a batch (config ``engine.timeout_s``) before the actors that
-            owe it count as hung: they are killed and restarted by Ray, their shards re-issued, with a fresh
-            deadline (plus ``restart_timeout_s`` for the restart).
-        max_hang_restarts: hangs in a row for one batch before :class:`~satrl.pipeline.engine_side.backends.EngineError`, one
-            line (config ``engine.max_restarts``).
+        timeout_s: how long :meth:`RayBackend.result` waits for a batch (config ``engine.timeout_s``) before the
+            actors that owe it count as hung: they are killed and restarted by Ray, their shards re-issued, with a
+            fresh deadline (plus ``restart_timeout_s`` for the restart).
+        max_hang_restarts: hangs in a row for one batch before :class:`~satrl.pipeline.engine_side.backends.EngineError`,
+            one line (config ``engine.max_restarts``).
     """
 
-    def __init__(
-        self,
-        spec: WorkerSpec,
-        num_workers: int = 1,
-        address: str | None = None,
-        *,
-        num_gpus: float = 0.0,
-        max_restarts: int = 4,
-        restart_timeout_s: float = 300.0,
-        timeout_s: float = 3600.0,
-        max_hang_restarts: int = 3,
-    ) -> None:
+    num_workers: int = 1
+    address: str | None = None
+    num_gpus: float = 0.0
+    max_restarts: int = 4
+    restart_timeout_s: float = 300.0
+    timeout_s: float = 3600.0
+    max_hang_restarts: int = 3
+
+
+class RayBackend:
+    """Rollouts on ``options.num_workers`` Ray engine actors (implements
+    :class:`~satrl.pipeline.engine_side.backends.Backend`).
+
+    Args:
+        spec: how each actor builds its rollout worker.
+        options: the backend's settings (:class:`RayOptions`).
+    """
+
+    def __init__(self, spec: WorkerSpec, options: RayOptions = RayOptions()) -> None:
+        num_workers, address, num_gpus = options.num_workers, options.address, options.num_gpus
+        max_restarts, restart_timeout_s = options.max_restarts, options.restart_timeout_s
+        timeout_s, max_hang_restarts = options.timeout_s, options.max_hang_restarts
         n, gpus = int(num_workers), float(num_gpus)
         if n < 1:
             raise ValueError(f"num_workers must be >= 1, got {n} (config ray.workers)")
