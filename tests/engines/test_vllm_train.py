@@ -7,9 +7,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 from vllm_helpers import REQUIRED, needs_vllm, vllm_pids
@@ -27,7 +29,8 @@ def test_satrl_train_with_the_vllm_engine(tmp_path):
     weights.transport=vllm (each version broadcast once and loaded by vLLM's weight-transfer API) and the Ray
     backend (vLLM inside a Ray actor; `make test-vllm` installs Ray) give the same metrics as the sequential one,
     bit for bit, and no vLLM process outlives a run."""
-    before = vllm_pids()
+    tag = uuid.uuid4().hex  # this test's vLLM processes (vllm_pids), whatever else runs beside it
+    env = {**os.environ, "SATRL_TEST_TAG": tag}
     runs = {}
     backends = ("sequential", "local", "ray") if (REQUIRED or importlib.util.find_spec("ray")) else ("sequential", "local")
     backends += ("local-vllm-transport",)  # vLLM's own weight-transfer API (weights.transport=vllm)
@@ -37,7 +40,7 @@ def test_satrl_train_with_the_vllm_engine(tmp_path):
         extra = ["weights.transport=vllm"] if transport else []
         args = [sys.executable, "-m", "satrl", "train", str(REPO / "configs" / "sat_grpo.yaml"), *TINY,
                 "engine=vllm", "steps=4", "lag.n=2", f"backend={name}", *extra, f"out={out}"]  # fmt: skip
-        r = subprocess.run(args, capture_output=True, text=True, timeout=900)
+        r = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
         assert r.returncode == 0, r.stderr[-4000:]
         runs[backend] = rows = read_jsonl(out / "metrics.jsonl")
         assert [row["step"] for row in rows] == [1, 2, 3, 4]
@@ -49,7 +52,7 @@ def test_satrl_train_with_the_vllm_engine(tmp_path):
         assert "name: vllm" in (out / "config.yaml").read_text()
     assert all(stable(runs[b]) == stable(runs["sequential"]) for b in backends)
     for _ in range(20):  # vLLM's processes stop within seconds of the run's end
-        if not (vllm_pids() - before):
+        if not vllm_pids(tag):
             break
         time.sleep(0.5)
-    assert not (vllm_pids() - before), "vLLM processes outlived the run"
+    assert not vllm_pids(tag), "vLLM processes outlived the run"
