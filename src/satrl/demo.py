@@ -144,11 +144,17 @@ def _did(name: str, met: list[dict]) -> str:
     from satrl.experiments.mdtext import _f as _num
 
     qs = sorted(r["obj/q"] for r in met if isinstance(r.get("obj/q"), float) and math.isfinite(r["obj/q"]))
-    gate, changed = (_mean([r.get(k) for r in met]) for k in ("obj/gate_rate", "obj/sat_clipfrac"))
+    gate, changed = sat_means(met)
     v = vcpo_means(met)
     return (f"| {name} | {_num(qs[len(qs) // 2] if qs else None, '{:.3f}')} | {_num(gate, '{:.2%}')} | "
             f"{_num(changed, '{:.2%}')} | {_num(v['obj/ess_ratio'], '{:.1%}')} | {_num(v['obj/step_scale'], '{:.3f}')} "
             f"({_num(v['min_step_scale'], '{:.3f}')}) | {_num(v['obj/opob_shift'], '{:.3f}')} |")  # fmt: skip
+
+
+def sat_means(met: list[dict]) -> tuple[float | None, float | None]:
+    """SAT's gate rate and share of gradients changed, as run means (None where a run logs neither)."""
+    gate, changed = (_mean([r.get(k) for r in met]) for k in ("obj/gate_rate", "obj/sat_clipfrac"))
+    return gate, changed
 
 
 def vcpo_means(met: list[dict]) -> dict[str, float | None]:
@@ -238,7 +244,7 @@ def write_report(out: Path, runs: dict[str, Path], lag: int = 8) -> Path:
     d_pi = {name: d_pi_last25(met) for name, (_, met) in data.items()}
     lags = [(json.loads((p / "summary.json").read_text()).get("lag_realized") or {}).get("mean") for p in runs.values()]
     sat = data.get("sat_grpo", ([], []))[1]
-    gate, changed = (_mean([r.get(k) for r in sat]) for k in ("obj/gate_rate", "obj/sat_clipfrac"))
+    gate, changed = sat_means(sat)
     vcpo = vcpo_means(data["vcpo"][1]) if "vcpo" in data else None
     ev, met = next(reversed(data.values()), ([], []))
     last = ev[-1] if ev else {}
