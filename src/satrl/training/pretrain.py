@@ -9,12 +9,28 @@ the first N steps of any longer run with the same seed. Calibration is therefore
 every few hundred steps, pick the N where avg@8 lands in the target band, rerun with ``--steps N``".
 Everything is deterministic for ``seed`` *and* ``threads`` (CPU matmul reductions depend on the thread
 count), so both are recorded in ``pretrain.json`` together with the exact command.
+
+**Micro-batches** (``--micro-batch-size M``, default 0: the whole batch in one pass). A batch is padded to its longest
+sequence; with long, varied responses (countdown traces) most of that compute is padding. With M > 0 the batch's rows
+are sorted by length (stable), cut into consecutive chunks of M rows, each padded only to its own longest row, and each
+chunk's loss is backpropagated weighted by its share of the batch's label tokens: the accumulated gradient is the
+whole batch's mean cross-entropy gradient up to float summation order, so M changes the trajectory in the last bits
+only, but it does change it, and it is recorded (and must match on ``--resume``). The tiny MoE adds no router aux loss
+to ``.loss`` (``output_router_logits=False``, coefficient 0): a model_cfg that turns one on is refused with M > 0, as
+a batch statistic of the router does not split into chunks.
+
+**Resume** (``--save-every N``, ``--resume``): every N steps (and at the last step) the run's whole state is written
+to ``<out>/resume/``; ``--resume`` continues from it bit-identically to an uninterrupted run, regenerating the train
+stream up to where it stopped (cheap: 384k countdown problems take ~10 s). See :mod:`satrl.training.pretrain_state`.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import dataclasses
 import inspect
+import itertools
 import json
 import shlex
 import time
@@ -31,6 +47,8 @@ from satrl.models.sampler import score
 from satrl.models.tiny import COMMON, build_tiny_model, count_params
 from satrl.models.tokenizer import build_char_tokenizer
 from satrl.registry import Registry
+from satrl.training import pretrain_state
+from satrl.training.pretrain_state import LoopState, ResumeError
 
 # What `--model NAME` means: the recipe of each policy (CLI flags override kind, task, digits and ops; model_cfg
 # overrides the tiny model's config). The countdown bases need 256 positions (prompt <= 16 + trace <= 240 tokens,
@@ -67,8 +85,53 @@ def encode_batch(
     return {"input_ids": ids, "attention_mask": attn, "labels": lab}
 
 
-def _batches(task: Any, seed: int, batch_size: int) -> Iterator[tuple[list[str], list[str]]]:
+def micro_batches(batch: dict[str, torch.Tensor], size: int) -> list[dict[str, torch.Tensor]]:
+    """The rows of ``batch`` sorted by length (stable), in consecutive chunks of ``size`` rows, each cut to its own
+    longest row: right padding beyond it is neither attended to nor labelled, so the cut changes no real logit."""
+    lengths = batch["attention_mask"].sum(dim=1).tolist()
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    chunks = []
+    for start in range(0, len(order), size):
+        rows = torch.tensor(order[start : start + size])
+        width = max(lengths[i] for i in rows.tolist())
+        chunks.append({k: v[rows, :width] for k, v in batch.items()})
+    return chunks
+
+
+def _label_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """The tokens the model's loss averages over (it shifts the labels by one: position 0 is never a target)."""
+    return int((batch["labels"][:, 1:] != -100).sum())
+
+
+def accumulate_gradient(model: PreTrainedModel, batch: dict[str, torch.Tensor], size: int) -> float:
+    """Backpropagate ``batch``'s mean cross-entropy in micro-batches of ``size`` rows into the (zeroed) gradients;
+    returns that mean. Each chunk's mean loss is weighted by its share of the label tokens, so the sum is the
+    batch's mean over all of them."""
+    total, value = _label_tokens(batch), 0.0
+    for chunk in micro_batches(batch, size):
+        loss = model(**chunk).loss * (_label_tokens(chunk) / total)
+        loss.backward()
+        value += loss.item()
+    return value
+
+
+def _batches(task: Any, seed: int, batch_size: int, start: int = 0, last_prompt: str | None = None
+             ) -> Iterator[tuple[list[str], list[str]]]:  # fmt: skip
+    """The train batches from batch ``start`` on. The ``start`` batches before are regenerated and dropped (the task
+    streams hold no resumable position; 384k countdown problems take ~10 s); the last one dropped must have the
+    prompt ``last_prompt`` (the saved run's), else the stream is not the saved run's. The skip runs on the call, so
+    a mismatch stops the run before its first step."""
     stream = task.problems("train", seed)
+    if start > 0:
+        skipped = collections.deque(itertools.islice(stream, start * batch_size), maxlen=1)
+        if not skipped or skipped[0].prompt != last_prompt:
+            got = skipped[0].prompt if skipped else "the end of the stream"
+            raise ResumeError(f"the train stream of {getattr(task, 'name', task)} (seed {seed}) is not the saved "
+                              f"run's: its problem {start * batch_size} is {got!r}, not {last_prompt!r}")  # fmt: skip
+    return _chunks(stream, batch_size)
+
+
+def _chunks(stream: Iterator[Any], batch_size: int) -> Iterator[tuple[list[str], list[str]]]:
     while True:
         chunk = [next(stream) for _ in range(batch_size)]
         yield [p.prompt for p in chunk], [p.answer for p in chunk]
@@ -96,6 +159,10 @@ class PretrainSettings:
         stop_avg: stop at the first such score >= this.
         final_eval_problems: problems of the final score (0: none).
         model_cfg: overrides of the tiny model's config (tests shrink it).
+        micro_batch_size: rows per forward/backward pass, each padded to its own longest row (0: the whole batch
+            in one pass); the gradient is the same up to float summation order (module docstring).
+        save_every: write the resume state every this many steps and at the last one (0: never); it does not
+            change the result.
     """
 
     kind: str = "dense"
@@ -114,21 +181,39 @@ class PretrainSettings:
     stop_avg: float | None = None
     final_eval_problems: int = 200
     model_cfg: dict[str, Any] = field(default_factory=dict)
+    micro_batch_size: int = 0
+    save_every: int = 0
 
     def record_args(self) -> dict[str, Any]:
-        """The ``args`` of ``pretrain.json`` (the shipped policies' files have exactly these keys)."""
+        """The ``args`` of ``pretrain.json`` (the shipped policies' files have exactly these keys); a run with
+        micro-batches adds ``micro_batch_size``, which changes the trajectory (in the last bits)."""
         keys = ("kind", "task", "digits", "ops", "steps", "batch_size", "lr", "seed", "warmup", "threads")
-        return {**{k: getattr(self, k) for k in keys}, "betas": [0.9, 0.98], "model_cfg": self.model_cfg}
+        micro = {"micro_batch_size": self.micro_batch_size} if self.micro_batch_size > 0 else {}
+        return {**{k: getattr(self, k) for k in keys}, "betas": [0.9, 0.98], "model_cfg": self.model_cfg, **micro}
+
+    def check(self, out_dir: str | Path | None, resume: bool) -> None:
+        """One-line ValueErrors for settings that cannot run (a :class:`ResumeError` for a state in the way)."""
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError(f"steps and batch_size must be >= 1, got steps={self.steps}, batch_size={self.batch_size}")
+        if self.micro_batch_size < 0 or self.save_every < 0:
+            raise ValueError(f"micro_batch_size and save_every must be >= 0, got {self.micro_batch_size}, "
+                             f"{self.save_every}")  # fmt: skip
+        if out_dir is None and (resume or self.save_every > 0):
+            raise ValueError("resume and save_every need an output directory (the state lives in <out>/resume)")
+        if out_dir is not None and not resume:
+            pretrain_state.check_fresh(out_dir)
 
 
 def pretrain(
-    settings: PretrainSettings, out_dir: str | Path | None = None, *, command: str | None = None, progress: bool = True
-) -> dict[str, Any]:
-    """Train a fresh tiny model as ``settings`` say; write an HF directory to ``out_dir`` (if given) and return
-    the record that goes into its ``pretrain.json`` (``command``: the line that reproduces it)."""
+    settings: PretrainSettings, out_dir: str | Path | None = None, *, command: str | None = None, progress: bool = True,
+    resume: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """Train a fresh tiny model as ``settings`` say (or, with ``resume``, continue the one saved in
+    ``out_dir/resume``); write an HF directory to ``out_dir`` (if given) and return the record that goes into its
+    ``pretrain.json`` (``command``: the line that reproduces it). The resume state stays after the run: ``--resume``
+    with a larger ``--steps`` extends it."""
     s = settings
-    if s.steps < 1 or s.batch_size < 1:
-        raise ValueError(f"steps and batch_size must be >= 1, got steps={s.steps}, batch_size={s.batch_size}")
+    s.check(out_dir, resume)
     old_threads = torch.get_num_threads()
     torch.set_num_threads(s.threads)
     try:
@@ -141,8 +226,12 @@ def pretrain(
             bos_token_id=tokenizer.bos_token_id,
         )
         model = build_tiny_model(s.kind, vocab_size=len(tokenizer), seed=s.seed, **ids, **s.model_cfg)
+        cfg = model.config
+        if s.micro_batch_size > 0 and getattr(cfg, "output_router_logits", False) and cfg.router_aux_loss_coef:
+            raise ValueError("micro_batch_size > 0 cannot reproduce the router aux loss of the whole batch; "
+                             "use micro_batch_size 0 or a model_cfg without output_router_logits")  # fmt: skip
         torch.manual_seed(s.seed)
-        history, step, train_s = _train_loop(model, tokenizer, the_task, s, progress)
+        history, step, train_s = _train_loop(model, tokenizer, the_task, s, progress, out_dir, resume)
         record: dict[str, Any] = {
             "command": command,
             "args": s.record_args(),
@@ -162,49 +251,74 @@ def pretrain(
 
 
 def _train_loop(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Any, s: PretrainSettings, progress: bool
-) -> tuple[list[dict[str, Any]], int, float]:
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Any, s: PretrainSettings, progress: bool,
+    out_dir: str | Path | None = None, resume: bool = False,
+) -> tuple[list[dict[str, Any]], int, float]:  # fmt: skip
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.98), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / max(s.warmup, 1)))
+    at, settings = LoopState(), dataclasses.asdict(s)
+    if resume:
+        at = pretrain_state.restore_state(out_dir, model, opt, sched, settings)
+        if at.step > s.steps:
+            raise ResumeError(f"{pretrain_state.state_root(out_dir)}: the saved run is at step {at.step}, past "
+                              f"--steps {s.steps}; ask for at least {at.step}")  # fmt: skip
     eval_set = list(task.problems("eval", s.seed))[: s.eval_problems] if s.eval_every > 0 else []
-    history: list[dict[str, Any]] = []
-    batches = _batches(task, s.seed, s.batch_size)
+    batches = _batches(task, s.seed, s.batch_size, start=at.step, last_prompt=at.last_prompt)
+    last = at.history[-1] if at.history and at.history[-1]["step"] == at.step else {}
+    done = s.stop_avg is not None and last.get("avg_at_k", -1.0) >= s.stop_avg  # a saved run --stop-avg ended
     model.train()
-    t0, eval_s, step, loss_ema = time.perf_counter(), 0.0, 0, float("nan")
-    columns = [
-        TextColumn("pretrain"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"),
-    ]
+    # t0 and paused_s (evals, saves) time this session; at.train_s holds the earlier sessions' training time
+    t0, paused_s, before_s = time.perf_counter(), 0.0, at.train_s
+    columns = [TextColumn("pretrain"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[info]}")]  # fmt: skip
     with Progress(*columns, disable=not progress, transient=False) as bar:
-        job = bar.add_task("pretrain", total=s.steps, info="")
-        for step in range(1, s.steps + 1):
+        job = bar.add_task("pretrain", total=s.steps, completed=at.step, info="")
+        for step in range(at.step + 1, at.step + 1 if done else s.steps + 1):
             prompts, answers = next(batches)
-            loss = model(**encode_batch(tokenizer, prompts, answers)).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            value = loss.item()
-            loss_ema = value if step == 1 else 0.95 * loss_ema + 0.05 * value
-            bar.update(job, advance=1, info=f"loss {loss_ema:.3f}")
+            value = _train_step(model, opt, sched, encode_batch(tokenizer, prompts, answers), s.micro_batch_size)
+            at.loss_ema = value if step == 1 else 0.95 * at.loss_ema + 0.05 * value
+            at.step, at.loss, at.last_prompt = step, value, prompts[-1]
+            bar.update(job, advance=1, info=f"loss {at.loss_ema:.3f}")
+            stop = False
             if s.eval_every > 0 and step % s.eval_every == 0:
                 e0 = time.perf_counter()
                 scored = _periodic_score(model, tokenizer, task, eval_set, s.eval_k, step)
                 model.train()
-                eval_s += time.perf_counter() - e0
-                train_s = time.perf_counter() - t0 - eval_s
-                history.append({"step": step, "loss": value, "train_s": round(train_s, 2), **scored})
-                bar.update(job, info=f"loss {loss_ema:.3f} avg@{s.eval_k} {scored['avg_at_k']:.3f}")
-                if s.stop_avg is not None and scored["avg_at_k"] >= s.stop_avg:
-                    break
-    if not history or history[-1]["step"] != step:
-        history.append({"step": step, "loss": value})
+                paused_s += time.perf_counter() - e0
+                train_s = before_s + time.perf_counter() - t0 - paused_s
+                at.history.append({"step": step, "loss": value, "train_s": round(train_s, 2), **scored})
+                bar.update(job, info=f"loss {at.loss_ema:.3f} avg@{s.eval_k} {scored['avg_at_k']:.3f}")
+                stop = s.stop_avg is not None and scored["avg_at_k"] >= s.stop_avg
+            if s.save_every > 0 and (step % s.save_every == 0 or stop or step == s.steps):
+                w0 = time.perf_counter()
+                at.train_s = before_s + w0 - t0 - paused_s
+                pretrain_state.save_state(out_dir, model, opt, sched, at, settings)
+                paused_s += time.perf_counter() - w0
+            if stop:
+                break
+    if not at.history or at.history[-1]["step"] != at.step:
+        at.history.append({"step": at.step, "loss": at.loss})
     model.eval()
-    return history, step, time.perf_counter() - t0 - eval_s
+    return at.history, at.step, before_s + time.perf_counter() - t0 - paused_s
+
+
+def _train_step(
+    model: PreTrainedModel, opt: torch.optim.Optimizer, sched: Any, batch: dict[str, torch.Tensor], micro: int
+) -> float:
+    """One optimizer step on ``batch``; returns its mean loss. ``micro`` 0 is the one-pass code path the shipped
+    arithmetic bases were trained with, kept as it was so that their recorded commands reproduce them bit for bit."""
+    if micro > 0:
+        opt.zero_grad(set_to_none=True)
+        value = accumulate_gradient(model, batch, micro)
+    else:
+        loss = model(**batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        value = None
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return loss.item() if value is None else value
 
 
 def _periodic_score(
@@ -269,34 +383,55 @@ def add_pretrain_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-problems", type=int, default=100)
     parser.add_argument("--stop-avg", type=float, help="stop at the first periodic avg@8 >= this")
     parser.add_argument("--final-eval-problems", type=int, default=200)
+    parser.add_argument("--micro-batch-size", type=int, default=0,
+                        help="rows per forward/backward pass, each padded to its own longest row; same gradient up to "
+                             "float order (0: the whole batch in one pass)")  # fmt: skip
+    parser.add_argument("--save-every", type=int, default=0,
+                        help="write a resume state to OUT/resume every N steps and at the last (0: never)")
+    parser.add_argument("--resume", action="store_true", help="continue the run saved in OUT/resume (same flags)")
     parser.add_argument("--out", required=True, help="output HF directory")
     parser.add_argument("--no-progress", action="store_true")
 
 
+# The flags command_line leaves out: placed first or last by hand, or not changing the weights.
+_UNRECORDED = ("model", "steps", "seed", "out", "no_progress", "save_every", "resume")
+
+
 def command_line(args: argparse.Namespace) -> str:
-    """The canonical ``satrl pretrain ...`` command that reproduces ``args`` (defaults omitted)."""
+    """The canonical ``satrl pretrain ...`` command that reproduces ``args`` (defaults omitted). ``--save-every`` and
+    ``--resume`` are left out: they do not change the weights, and a recorded ``--resume`` could not run anew."""
     parts = ["satrl", "pretrain", "--model", args.model, "--steps", str(args.steps), "--seed", str(args.seed)]
     defaults = argparse.ArgumentParser()
     add_pretrain_args(defaults)
     base = vars(defaults.parse_args(["--steps", "1", "--out", "x"]))
     for key, value in vars(args).items():
-        if key in ("model", "steps", "seed", "out", "no_progress") or key not in base or value == base[key]:
+        if key in _UNRECORDED or key not in base or value == base[key]:
             continue
         parts += [f"--{key.replace('_', '-')}", str(value)]
     return shlex.join([*parts, "--out", str(args.out)])
 
 
 def run_pretrain(args: argparse.Namespace) -> int:
-    """Handler of ``satrl pretrain``: train, write ``--out``, print the final scores. Returns 0. The live bar is
+    """Handler of ``satrl pretrain``: train, write ``--out``, print the final scores. Returns 0 (2, with one line: a
+    resume state missing, in the way, damaged or saved with other flags; 130: interrupted). The live bar is
     drawn on a terminal only; in a pipe or log file just the final line prints, and transformers' bars (the
     shard bar of a model load) stay off either way."""
     import sys
 
     from satrl.models.loading import quiet_progress_bars
+    from satrl.training.checkpoint import CheckpointError
 
     recipe = RECIPES.get(args.model)
-    with quiet_progress_bars():
-        record = _run(args, recipe, progress=not args.no_progress and sys.stdout.isatty())
+    try:
+        with quiet_progress_bars():
+            record = _run(args, recipe, progress=not args.no_progress and sys.stdout.isatty())
+    except (ResumeError, CheckpointError) as err:  # a resume state missing, in the way, damaged or of other flags
+        print(f"satrl pretrain: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        again = f"; continue with {command_line(args)} --save-every {args.save_every} --resume"
+        print(f"satrl pretrain: interrupted{again if args.save_every else ''}", file=sys.stderr)
+        return 130
     final = record.get("final")
     scores = f" avg@8 = {final['avg_at_k']:.3f}, greedy = {final['greedy_acc']:.3f}" if final else ""
     print(f"wrote {args.out}: {record['steps_run']} steps in {record['train_time_s']:.0f} s;{scores}")
@@ -321,5 +456,7 @@ def _run(args: argparse.Namespace, recipe: dict, progress: bool) -> dict[str, An
         stop_avg=args.stop_avg,
         final_eval_problems=args.final_eval_problems,
         model_cfg=dict(recipe.get("model_cfg", {})),
+        micro_batch_size=args.micro_batch_size,
+        save_every=args.save_every,
     )
-    return pretrain(settings, args.out, command=command_line(args), progress=progress)
+    return pretrain(settings, args.out, command=command_line(args), progress=progress, resume=args.resume)
