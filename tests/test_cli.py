@@ -10,6 +10,7 @@ import yaml
 
 from run_helpers import REPO, TINY
 from satrl import cli
+from satrl.apps.train import LEGACY_ENV
 
 HELPS = [[], *[[name] for name in cli.COMMANDS]]
 
@@ -71,7 +72,7 @@ def test_overrides_without_a_config_file_and_with_resume(capsys):
 def test_settings_once_read_from_the_environment_are_config_keys(capsys, monkeypatch):
     """SATRL_TORCH_THREADS and the SATRL_RAY_* variables become overrides, so config.yaml records them;
     an explicit override wins; without them the config holds the defaults."""
-    for var in cli.LEGACY_ENV:
+    for var in LEGACY_ENV:
         monkeypatch.delenv(var, raising=False)
     cfg = _printed_config(capsys, "steps=5", "--print-config")
     assert cfg["train"]["max_threads"] is None and cfg["ray"] == {"address": None, "workers": 1, "gpus": 0.0}

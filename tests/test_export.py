@@ -233,7 +233,7 @@ def test_the_printed_flags_give_back_every_setting():
     import argparse
     import dataclasses
 
-    from satrl.eval_cli import EvalSettings, add_eval_args
+    from satrl.apps.eval import EvalSettings, add_eval_args
 
     cfg = load_config(REPO / "configs" / "sat_grpo.yaml", [*ARGS, "eval.engine_kwargs={max_batch_size: 7}",
                                                            "task.kwargs={digits: 2, ops: '+-'}", "seed=3"])  # fmt: skip

@@ -77,3 +77,15 @@ def holding(folder: str | Path, name: str = LOCK) -> Iterator[None]:
         yield
     finally:
         release(folder, held, name)
+
+
+def folder_problem(path) -> str | None:
+    """Why ``path`` cannot be (or become) a folder: it, or a folder above it, exists and is not a folder (a file,
+    ``/dev/null``); None if it can, as far as that goes (permissions are met when it is written)."""
+    path = Path(path)
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            if p.is_dir():
+                return None
+            return f"{p} exists and is not a folder" + ("" if p == path else f", so {path} cannot be one")
+    return None

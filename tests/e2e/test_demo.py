@@ -41,7 +41,7 @@ def test_demo_bad_override_is_one_line_exit_2(tmp_path):
 
 def test_demo_regime_is_the_trials_but_for_its_declared_changes():
     """`make demo` previews the trial: its settings equal configs/grids/sat_trial.yaml's except CHANGES."""
-    from satrl.demo import CHANGES, REGIME, TRIAL
+    from satrl.apps.demo import CHANGES, REGIME, TRIAL
     from satrl.experiments.spec import load_grid
 
     spec = load_grid(REPO / "configs" / "grids" / "sat_trial.yaml")
@@ -64,7 +64,7 @@ def test_what_the_demo_shows_holds_on_the_trial_seeds_at_its_length():
     steps is below GRPO's on as many seeds as LOOK_FOR says (at least 9 of 10; 40 steps: 9, the tenth 2 % above),
     and its gate acts (obj/gate_rate and obj/sat_clipfrac > 0) on every seed. Shortening the demo past what this
     holds for fails here."""
-    from satrl.demo import LOOK_FOR, REGIME, _mean, d_pi_last25
+    from satrl.apps.demo import LOOK_FOR, REGIME, _mean, d_pi_last25
 
     steps, below = REGIME["steps"], 0
     for seed in range(10):
@@ -78,7 +78,7 @@ def test_what_the_demo_shows_holds_on_the_trial_seeds_at_its_length():
 
 def test_what_this_run_shows_is_worded_from_its_numbers():
     """The report's claims about this seed follow its metrics: d̄_π below or not, the gate acting or not."""
-    from satrl.demo import shown
+    from satrl.apps.demo import shown
 
     lower = shown({"grpo": 0.035, "sat_grpo": 0.024}, 0.097, 0.018, 4.4, 8)
     assert "below GRPO's (0.0240 vs 0.0350, 31% lower)" in lower and "contracted the trust region on 9.7%" in lower
@@ -93,8 +93,8 @@ def test_the_demos_eval_and_diagnostics_changes_do_not_change_what_is_trained(tm
     """CHANGES may cut evals and the d̄_π split only because neither changes training: with the trial's eval
     settings and the split, or the demo's, every metric of every step is the same but the split's own."""
     from run_helpers import stable
+    from satrl.apps.demo import CHANGES
     from satrl.config import load_config
-    from satrl.demo import CHANGES
     from satrl.jsonl import read_jsonl
     from satrl.pipeline.orchestrator import train
 
@@ -112,7 +112,7 @@ def test_the_demos_eval_and_diagnostics_changes_do_not_change_what_is_trained(tm
 def test_what_one_seed_cannot_show_quotes_the_findings_it_names():
     """Every interval and point estimate LOOK_FOR quotes is in the findings it names (as the README's are,
     tests/test_readme_front.py), so a re-analysis that changes a number fails here until the demo says it too."""
-    from satrl.demo import LOOK_FOR
+    from satrl.apps.demo import LOOK_FOR
     from test_readme_front import INTERVAL, _norm
 
     named = re.findall(r"docs/results/\w+/findings\.md", LOOK_FOR)

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from satrl import provenance
+from satrl.apps import grid as grid_app
 from satrl.experiments import grid as grid_mod
 from satrl.experiments.grid import expand, load_grid, render_value, run_grid_spec, thread_env
 from satrl.experiments.spec import spec_to_yaml
@@ -306,15 +307,15 @@ def test_cli_dry_run_and_bad_grid(tmp_path, capsys):
     import argparse
 
     parser = argparse.ArgumentParser()
-    grid_mod.add_grid_args(parser)
+    grid_app.add_grid_args(parser)
     path = _write(tmp_path, RUNNER_GRID)
     args = parser.parse_args([str(path), "--dry-run", "--seeds", "1", "--out", str(tmp_path / "o")])
-    assert grid_mod.run_grid(args) == 0
+    assert grid_app.run_grid(args) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 3 and out[0].startswith("[new] a/lag2/seed0: ") and "seed=0" in out[0]
     bad = tmp_path / "bad.yaml"
     bad.write_text("lags: [1]\ncells: {a: {}}\n")
-    assert grid_mod.run_grid(parser.parse_args([str(bad)])) == 2
+    assert grid_app.run_grid(parser.parse_args([str(bad)])) == 2
     assert "no base config" in capsys.readouterr().err
 
 
@@ -347,16 +348,16 @@ def test_seed_order_and_only_filter(tmp_path, capsys):
     assert select(runs, None) == runs and select(runs, ["nope/*"]) == []
 
     parser = argparse.ArgumentParser()
-    grid_mod.add_grid_args(parser)
+    grid_app.add_grid_args(parser)
     path = _write(tmp_path, RUNNER_GRID)
     args = parser.parse_args([str(path), "--dry-run", "--only", "*/seed1", "--seeds", "2", "--out", str(tmp_path / "o")])
-    assert grid_mod.run_grid(args) == 0
+    assert grid_app.run_grid(args) == 0
     out = capsys.readouterr().out.splitlines()
     assert out and all("/seed1: " in line for line in out)
     several = ["--only", "a/*", "*/seed1", "--only", "b/*"]  # several patterns per --only, and repeated
     assert parser.parse_args([str(path), *several]).only == ["a/*", "*/seed1", "b/*"]
     args = parser.parse_args([str(path), "--only", "zzz/*", "--out", str(tmp_path / "o")])
-    assert grid_mod.run_grid(args) == 2
+    assert grid_app.run_grid(args) == 2
     assert "matches no run" in capsys.readouterr().err
 
 
@@ -393,13 +394,13 @@ def test_edited_grid_refuses_to_mix_old_and_new_runs(tmp_path, fake_trainer, cap
     assert (out / "grid.yaml").read_text() == recorded and len(read_log(log)) == 4  # nothing ran, nothing rewritten
 
     parser = argparse.ArgumentParser()
-    grid_mod.add_grid_args(parser)
+    grid_app.add_grid_args(parser)
     for extra in ([], ["--dry-run"]):  # the CLI: one line, exit 2, naming what changed and how to go on
         capsys.readouterr()
-        assert grid_mod.run_grid(parser.parse_args([str(edited), "--out", str(out), *extra])) == 2
+        assert grid_app.run_grid(parser.parse_args([str(edited), "--out", str(out), *extra])) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "steps: 6 -> 8" in err[0] and "--rerun-changed" in err[0] and "new --out" in err[0]
-    assert grid_mod.run_grid(parser.parse_args([str(edited), "--out", str(out), "--dry-run", "--rerun-changed"])) == 0
+    assert grid_app.run_grid(parser.parse_args([str(edited), "--out", str(out), "--dry-run", "--rerun-changed"])) == 0
     shown = capsys.readouterr().out.splitlines()
     assert len(shown) == 4 and all(x.startswith("[new] ") for x in shown) and (out / "a/lag2/seed0").exists()
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from satrl.apps import grid as grid_app
 from satrl.experiments import grid as grid_mod
 from satrl.experiments.grid import load_grid, run_grid_spec
 from satrl.folders import GRID_LOCK, LOCK
@@ -28,9 +29,9 @@ def _grid(tmp_path: Path, cells: str = "{a: {sleep: 0}}", lags: str = "[1]", see
 def _cli(capsys, *argv: str) -> tuple[int, list[str]]:
     """`satrl grid *argv` in this process: its exit code and its stderr lines."""
     parser = argparse.ArgumentParser()
-    grid_mod.add_grid_args(parser)
+    grid_app.add_grid_args(parser)
     capsys.readouterr()
-    rc = grid_mod.run_grid(parser.parse_args(list(argv)))
+    rc = grid_app.run_grid(parser.parse_args(list(argv)))
     return rc, capsys.readouterr().err.strip().splitlines()
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from satrl.apps import grid as grid_app
 from satrl.experiments import grid as grid_mod
 from satrl.experiments.grid import load_grid, run_grid_spec
 from satrl.experiments.preregistration import PreregistrationError, check_commit, runs_before
@@ -64,8 +65,8 @@ def test_a_committed_protocol_is_recorded_and_the_cli_says_why_in_one_line(repo,
     import argparse
 
     parser = argparse.ArgumentParser()
-    grid_mod.add_grid_args(parser)
-    rc = grid_mod.run_grid(parser.parse_args([str(repo / "g.yaml"), "--out", str(tmp_path / "cli")]))
+    grid_app.add_grid_args(parser)
+    rc = grid_app.run_grid(parser.parse_args([str(repo / "g.yaml"), "--out", str(tmp_path / "cli")]))
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "is not committed" in err[0]
     _git(repo, "add", "protocol.md")

@@ -6,10 +6,11 @@ import textwrap
 
 import pytest
 
+from satrl.apps.report import add_report_args, run_report
 from satrl.experiments.grid import load_grid, run_grid_spec
 from satrl.experiments.mdtext import fmt_ci
 from satrl.experiments.plots import paired_eval_diffs
-from satrl.experiments.report import add_report_args, build_report, run_report
+from satrl.experiments.report import build_report
 from satrl.experiments.stats import compare, iut_row, mean_ci, sign_flip_mde
 from satrl.experiments.store import pack_results
 from satrl.experiments.verdicts import rules_out

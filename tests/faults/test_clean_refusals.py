@@ -12,7 +12,7 @@ from satrl.training import checkpoint as ckpt
 
 
 def _report(capsys, folder) -> str:
-    from satrl.experiments.report import add_report_args, run_report
+    from satrl.apps.report import add_report_args, run_report
 
     p = argparse.ArgumentParser()
     add_report_args(p)
@@ -38,7 +38,7 @@ def test_report_on_a_folder_without_grid_runs(tmp_path, capsys, what):
 
 
 def test_grid_on_a_file_that_is_not_yaml(tmp_path, capsys):
-    from satrl.experiments.grid import add_grid_args, run_grid
+    from satrl.apps.grid import add_grid_args, run_grid
 
     bad = tmp_path / "g.yaml"
     bad.write_text("cells: {a: [1, 2\nlags: ]\n")

@@ -7,15 +7,9 @@ import json
 
 import torch
 
+from satrl.apps.pretrain import add_pretrain_args, command_line, run_pretrain
 from satrl.models import build_char_tokenizer, load_policy
-from satrl.training.pretrain import (
-    PretrainSettings,
-    add_pretrain_args,
-    command_line,
-    encode_batch,
-    pretrain,
-    run_pretrain,
-)
+from satrl.training.pretrain import PretrainSettings, encode_batch, pretrain
 
 TOK = build_char_tokenizer()
 TINY = dict(num_hidden_layers=1)  # keep the test fast; the recipe's 4 layers are exercised by the builtins
@@ -114,7 +108,7 @@ def test_run_pretrain_in_a_pipe_draws_no_bar(monkeypatch, capsys):
     """stdout not a terminal (a pipe, a log file): no live bar, transformers' bars off, only the final line."""
     from transformers.utils import logging as hf_logging
 
-    from satrl.training import pretrain as mod
+    from satrl.apps import pretrain as app
 
     seen = {}
 
@@ -122,7 +116,7 @@ def test_run_pretrain_in_a_pipe_draws_no_bar(monkeypatch, capsys):
         seen["progress"], seen["hf_bars"] = kwargs["progress"], hf_logging.is_progress_bar_enabled()
         return {"steps_run": 2, "train_time_s": 1.0, "final": {"avg_at_k": 0.5, "greedy_acc": 0.5}}
 
-    monkeypatch.setattr(mod, "pretrain", fake)
+    monkeypatch.setattr(app, "pretrain", fake)
     hf_logging.enable_progress_bar()
     assert run_pretrain(_parse(["--steps", "2", "--out", "x"])) == 0
     assert seen == {"progress": False, "hf_bars": False} and hf_logging.is_progress_bar_enabled()

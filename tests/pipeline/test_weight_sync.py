@@ -11,6 +11,7 @@ from satrl.pipeline import orchestrator
 from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
 from satrl.pipeline.rollouts import horizon
 from satrl.pipeline.schedules import make_schedule
+from satrl.weights.held import InMemory
 
 ARGS = ["steps=8", "lag.schedule=broadcast", "lag.n=3", "seed=2"]
 
@@ -73,7 +74,7 @@ def test_local_backend_equals_sequential(tmp_path):
 
 def test_a_version_the_engine_does_not_hold_is_a_clear_error():
     worker = RolloutWorker(WorkerSpec(model="tiny-arith", task="arithmetic", prompts_per_batch=2, group_size=2))
-    worker.put(0, {})
+    worker.put(0, InMemory({}))
     worker.keep({0})
     with pytest.raises(WeightsMissing, match=r"batch 1 is generated with version 4, whose weights the engine does not hold"):
         worker.rollout(RolloutRequest(1, [4, 4]))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from satrl.apps.pretrain import add_pretrain_args, run_pretrain
 from satrl.models import load_policy
 from satrl.models.tokenizer import CHARS, build_char_tokenizer
 from satrl.tasks import TASKS, TaskError, make_task
@@ -24,7 +25,7 @@ from satrl.tasks.countdown_trace import (
     parse_prompt,
     prompt_of,
 )
-from satrl.training.pretrain import RECIPES, PretrainSettings, add_pretrain_args, pretrain, run_pretrain
+from satrl.training.pretrain import RECIPES, PretrainSettings, pretrain
 from satrl.types import Problem, Task
 
 TASK = CountdownTraceTask()
@@ -303,3 +304,20 @@ def test_traces_are_learned_and_scored_with_the_tasks_cap():
     assert all(h["n_problems"] == 1 and h["k"] == 1 for h in record["history"])
     assert record["final"]["sampling"]["max_new_tokens"] == 240
     assert record["final"]["task"].startswith("countdown_trace(")
+
+
+def _keys(task, seed=0):
+    return {(tuple(sorted(n)), t) for n, t in (parse_prompt(p.prompt) for p in task.problems("eval", seed))}
+
+
+def test_an_eval_draw_leaves_out_the_draws_it_excludes():
+    """Two eval draws share 5-13 % of their problems (the eval split is small); ``exclude_eval_seeds`` makes a
+    trial's draw share none with the draws named (the base's pretraining score is draw 0), and changes nothing of
+    a draw that excludes nothing."""
+    plain = {s: _keys(make_task("countdown_trace", eval_seed=s)) for s in (0, 6000, 6001)}
+    assert plain[6001] & (plain[0] | plain[6000])  # without the option the draws overlap: the test can fail
+    later = make_task("countdown_trace", eval_seed=6001, exclude_eval_seeds=[0, 6000])
+    kept = _keys(later)
+    assert len(kept) == later.n_eval and not kept & (plain[0] | plain[6000])
+    assert len(kept & plain[6001]) >= later.n_eval // 2  # the rest of its own draw, in its order
+    assert _keys(make_task("countdown_trace", eval_seed=6001, exclude_eval_seeds=[])) == plain[6001]

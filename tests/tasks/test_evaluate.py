@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from satrl.eval_cli import add_eval_args, run_eval
+from satrl.apps.eval import add_eval_args, run_eval
 from satrl.tasks import ArithmeticOptions, ArithmeticTask
 from satrl.tasks.evaluate import EvalResult, evaluate
 from satrl.types import Completion, Engine, SamplingParams, request_seed

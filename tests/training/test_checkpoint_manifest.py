@@ -222,9 +222,9 @@ def test_a_plain_latest_still_resolves(tmp_path):
     assert ckpt.latest_checkpoint(root) == root / "step-000002" and ckpt.damage(root) is None
 
 
-# -- satrl export / eval read the same record (satrl.runs) -------------------------------------------------------
+# -- satrl export / eval read the same record (satrl.apps.runs) -------------------------------------------------------
 def test_runs_reads_both_formats_through_the_manifest_check(tmp_path):
-    from satrl.runs import RunReadError, checkpoint_weights
+    from satrl.apps.runs import RunReadError, checkpoint_weights
 
     step = _saved(tmp_path)
     assert torch.equal(checkpoint_weights(step)["w"], WEIGHTS["w"])

@@ -16,17 +16,16 @@ import sys
 import pytest
 import torch
 
+from satrl.apps import pretrain as app
+from satrl.apps.pretrain import add_pretrain_args, command_line, run_pretrain
 from satrl.models import build_char_tokenizer, build_tiny_model, load_policy
 from satrl.training import pretrain as mod
 from satrl.training.pretrain import (
     PretrainSettings,
     accumulate_gradient,
-    add_pretrain_args,
-    command_line,
     encode_batch,
     micro_batches,
     pretrain,
-    run_pretrain,
 )
 from satrl.training.pretrain_state import ResumeError
 
@@ -242,7 +241,7 @@ def test_an_interrupted_run_names_the_command_that_resumes_it(monkeypatch, capsy
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(mod, "_run", interrupted)
+    monkeypatch.setattr(app, "_run", interrupted)
     assert run_pretrain(_parse(["--steps", "9", "--save-every", "3", "--out", "d"])) == 130
     assert capsys.readouterr().err == ("satrl pretrain: interrupted; continue with satrl pretrain --model tiny-arith "
                                        "--steps 9 --seed 0 --out d --save-every 3 --resume\n")  # fmt: skip

@@ -1,24 +1,55 @@
 """Experiments: multi-seed grids of `satrl train` runs, their statistics, and the report.
 
 - spec:   GridSpec / load_grid / expand (grid YAML -> runs)
-- grid:   run_grid_spec (the process runner), CLI pair add_grid_args / run_grid
+- grid:   run_grid_spec (the process runner; its command line is satrl.apps.grid)
 - store:  load_results (runs, per-step metrics, eval curves as DataFrames), pack_results
 - stats:  bootstrap_ci, paired_diff, cell_stats, paired_table
-- report: build_report, CLI pair add_report_args / run_report (figures in plots.py)
+- report: build_report (figures in plots.py; its command line is satrl.apps.report)
 
-Names are imported lazily so that `satrl.experiments.grid` (used by the CLI) does not pull in
-pandas and matplotlib.
+Names are imported lazily so that `satrl.experiments.grid` (which `satrl grid` drives) does not pull in
+pandas and matplotlib: each module by an import statement in a function of its own, so the import graph sees it.
 """
 
-from importlib import import_module
+from types import ModuleType
 
-_WHERE = {"GridSpec": "spec", "Run": "spec", "expand": "spec", "load_grid": "spec", "run_grid_spec": "grid",
-          "bootstrap_ci": "stats", "cell_stats": "stats", "paired_diff": "stats", "paired_table": "stats",
-          "load_results": "store", "pack_results": "store", "build_report": "report"}  # fmt: skip
+
+def _spec() -> ModuleType:
+    from satrl.experiments import spec
+
+    return spec
+
+
+def _grid() -> ModuleType:
+    from satrl.experiments import grid
+
+    return grid
+
+
+def _stats() -> ModuleType:
+    from satrl.experiments import stats
+
+    return stats
+
+
+def _store() -> ModuleType:
+    from satrl.experiments import store
+
+    return store
+
+
+def _report() -> ModuleType:
+    from satrl.experiments import report
+
+    return report
+
+
+_WHERE = {"GridSpec": _spec, "Run": _spec, "expand": _spec, "load_grid": _spec, "run_grid_spec": _grid,
+          "bootstrap_ci": _stats, "cell_stats": _stats, "paired_diff": _stats, "paired_table": _stats,
+          "load_results": _store, "pack_results": _store, "build_report": _report}  # fmt: skip
 __all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str):
     if name in _WHERE:
-        return getattr(import_module(f"satrl.experiments.{_WHERE[name]}"), name)
+        return getattr(_WHERE[name](), name)
     raise AttributeError(f"module 'satrl.experiments' has no attribute {name!r}")

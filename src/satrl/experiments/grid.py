@@ -1,4 +1,5 @@
-"""The grid runner: `satrl grid GRID.yaml [--seeds N] [--workers W] [--out DIR] [--dry-run]`.
+"""The grid runner behind `satrl grid GRID.yaml [--seeds N] [--workers W] [--out DIR] [--dry-run]` (its command
+line: `satrl.apps.grid`).
 
 Every run `<cell>/lag<n>/seed<s>` of a grid (spec.py) is a black box: a fresh `satrl train` process
 writing a run directory (layout: docs/metrics.md; its state: `status.run_status`). The runner never imports the pipeline.
@@ -16,7 +17,6 @@ are cleared, moved or marked failed only while holding that run's lock (`satrl.f
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -30,15 +30,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from satrl.experiments.changes import GridChangedError, changed_runs, guard_changes
-from satrl.experiments.preregistration import PreregistrationError, check_commit, protocol_record
+from satrl.experiments.changes import GridChangedError, guard_changes
+from satrl.experiments.preregistration import check_commit, protocol_record
 from satrl.experiments.spec import GridSpec, Run, expand, load_grid, render_value, select, spec_to_yaml
 from satrl.experiments.status import has_checkpoint, run_status, session_entry
 from satrl.folders import GRID_LOCK, RUN_FILES, InUse, hold, holding, release
 from satrl.provenance import git_commit, machine_kind
 
-__all__ = ["GridBusyError", "GridChangedError", "GridResult", "GridSpec", "Run", "add_grid_args", "default_command",
-           "expand", "load_grid", "render_value", "run_grid", "run_grid_spec", "thread_env"]  # fmt: skip
+__all__ = ["GridBusyError", "GridChangedError", "GridResult", "GridSpec", "Run", "default_command", "expand",
+           "load_grid", "render_value", "run_grid_spec", "thread_env"]  # fmt: skip
 
 
 def default_command(run: Run, resume: bool) -> list[str]:
@@ -433,86 +433,3 @@ def _print_summary(runner: _Runner, console) -> None:
         console.print(f"  [red]failed[/] {name}: {lines[0] if lines else '?'}{last}")
     if r.interrupted:
         console.print("interrupted: run the same command again to resume (finished runs are skipped).")
-
-
-# --- CLI ------------------------------------------------------------------------------------------
-def add_grid_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("grid", help="grid YAML, e.g. configs/grids/paper_table.yaml")
-    parser.add_argument(
-        "--seeds", type=int, default=None, help="seeds per cell and lag (default: the grid's)"
-    )
-    parser.add_argument("--workers", type=int, default=1, help="runs in parallel (threads split across them)")
-    parser.add_argument(
-        "--threads", type=int, default=None, help="threads per run (default: cores // workers)"
-    )
-    parser.add_argument("--out", default=None, help="output folder (default: runs/<grid name>)")
-    parser.add_argument(
-        "--only", action="extend", nargs="+", default=None, metavar="PATTERN",
-        help="run only runs whose name <cell>/lag<n>/seed<s> matches one of these shell patterns (several per "
-        "--only, or repeat it), e.g. --only 'grpo_lr5e-5/*' '*/lag8/seed[12]'",
-    )
-    parser.add_argument(
-        "--dry-run", action="store_true", help="print each run's command and state, run nothing"
-    )
-    parser.add_argument(
-        "--rerun-changed", action="store_true",
-        help="runs in --out made with other settings than the grid's now are moved to --out/.replaced/ and run "
-        "again (without it, such a rerun stops with what changed)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--allow-commit-change", action="store_true",
-        help="a grid naming a protocol: continue on another code commit than its earlier runs' (say why in the "
-        "protocol; by default a pre-registered grid runs on one commit, from a pinned worktree)",
-    )  # fmt: skip
-
-
-def _bad_flag(args: argparse.Namespace) -> str | None:
-    """Why a counting flag cannot be taken (``--seeds 0`` ran the grid's count, ``--seeds -2`` said "--only
-    matches no run"), or None."""
-    for flag in ("seeds", "workers", "threads"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            return f"--{flag} {value}: must be a positive integer"
-    return None
-
-
-def run_grid(args: argparse.Namespace) -> int:
-    from satrl.cli import folder_problem
-
-    if why := _bad_flag(args):
-        print(f"satrl grid: {why}", file=sys.stderr)
-        return 2
-    try:
-        spec = load_grid(args.grid, check_paths=not args.dry_run)
-    except ValueError as e:
-        print(f"satrl grid: {e}", file=sys.stderr)
-        return 2
-    out = Path(args.out or Path("runs") / spec.name)
-    if why := folder_problem(out):
-        print(f"satrl grid: --out {out}: {why}", file=sys.stderr)
-        return 2
-    try:
-        guard_changes(spec, out, args.seeds, args.rerun_changed, dry_run=True, only=args.only)
-    except GridChangedError as e:
-        print(f"satrl grid: {e}", file=sys.stderr)
-        return 2
-    if args.dry_run:
-        changed = {r.name for r in changed_runs(spec, out, args.seeds)[0]}  # --rerun-changed: they start over
-        for run in thread_capped(select(expand(spec, out, args.seeds), args.only), args.workers, args.threads):
-            state = "new" if run.name in changed else run_status(run.run_dir)
-            cmd = default_command(run, state != "new" and state != "finished" and has_checkpoint(run.run_dir))
-            missing = "" if run.base.exists() else "  # base config missing!"
-            print(f"[{'skip' if state == 'finished' else state}] {run.name}: {' '.join(cmd)}{missing}")
-        return 0
-    runs = select(expand(spec, out, args.seeds), args.only)
-    if not runs:
-        print(f"satrl grid: --only {' '.join(args.only or [])} matches no run of {args.grid}", file=sys.stderr)
-        return 2
-    try:
-        result = run_grid_spec(spec, out, args.seeds, args.workers, threads=args.threads, only=args.only,
-                               rerun_changed=args.rerun_changed,
-                               allow_commit_change=args.allow_commit_change)  # fmt: skip
-    except (GridBusyError, GridChangedError, PreregistrationError) as e:  # checked again under the lock: another grid may have run
-        print(f"satrl grid: {e}", file=sys.stderr)
-        return 2
-    return result.exit_code

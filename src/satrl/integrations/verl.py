@@ -31,7 +31,6 @@ are attributes of this module too, imported on first access, so verl's
 
 from __future__ import annotations
 
-import importlib
 import sys
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -71,7 +70,6 @@ if TYPE_CHECKING:  # the body's names: attributes of this module, imported on fi
 CORE_ALGOS = "verl.trainer.ppo.core_algos"  # holds POLICY_LOSS_REGISTRY
 BYPASS_HELPER = "verl.trainer.ppo.rollout_corr_helper"  # holds apply_bypass_mode
 # Names of the loss body (satrl.integrations._verl_loss), imported on first access (module __getattr__).
-_BODY = "satrl.integrations._verl_loss"
 _LAZY = frozenset(
     {
         "DEFAULT_CLIP_RATIO_C",
@@ -93,7 +91,9 @@ _LAZY = frozenset(
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_BODY), name)
+        from satrl.integrations import _verl_loss  # the body, imported on first access
+
+        return getattr(_verl_loss, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

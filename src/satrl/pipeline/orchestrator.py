@@ -17,7 +17,6 @@ from collections.abc import Callable
 
 import torch
 
-from satrl.config import RunConfig
 from satrl.diagnostics.lag import multi_version
 from satrl.dtypes import set_tf32
 from satrl.engines.registry import pad_id
@@ -34,6 +33,7 @@ from satrl.pipeline.launch.setup import (
     worker_spec,
 )
 from satrl.pipeline.rollouts import Rollouts, Taken
+from satrl.pipeline.run_config import RunConfig
 from satrl.pipeline.rundir import RunDir, RunState
 from satrl.pipeline.schedules import Schedule, inflight_versions, make_schedule
 from satrl.provenance import record_session

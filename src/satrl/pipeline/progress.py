@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from satrl.config import RunConfig
 from satrl.models.loading import quiet_progress_bars
 from satrl.pipeline.orchestrator import train
+from satrl.pipeline.run_config import RunConfig
 
 LOG_FRACTION = 10  # plain-line mode: a line every steps // LOG_FRACTION steps
 LOG_SECONDS = 60.0  # ... and after at most this many seconds without one

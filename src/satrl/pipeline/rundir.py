@@ -17,13 +17,14 @@ import torch
 import yaml
 
 from satrl import faults
-from satrl.config import ConfigError, RunConfig, load_config
+from satrl.config_base import ConfigError
 from satrl.diagnostics import summarize_run
 from satrl.diagnostics.collapse import CollapseConfig, skipped_collapse
 from satrl.folders import LOCK, RUN_FILES, InUse, hold, run_files
 from satrl.folders import release as release_lock
 from satrl.jsonl import append_jsonl, dumps, numbered_rows, read_jsonl, strict, write_jsonl
 from satrl.pipeline.errors import RunDirError
+from satrl.pipeline.run_config import RunConfig, load_config
 from satrl.training import checkpoint as ckpt
 from satrl.training import dp
 from satrl.types import Sample

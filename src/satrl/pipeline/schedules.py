@@ -10,7 +10,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Annotated, Literal
 
+from pydantic import AfterValidator, Field
+
+from satrl.config_base import ConfigError, Section
 from satrl.registry import Registry
 
 
@@ -116,8 +120,6 @@ def hold(sched: Schedule, k: int) -> Schedule:
     versions), so generation waits for fresher weights and nothing is dropped. A pure function of (b, g), like
     every schedule: a concurrent run still equals its sequential replay. Needs ``k >= S - 1`` (a batch ages
     S - 1 steps while it trains, and no version newer than bS exists when it starts)."""
-    from satrl.config import ConfigError  # here: the config names this module's registry, lazily
-
     S = sched.steps_per_batch
     if k < S - 1:
         raise ConfigError(f"lag.max_staleness={k}: lag.on_stale=hold needs at least {S - 1} (the optimizer steps per "
@@ -128,3 +130,28 @@ def hold(sched: Schedule, k: int) -> Schedule:
         return max(base(b, g), b * S + S - 1 - k)
 
     return replace(sched, version=version, max_lag=min(sched.max_lag, k), max_staleness=None, unheld=base)
+
+
+# The run config's ``lag:`` section, checked against SCHEDULES when the config loads.
+ScheduleName = Annotated[str, AfterValidator(SCHEDULES.check)]
+
+
+class LagConfig(Section):
+    schedule: ScheduleName = Field(
+        "broadcast", description="Lag schedule (satrl.pipeline.schedules.SCHEDULES; docs/design.md, 'Versions and lag')."
+    )
+    n: int = Field(1, ge=0, description="broadcast: weight-broadcast interval; fixed: exact lag (opt. steps).")
+    max_staleness: int = Field(
+        8, ge=0, description="Bound on a sample's lag at its batch's last optimizer step; what happens past it: on_stale."
+    )
+    on_stale: Literal["drop", "hold"] = Field(
+        "drop", description="drop: async drops samples past max_staleness (async/dropped), other schedules ignore the "
+        "bound; hold: every schedule holds generation back until weights fresh enough exist, nothing is dropped "
+        "(async/held counts the held samples; needs max_staleness >= steps per batch - 1).",
+    )  # fmt: skip
+    inflight_every: int = Field(
+        0, ge=0, description="In-flight weight updates: every this many decoded tokens a response moves on one version, "
+        "up to the first step of its batch (docs/design.md, 'In-flight updates'); each token records its version. "
+        "0 = off. Needs an engine and a backend that declare in-flight support (engine torch or vllm; backend "
+        "sequential or local).",
+    )  # fmt: skip

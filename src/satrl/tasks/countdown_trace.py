@@ -31,7 +31,7 @@ import random
 import re
 import statistics
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from satrl.tasks.countdown_solver import check_answer, final_answer, solve
 from satrl.types import Problem
@@ -73,6 +73,10 @@ class CountdownTraceOptions:
         eval_fraction: share of the problem space reserved for eval.
         eval_seed: seed of the eval draw; ``None`` = the seed passed to :meth:`CountdownTraceTask.problems`.
         split_key: key of the split hash; another key gives another (still disjoint) partition.
+        exclude_eval_seeds: eval draws (their ``n_eval`` problems each, the order of the numbers aside) that this
+            task's eval draw leaves out: the eval split holds only a few thousand problems, so two draws of 256
+            share 5-13 % of them, and a trial's test problems must be ones no earlier trial (nor the base's
+            pretraining score, draw 0) saw. Empty: every draw as before.
     """
 
     min_numbers: int = 3
@@ -87,6 +91,7 @@ class CountdownTraceOptions:
     eval_fraction: float = 0.1
     eval_seed: int | None = 0
     split_key: str = "satrl-countdown-trace-v1"
+    exclude_eval_seeds: tuple[int, ...] = ()
 
 
 class CountdownTraceTask:
@@ -121,6 +126,7 @@ class CountdownTraceTask:
         self.n_train, self.n_eval = n_train, n_eval
         self.eval_fraction, self.eval_seed = eval_fraction, eval_seed
         self.split_key = o.split_key
+        self.exclude_eval_seeds = tuple(int(s) for s in o.exclude_eval_seeds)
         self.options = options
         self.name = (f"countdown_trace(numbers={min_numbers}-{max_numbers},values={min_value}-{max_value},"
                      f"targets={min_target}-{max_target})")  # fmt: skip
@@ -192,7 +198,7 @@ class CountdownTraceTask:
     def _eval_problems(self, seed: int) -> list[Problem]:
         if seed not in self._eval_cache:
             rng = random.Random(f"countdown-eval-{seed}")
-            seen: set[tuple[tuple[int, ...], int]] = set()
+            seen = {key for other in self.exclude_eval_seeds if other != seed for key in self._eval_keys(other)}
             chosen: list[Problem] = []
             while len(chosen) < self.n_eval:
                 numbers, target, trace = self._next(rng, "eval")
@@ -202,6 +208,12 @@ class CountdownTraceTask:
                     chosen.append(self.make_problem(f"eval/{len(chosen)}", numbers, target, trace))
             self._eval_cache[seed] = chosen
         return self._eval_cache[seed]
+
+    def _eval_keys(self, seed: int) -> set[tuple[tuple[int, ...], int]]:
+        """The problems (sorted numbers, target) of the plain eval draw ``seed``: what ``exclude_eval_seeds`` leaves
+        out (the draw as a task without exclusions makes it, so exclusions never chain)."""
+        plain = CountdownTraceTask(replace(self.options, exclude_eval_seeds=(), eval_seed=None))
+        return {(tuple(sorted(n)), t) for n, t in (parse_prompt(p.prompt) for p in plain.problems("eval", seed))}
 
 
 # ------------------------------------------------------------------------------------------- lengths

@@ -16,7 +16,7 @@ two disjoint parts, so that a training run can pick its best checkpoint on ``val
 ``test`` (docs/metrics.md, "Select on validation, report on test"). A problem's part never depends on the
 seed, the order or how many problems are asked for.
 
-CLI: ``satrl eval`` is :mod:`satrl.eval_cli`, a program above the layers (it reads run directories and the
+CLI: ``satrl eval`` is :mod:`satrl.apps.eval`, a program above the layers (it reads run directories and the
 launch settings); this module is the library it drives.
 """
 

@@ -241,7 +241,7 @@ def verify(path: Path, names: Iterable[str] | None = None) -> int:
     """Check checkpoint ``path``: its record (:func:`checksums`), then the sha256 of ``names`` (default: every file
     recorded). Returns the format (1 or 2); a CheckpointError naming the first file that is missing, unreadable or
     changed (a :class:`ChecksumMismatch` for a changed one). The one check of a checkpoint's files: resume
-    (:func:`load_checkpoint`) and ``satrl export``/``satrl eval`` of a run (:mod:`satrl.runs`) both use it."""
+    (:func:`load_checkpoint`) and ``satrl export``/``satrl eval`` of a run (:mod:`satrl.apps.runs`) both use it."""
     fmt, files = checksums(path)
     for name in files if names is None else names:
         if name not in files:

@@ -13,7 +13,8 @@ below the backend's ``push``:
    two-process gloo group (``link``, ``dist``: raw bytes and JSON headers, nothing pickled);
 3. ``receivers``: the engine side applies the message to the worker (a ``Holder``): the weights themselves, the
    version the inbox thread received, or a load through vLLM's own weight-transfer API
-   (``satrl.engines.vllm_transfer``, which joins the same group inside vLLM's workers).
+   (``satrl.engines.vllm_transfer``, which joins the same group inside vLLM's workers); what the worker holds of
+   each version is typed (``held``: in memory, a ref into Ray's object store, or in the engine itself).
 
 The layer imports neither the pipeline nor the engines; both import it.
 """

@@ -7,7 +7,7 @@ is a ``TypeError``, never a silent no-op.
 
 Which messages a transport sends:
 
-- ``inproc``: :class:`Put` (the weights themselves) and :class:`Keep`;
+- ``inproc``: :class:`Put` (the weights themselves, or their ref in Ray's object store) and :class:`Keep`;
 - ``dist``: :class:`Take` (the version was broadcast over the trainer's group: take it from the inbox) and
   :class:`Keep`;
 - ``vllm``: :class:`Load` (the engine loads the broadcast version through its own weight-transfer API) and
@@ -18,15 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+from satrl.weights.held import Held
 
 
 @dataclass(frozen=True)
 class Put:
-    """Hold ``state``, the weights of ``version`` (``inproc``: the message carries them)."""
+    """Hold ``weights``, those of ``version`` (``inproc``: the message carries them, in memory or as a ref into
+    Ray's object store)."""
 
     version: int
-    state: dict[str, torch.Tensor]
+    weights: Held
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ then applies each :mod:`weight message <satrl.weights.messages>` in queue order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
+from satrl.weights.held import Held, InMemory
 from satrl.weights.link import Inbox, Link
 from satrl.weights.messages import Keep, Load, Put, Take, WeightMessage
 
@@ -19,7 +20,7 @@ from satrl.weights.messages import Keep, Load, Put, Take, WeightMessage
 class Holder(Protocol):
     """What a receiver drives on the engine side: the versions it holds, and an engine with its own transfer."""
 
-    def put(self, version: int, state: Any) -> None:
+    def put(self, version: int, weights: Held) -> None:
         """Hold the weights of ``version`` until :meth:`keep` no longer lists it."""
 
     def keep(self, versions: set[int]) -> None:
@@ -51,8 +52,8 @@ class InprocReceiver:
 
     def receive(self, message: WeightMessage) -> None:
         match message:
-            case Put(version, state):
-                self.holder.put(version, state)
+            case Put(version, weights):
+                self.holder.put(version, weights)
             case Keep(versions):
                 self.holder.keep(set(versions))
             case _:
@@ -77,7 +78,7 @@ class BroadcastReceiver:
     def receive(self, message: WeightMessage) -> None:
         match message:
             case Take(version):
-                self.holder.put(version, self.inbox.take(version))
+                self.holder.put(version, InMemory(self.inbox.take(version)))
             case Keep(versions):
                 self.holder.keep(set(versions))
             case _:

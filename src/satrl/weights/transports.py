@@ -5,9 +5,10 @@ copy), so that a restarted engine is fed again (:meth:`TrainerSide.replay`). ``o
 goes to the next engine process (:mod:`satrl.weights.receivers`); ``send`` puts one
 :mod:`weight message <satrl.weights.messages>` on the request queue, in order among the rollout requests.
 
-Each registry entry (:class:`TransportKind`) declares what it needs, so no caller compares transport names: the
-backends that can carry it, whether the engine must have a weight-transfer API of its own, what the engine
-must be built with, and whether the snapshot store must keep full fp32 copies.
+Each registry entry (:class:`TransportKind`) declares what it needs, so no caller compares transport names:
+whether the engine must have a weight-transfer API of its own, what the engine must be built with, and whether
+the snapshot store must keep full fp32 copies. Which backends carry it, each backend declares
+(``satrl.pipeline.engine_side.backends.BackendKind.transports``; this layer never imports the pipeline).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from satrl.registry import Registry
 from satrl.types import ENGINE_TIMEOUT_S
 from satrl.weights import dist as wdist
 from satrl.weights.buckets import DEFAULT_BUCKET_BYTES, state_aliases, state_buckets
+from satrl.weights.held import Held, InMemory
 from satrl.weights.link import LOOPBACK, Link, LinkDown, cause, gloo, serve
 from satrl.weights.messages import Keep, Load, Put, Take, WeightMessage
 from satrl.weights.receivers import BroadcastReceiver, EngineReceiver, InprocReceiver, Receiver
@@ -52,10 +54,12 @@ class TrainerSide(Protocol):
 
 class InprocTransport:
     """``inproc``: each version's state dict in one :class:`Put` message (a call in this process on the
-    ``sequential`` backend, one pickled message on the ``local`` backend's queue)."""
+    ``sequential`` backend, one pickled message on the ``local`` backend's queue). ``stash`` is how the message
+    carries it: the state dict itself (:class:`~satrl.weights.held.InMemory`), or, on the ``ray`` backend, a ref
+    into Ray's object store (:func:`~satrl.weights.held.in_object_store`), put there once per version."""
 
-    def __init__(self, send: Send) -> None:
-        self.send = send
+    def __init__(self, send: Send, stash: Callable[[dict[str, torch.Tensor]], Held] = InMemory) -> None:
+        self.send, self.stash = send, stash
         self.held: dict[int, dict[str, torch.Tensor]] = {}
 
     def open(self, alive: Callable[[], bool]) -> InprocReceiver:
@@ -63,7 +67,7 @@ class InprocTransport:
 
     def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
         self.held[version] = state
-        self.send(Put(version, state))
+        self.send(Put(version, self.stash(state)))
 
     def keep(self, versions: set[int]) -> None:
         self.held = {v: s for v, s in self.held.items() if v in versions}
@@ -71,7 +75,7 @@ class InprocTransport:
 
     def replay(self, versions: list[int]) -> None:
         for v in versions:
-            self.send(Put(v, self.held[v]))
+            self.send(Put(v, self.stash(self.held[v])))
 
     def close(self) -> None:
         pass
@@ -181,6 +185,8 @@ class Wiring:
     timeout_s: float = ENGINE_TIMEOUT_S
     start_timeout_s: float = ENGINE_TIMEOUT_S
     host: str = LOOPBACK  # dist, vllm: the address the link listens on (no config field names another yet)
+    # inproc: how a Put carries a version on this backend's channel (in memory; ray: a ref into its object store)
+    stash: Callable[[dict[str, torch.Tensor]], Held] = InMemory
 
 
 @dataclass(frozen=True)
@@ -188,7 +194,6 @@ class TransportKind:
     """One ``weights.transport``: how to build its trainer side, and what it needs (declared, never compared)."""
 
     build: Callable[[Wiring], TrainerSide]
-    backends: frozenset[str]  # the backends (``backend``) that carry it
     doc: str
     own_engine_transfer: bool = False  # the engine must have a weight-transfer API of its own (types.TransferEngine)
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # what the engine is built with to receive this way
@@ -201,14 +206,14 @@ def _dist(w: Wiring, to: Broadcast = TO_ENGINE_PROCESS) -> DistTransport:
 
 TRANSPORTS: Registry[TransportKind] = Registry("weights transport")
 TRANSPORTS.register("inproc", TransportKind(
-    lambda w: InprocTransport(w.send), frozenset({"sequential", "local", "ray"}), full_snapshots=True,
+    lambda w: InprocTransport(w.send, w.stash), full_snapshots=True,
     doc="a call (sequential), one pickled state dict per version on the local backend's queue, Ray's object store"))
 TRANSPORTS.register("dist", TransportKind(
-    _dist, frozenset({"local"}),
+    _dist,
     doc="a 2-process gloo group between the trainer and the engine process, each version broadcast once as "
         "buckets in the engine's dtype"))
 TRANSPORTS.register("vllm", TransportKind(
-    lambda w: _dist(w, TO_ENGINE_API), frozenset({"local"}), own_engine_transfer=True,
+    lambda w: _dist(w, TO_ENGINE_API), own_engine_transfer=True,
     engine_kwargs={"weight_transfer": True},
     doc="the same broadcast, received and loaded by vLLM's own weight-transfer API inside vLLM's workers (the "
         "engine holds one version)"))  # fmt: skip

@@ -23,11 +23,11 @@ from satrl.pipeline.errors import EngineError
 from satrl.registry import Registry
 from satrl.types import ENGINE_TIMEOUT_S, Sample
 from satrl.weights.link import LinkDown
-from satrl.weights.receivers import InprocReceiver
-from satrl.weights.transports import TRANSPORTS, InprocTransport, TrainerSide, Wiring
+from satrl.weights.messages import WeightMessage
+from satrl.weights.transports import TRANSPORTS, TrainerSide, TransportKind, Wiring
 
 if TYPE_CHECKING:
-    from satrl.config import RunConfig
+    from satrl.pipeline.backend_config import BackendSections as RunConfig
 
 
 class Backend(Protocol):
@@ -54,16 +54,26 @@ class Backend(Protocol):
 
 
 class SequentialBackend:
-    """Generation happens in the caller's process when the result is asked for: no overlap."""
+    """Generation happens in the caller's process when the result is asked for: no overlap.
 
-    def __init__(self, spec: WorkerSpec) -> None:
-        self.worker = RolloutWorker(spec)
-        receiver = InprocReceiver()  # weights.transport=inproc only (config): a call in this process
-        receiver.attach(self.worker)
-        self.transport = InprocTransport(receiver.receive)
+    ``transport``: ``weights.transport``, built from :data:`~satrl.weights.transports.TRANSPORTS` as the other
+    backends build theirs; its messages are calls into the receiver here (``inproc``, the one this backend
+    declares it carries: :data:`BACKENDS`).
+    """
+
+    def __init__(self, spec: WorkerSpec, transport: str = "inproc") -> None:
+        kind = TRANSPORTS.get(transport)
+        self.worker = RolloutWorker(_for_transport(spec, kind))
+        self.transport = kind.build(Wiring(self._send, _weight_dtype(spec)))
+        self.receiver = self.transport.open(lambda: True)  # the engine runs in this process
+        self.receiver.start()
+        self.receiver.attach(self.worker)
         self.pending: dict[int, RolloutRequest] = {}
         self.restarts = 0  # the engine runs in this process, which cannot restart itself
         self._busy = 0.0
+
+    def _send(self, message: WeightMessage) -> None:
+        self.receiver.receive(message)
 
     def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
         self.transport.push(version, state)
@@ -75,10 +85,9 @@ class SequentialBackend:
         self.pending[req.b] = req
 
     def result(self, b: int) -> list[Sample]:
-        t0 = time.perf_counter()
-        samples = self.worker.rollout(self.pending.pop(b))
-        self._busy += time.perf_counter() - t0
-        return samples
+        result = self.worker.timed_rollout(self.pending.pop(b))
+        self._busy += result.busy_s
+        return result.samples
 
     def ready(self) -> dict[int, list[Sample]]:
         return {}
@@ -131,13 +140,9 @@ class ProcessBackend:
         self._start()
 
     def _transport(self, name: str, bucket_bytes: int) -> TrainerSide:
-        from satrl.engines.numerics import resolve_numerics
-
         kind = TRANSPORTS.get(name)
-        if kind.engine_kwargs:  # e.g. vLLM builds its weight-transfer engine at start-up
-            self.spec = replace(self.spec, engine_kwargs={**self.spec.engine_kwargs, **kind.engine_kwargs})
-        dtype = resolve_numerics(self.spec.numerics).weights  # the engine rounds to it anyway: same weights, fewer bytes
-        return kind.build(Wiring(self._send, dtype, bucket_bytes, self.timeout_s, self.start_timeout_s))
+        self.spec = _for_transport(self.spec, kind)
+        return kind.build(Wiring(self._send, _weight_dtype(self.spec), bucket_bytes, self.timeout_s, self.start_timeout_s))
 
     def _send(self, message: Request) -> None:
         self.requests.put(pickle.dumps(message))
@@ -239,11 +244,11 @@ class ProcessBackend:
                     raise error
                 case Started():
                     self._started = True
-                case Done(b, busy_s, samples):
+                case Done(done):
                     self._deaths = 0
-                    self._busy += busy_s
-                    if self.in_flight.pop(b, None) is not None:  # never hand a batch over twice
-                        self.done[b] = samples
+                    self._busy += done.busy_s
+                    if self.in_flight.pop(done.b, None) is not None:  # never hand a batch over twice
+                        self.done[done.b] = done.samples
                     if block:
                         return
 
@@ -279,6 +284,21 @@ class ProcessBackend:
         self._stop()
 
 
+def _for_transport(spec: WorkerSpec, kind: TransportKind) -> WorkerSpec:
+    """The worker spec with what the transport needs of the engine (e.g. vLLM builds its weight-transfer engine at
+    start-up)."""
+    if not kind.engine_kwargs:
+        return spec
+    return replace(spec, engine_kwargs={**spec.engine_kwargs, **kind.engine_kwargs})
+
+
+def _weight_dtype(spec: WorkerSpec) -> torch.dtype:
+    """The dtype the engine holds its weights in: it rounds to it anyway, so a transport sends no more bytes."""
+    from satrl.engines.numerics import resolve_numerics
+
+    return resolve_numerics(spec.numerics).weights
+
+
 def _ray(spec: WorkerSpec, **options) -> Backend:
     from satrl.pipeline.engine_side.ray_backend import RayBackend, RayOptions  # optional extra: ray
 
@@ -293,7 +313,8 @@ def _local_options(cfg: RunConfig) -> dict:
 
 def _ray_options(cfg: RunConfig) -> dict:
     return {"num_workers": cfg.ray.workers, "address": cfg.ray.address, "num_gpus": cfg.ray.gpus,
-            "timeout_s": cfg.engine.timeout_s, "max_hang_restarts": cfg.engine.max_restarts}  # fmt: skip
+            "timeout_s": cfg.engine.timeout_s, "max_hang_restarts": cfg.engine.max_restarts,
+            "transport": cfg.weights.transport}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -304,19 +325,23 @@ class BackendKind:
     build: Callable[..., Backend]
     options: Callable[[RunConfig], dict]
     inflight: bool  # an in-flight rollout can wait for a version on its message path (lag.inflight_every)
+    transports: frozenset[str]  # the weights.transport names (TRANSPORTS) it carries; the config refuses the rest
 
 
 # name (the config's ``backend``) -> its kind; a new backend is one more register call.
 BACKENDS: Registry[BackendKind] = Registry("backend")
-BACKENDS.register("sequential", BackendKind(SequentialBackend, lambda cfg: {}, inflight=True))  # its engine cannot be restarted
-BACKENDS.register("local", BackendKind(ProcessBackend, _local_options, inflight=True))
-BACKENDS.register("ray", BackendKind(_ray, _ray_options, inflight=False))
+BACKENDS.register("sequential", BackendKind(  # its engine cannot be restarted
+    SequentialBackend, lambda cfg: {"transport": cfg.weights.transport}, inflight=True,
+    transports=frozenset({"inproc"})))  # fmt: skip
+BACKENDS.register("local", BackendKind(
+    ProcessBackend, _local_options, inflight=True, transports=frozenset({"inproc", "dist", "vllm"})))  # fmt: skip
+BACKENDS.register("ray", BackendKind(_ray, _ray_options, inflight=False, transports=frozenset({"inproc"})))
 
 
 def backend_options(cfg: RunConfig) -> dict:
     """Keyword arguments of the chosen backend beyond the worker spec: the engine's deadlines and restarts and the
-    weight transport (``local``), the ``ray:`` section and the rollout deadline (``ray``), none for
-    ``sequential`` (its engine runs in this process, which cannot restart itself)."""
+    weight transport (``local``), the ``ray:`` section and the rollout deadline (``ray``), the weight transport
+    only for ``sequential`` (its engine runs in this process, which cannot restart itself)."""
     return BACKENDS.get(cfg.backend).options(cfg)
 
 

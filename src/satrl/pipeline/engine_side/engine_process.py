@@ -17,16 +17,15 @@ import multiprocessing as mp
 import pickle
 import queue
 import threading
-import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from satrl import faults
 from satrl.models.loading import PolicyLoadError
-from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutWorker, WorkerSpec
+from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutResult, RolloutWorker, WorkerSpec
 from satrl.tasks import TaskError
-from satrl.types import ContextLengthError, Sample
+from satrl.types import ContextLengthError
 from satrl.weights.messages import WeightMessage
 from satrl.weights.receivers import Receiver
 
@@ -50,11 +49,9 @@ class Started:
 
 @dataclass(frozen=True)
 class Done:
-    """The samples of batch ``b``, generated in ``busy_s`` seconds."""
+    """A rollout's result: the samples of one batch and the engine seconds they took."""
 
-    b: int
-    busy_s: float
-    samples: list[Sample]
+    result: RolloutResult
 
 
 @dataclass(frozen=True)
@@ -76,9 +73,10 @@ def serve(spec: WorkerSpec, requests: mp.Queue, results: Connection, receiver: R
     receives the first version while the engine loads), attached to the worker once it exists."""
     receiver.start()
     outbox, sender = sender_thread(results)
+    inbox = _Requests(requests, receiver)
     try:
         try:
-            worker = RolloutWorker(spec)
+            worker = RolloutWorker(spec, wait=inbox.take)  # an in-flight rollout reads weights pushed after it started
         except (TaskError, PolicyLoadError) as e:  # bad user input: the parent raises it as it is (one line)
             outbox.put(pickle.dumps(Failed(e)))
             return
@@ -88,7 +86,7 @@ def serve(spec: WorkerSpec, requests: mp.Queue, results: Connection, receiver: R
         receiver.attach(worker)
         outbox.put(pickle.dumps(Started()))
         try:
-            _serve_loop(worker, receiver, requests, outbox)
+            _serve_loop(worker, inbox, outbox)
         finally:  # a child process skips atexit handlers: stop the engine's own processes (vLLM) here
             worker.close()
     finally:
@@ -128,49 +126,57 @@ class _Stopped(Exception):
     """The parent said stop (or is gone) while an in-flight rollout waited for weights."""
 
 
-def _next(requests: mp.Queue) -> Request:
-    parent = mp.parent_process()
-    while True:
-        try:
-            return pickle.loads(requests.get(timeout=5.0))  # noqa: S301 - from the parent that spawned us
-        except queue.Empty:  # not a daemon (engines such as vLLM spawn processes), so leave with the parent
-            if parent is not None and not parent.is_alive():
-                raise _Stopped from None
+class _Requests:
+    """The request queue as the engine process reads it: weight messages apply at once (through the receiver),
+    rollouts queue up in order. The worker's ``wait`` is :meth:`take`, so an in-flight rollout that needs a version
+    not yet held reads on, queueing the requests behind it."""
 
+    def __init__(self, requests: mp.Queue, receiver: Receiver) -> None:
+        self.requests, self.receiver = requests, receiver
+        self.pending: collections.deque[RolloutRequest] = collections.deque()
 
-def _serve_loop(worker: RolloutWorker, receiver: Receiver, requests: mp.Queue, outbox: queue.Queue) -> None:
-    pending: collections.deque[RolloutRequest] = collections.deque()
-
-    def take() -> None:  # one message: weights and keeps apply now, rollouts queue up in order
-        match _next(requests):
+    def take(self) -> None:
+        """Read one message: a weight message applies now (a dist Take waits for its broadcast), a rollout queues."""
+        match self._next():
             case Stop():
                 raise _Stopped
             case Rollout(req):
-                pending.append(req)
+                self.pending.append(req)
             case message:
-                receiver.receive(message)  # a dist Take waits for its broadcast
+                self.receiver.receive(message)
 
-    worker.wait = take  # an in-flight rollout reads weights pushed after it started (lag.inflight_every)
+    def next_rollout(self) -> RolloutRequest:
+        while not self.pending:
+            self.take()
+        return self.pending.popleft()
+
+    def _next(self) -> Request:
+        parent = mp.parent_process()
+        while True:
+            try:
+                return pickle.loads(self.requests.get(timeout=5.0))  # noqa: S301 - from the parent that spawned us
+            except queue.Empty:  # not a daemon (engines such as vLLM spawn processes), so leave with the parent
+                if parent is not None and not parent.is_alive():
+                    raise _Stopped from None
+
+
+def _serve_loop(worker: RolloutWorker, inbox: _Requests, outbox: queue.Queue) -> None:
     while True:
         try:
-            while not pending:
-                take()
-            req = pending.popleft()
-            t0 = time.perf_counter()
-            out: Result = _rollout(worker, req, t0)
+            out: Result = _rollout(worker, inbox.next_rollout())
         except _Stopped:
             return
         outbox.put(pickle.dumps(out))
 
 
-def _rollout(worker: RolloutWorker, req: RolloutRequest, t0: float) -> Result:
+def _rollout(worker: RolloutWorker, req: RolloutRequest) -> Result:
     """The samples of ``req``, or the error the parent raises (user errors as they are, one line)."""
     try:
-        samples = worker.rollout(req)
+        result = worker.timed_rollout(req)
     except _Stopped:  # not a failure of this batch: the loop ends
         raise
     except (TaskError, ContextLengthError) as e:  # bad user input: the parent raises it as it is (one line)
         return Failed(e)
     except Exception:  # the parent re-raises it with the child's traceback
         return Failed(RuntimeError(f"rollout of batch {req.b} failed in the engine process:\n{traceback.format_exc()}"))
-    return Done(req.b, time.perf_counter() - t0, samples)
+    return Done(result)

@@ -9,9 +9,13 @@ sample id. Samples equal the local backend's because sampling depends only on
 request (the torch engine's rows do not depend on the other rows of the call;
 ``tests/pipeline/test_ray_backend.py`` checks the whole run bit for bit). Settings: the ``ray:`` config section.
 
-Weights travel through the Ray object store: the driver ``ray.put``s each version's state dict once, when the
-loop pushes it (:meth:`RayBackend.push`), and passes object refs with each shard; an actor fetches a version only
-when its engine is not already on it. Requests themselves name versions only.
+Weights travel through the weight layer like every backend's: the transport (``weights.transport``, built from
+:data:`~satrl.weights.transports.TRANSPORTS`; ``inproc``, the one this backend carries) puts each version's state
+dict into Ray's object store once, when the loop pushes it (:meth:`RayBackend.push`,
+:func:`satrl.weights.held.in_object_store`), and each shard's call carries the :class:`~satrl.weights.messages.Put`
+of every version it needs (a ref, :class:`~satrl.weights.held.InObjectStore`), which the actor's receiver hands to
+its worker; an actor fetches a version only when its engine is not already on it, and forgets the refs after the
+call. Requests themselves name versions only.
 
 Fault tolerance: actors are created with ``max_restarts``; a shard whose actor died (crash, OOM kill,
 ``ray.kill(actor, no_restart=False)``) is re-issued to the restarted actor. A shard is merged at most once,
@@ -29,9 +33,20 @@ from typing import Any
 
 import torch
 
-from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
+from satrl.engines.numerics import resolve_numerics
+from satrl.pipeline.engine_side.worker import (
+    RolloutRequest,
+    RolloutResult,
+    RolloutWorker,
+    WeightsMissing,
+    WorkerSpec,
+)
 from satrl.pipeline.errors import EngineError
 from satrl.types import Sample
+from satrl.weights.held import in_object_store
+from satrl.weights.messages import Keep, Put, WeightMessage
+from satrl.weights.receivers import Receiver
+from satrl.weights.transports import TRANSPORTS, Wiring
 
 try:
     import ray
@@ -46,45 +61,40 @@ def split_groups(P: int, n: int) -> list[list[int]]:
     return [list(range(lo, hi)) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
 
 
-def _fetch(state: Any) -> dict[str, torch.Tensor]:
-    """A state dict sent as a Ray object ref (or as itself)."""
-    return ray.get(state) if isinstance(state, ray.ObjectRef) else state
-
-
 class EngineActor:
     """The body of one engine actor (wrapped with ``ray.remote`` by :class:`RayBackend`)."""
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, receiver: Receiver) -> None:
         torch.set_num_threads(spec.threads)
         self.worker = RolloutWorker(spec)
+        self.receiver = receiver  # the transport's engine side (inproc: the weights arrive in the messages)
+        receiver.start()
+        receiver.attach(self.worker)
 
     def pid(self) -> int:
         return os.getpid()
 
-    def rollout(
-        self, b: int, versions: list[int], groups: list[int], refs: dict[int, Any]
-    ) -> tuple[list[Sample], float]:
-        """Groups ``groups`` of batch b; ``refs``: object refs of the versions they need (fetched only when the
-        engine is not on that version). The driver owns the refs; the actor holds none between calls."""
-        t0 = time.perf_counter()
-        for v, ref in refs.items():
-            self.worker.put(v, ref)
+    def rollout(self, b: int, versions: list[int], groups: list[int], puts: list[Put]) -> RolloutResult:
+        """Groups ``groups`` of batch b; ``puts``: the weight messages of the versions they need (object refs,
+        fetched only when the engine is not on that version). The driver owns the refs; the actor holds none
+        between calls (the closing ``Keep`` forgets them)."""
+        for message in puts:
+            self.receiver.receive(message)
         try:
-            samples = self.worker.rollout(RolloutRequest(b, versions), groups, fetch=_fetch)
+            return self.worker.timed_rollout(RolloutRequest(b, versions), groups)
         finally:
-            self.worker.keep(set())
-        return samples, time.perf_counter() - t0
+            self.receiver.receive(Keep(()))
 
 
 @dataclass
 class _Shard:
-    """Groups ``groups`` of batch ``b`` on actor ``worker``; ``refs`` holds object refs for their versions only."""
+    """Groups ``groups`` of batch ``b`` on actor ``worker``; ``puts``: the weight messages of their versions only."""
 
     b: int
     worker: int
     groups: list[int]
     versions: list[int]
-    refs: dict[int, Any]
+    puts: list[Put]
     failed_at: float | None = None  # first time its actor was found dead (bounds the restart wait)
 
 
@@ -105,6 +115,8 @@ class RayOptions:
             fresh deadline (plus ``restart_timeout_s`` for the restart).
         max_hang_restarts: hangs in a row for one batch before :class:`~satrl.pipeline.engine_side.backends.EngineError`,
             one line (config ``engine.max_restarts``).
+        transport: ``weights.transport``, a name in :data:`~satrl.weights.transports.TRANSPORTS` that this backend
+            carries (``BACKENDS``' declaration; the config checks it).
     """
 
     num_workers: int = 1
@@ -114,6 +126,7 @@ class RayOptions:
     restart_timeout_s: float = 300.0
     timeout_s: float = 3600.0
     max_hang_restarts: int = 3
+    transport: str = "inproc"
 
 
 class RayBackend:
@@ -142,11 +155,14 @@ class RayBackend:
         actor_cls = ray.remote(EngineActor).options(
             num_cpus=spec.threads, num_gpus=gpus, max_restarts=max_restarts, max_task_retries=0
         )
-        self.actors = [actor_cls.remote(spec) for _ in range(n)]
+        self._puts: dict[int, Put] = {}  # version -> its message, as the transport sent it (a ref)
+        wiring = Wiring(self._post, resolve_numerics(spec.numerics).weights, stash=in_object_store)
+        self.transport = TRANSPORTS.get(options.transport).build(wiring)
+        receiver = self.transport.open(lambda: True)  # every actor's engine side, fed at each call
+        self.actors = [actor_cls.remote(spec, receiver) for _ in range(n)]
         self.restart_timeout_s, self.timeout_s, self.max_hang_restarts = restart_timeout_s, timeout_s, max_hang_restarts
         self.reissued = 0  # shards sent again after their actor died
         self.restarts = 0  # Ray restarts dead actors itself; perf/engine_restarts stays 0 here (reissued counts)
-        self._refs: dict[int, Any] = {}  # version -> object ref of its state dict
         self._pending: dict[Any, _Shard] = {}  # result ref -> shard in flight
         self._parts: dict[int, dict[int, list[Sample]]] = {}  # batch -> worker -> samples
         self._expected: dict[int, int] = {}  # batch -> number of shards
@@ -155,25 +171,36 @@ class RayBackend:
 
     # ------------------------------------------------------------------ Backend protocol
     def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
-        """Put the weights of ``version`` into the object store once; shards pass its ref."""
-        self._refs[version] = ray.put(state)
+        """The transport puts the weights of ``version`` into the object store once; shards pass its ref."""
+        self.transport.push(version, state)
 
     def keep(self, versions: set[int]) -> None:
         """Drop the driver's refs to other versions; shards in flight keep their own refs alive."""
-        self._refs = {v: r for v, r in self._refs.items() if v in versions}
+        self.transport.keep(versions)
+
+    def _post(self, message: WeightMessage) -> None:
+        """The transport's channel to the actors. They hold nothing between calls, so it ends here: each shard's
+        call carries the ``Put`` of every version it needs, and a ``Keep`` drops the others."""
+        match message:
+            case Put(version, _):
+                self._puts[version] = message
+            case Keep(versions):
+                self._puts = {v: m for v, m in self._puts.items() if v in versions}
+            case _:
+                raise TypeError(f"the Ray backend carries no {type(message).__name__} messages (weights.transport)")
 
     def submit(self, req: RolloutRequest) -> None:
         if req.b in self._expected:
             raise RuntimeError(f"batch {req.b} is already in flight on the Ray backend")
-        missing = sorted(set(req.versions) - set(self._refs))
+        missing = sorted(set(req.versions) - set(self._puts))
         if missing:
             raise WeightsMissing(f"batch {req.b} is generated with version(s) {missing}, never pushed to the Ray backend "
-                                 f"(it holds {sorted(self._refs)})")  # fmt: skip
+                                 f"(it holds {sorted(self._puts)})")  # fmt: skip
         shards = split_groups(len(req.versions), len(self.actors))
         self._expected[req.b], self._parts[req.b] = len(shards), {}
         for i, groups in enumerate(shards):
-            refs = {v: self._refs[v] for v in {req.versions[g] for g in groups}}
-            self._launch(_Shard(req.b, i, groups, list(req.versions), refs))
+            puts = [self._puts[v] for v in sorted({req.versions[g] for g in groups})]
+            self._launch(_Shard(req.b, i, groups, list(req.versions), puts))
 
     def result(self, b: int) -> list[Sample]:
         if b not in self._expected:
@@ -211,7 +238,8 @@ class RayBackend:
     def close(self) -> None:
         for actor in self.actors if ray.is_initialized() else []:
             ray.kill(actor)  # no_restart=True: closing is not a crash
-        self.actors, self._pending, self._refs = [], {}, {}
+        self.actors, self._pending, self._puts = [], {}, {}
+        self.transport.close()
         if self.owns_ray and ray.is_initialized():
             ray.shutdown()
         self.owns_ray = False
@@ -230,7 +258,7 @@ class RayBackend:
             raise RuntimeError(msg) from None
 
     def _launch(self, shard: _Shard) -> None:
-        ref = self.actors[shard.worker].rollout.remote(shard.b, shard.versions, shard.groups, shard.refs)
+        ref = self.actors[shard.worker].rollout.remote(shard.b, shard.versions, shard.groups, shard.puts)
         self._pending[ref] = shard
 
     def _collect(self, timeout: float) -> None:
@@ -243,12 +271,12 @@ class RayBackend:
         for ref in done:
             shard = self._pending.pop(ref)
             try:
-                samples, busy = ray.get(ref)
+                done: RolloutResult = ray.get(ref)
             except RayActorError as e:  # the actor died with the shard in flight (a rollout error re-raises)
                 self._reissue(shard, e)
                 continue
-            self._busy += busy
-            self._parts[shard.b][shard.worker] = samples
+            self._busy += done.busy_s
+            self._parts[shard.b][shard.worker] = done.samples
 
     def _reissue(self, shard: _Shard, error: Exception) -> None:
         now = time.monotonic()

@@ -8,6 +8,7 @@ backend), or as a Ray actor, without the orchestration loop changing.
 from __future__ import annotations
 
 import itertools
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from satrl.types import (
     TransferEngine,
     request_seed,
 )
+from satrl.weights.held import Held, InEngine
 
 
 @dataclass(frozen=True)
@@ -63,13 +65,31 @@ class RolloutRequest:
     cap: int = 0
 
 
+@dataclass(frozen=True)
+class RolloutResult:
+    """What a rollout hands back on every backend: the samples of batch ``b`` (of a Ray actor's shard of it), and
+    the seconds the engine spent on them, which the backend sums into ``perf/engine_busy_s``."""
+
+    b: int
+    samples: list[Sample]
+    busy_s: float
+
+
 class WeightsMissing(RuntimeError):
     """A batch needs a version the engine side does not hold: a bug in who pushes or forgets weights, never
     something to paper over by generating with other weights."""
 
 
 class RolloutWorker:
-    def __init__(self, spec: WorkerSpec) -> None:
+    """Generates and scores batches with the versions it holds.
+
+    ``wait`` takes the next weight-sync message off the engine side's queue (the ``local`` backend's engine
+    process passes it): how an in-flight rollout (``lag.inflight_every``) waits for a version the trainer has not
+    made yet. None: every version a rollout needs is held before it starts (``sequential``, ``ray``), so a missing
+    one is :class:`WeightsMissing` at once instead of a wait that nothing would end.
+    """
+
+    def __init__(self, spec: WorkerSpec, wait: Callable[[], None] | None = None) -> None:
         from satrl.engines.registry import engine_for
         from satrl.models import load_tokenizer
         from satrl.tasks import make_task
@@ -89,15 +109,12 @@ class RolloutWorker:
             self.task = make_task(spec.task, **spec.task_kwargs)
         self._stream = self.task.problems("train", spec.seed)
         self._cursor = 0  # index of the next batch the stream will serve
-        self.weights: dict[int, Any] = {}  # version -> state dict (or a handle ``fetch`` turns into one)
-        self.in_engine: int | None = None  # the version only the engine holds (weights.transport=vllm)
-        # Takes the next weight-sync message (local backend): how an in-flight rollout waits for a version the
-        # trainer has not made yet. None: every version must be held already (sequential backend).
-        self.wait: Callable[[], None] | None = None
+        self.weights: dict[int, Held] = {}  # version -> its weights, as the transport delivered them
+        self.wait = wait
 
-    def put(self, version: int, state: Any) -> None:
+    def put(self, version: int, weights: Held) -> None:
         """Hold the weights of ``version`` until :meth:`keep` no longer lists it."""
-        self.weights[version] = state
+        self.weights[version] = weights
 
     def keep(self, versions: set[int]) -> None:
         """Forget every held version not in ``versions`` (no pending batch is generated with it)."""
@@ -105,7 +122,7 @@ class RolloutWorker:
 
     def held(self) -> list[int]:
         """The versions this worker can generate with, in order."""
-        return sorted({*self.weights, *([] if self.in_engine is None else [self.in_engine])})
+        return sorted(self.weights)
 
     def open_transfer(self, link) -> None:
         """``weights.transport=vllm``: the engine's own workers join the trainer's group (a ``Link``)."""
@@ -115,7 +132,7 @@ class RolloutWorker:
         """``weights.transport=vllm``: the engine loads ``version`` through its own API. It holds that one
         only, so the version it held before is gone (a batch that still needs it is WeightsMissing)."""
         self._transfer_engine().receive_weights(version)
-        self.in_engine = version
+        self.weights = {version: InEngine()}  # under this transport the engine is the only holder
 
     def _transfer_engine(self) -> TransferEngine:
         if not isinstance(self.engine, TransferEngine):
@@ -139,15 +156,14 @@ class RolloutWorker:
         self._cursor = b + 1
         return problems
 
-    def rollout(
-        self, req: RolloutRequest, groups: list[int] | None = None, fetch: Callable[[Any], dict] | None = None
-    ) -> list[Sample]:
+    def rollout(self, req: RolloutRequest, groups: list[int] | None = None) -> list[Sample]:
         """Generate and score the G samples of each prompt group of batch ``req.b``, sorted by sample id.
 
         The one rollout body of every backend. ``groups``: only these prompt groups (a Ray actor's shard;
         default all). The worker still reads the whole batch's problems from its stream, since group g's
-        prompt is the g-th problem of batch b. ``fetch`` turns a held entry (:meth:`put`) into a state dict
-        (Ray: ``ray.get`` of an object ref), called only when the engine is not on that version yet.
+        prompt is the g-th problem of batch b. A held version is loaded (:meth:`Held.load
+        <satrl.weights.held.Held.load>`: Ray fetches it from the object store then) only when the engine is not
+        on it yet.
         """
         faults.point("worker.rollout")
         problems = self._problems(req.b)
@@ -157,36 +173,40 @@ class RolloutWorker:
         torch.set_num_threads(self.spec.threads)  # fixed thread count: bitwise-stable numerics
         try:
             for version in sorted({req.versions[g] for g in groups}):
-                self._use(req.b, version, fetch)
-                switch = self._switch(req, version, fetch) if req.inflight_every > 0 else None
+                self._use(req.b, version)
+                switch = self._switch(req, version) if req.inflight_every > 0 else None
                 out += self._generate(req.b, [g for g in groups if req.versions[g] == version], problems, switch)
         finally:
             torch.set_num_threads(threads)
         return sorted(out, key=lambda s: s.id)
 
-    def _use(self, b: int, version: int, fetch: Callable[[Any], dict] | None, wait: bool = False) -> None:
+    def timed_rollout(self, req: RolloutRequest, groups: list[int] | None = None) -> RolloutResult:
+        """:meth:`rollout` with the seconds it took: what every backend's engine side returns."""
+        t0 = time.perf_counter()
+        samples = self.rollout(req, groups)
+        return RolloutResult(req.b, samples, time.perf_counter() - t0)
+
+    def _use(self, b: int, version: int, wait: bool = False) -> None:
         """Put the engine on ``version`` (a no-op if it is on it already)."""
         if self.engine.version != version:
             faults.point("engine.load_weights")
-            state = self._held(b, version, wait)
-            if state is not None:  # None: the engine loaded it itself while the rollout waited (vllm)
-                self.engine.load_weights(state if fetch is None else fetch(state), version)
+            held = self._held(b, version, wait)
+            if self.engine.version != version:  # vllm: the engine may have loaded it while the rollout waited
+                held.load(self.engine, version)
 
-    def _switch(self, req: RolloutRequest, start: int, fetch: Callable[[Any], dict] | None) -> Switch:
+    def _switch(self, req: RolloutRequest, start: int) -> Switch:
         """The engine's hook for in-flight updates: before decode step t, the version the schedule fixes for it
         (waiting for the trainer to make it, on the local backend)."""
         def use(t: int) -> None:
-            self._use(req.b, inflight_version(start, req.cap, req.inflight_every, t), fetch, wait=True)
+            self._use(req.b, inflight_version(start, req.cap, req.inflight_every, t), wait=True)
 
         return Switch(req.inflight_every, use)
 
-    def _held(self, b: int, version: int, wait: bool = False) -> Any:
-        while wait and self.wait is not None and version not in self.weights and version != self.in_engine:
+    def _held(self, b: int, version: int, wait: bool = False) -> Held:
+        while wait and self.wait is not None and version not in self.weights:
             self.wait()  # in flight: the trainer pushes this version once it has made it
         if version in self.weights:
             return self.weights[version]
-        if version == self.in_engine == self.engine.version:
-            return None
         raise WeightsMissing(f"batch {b} is generated with version {version}, whose weights the engine does not "
                              f"hold (it holds {self.held()}, and its engine is on {self.engine.version})")  # fmt: skip
 

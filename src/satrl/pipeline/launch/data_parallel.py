@@ -36,9 +36,10 @@ from typing import NamedTuple
 
 import torch
 
-from satrl.config import ConfigError, RunConfig
+from satrl.config_base import ConfigError
 from satrl.dtypes import set_tf32
 from satrl.pipeline.launch.setup import build_trainer
+from satrl.pipeline.run_config import RunConfig
 from satrl.training import dp
 from satrl.training.trainer import Trainer
 from satrl.types import Batch

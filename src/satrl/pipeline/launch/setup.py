@@ -7,9 +7,10 @@ from dataclasses import replace
 
 import torch
 
-from satrl.config import ConfigError, RunConfig
+from satrl.config_base import ConfigError
 from satrl.pipeline.engine_side.worker import WorkerSpec
 from satrl.pipeline.evaluator import EvalEngineSpec, EvalPlan, Evaluator
+from satrl.pipeline.run_config import RunConfig
 from satrl.pipeline.rundir import RunDir
 from satrl.training import dp
 from satrl.training.settings import TrainerSettings

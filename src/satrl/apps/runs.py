@@ -1,6 +1,6 @@
 """A run directory read back for use: its config, one of its checkpoints, that checkpoint's policy weights.
 
-``satrl export`` (:mod:`satrl.export`) and ``satrl eval RUN_DIR`` (:mod:`satrl.tasks.evaluate`) read runs
+``satrl export`` (:mod:`satrl.apps.export`) and ``satrl eval RUN_DIR`` (:mod:`satrl.apps.eval`) read runs
 through here and never write into them. A checkpoint is ``checkpoints/step-NNNNNN`` (:mod:`satrl.training.checkpoint`);
 ``checkpoints/latest`` is a one-line file naming the newest one. Its ``model.safetensors`` holds the full policy
 in the trainer's fp32, on one process and under data parallel alike (rank 0 gathers the FSDP2 shards before it

@@ -124,7 +124,8 @@ def add_eval_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", nargs="?", metavar="RUN_DIR", help="a run directory: evaluate its latest checkpoint "
                         "as the run did (its config.yaml's settings; flags override them)")  # fmt: skip
     parser.add_argument("--model", help="built-in name (tiny-arith, tiny-arith-moe), HF dir, or a run directory")
-    parser.add_argument("--step", type=int, help="run directory: evaluate the checkpoint of this step (default: latest)")
+    parser.add_argument("--step", type=int,
+                        help="run directory: evaluate the checkpoint of this step (default: latest)")  # fmt: skip
     parser.add_argument("--task", help="arithmetic | jsonl_math | countdown | gym:<name> (default: arithmetic)")
     parser.add_argument(
         "--task-arg", action="append", default=[], metavar="KEY=VALUE",
@@ -133,7 +134,8 @@ def add_eval_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, help="samples per problem for avg@k (default: 8)")
     parser.add_argument("--n-problems", type=int, help="first N eval problems (default: all)")
     parser.add_argument("--val-problems", type=int, help="N problems of the val part, as a run's evaluator picks them")
-    parser.add_argument("--test-problems", type=int, help="N problems of the test part, as a run's evaluator picks them")
+    parser.add_argument("--test-problems", type=int,
+                        help="N problems of the test part, as a run's evaluator picks them")  # fmt: skip
     parser.add_argument("--seed", type=int, help="default: 0")
     parser.add_argument("--numerics", help="engine numerics: fp32 | bf16 | bf16-weights (default: fp32)")
     parser.add_argument("--temperature", type=float, help="default: 1.0")
@@ -178,7 +180,7 @@ class _Target:
 
 
 def _target(args: argparse.Namespace) -> _Target:
-    from satrl.runs import checkpoint_of, is_run_dir, run_config
+    from satrl.apps.runs import checkpoint_of, is_run_dir, run_config
 
     if args.path is not None and args.model is not None:
         raise ValueError(f"give the run directory or --model, not both ({args.path}, {args.model})")
@@ -197,11 +199,11 @@ def _evaluate(t: _Target) -> tuple[EvalResult, dict[str, list[int]]]:
     """Score the target; the result and, when the val/test parts were asked for, each part's positions."""
     import torch
 
-    from satrl.config import check_device_here
+    from satrl.apps.runs import checkpoint_step, checkpoint_weights
+    from satrl.config_base import check_device_here
     from satrl.engines import resolve_numerics
     from satrl.engines.registry import engine_for
     from satrl.models import load_tokenizer
-    from satrl.runs import checkpoint_step, checkpoint_weights
     from satrl.tasks import make_task
 
     s = t.settings
@@ -272,7 +274,7 @@ def _report(t: _Target, result: EvalResult, parts: dict[str, list[int]], as_json
 
 def _report_run(checkpoint: Path, record: dict) -> None:
     """Which checkpoint was scored, and what the run logged there (equal with the run's own settings)."""
-    from satrl.runs import checkpoint_step, logged_eval
+    from satrl.apps.runs import checkpoint_step, logged_eval
 
     step = checkpoint_step(checkpoint)
     record.update(checkpoint=str(checkpoint), step=step)

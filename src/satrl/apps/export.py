@@ -7,7 +7,7 @@ tokenizer and generation config are the run's base policy's (``model.path``, or 
 its config.yaml); the weights are the checkpoint's ``model.safetensors`` in the trainer's fp32, bit for bit:
 checked against the sha256 the checkpoint recorded before they are read, and against the checkpoint again
 once they are in the model, before anything is written. A data-parallel checkpoint is read the same way: its
-``model.safetensors`` holds the full weights gathered from the shards (:mod:`satrl.runs`).
+``model.safetensors`` holds the full weights gathered from the shards (:mod:`satrl.apps.runs`).
 
 Nothing is written into RUN_DIR. OUT must be new or an empty folder; it is written under a temporary name
 beside it and renamed into place, so a failed export leaves no half folder. Bad input (no run, no checkpoint,
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from satrl.runs import RunReadError, checkpoint_of, checkpoint_step, checkpoint_weights, run_config
+from satrl.apps.runs import RunReadError, checkpoint_of, checkpoint_step, checkpoint_weights, run_config
 
 INFO = "satrl_export.json"
 
@@ -75,7 +75,7 @@ def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> tup
     checkpoint folder and what ``satrl_export.json`` records."""
     from transformers import GenerationConfig
 
-    from satrl.eval_cli import EvalSettings
+    from satrl.apps.eval import EvalSettings
     from satrl.models.loading import load_tokenizer, quiet_progress_bars, resolve_policy_path
 
     run, out = Path(run_dir), Path(out)

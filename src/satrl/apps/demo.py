@@ -32,8 +32,8 @@ TRIAL = {
 # ... and where the demo departs from it: the asynchronous backend (the trial ran `sequential`, which gives the
 # same samples: tests/e2e/test_pipeline.py), a twelfth of the steps (at 50 steps SAT-GRPO's d̄_π is below
 # GRPO's on all 10 of the trial's seeds; at 40, on 9), evals at the start and the end only, on 20 val +
-# 40 test problems (the trial: every 100 steps on 80 + 100; an eval of 60 problems costs about as much CPU as 5 steps), and no
-# d̄_π split (diagnostics.decompose: an extra forward per step that the report does not show). None of these
+# 40 test problems (the trial: every 100 steps on 80 + 100; an eval of 60 problems costs about as much CPU as 5
+# steps), and no d̄_π split (diagnostics.decompose: an extra forward per step that the report does not show). None of these
 # changes what is trained: evals draw their own samples, and the split only adds metrics (tests/e2e/test_demo.py
 # checks it). What the demo costs: about 1 s of CPU per step and run on an AMD EPYC, and ~9 s of imports for
 # each of its 5 processes; README.md, "make demo", has the measurement.
@@ -95,7 +95,8 @@ def _vcpo_shown(v: dict[str, float | None]) -> str:
     if ratio is None or scale is None or shift is None:
         return "VCPO's metrics are missing, so what its controls did cannot be said"
     step = (f"VCPO's step size: the batches' importance weights kept an effective sample size of {ratio:.1%} of "
-            f"the batch on average, so its lr ran at {scale:.3f}x on average (down to {v.get('min_step_scale', scale):.3f}x)")
+            f"the batch on average, so its lr ran at {scale:.3f}x on average "
+            f"(down to {v.get('min_step_scale', scale):.3f}x)")
     base = (f"VCPO's baseline: {shift:.2f} reward units on average away from GRPO's group mean (weighted by the "
             "responses' gradient norms and importance weights)")
     return step + "; " + base
@@ -134,7 +135,8 @@ def _row(name: str, path: Path, met: list[dict]) -> str:
     late = _pct(s.get("late_test_avg_at_k", s.get("late_avg_at_k")))
     best = _pct(s.get("best_test_avg_at_k", s.get("best_avg_at_k")))
     return (f"| {name} | {_num(late, '{:.1f}')} | {_num(best, '{:.1f}')} (step {s.get('best_step')}) | "
-            f"{_num(lag.get('mean'), '{:.1f}')} [{_num(lag.get('min'), '{:.0f}')}-{_num(lag.get('max'), '{:.0f}')}] | "
+            f"{_num(lag.get('mean'), '{:.1f}')} "
+            f"[{_num(lag.get('min'), '{:.0f}')}-{_num(lag.get('max'), '{:.0f}')}] | "
             f"{_num(d_pi_last25(met), '{:.4f}')} | "
             f"{'none' if s.get('collapse_step') is None else s['collapse_step']} | {s['wall_time_s']:.0f} |")  # fmt: skip
 
