@@ -10,62 +10,41 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from types import ModuleType
 
 
-# Each command's module, imported when that command runs (an import statement, so the import graph sees it).
-def _train() -> ModuleType:
-    from satrl.apps import train
-
-    return train
-
-
-def _eval() -> ModuleType:
-    from satrl.apps import eval as eval_app
-
-    return eval_app
-
-
-def _export() -> ModuleType:
-    from satrl.apps import export
-
-    return export
-
-
-def _pretrain() -> ModuleType:
-    from satrl.apps import pretrain
-
-    return pretrain
-
-
-def _grid() -> ModuleType:
-    from satrl.apps import grid
-
-    return grid
-
-
-def _report() -> ModuleType:
-    from satrl.apps import report
-
-    return report
-
-
-def _demo() -> ModuleType:
-    from satrl.apps import demo
-
-    return demo
+def program(command: str) -> ModuleType:
+    """The module of ``command`` in :mod:`satrl.apps`, imported only when that command runs (import statements, so
+    the import graph sees each; ``satrl --help`` imports none)."""
+    match command:
+        case "train":
+            from satrl.apps import train as app
+        case "eval":
+            from satrl.apps import eval as app
+        case "export":
+            from satrl.apps import export as app
+        case "pretrain":
+            from satrl.apps import pretrain as app
+        case "grid":
+            from satrl.apps import grid as app
+        case "report":
+            from satrl.apps import report as app
+        case "demo":
+            from satrl.apps import demo as app
+        case _:
+            raise KeyError(command)
+    return app
 
 
 # subcommand -> (its program in satrl.apps, help). A program defines add_<cmd>_args(parser), run_<cmd>(args) -> int.
-COMMANDS: dict[str, tuple[Callable[[], ModuleType], str]] = {
-    "train": (_train, "train a policy: satrl train [CONFIG.yaml] [key=value ...] [--resume RUN_DIR]"),
-    "eval": (_eval, "avg@k and greedy accuracy of a policy or a run's checkpoint on a task"),
-    "export": (_export, "a run's checkpoint as a Hugging Face folder: satrl export RUN_DIR OUT [--step N]"),
-    "pretrain": (_pretrain, "supervised base policy for a built-in model"),
-    "grid": (_grid, "run a grid of configs x lags x seeds, resumably"),
-    "report": (_report, "tables with 95% CIs and figures for a grid's runs"),
-    "demo": (_demo, "SAT-GRPO vs GRPO at broadcast lag 8 on the built-in task, with a report"),
+COMMANDS: dict[str, str] = {
+    "train": "train a policy: satrl train [CONFIG.yaml] [key=value ...] [--resume RUN_DIR]",
+    "eval": "avg@k and greedy accuracy of a policy or a run's checkpoint on a task",
+    "export": "a run's checkpoint as a Hugging Face folder: satrl export RUN_DIR OUT [--step N]",
+    "pretrain": "supervised base policy for a built-in model",
+    "grid": "run a grid of configs x lags x seeds, resumably",
+    "report": "tables with 95% CIs and figures for a grid's runs",
+    "demo": "SAT-GRPO vs GRPO at broadcast lag 8 on the built-in task, with a report",
 }
 
 
@@ -87,11 +66,11 @@ def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, a
     parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = None
-    for name, (module, help_text) in COMMANDS.items():
+    for name, help_text in COMMANDS.items():
         # argparse %-formats help strings (not descriptions): a literal % must be doubled there
         p = sub.add_parser(name, help=help_text.replace("%", "%%"), description=help_text)
         if name == command:  # import only the module of the command being run
-            getattr(module(), f"add_{name}_args")(p)
+            getattr(program(name), f"add_{name}_args")(p)
             chosen = p
     return parser, chosen
 
@@ -110,7 +89,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else list(argv))
-    module = COMMANDS[args.command][0]()
+    module = program(args.command)
     try:
         return int(getattr(module, f"run_{args.command}")(args) or 0)
     except BrokenPipeError:  # `satrl grid ... --dry-run | head`: the reader left; stop quietly, as cat does

@@ -13,43 +13,29 @@ pandas and matplotlib: each module by an import statement in a function of its o
 from types import ModuleType
 
 
-def _spec() -> ModuleType:
-    from satrl.experiments import spec
-
-    return spec
-
-
-def _grid() -> ModuleType:
-    from satrl.experiments import grid
-
-    return grid
-
-
-def _stats() -> ModuleType:
-    from satrl.experiments import stats
-
-    return stats
+def _module(name: str) -> ModuleType:
+    """The experiments module ``name``, imported when one of its names is first asked for."""
+    match name:
+        case "spec":
+            from satrl.experiments import spec as module
+        case "grid":
+            from satrl.experiments import grid as module
+        case "stats":
+            from satrl.experiments import stats as module
+        case "store":
+            from satrl.experiments import store as module
+        case _:
+            from satrl.experiments import report as module
+    return module
 
 
-def _store() -> ModuleType:
-    from satrl.experiments import store
-
-    return store
-
-
-def _report() -> ModuleType:
-    from satrl.experiments import report
-
-    return report
-
-
-_WHERE = {"GridSpec": _spec, "Run": _spec, "expand": _spec, "load_grid": _spec, "run_grid_spec": _grid,
-          "bootstrap_ci": _stats, "cell_stats": _stats, "paired_diff": _stats, "paired_table": _stats,
-          "load_results": _store, "pack_results": _store, "build_report": _report}  # fmt: skip
+_WHERE = {"GridSpec": "spec", "Run": "spec", "expand": "spec", "load_grid": "spec", "run_grid_spec": "grid",
+          "bootstrap_ci": "stats", "cell_stats": "stats", "paired_diff": "stats", "paired_table": "stats",
+          "load_results": "store", "pack_results": "store", "build_report": "report"}  # fmt: skip
 __all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str):
     if name in _WHERE:
-        return getattr(_WHERE[name](), name)
+        return getattr(_module(_WHERE[name]), name)
     raise AttributeError(f"module 'satrl.experiments' has no attribute {name!r}")
