@@ -25,6 +25,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 
 # Environment variables earlier versions read deep inside the run, and the config keys that replace them.
 # They still work, turned into overrides here (explicit key=value overrides win), so config.yaml records them.
+# End: satrl 0.2.0 drops this table; a variable still set then is refused in one line naming its key.
 LEGACY_ENV = {
     "SATRL_TORCH_THREADS": "train.max_threads",
     "SATRL_RAY_WORKERS": "ray.workers",

@@ -93,7 +93,9 @@ def available_presets() -> list[str]:
     return PRESETS.names()
 
 
-# Flat keys whose name inside their component differs (old configs and resolve_objective's keywords).
+# Flat keys whose name inside their component differs (old configs and resolve_objective's keywords). Kept as
+# long as resolve_objective takes flat keywords (its public signature); a config file's flat key is refused with
+# the nested name from satrl 0.2.0 on.
 RENAMED = {"kl_coef": ("kl", "coef")}
 
 
