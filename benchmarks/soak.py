@@ -5,7 +5,7 @@
 
 RSS (VmRSS of the trainer process and of the engine process) is sampled after every optimizer step; growth
 is the last sample over the one at the end of warm-up (10 % of the steps), minus 1. The snapshot store is
-checked after every offer: it may hold only versions that a batch not yet trained needs (its ``wanted``
+checked after every update: it may hold only versions that a batch not yet trained needs (its ``wanted``
 set), and its largest size is reported.
 """
 
@@ -36,14 +36,14 @@ def soak(steps: int) -> dict:
     from satrl.pipeline.buffer import SnapshotStore
 
     made, sizes, extra = [], [], []
-    make_fn, offer_fn = orchestrator.make_backend, SnapshotStore.offer
+    make_fn, update_fn = orchestrator.make_backend, SnapshotStore.update
 
     def spy_make(name, spec, **options):
         made.append(make_fn(name, spec, **options))
         return made[-1]
 
-    def spy_offer(self, version, weights, b_training):
-        offer_fn(self, version, weights, b_training)
+    def spy_update(self, version, weights, b_training):
+        update_fn(self, version, weights, b_training)
         sizes.append(len(self.states))
         extra.extend(sorted(set(self.states) - self.wanted(b_training)))
 
@@ -53,13 +53,13 @@ def soak(steps: int) -> dict:
         trainer_rss.append(rss_mb())
         engine_rss.append(rss_mb(made[-1].proc.pid))
 
-    orchestrator.make_backend, SnapshotStore.offer = spy_make, spy_offer
+    orchestrator.make_backend, SnapshotStore.update = spy_make, spy_update
     t0 = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             orchestrator.train(load_config(None, [*TINY, f"steps={steps}", f"out={Path(tmp) / 'soak'}"]), on_step=on_step)
     finally:
-        orchestrator.make_backend, SnapshotStore.offer = make_fn, offer_fn
+        orchestrator.make_backend, SnapshotStore.update = make_fn, update_fn
     warm = max(1, steps // 10) - 1
     return {
         "steps": steps,
