@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from satrl.engines.numerics import EVAL_NUMERICS
 from satrl.tasks.evaluate import EvalResult, evaluate, part_scores, split_val_test
 from satrl.types import SamplingParams
 
@@ -38,7 +39,7 @@ class EvalSettings:
     task_kwargs: dict[str, Any] = field(default_factory=dict)
     k: int = 8
     seed: int = 0
-    numerics: str = "fp32"
+    numerics: str = EVAL_NUMERICS
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -137,7 +138,7 @@ def add_eval_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--test-problems", type=int,
                         help="N problems of the test part, as a run's evaluator picks them")  # fmt: skip
     parser.add_argument("--seed", type=int, help="default: 0")
-    parser.add_argument("--numerics", help="engine numerics: fp32 | bf16 | bf16-weights (default: fp32)")
+    parser.add_argument("--numerics", help=f"engine numerics: fp32 | bf16 | bf16-weights (default: {EVAL_NUMERICS})")
     parser.add_argument("--temperature", type=float, help="default: 1.0")
     parser.add_argument("--top-p", type=float, help="default: 1.0")
     parser.add_argument("--top-k", type=int, help="0 = off (default: 0)")

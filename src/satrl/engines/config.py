@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field
 
 from satrl.config_base import Section
-from satrl.engines.numerics import NUMERICS
+from satrl.engines.numerics import DEFAULT_NUMERICS, NUMERICS
 from satrl.engines.registry import ENGINES
 from satrl.types import ENGINE_TIMEOUT_S
 
@@ -21,7 +21,7 @@ NumericsName = Annotated[str, AfterValidator(NUMERICS.check)]
 class EngineConfig(Section):
     name: EngineName = Field("torch", description="Engine: a name in satrl.engines.ENGINES (torch; vllm with the extra).")
     numerics: NumericsName = Field(
-        "bf16-weights", description="Engine numerics (satrl.engines.NUMERICS); differs from the fp32 trainer so "
+        DEFAULT_NUMERICS, description="Engine numerics (satrl.engines.NUMERICS); differs from the fp32 trainer so "
         "mismatch is real.",
     )  # fmt: skip
     temperature: float = Field(1.0, ge=0.01, le=100, description="Sampling temperature (paper App. F: 1.0), in "

@@ -15,7 +15,7 @@ import torch
 
 from satrl.registry import Registry
 
-__all__ = ["NUMERICS", "Numerics", "resolve_numerics"]
+__all__ = ["DEFAULT_NUMERICS", "EVAL_NUMERICS", "NUMERICS", "Numerics", "resolve_numerics"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,12 @@ NUMERICS: Registry[Numerics] = Registry("numerics", {
     "bf16": Numerics(torch.bfloat16, torch.bfloat16),
     "bf16-weights": Numerics(torch.float32, torch.bfloat16),
 })
+
+# The one default of each kind: a rollout engine's (``engine.numerics``, a worker's spec, an engine whose spec names
+# none, torch or vLLM alike): a mismatch with the fp32 trainer, as real engines have; and an evaluation's (``satrl
+# eval``, pretraining's scores): the trainer's own numerics, so a score measures the policy, not the rounding.
+DEFAULT_NUMERICS = "bf16-weights"
+EVAL_NUMERICS = "fp32"
 
 
 def resolve_numerics(name: str) -> Numerics:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from satrl.engines.numerics import resolve_numerics
+from satrl.engines.numerics import DEFAULT_NUMERICS, resolve_numerics
 from satrl.engines.sampling import request_uniforms, sample_step
 from satrl.engines.spec import EngineSpec
 from satrl.models.routing import capture_routing as _capture_routing
@@ -34,7 +34,6 @@ def cache_argument(model: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-DEFAULT_NUMERICS = "bf16-weights"  # this engine's numerics when its spec names none
 
 
 class TorchEngine:

