@@ -13,8 +13,9 @@ trainer's policy and a second one for the engine's. Two paths, each timed over `
 - **dist** (`weights.transport=dist`, the local backend's real path): per version, the copy the snapshot store
   keeps, then `DistTransport.push` (bf16 buckets of 256 MiB over the trainer's own two-process gloo group) to an
   engine process that receives on its inbox thread and loads it. With `diagnostics.decompose` off the store keeps
-  a bf16 copy built from the trainer's bucket stream (`Trainer.weight_buckets`, each parameter cast straight into
-  its bucket) and the push sends those buckets as they are, without a copy (since 2026-12-03); with it on (row
+  the trainer's bucket stream in bf16 (`Trainer.weight_buckets`, each parameter cast straight into its bucket) as
+  a `Snapshot`, and the push sends those very buckets (since 2026-12-03 without a copy; now without the unpack and
+  re-cut either); with it on (row
   "split on") the trainer's fp32 copy, as inproc does, cast into bf16 buckets one at a time. Timed from the start
   of the copy to the engine's "loaded" message. `weights.transport=vllm` uses the same trainer side and wire (its
   receiving end is inside vLLM's workers), so this row stands for it too; vLLM is not in this environment.
@@ -140,12 +141,13 @@ def _engine(link, shape: dict, vocab: int, versions: int, loaded) -> None:
 
 def dist_path(shape: dict, vocab: int, versions: int, keep: str = "bf16", device: str = "cpu") -> dict:
     """The real ``dist`` path of the local backend, per version: what the snapshot store keeps (``keep="bf16"``:
-    a bf16 copy built from the trainer's bucket stream, ``Trainer.weight_buckets``, when the split is off;
+    the trainer's bucket stream in bf16 as it came, ``Trainer.weight_buckets``, when the split is off;
     ``"fp32"``: ``Trainer.weights``' fp32 copy, when it is on), then ``DistTransport.push`` (bf16 buckets over
     a standalone gloo group) to an engine process that loads it. Timed to the engine's "loaded". ``device``: where
     the trainer's weights live (cuda: each bucket is copied off the GPU on the way, as a GPU trainer's are)."""
     from satrl.training.placement import cpu_copy
-    from satrl.weights.buckets import aliases, buckets, unpack
+    from satrl.weights.buckets import DEFAULT_BUCKET_BYTES, aliases, buckets
+    from satrl.weights.snapshot import Snapshot
     from satrl.weights.transports import DistTransport, Wiring
 
     ctx = torch.multiprocessing.get_context("spawn")
@@ -159,7 +161,8 @@ def dist_path(shape: dict, vocab: int, versions: int, keep: str = "bf16", device
     for v in range(versions + 1):  # version 0 waits for the engine process to start and join: not counted
         with PeakRss() as mem:
             t0 = time.perf_counter()
-            kept = cpu_copy(trainer) if keep == "fp32" else unpack(buckets(trainer, torch.bfloat16), aliases(trainer))
+            kept = (Snapshot.of_state(cpu_copy(trainer)) if keep == "fp32" else Snapshot.of_buckets(
+                buckets(trainer, torch.bfloat16), aliases(trainer), torch.bfloat16, DEFAULT_BUCKET_BYTES))
             transport.push(v, kept)
             assert loaded.get(timeout=1800) == v
             times.append(time.perf_counter() - t0)

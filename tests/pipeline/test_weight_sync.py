@@ -12,6 +12,7 @@ from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutWorker, Wei
 from satrl.pipeline.rollouts import horizon
 from satrl.pipeline.schedules import make_schedule
 from satrl.weights.held import InMemory
+from satrl.weights.snapshot import Snapshot
 
 ARGS = ["steps=8", "lag.schedule=broadcast", "lag.n=3", "seed=2"]
 
@@ -134,7 +135,7 @@ def test_a_restarted_engine_gets_each_version_just_before_the_first_request_that
     backend = ProcessBackend.__new__(ProcessBackend)  # the refeed alone: no engine process
     backend._send = sent.append
     backend.transport = InprocTransport(sent.append)
-    backend.transport.held = {3: {}, 5: {}, 6: {}, 9: {}}
+    backend.transport.held = {v: Snapshot.of_state({}) for v in (3, 5, 6, 9)}
     backend.in_flight = {11: RolloutRequest(11, [5, 5]), 10: RolloutRequest(10, [3, 5]), 12: RolloutRequest(12, [6, 6])}
     backend._refeed()
     from satrl.pipeline.engine_side.engine_process import Rollout
@@ -161,5 +162,5 @@ def test_a_push_restarts_the_engine_deadline():
     backend.in_flight = {4: RolloutRequest(4, [3, 3])}
     backend._since = time.monotonic() - 60  # the trainer trained for a minute since the last result
     assert backend._overdue()
-    backend.push(4, {})
+    backend.push(4, Snapshot.of_state({}))
     assert not backend._overdue()

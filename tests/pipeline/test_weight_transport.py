@@ -10,6 +10,7 @@ import torch
 from run_helpers import TINY, engine_signaller, read_jsonl, stable
 from satrl.config import ConfigError, load_config
 from satrl.pipeline import orchestrator
+from satrl.weights.snapshot import Snapshot
 
 ARGS = ["steps=6", "lag.schedule=broadcast", "lag.n=3", "seed=2", "backend=local"]
 
@@ -102,12 +103,16 @@ def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32(
                                  f"weights.bucket_mb={bucket_mb}", "engine.numerics=bf16-weights"])  # fmt: skip
         return snapshot_weights(cfg, trainer)
 
-    assert source("dist", decompose=True) == trainer.weights
-    assert source("inproc", decompose=False) == trainer.weights
-    copy = source("dist", decompose=False)()
+    assert source("dist", decompose=True)().state() is trainer.weights()
+    assert source("inproc", decompose=False)().state() is trainer.weights()
+    kept = source("dist", decompose=False)()
+    assert kept.full is None and len(kept.packed) > 1  # the trainer's buckets as they came (bucket_mb=1)
+    copy = kept.state()
     want = trainer.model.state_dict()
-    assert copy.keys() == want.keys()
+    assert copy.keys() == want.keys() and kept.state() is copy  # unpacked once
     assert all(torch.equal(copy[k], v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in want.items())
+    stream, tied = kept.stream(torch.bfloat16, 2**20)  # what the dist broadcast sends: those very buckets
+    assert stream is kept.packed and tied == {"lm_head.weight": "model.embed_tokens.weight"}
 
 
 def test_resuming_the_split_from_engine_dtype_snapshots_is_refused():
@@ -187,7 +192,7 @@ def test_an_engine_that_fails_to_start_is_an_error_not_a_hang(tmp_path):
     backend = ProcessBackend(spec, timeout_s=60, start_timeout_s=120, transport="dist")
     try:
         with pytest.raises(Exception, match="engine"):
-            backend.push(0, {"w": torch.zeros(2)})
+            backend.push(0, Snapshot.of_state({"w": torch.zeros(2)}))
             backend.submit(RolloutRequest(0, [0] * 4))
             backend.result(0)
     finally:

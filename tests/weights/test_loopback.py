@@ -99,6 +99,7 @@ def _engine(link, out, done) -> None:
 def test_trainer_and_engine_listen_on_loopback_only():
     """A live link (one version broadcast over it): every LISTEN socket of the trainer process (the store, the
     gloo listener of rank 0) and of the engine process (rank 1's gloo listener) is bound to 127.0.0.1."""
+    from satrl.weights.snapshot import Snapshot
     from satrl.weights.transports import DistTransport, Wiring
 
     ctx = torch.multiprocessing.get_context("spawn")
@@ -110,7 +111,7 @@ def test_trainer_and_engine_listen_on_loopback_only():
     proc = ctx.Process(target=_engine, args=(link, out, done))
     proc.start()
     try:
-        transport.push(0, {"w": torch.ones(4)})
+        transport.push(0, Snapshot.of_state({"w": torch.ones(4)}))
         total, engine_sockets = out.get(timeout=60)
         trainer_sockets = [s for s in listening() if s not in before]
         assert total == 4.0

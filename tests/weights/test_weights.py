@@ -65,6 +65,28 @@ def test_a_kept_snapshot_is_resent_without_a_copy_but_a_model_never_is():
         assert b.flat.data_ptr() != first.data_ptr()
 
 
+def test_a_kept_version_is_broadcast_as_the_buckets_it_was_kept_as():
+    """A :class:`Snapshot` of the trainer's buckets sends them as they are (no unpack, no re-cut) and unpacks
+    only for a reader of the full state dict, once; cut otherwise, or kept as a full dict, it is cut again."""
+    from satrl.weights.snapshot import Snapshot
+
+    model = tiny_qwen3()
+    stream = list(buckets(model, dtype=torch.bfloat16, bucket_bytes=3000))
+    kept = Snapshot.of_buckets(iter(stream), aliases(model), torch.bfloat16, 3000)
+    sent, tied = kept.stream(torch.bfloat16, 3000)
+    assert sent == tuple(stream) and all(a is b for a, b in zip(sent, stream)) and tied == aliases(model)
+    state = kept.state()
+    assert state is kept.state() and state.keys() == unpack(stream, aliases(model)).keys()
+    assert state["lm_head.weight"] is state["model.embed_tokens.weight"]
+    recut, tied = kept.stream(torch.bfloat16, 6000)  # another size: cut from the unpacked views
+    assert [n for b in recut for n in b.names] == [n for b in stream for n in b.names] and tied == aliases(model)
+    full = Snapshot.of_state(model.state_dict())
+    assert full.state() is full.full
+    again, tied = full.stream(torch.bfloat16, 3000)
+    assert [b.names for b in again] == [b.names for b in stream] and tied == aliases(model)
+    assert all(torch.equal(a.flat, b.flat) for a, b in zip(again, stream))
+
+
 def test_buckets_respect_the_size_bound():
     model = tiny_qwen3()
     biggest = max(v.numel() for v in model.state_dict().values()) * 2

@@ -40,6 +40,7 @@ from satrl.provenance import record_session
 from satrl.tasks import make_task
 from satrl.training import checkpoint as ckpt
 from satrl.types import Batch, SkipsRows, TrainerLike
+from satrl.weights.snapshot import Snapshot
 
 
 def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, dict | None], None] | None = None) -> dict:
@@ -81,7 +82,7 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
             batch = collate(got.samples, pad_id(tokenizer))
             followers.train(batch, b, rollouts.store.states)  # every rank trains it
             t0 = time.perf_counter()
-            for metrics, rows in trainer.train_batch(batch, b, rollouts.store.get, stop_at=cfg.steps):  # train it
+            for metrics, rows in trainer.train_batch(batch, b, rollouts.store.state, stop_at=cfg.steps):  # train it
                 v = trainer.version  # every rank gathers its weights if the store or the evaluator reads them:
                 followers.sync(trainer, gather=rollouts.store.wants(v, b) or evaluator.due(v, cfg.steps))
                 rollouts.trained(trainer.version, snapshot, b)  # push the new weights
@@ -113,7 +114,7 @@ def _versions(sched: Schedule, b: int, P: int, every: int = 0, tokens: int = 1) 
     return set().union(*(inflight_versions(sched.version(b, g), cap, every, tokens) for g in range(P)))
 
 
-def _fresh(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, snapshot: Callable[[], dict],
+def _fresh(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, snapshot: Callable[[], Snapshot],
            followers: Followers) -> RunState:  # fmt: skip
     state = run.fresh()
     followers.start(resume=False)
@@ -122,7 +123,7 @@ def _fresh(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, snapshot: Call
     return state
 
 
-def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfig, snapshot: Callable[[], dict],
+def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfig, snapshot: Callable[[], Snapshot],
             due: Callable[[int, int], bool], followers: Followers) -> RunState:  # fmt: skip
     """Apply the run's latest checkpoint (or start over if it has none) once the folder checks out (checkpoint
     files and config, :meth:`RunDir.load` and :meth:`RunDir.check_config`), check that its settings can go on
@@ -148,7 +149,7 @@ def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfi
 
 def _payload(trainer: TrainerLike, rollouts: Rollouts, state: RunState) -> dict:
     """What a checkpoint holds besides the policy weights (the run directory adds the wall clock)."""
-    return {"trainer": trainer.state_dict(), "snapshots": rollouts.store.states, "rng": torch.get_rng_state(), "run": state}
+    return {"trainer": trainer.state_dict(), "snapshots": rollouts.store.saved(), "rng": torch.get_rng_state(), "run": state}
 
 
 def _batch_metrics(batch: Batch, rows: torch.Tensor, step_s: float, got: Taken, rollouts: Rollouts) -> dict:

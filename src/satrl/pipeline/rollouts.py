@@ -13,14 +13,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import torch
-
 from satrl.pipeline.buffer import SnapshotStore
 from satrl.pipeline.engine_side.backends import Backend
 from satrl.pipeline.engine_side.worker import RolloutRequest
 from satrl.pipeline.rundir import Loaded, RunDirError, RunState
 from satrl.pipeline.schedules import Schedule
 from satrl.types import Sample
+from satrl.weights.snapshot import Snapshot
 
 
 @dataclass
@@ -63,14 +62,14 @@ class Rollouts:
         self.pushed: set[int] = set()  # versions the engine side holds
 
     # -- start: a fresh run, or one loaded from a checkpoint ---------------------------------------------
-    def fresh(self, state: RunState, weights: Callable[[], dict[str, torch.Tensor]]) -> None:
+    def fresh(self, state: RunState, weights: Callable[[], Snapshot]) -> None:
         self.state = state
         self.store.update(0, weights, 0)
 
-    def restore(self, loaded: Loaded, version: int, weights: Callable[[], dict[str, torch.Tensor]]) -> None:
+    def restore(self, loaded: Loaded, version: int, weights: Callable[[], Snapshot]) -> None:
         """Take the checkpoint's kept snapshots and cursor; batches submitted to the dead backend but not saved
         as ready are submitted again. The checkpoint's own weights are kept if a pending batch needs them."""
-        self.store.states = loaded.snapshots
+        self.store.states = {v: Snapshot.of_state(s) for v, s in loaded.snapshots.items()}
         self.state = loaded.run
         self.state.next_submit = self.state.next_batch
         if self.store.wants(version, self.state.next_batch):
@@ -120,7 +119,7 @@ class Rollouts:
                 self.backend.submit(self._request(b, versions))
             self.state.next_submit += 1
 
-    def trained(self, version: int, weights: Callable[[], dict[str, torch.Tensor]], b_training: int) -> None:
+    def trained(self, version: int, weights: Callable[[], Snapshot], b_training: int) -> None:
         """The trainer has made ``version`` while training batch ``b_training``: store its weights if a pending
         batch needs them, let the engine side drop what no batch needs, send the new version to a batch already
         generating (in-flight updates), then submit every batch whose generating versions now exist."""

@@ -9,8 +9,9 @@ below the backend's ``push``:
 1. ``transports``: the trainer side of ``weights.transport`` (a registry entry declaring what it needs) mirrors
    the version and sends a typed message (``messages``) onto the request queue, in order among the requests;
 2. ``inproc``: the message carries the state dict; ``dist`` / ``vllm``: the trainer broadcasts the version as
-   buckets in the engine's dtype (``buckets``, gathered from FSDP2 shards one parameter at a time) over a
-   two-process gloo group (``link``, ``dist``: raw bytes and JSON headers, nothing pickled);
+   buckets in the engine's dtype (``buckets``, gathered from FSDP2 shards one parameter at a time; kept between
+   the trainer and the wire as they came, a ``snapshot``) over a two-process gloo group (``link``, ``dist``: raw
+   bytes and JSON headers, nothing pickled);
 3. ``receivers``: the engine side applies the message to the worker (a ``Holder``): the weights themselves, the
    version the inbox thread received, or a load through vLLM's own weight-transfer API
    (``satrl.engines.vllm_transfer``, which joins the same group inside vLLM's workers); what the worker holds of

@@ -1,7 +1,8 @@
 """The trainer side of each weight transport, and the registry where ``weights.transport`` names one.
 
-A transport feeds one engine side at a time and mirrors what it holds (sharing the snapshot store's tensors, no
-copy), so that a restarted engine is fed again (:meth:`TrainerSide.replay`). ``open`` makes the receiver that
+A transport feeds one engine side at a time and mirrors what it holds (the snapshot store's own
+:class:`~satrl.weights.snapshot.Snapshot` values, no copy), so that a restarted engine is fed again
+(:meth:`TrainerSide.replay`). ``open`` makes the receiver that
 goes to the next engine process (:mod:`satrl.weights.receivers`); ``send`` puts one
 :mod:`weight message <satrl.weights.messages>` on the request queue, in order among the rollout requests.
 
@@ -25,24 +26,26 @@ import torch.distributed as dist
 from satrl.registry import Registry
 from satrl.types import ENGINE_TIMEOUT_S
 from satrl.weights import dist as wdist
-from satrl.weights.buckets import DEFAULT_BUCKET_BYTES, state_aliases, state_buckets
+from satrl.weights.buckets import DEFAULT_BUCKET_BYTES
 from satrl.weights.held import Held, InMemory
 from satrl.weights.link import LOOPBACK, Link, LinkDown, cause, gloo, serve
 from satrl.weights.messages import Keep, Load, Put, Take, WeightMessage
 from satrl.weights.receivers import BroadcastReceiver, EngineReceiver, InprocReceiver, Receiver
+from satrl.weights.snapshot import Snapshot
 
 Send = Callable[[WeightMessage], None]
 
 
 class TrainerSide(Protocol):
-    """What a backend uses of a transport. ``held``: the versions the engine side holds (version -> state)."""
+    """What a backend uses of a transport. ``held``: the versions the engine side holds (version -> its weights, as
+    the snapshot store keeps them)."""
 
-    held: dict[int, dict[str, torch.Tensor]]
+    held: dict[int, Snapshot]
 
     def open(self, alive: Callable[[], bool]) -> Receiver:
         """The receiver for the next engine process (``alive``: whether that process still runs)."""
 
-    def push(self, version: int, state: dict[str, torch.Tensor]) -> None: ...
+    def push(self, version: int, weights: Snapshot) -> None: ...
 
     def keep(self, versions: set[int]) -> None: ...
 
@@ -56,18 +59,20 @@ class InprocTransport:
     """``inproc``: each version's state dict in one :class:`Put` message (a call in this process on the
     ``sequential`` backend, one pickled message on the ``local`` backend's queue). ``stash`` is how the message
     carries it: the state dict itself (:class:`~satrl.weights.held.InMemory`), or, on the ``ray`` backend, a ref
-    into Ray's object store (:func:`~satrl.weights.held.in_object_store`), put there once per version."""
+    into Ray's object store (:func:`~satrl.weights.held.in_object_store`), put there once per version. The state
+    dict is the snapshot's own (:meth:`~satrl.weights.snapshot.Snapshot.state`: the trainer's fp32 copy, since
+    ``inproc`` declares ``full_snapshots``)."""
 
     def __init__(self, send: Send, stash: Callable[[dict[str, torch.Tensor]], Held] = InMemory) -> None:
         self.send, self.stash = send, stash
-        self.held: dict[int, dict[str, torch.Tensor]] = {}
+        self.held: dict[int, Snapshot] = {}
 
     def open(self, alive: Callable[[], bool]) -> InprocReceiver:
         return InprocReceiver()
 
-    def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
-        self.held[version] = state
-        self.send(Put(version, self.stash(state)))
+    def push(self, version: int, weights: Snapshot) -> None:
+        self.held[version] = weights
+        self.send(Put(version, self.stash(weights.state())))
 
     def keep(self, versions: set[int]) -> None:
         self.held = {v: s for v, s in self.held.items() if v in versions}
@@ -75,7 +80,7 @@ class InprocTransport:
 
     def replay(self, versions: list[int]) -> None:
         for v in versions:
-            self.send(Put(v, self.stash(self.held[v])))
+            self.send(Put(v, self.stash(self.held[v].state())))
 
     def close(self) -> None:
         pass
@@ -109,7 +114,7 @@ class DistTransport:
     def __init__(self, wiring: Wiring, to: Broadcast = TO_ENGINE_PROCESS) -> None:
         self.send, self.dtype, self.bucket_bytes, self.to = wiring.send, wiring.dtype, wiring.bucket_bytes, to
         self.timeout_s, self.start_timeout_s, self.host = wiring.timeout_s, wiring.start_timeout_s, wiring.host
-        self.held: dict[int, dict[str, torch.Tensor]] = {}
+        self.held: dict[int, Snapshot] = {}
         self.store = serve(self.host, self.start_timeout_s)  # bound to host only (torch binds every interface)
         self._generation = 0
         self._group: dist.ProcessGroup | None = None
@@ -150,8 +155,8 @@ class DistTransport:
             raise LinkDown(f"the engine process did not join the trainer's group: {self._join_error}")
         return self._group
 
-    def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
-        self.held[version] = state
+    def push(self, version: int, weights: Snapshot) -> None:
+        self.held[version] = weights
         self._broadcast(version)
 
     def keep(self, versions: set[int]) -> None:
@@ -164,10 +169,10 @@ class DistTransport:
 
     def _broadcast(self, version: int) -> None:
         group = self._connected()
-        state = self.held[version]
         self.send(self.to.announce(version))  # orders the version among keep lists and requests on the queue
-        try:
-            wdist.send(version, state_buckets(state, self.dtype, self.bucket_bytes), state_aliases(state), group=group)
+        try:  # the kept buckets as they are (the trainer's, in the engine's dtype), or cut from a kept fp32 copy
+            stream, tied = self.held[version].stream(self.dtype, self.bucket_bytes)
+            wdist.send(version, stream, tied, group=group)
         except (RuntimeError, ValueError) as e:  # gloo: the peer closed (died) or the send timed out (hung)
             # Under torchrun (a default group exists) torch's c10d logger, failing to name this group (it is not in
             # the world's map), turns gloo's RuntimeError into "ValueError: Process group ... is not initialized

@@ -24,6 +24,7 @@ from satrl.registry import Registry
 from satrl.types import ENGINE_TIMEOUT_S, Sample
 from satrl.weights.link import LinkDown
 from satrl.weights.messages import WeightMessage
+from satrl.weights.snapshot import Snapshot
 from satrl.weights.transports import TRANSPORTS, TrainerSide, TransportKind, Wiring
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ class Backend(Protocol):
 
     restarts: int
 
-    def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
+    def push(self, version: int, weights: Snapshot) -> None:
         """Hand the engine side the weights of ``version``, once; it holds them until :meth:`keep` drops them."""
 
     def keep(self, versions: set[int]) -> None:
@@ -75,8 +76,8 @@ class SequentialBackend:
     def _send(self, message: WeightMessage) -> None:
         self.receiver.receive(message)
 
-    def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
-        self.transport.push(version, state)
+    def push(self, version: int, weights: Snapshot) -> None:
+        self.transport.push(version, weights)
 
     def keep(self, versions: set[int]) -> None:
         self.transport.keep(versions)
@@ -147,9 +148,9 @@ class ProcessBackend:
     def _send(self, message: Request) -> None:
         self.requests.put(pickle.dumps(message))
 
-    def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
+    def push(self, version: int, weights: Snapshot) -> None:
         try:
-            self.transport.push(version, state)
+            self.transport.push(version, weights)
         except LinkDown:  # dist: the engine died or hung; the restart feeds the new one this version too
             self._link_down()
             return

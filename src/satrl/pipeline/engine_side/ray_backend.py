@@ -46,6 +46,7 @@ from satrl.types import Sample
 from satrl.weights.held import in_object_store
 from satrl.weights.messages import Keep, Put, WeightMessage
 from satrl.weights.receivers import Receiver
+from satrl.weights.snapshot import Snapshot
 from satrl.weights.transports import TRANSPORTS, Wiring
 
 try:
@@ -170,9 +171,9 @@ class RayBackend:
         self._wait_ready(restart_timeout_s, f"num_cpus={spec.threads}, num_gpus={gpus}")
 
     # ------------------------------------------------------------------ Backend protocol
-    def push(self, version: int, state: dict[str, torch.Tensor]) -> None:
+    def push(self, version: int, weights: Snapshot) -> None:
         """The transport puts the weights of ``version`` into the object store once; shards pass its ref."""
-        self.transport.push(version, state)
+        self.transport.push(version, weights)
 
     def keep(self, versions: set[int]) -> None:
         """Drop the driver's refs to other versions; shards in flight keep their own refs alive."""

@@ -16,7 +16,8 @@ from satrl.training import dp
 from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer
 from satrl.types import SamplingParams
-from satrl.weights.buckets import aliases, unpack
+from satrl.weights.buckets import aliases
+from satrl.weights.snapshot import Snapshot
 from satrl.weights.transports import TRANSPORTS
 
 
@@ -68,20 +69,22 @@ def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
     return Evaluator(tokenizer, task, engine, plan)
 
 
-def snapshot_weights(cfg: RunConfig, trainer) -> Callable[[], dict[str, torch.Tensor]]:
+def snapshot_weights(cfg: RunConfig, trainer) -> Callable[[], Snapshot]:
     """What the snapshot store keeps of a version that pending batches need (``Rollouts.trained``): the trainer's
     full fp32 CPU copy (``Trainer.weights``) when the transport sends it as it is (its ``full_snapshots``), and
     whenever the Δπ/Δimpl split (``diagnostics.decompose``) reads it, since its log-probs must be today's;
-    otherwise one copy in the engine's dtype, assembled from the trainer's bucket stream
-    (``Trainer.weight_buckets``) without building an fp32 one on one device (under data parallel the buckets are
-    cut from the fp32 copy every rank gathered at the sync point before: ``satrl.pipeline.launch.data_parallel``). The
-    engine rounds to that dtype anyway, so it generates with the same weights either way."""
+    otherwise the trainer's bucket stream (``Trainer.weight_buckets``) in the engine's dtype, kept as it came
+    (a broadcast sends those very buckets; a checkpoint unpacks them, once), never an fp32 copy on one device
+    (under data parallel the buckets are cut from the fp32 copy every rank gathered at the sync point before:
+    ``satrl.pipeline.launch.data_parallel``). The engine rounds to that dtype anyway, so it generates with the
+    same weights either way."""
     from satrl.engines.numerics import resolve_numerics
 
     if TRANSPORTS.get(cfg.weights.transport).full_snapshots or cfg.diagnostics.decompose:
-        return trainer.weights
+        return lambda: Snapshot.of_state(trainer.weights())
     dtype, bucket_bytes = resolve_numerics(cfg.engine.numerics).weights, cfg.weights.bucket_mb * 2**20
-    return lambda: unpack(trainer.weight_buckets(dtype, bucket_bytes), aliases(trainer.model))
+    return lambda: Snapshot.of_buckets(trainer.weight_buckets(dtype, bucket_bytes), aliases(trainer.model), dtype,
+                                       bucket_bytes)  # fmt: skip
 
 
 def check_snapshots(snapshots: dict[int, dict[str, torch.Tensor]], decompose: bool) -> None:
