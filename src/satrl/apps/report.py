@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from satrl.experiments.interaction import Interaction, InteractionError, parse_interaction
 from satrl.experiments.report import NoRunsError, build_report
 from satrl.folders import folder_problem
 
@@ -32,6 +33,11 @@ def add_report_args(parser: argparse.ArgumentParser) -> None:
         "--sensitivity-seeds", type=seed_range, action="append", default=[], metavar="A-B",
         help="also test the declared hypotheses on seeds A to B (inclusive) only; repeat for several ranges",
     )
+    parser.add_argument(
+        "--interaction", type=interaction_arg, action="append", default=[], metavar="M,B,LAG,REF[,A-B[,MARGIN]]",
+        help="also estimate method M's gain over base B at LAG minus its gain at REF (per seed, sign-flip interval), "
+        "on seeds A-B, read against MARGIN points, e.g. opob,grpo,32,0,34-49,2; repeat for several",
+    )
 
 
 def seed_range(text: str) -> tuple[int, int]:
@@ -40,6 +46,14 @@ def seed_range(text: str) -> tuple[int, int]:
     if not (sep and lo.isdigit() and hi.isdigit() and int(lo) <= int(hi)):
         raise argparse.ArgumentTypeError(f"expected a seed range A-B with A <= B, e.g. 0-5, got {text!r}")
     return int(lo), int(hi)
+
+
+def interaction_arg(text: str) -> Interaction:
+    """``--interaction``'s value as an :class:`Interaction` (argparse turns the ValueError into one line, exit 2)."""
+    try:
+        return parse_interaction(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _bad_flag(args: argparse.Namespace) -> str | None:
@@ -79,12 +93,14 @@ def run_report(args: argparse.Namespace) -> int:
         pack_results(args.run_dir, args.pack)
     extra = ["--sensitivity-min-seed", str(args.sensitivity_min_seed)] if args.sensitivity_min_seed is not None else []
     extra += [a for lo, hi in args.sensitivity_seeds for a in ("--sensitivity-seeds", f"{lo}-{hi}")]
+    extra += [a for spec in args.interaction for a in ("--interaction", spec.flag())]
     cmd = " ".join(["satrl", "report", str(args.run_dir)] + (["--out", str(args.out)] if args.out else []) + extra)
     try:
         path = build_report(args.run_dir, args.out, n_resamples=args.resamples, ci=args.ci, command=cmd,
                             sensitivity_min_seed=args.sensitivity_min_seed,
-                            sensitivity_seeds=tuple(args.sensitivity_seeds))  # fmt: skip
-    except NoRunsError as err:
+                            sensitivity_seeds=tuple(args.sensitivity_seeds),
+                            interactions=tuple(args.interaction))  # fmt: skip
+    except (NoRunsError, InteractionError) as err:
         print(f"satrl report: {err}", file=sys.stderr)
         return 2
     print(f"wrote {path}")
