@@ -321,3 +321,17 @@ def test_an_eval_draw_leaves_out_the_draws_it_excludes():
     assert len(kept) == later.n_eval and not kept & (plain[0] | plain[6000])
     assert len(kept & plain[6001]) >= later.n_eval // 2  # the rest of its own draw, in its order
     assert _keys(make_task("countdown_trace", eval_seed=6001, exclude_eval_seeds=[])) == plain[6001]
+
+
+def test_chained_exclusions_leave_out_what_an_excluding_draw_held():
+    """A draw that excluded another holds problems beyond its plain draw's (the calibration's draw 6000 excluding 0);
+    a later draw that lists both plain draws may meet them (draw 7000 does, in 4 problems), one that chains the
+    exclusions meets none of them nor draw 0's, and keeps its own draw's order otherwise."""
+    calibration = _keys(make_task("countdown_trace", eval_seed=6000, exclude_eval_seeds=[0]))
+    first = _keys(make_task("countdown_trace", eval_seed=0))
+    unchained = _keys(make_task("countdown_trace", eval_seed=7000, exclude_eval_seeds=[0, 6000]))
+    assert unchained & calibration  # the plain exclusion misses the calibration's extra problems: the test can fail
+    task = make_task("countdown_trace", eval_seed=7000, exclude_eval_seeds=[0, 6000], chain_exclusions=True)
+    kept = _keys(task)
+    assert len(kept) == task.n_eval and not kept & (calibration | first)
+    assert len(kept & unchained) >= task.n_eval - 10

@@ -90,7 +90,8 @@ def _countdown_trace(**kwargs: Any) -> Task:
     """Countdown whose reference completions are depth-first search traces: long responses, exact reward
     (docs/tasks.md). Its task.kwargs: min_numbers/max_numbers (3), min_value/max_value (1-30), min_target/max_target
     (10-99), max_trace_tokens (240, also its max_new_tokens), n_train (endless), n_eval (256), eval_fraction (0.1),
-    eval_seed (0), split_key; :class:`satrl.tasks.countdown_trace.CountdownTraceOptions` says what each does."""
+    eval_seed (0), split_key, exclude_eval_seeds (none), chain_exclusions (off);
+    :class:`satrl.tasks.countdown_trace.CountdownTraceOptions` says what each does."""
     # imported here, so that `python -m satrl.tasks.countdown_trace` (its length statistics) runs it only once
     from satrl.tasks.countdown_trace import CountdownTraceOptions, CountdownTraceTask
 

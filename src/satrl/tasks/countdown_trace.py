@@ -77,6 +77,11 @@ class CountdownTraceOptions:
             task's eval draw leaves out: the eval split holds only a few thousand problems, so two draws of 256
             share 5-13 % of them, and a trial's test problems must be ones no earlier trial (nor the base's
             pretraining score, draw 0) saw. Empty: every draw as before.
+        chain_exclusions: take each draw in ``exclude_eval_seeds`` as a task excluding the draws listed before it
+            drew it (a sequence of trials, each of which left out all earlier ones), instead of as a plain draw. A
+            draw that excluded others holds problems beyond its plain draw's, which a later trial excluding only the
+            plain draw may meet: the countdown calibration drew 6000 excluding 0, so the transfer trial lists
+            ``[0, 6000]`` with this on. Off: every draw excluded as a plain draw, as before.
     """
 
     min_numbers: int = 3
@@ -92,6 +97,7 @@ class CountdownTraceOptions:
     eval_seed: int | None = 0
     split_key: str = "satrl-countdown-trace-v1"
     exclude_eval_seeds: tuple[int, ...] = ()
+    chain_exclusions: bool = False
 
 
 class CountdownTraceTask:
@@ -210,9 +216,11 @@ class CountdownTraceTask:
         return self._eval_cache[seed]
 
     def _eval_keys(self, seed: int) -> set[tuple[tuple[int, ...], int]]:
-        """The problems (sorted numbers, target) of the plain eval draw ``seed``: what ``exclude_eval_seeds`` leaves
-        out (the draw as a task without exclusions makes it, so exclusions never chain)."""
-        plain = CountdownTraceTask(replace(self.options, exclude_eval_seeds=(), eval_seed=None))
+        """The problems (sorted numbers, target) of the eval draw ``seed`` that ``exclude_eval_seeds`` leaves out:
+        the plain draw, or with ``chain_exclusions`` the draw as a task excluding the seeds listed before it made it."""
+        order = list(self.exclude_eval_seeds)
+        earlier = tuple(order[: order.index(seed)]) if self.options.chain_exclusions and seed in order else ()
+        plain = CountdownTraceTask(replace(self.options, exclude_eval_seeds=earlier, eval_seed=None))
         return {(tuple(sorted(n)), t) for n, t in (parse_prompt(p.prompt) for p in plain.problems("eval", seed))}
 
 
