@@ -1,4 +1,4 @@
-"""``satrl`` command line: train | eval | export | pretrain | grid | report | demo.
+"""``satrl`` command line: train | eval | export | pretrain | grid | report | leaderboard | demo.
 
 Each subcommand is a program in :mod:`satrl.apps` (its arguments and handler); this file only wires them.
 Modules are imported lazily, so ``satrl --help`` is instant. A subcommand's flags and positionals (e.g.
@@ -29,6 +29,8 @@ def program(command: str) -> ModuleType:
             from satrl.apps import grid as app
         case "report":
             from satrl.apps import report as app
+        case "leaderboard":
+            from satrl.apps import leaderboard as app
         case "demo":
             from satrl.apps import demo as app
         case _:
@@ -44,6 +46,7 @@ COMMANDS: dict[str, str] = {
     "pretrain": "supervised base policy for a built-in model",
     "grid": "run a grid of configs x lags x seeds, resumably",
     "report": "tables with 95% CIs and figures for a grid's runs",
+    "leaderboard": "one leaderboard across testbeds (grids' results): methods vs each testbed's base",
     "demo": "SAT-GRPO vs GRPO at broadcast lag 8 on the built-in task, with a report",
 }
 
