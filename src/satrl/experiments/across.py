@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from satrl.config_base import ConfigError
 
-from .spec import ENDPOINTS, SeedRange
+from .spec import Endpoint, SeedRange
 from .stats import PairedDiff, paired_diff, repaired_fraction
 from .store import LATE_EVAL_KEYS, load_evals, load_grid_meta, load_runs, with_late_evals
 
@@ -72,16 +72,9 @@ class AcrossSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     title: str = Field(description="the page's title")
     description: str = Field("", description="a paragraph under the title: what the leaderboard asks")
-    endpoint: str = Field("late_test_avg_at_k", description="the summary key compared (points)")
+    endpoint: Endpoint = Field("late_test_avg_at_k", description="the summary key compared (points)")
     testbeds: list[TestbedSpec] = Field(min_length=1, description="the testbeds, in column order")
     methods: list[MethodSpec] = Field(min_length=1, description="the methods, in row order")
-
-    @field_validator("endpoint")
-    @classmethod
-    def _known_endpoint(cls, v: str) -> str:
-        if v not in ENDPOINTS:
-            raise ValueError(f"unknown endpoint {v!r}; valid choices: {list(ENDPOINTS)}")
-        return v
 
 
 def _read_yaml(path: Path) -> dict:

@@ -89,6 +89,16 @@ class CellSpec(BaseModel):
 SeedRange = Annotated[tuple[int, int], AfterValidator(lambda r: r if r[0] <= r[1] else _bad_range(r))]
 
 
+def _known_endpoint(v: str) -> str:
+    if v not in ENDPOINTS:
+        raise ValueError(f"unknown endpoint {v!r}; valid choices: {list(ENDPOINTS)}")
+    return v
+
+
+# a summary key a declared comparison may test (ENDPOINTS); anything else is refused naming the choices
+Endpoint = Annotated[str, AfterValidator(_known_endpoint)]
+
+
 def _bad_range(r: tuple[int, int]) -> tuple[int, int]:
     raise ValueError(f"a seed range is [first, last] with first <= last, got {list(r)}")
 
@@ -112,7 +122,7 @@ class HypothesisSpec(BaseModel):
     method: str
     base: str | list[str]
     lag: int
-    endpoint: str = "late_test_avg_at_k"
+    endpoint: Endpoint = "late_test_avg_at_k"
     direction: Literal["greater", "less"] = "greater"
     description: str = ""
     # hypotheses of one family share a Holm correction; a grid declaring a second question (e.g. a confirmation
@@ -120,13 +130,6 @@ class HypothesisSpec(BaseModel):
     family: str = ""
     # test on these seeds only (inclusive range): a staged trial's confirmation on seeds its screen never saw
     seeds: SeedRange | None = None
-
-    @field_validator("endpoint")
-    @classmethod
-    def _known_endpoint(cls, v: str) -> str:
-        if v not in ENDPOINTS:
-            raise ValueError(f"unknown endpoint {v!r}; valid choices: {list(ENDPOINTS)}")
-        return v
 
 
 class LeaderboardSpec(BaseModel):
