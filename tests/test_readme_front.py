@@ -41,6 +41,8 @@ def quoted_results(text: str) -> list[tuple[str, list[str], list[str]]]:
     """Every result quoted in a paragraph or bullet, with the result documents that paragraph links."""
     out = []
     for para in re.split(r"\n(?=- )|\n\n", text):
+        if para.startswith("|"):  # the cross-testbed table: equal to its generator (test_the_table_is_the_leaderboards)
+            continue
         found = INTERVAL.findall(para)
         if found:
             out.append((para, found, LINK.findall(para)))
@@ -102,3 +104,16 @@ def test_the_quoted_demo_and_regime_costs_are_the_benchmarks():
                             ("configs/regimes/repair_trial.yaml", grpo)):  # fmt: skip
         s = re.search(rf"\| `satrl train {re.escape(command)}` \(600 steps\) \| (\d+) \|", section)
         assert int(quoted) == round(int(s.group(1)) / 60), (command, quoted, s.group(1))
+
+
+def test_the_table_is_the_leaderboards():
+    """The README's results table is `satrl leaderboard docs/results/leaderboard.yaml`'s, line for line (issue 49),
+    so a number changed in either fails here."""
+    from satrl.experiments.across import leaderboard_table
+
+    text = README.read_text()
+    expected = leaderboard_table(REPO / "docs" / "results" / "leaderboard.yaml")
+    start = text.index(expected.splitlines()[0])
+    assert text[start : start + len(expected)] == expected
+    changed = re.sub(r"\+4\.2 \[", "+4.3 [", expected)
+    assert changed != expected and changed not in text  # the comparison can fail
