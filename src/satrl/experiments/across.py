@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from satrl.config_base import ConfigError
 
 from .spec import Endpoint, SeedRange
-from .stats import PairedDiff, paired_diff, repaired_fraction
+from .stats import PairedDiff, paired_diff, repaired_fraction, seed_values
 from .store import LATE_EVAL_KEYS, load_evals, load_grid_meta, load_runs, with_late_evals
 
 PCT = 100.0
@@ -129,12 +129,6 @@ def _finished(folder: Path, bed: TestbedSpec, endpoint: str) -> pd.DataFrame:
     return runs[runs["seed"].between(*bed.seeds)] if bed.seeds else runs
 
 
-def _values(runs: pd.DataFrame, cell: str, lag: int, endpoint: str) -> dict[int, float]:
-    g = runs[(runs["cell"] == cell) & (runs["lag"] == lag)]
-    vals = zip(g["seed"], pd.to_numeric(g[endpoint], errors="coerce"))
-    return {int(s): float(v) for s, v in vals if math.isfinite(v)}
-
-
 def _seeds(bed: TestbedSpec) -> str:
     return f"seeds {bed.seeds[0]}-{bed.seeds[1]}" if bed.seeds else "all seeds"
 
@@ -144,13 +138,13 @@ def column(spec: AcrossSpec, i: int, root: Path, n_resamples: int = N_RESAMPLES)
     bed, ep = spec.testbeds[i], spec.endpoint
     runs = _finished(root / bed.results, bed, ep)
     lags = (bed.lag, bed.reference_lag)
-    at = {lag: _values(runs, bed.base, lag, ep) for lag in lags}
+    at = {lag: seed_values(runs, bed.base, lag, ep) for lag in lags}
     if missing := [lag for lag in lags if not at[lag]]:
         raise ValueError(f"testbeds.{i}.base: {bed.base!r} has no finished runs at lag {missing[0]} on {_seeds(bed)} "
                          f"in {bed.results}")  # fmt: skip
     cells: dict[str, tuple[PairedDiff, dict] | None] = {}
     for m in spec.methods:
-        own = _values(runs, m.cell, bed.lag, ep)
+        own = seed_values(runs, m.cell, bed.lag, ep)
         rep = repaired_fraction(runs, m.cell, bed.base, *lags, ep, n_resamples, CI, 0) if own else None
         cells[m.cell] = (paired_diff(own, at[bed.lag], CI), rep) if own else None
     meta = load_grid_meta(root / bed.results).get("cells") or {}

@@ -21,6 +21,7 @@ import pandas as pd
 
 from satrl.experiments.mdtext import PCT
 from satrl.experiments.significance import sign_flip_interval, sign_flip_p
+from satrl.experiments.stats import seed_values
 from satrl.experiments.store import GridResults
 
 __all__ = ["Interaction", "InteractionError", "interaction", "interaction_md", "parse_interaction"]
@@ -78,16 +79,10 @@ def interaction(runs: pd.DataFrame, spec: Interaction, metric: str, ci: float = 
     mean, lo, hi (the sign-flip interval of I), p (its exact two-sided sign-flip p), positive (seeds with I > 0) and
     the gains at each lag (``gain_lag`` and ``gain_ref``: mean, lo, hi). NaN where fewer than two seeds share all
     four runs."""
-    fin = runs[runs["status"] == "finished"] if "status" in runs else runs
     if spec.seeds:
-        fin = fin[fin["seed"].between(*spec.seeds)]
-
-    def values(cell: str, lag: int) -> pd.Series:
-        g = fin[(fin["cell"] == cell) & (fin["lag"] == lag)]
-        return pd.Series(pd.to_numeric(g[metric], errors="coerce").to_numpy(), index=g["seed"].astype(int)).dropna()
-
-    four = [values(c, lag) for lag in (spec.lag, spec.reference_lag) for c in (spec.method, spec.base)]
-    seeds = sorted(set.intersection(*(set(v.index) for v in four)))
+        runs = runs[runs["seed"].between(*spec.seeds)]
+    four = [seed_values(runs, c, lag, metric) for lag in (spec.lag, spec.reference_lag) for c in (spec.method, spec.base)]
+    seeds = sorted(set.intersection(*(set(v) for v in four)))
     t = pd.DataFrame({"seed": seeds})
     t["gain_lag"] = [four[0][s] - four[1][s] for s in seeds]
     t["gain_ref"] = [four[2][s] - four[3][s] for s in seeds]

@@ -417,6 +417,14 @@ def iut_row(t: pd.DataFrame, lower: bool) -> pd.Series:
     return row
 
 
+def seed_values(runs: pd.DataFrame, cell: str, lag: int, metric: str) -> dict[int, float]:
+    """``{seed: value}`` of ``metric`` for ``cell``'s finished runs at ``lag`` (non-finite values left out): what every
+    per-seed pairing (repaired fraction, interaction, the cross-testbed leaderboard) pairs by seed."""
+    fin = runs[runs["status"] == "finished"] if "status" in runs else runs
+    g = fin[(fin["cell"] == cell) & (fin["lag"] == lag)]
+    return {int(s): float(v) for s, v in zip(g["seed"], pd.to_numeric(g[metric], errors="coerce")) if np.isfinite(v)}
+
+
 def repaired_fraction(runs: pd.DataFrame, method: str, base: str, lag: int, reference_lag: int,
                       metric: str = "late_test_avg_at_k", n_resamples: int = 10_000, ci: float = 0.95,
                       seed: int = 0) -> dict:  # fmt: skip
@@ -429,13 +437,7 @@ def repaired_fraction(runs: pd.DataFrame, method: str, base: str, lag: int, refe
     resampled together), which is unreliable when the damage's own interval reaches 0 (the ratio is then
     unbounded): read it next to the damage's sign-flip interval. Returns n, fraction, lo, hi, repair (the
     numerator's mean), damage (the denominator's mean) and per_seed {seed: (repair, damage)}."""
-    fin = runs[runs["status"] == "finished"] if "status" in runs else runs
-
-    def values(cell: str, at: int) -> dict[int, float]:
-        g = fin[(fin["cell"] == cell) & (fin["lag"] == at)]
-        return {int(s): float(v) for s, v in zip(g["seed"], pd.to_numeric(g[metric], errors="coerce")) if np.isfinite(v)}
-
-    m, b, ref = values(method, lag), values(base, lag), values(base, reference_lag)
+    m, b, ref = (seed_values(runs, c, at, metric) for c, at in ((method, lag), (base, lag), (base, reference_lag)))
     seeds = sorted(m.keys() & b.keys() & ref.keys())
     num = np.array([m[s] - b[s] for s in seeds])
     den = np.array([ref[s] - b[s] for s in seeds])
