@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from satrl.experiments.describe import DescribeError, parse_describe
 from satrl.experiments.interaction import Interaction, InteractionError, parse_interaction
 from satrl.experiments.report import NoRunsError, build_report
 from satrl.folders import folder_problem
@@ -38,6 +39,11 @@ def add_report_args(parser: argparse.ArgumentParser) -> None:
         help="also estimate method M's gain over base B at LAG minus its gain at REF (per seed, sign-flip interval), "
         "on seeds A-B, read against MARGIN points, e.g. opob,grpo,32,0,34-49,2; repeat for several",
     )
+    parser.add_argument(
+        "--describe", type=describe_arg, default=(), metavar="KEY[,KEY...]",
+        help="also a table of each cell's mean of these training metrics over the steps (descriptive), e.g. "
+        "obj/opob_shift,train/lr_scale",
+    )
 
 
 def seed_range(text: str) -> tuple[int, int]:
@@ -52,6 +58,14 @@ def interaction_arg(text: str) -> Interaction:
     """``--interaction``'s value as an :class:`Interaction` (argparse turns the ValueError into one line, exit 2)."""
     try:
         return parse_interaction(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def describe_arg(text: str) -> tuple[str, ...]:
+    """``--describe``'s value as metric keys (argparse turns the ValueError into one line, exit 2)."""
+    try:
+        return parse_describe(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -94,13 +108,14 @@ def run_report(args: argparse.Namespace) -> int:
     extra = ["--sensitivity-min-seed", str(args.sensitivity_min_seed)] if args.sensitivity_min_seed is not None else []
     extra += [a for lo, hi in args.sensitivity_seeds for a in ("--sensitivity-seeds", f"{lo}-{hi}")]
     extra += [a for spec in args.interaction for a in ("--interaction", spec.flag())]
+    extra += ["--describe", ",".join(args.describe)] if args.describe else []
     cmd = " ".join(["satrl", "report", str(args.run_dir)] + (["--out", str(args.out)] if args.out else []) + extra)
     try:
         path = build_report(args.run_dir, args.out, n_resamples=args.resamples, ci=args.ci, command=cmd,
                             sensitivity_min_seed=args.sensitivity_min_seed,
                             sensitivity_seeds=tuple(args.sensitivity_seeds),
-                            interactions=tuple(args.interaction))  # fmt: skip
-    except (NoRunsError, InteractionError) as err:
+                            interactions=tuple(args.interaction), describe=args.describe)  # fmt: skip
+    except (NoRunsError, InteractionError, DescribeError) as err:
         print(f"satrl report: {err}", file=sys.stderr)
         return 2
     print(f"wrote {path}")

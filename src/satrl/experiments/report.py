@@ -20,6 +20,7 @@ import pandas as pd
 
 from satrl.diagnostics.summary import late_window_start
 from satrl.experiments import plots
+from satrl.experiments.describe import describe_md
 from satrl.experiments.interaction import Interaction, interaction_md
 from satrl.experiments.leaderboard import leaderboard_md
 from satrl.experiments.mdtext import _f, _md_cell, endpoints, fmt_ci
@@ -266,12 +267,13 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
                  ci: float = 0.95, seed: int = 0, command: str | None = None,
                  sensitivity_min_seed: int | None = None,
                  sensitivity_seeds: tuple[tuple[int, int], ...] = (),
-                 interactions: tuple[Interaction, ...] = ()) -> Path:  # fmt: skip
+                 interactions: tuple[Interaction, ...] = (), describe: tuple[str, ...] = ()) -> Path:  # fmt: skip
     """Write dest/report.md and dest/figures/*.png for the grid in out_dir. Returns report.md's path.
     ``sensitivity_min_seed``: also test the declared hypotheses on the seeds from that one on;
     ``sensitivity_seeds``: also test them on each inclusive seed range ``(lo, hi)``, one section each;
     ``interactions``: a section each estimating a method's gain at one lag minus at another
-    (:mod:`satrl.experiments.interaction`)."""
+    (:mod:`satrl.experiments.interaction`); ``describe``: training metric keys whose per-cell means get a
+    section (:mod:`satrl.experiments.describe`)."""
     res = load_results(out_dir)
     if not len(res.runs):
         raise NoRunsError(f"{out_dir}: no grid runs in it (a grid's --out holds <cell>/lag<n>/seed<s>/ run folders; "
@@ -288,6 +290,8 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
         md += leaderboard_md(res, lb, i, figdir, n_resamples, ci, seed)
     for spec in interactions:
         md += interaction_md(res, spec, endpoints(res)["primary"][0], ci)
+    if describe:
+        md += describe_md(res, describe)
     md += _sensitivity_md(res, boot, sensitivity_min_seed, sensitivity_seeds)
     explore, tables = exploratory_md(res, n_resamples, ci, seed)
     md += explore

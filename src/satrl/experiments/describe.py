@@ -1,0 +1,73 @@
+"""What a method's controls did during training: per cell and lag, the mean of chosen training metrics.
+
+A trial that splits a method into its controls (the vcpo_factorial protocol's "Mechanism, descriptive") reads how
+each control acted, not only what it scored: how far VCPO's baseline moved from the group mean (``obj/opob_shift``),
+the ESS step's lr scale (``train/lr_scale``), the update's ESS ratio (``update/ess_ratio``). Per run the mean of a
+metric over every logged step (NaN steps skipped), then per cell and lag the mean over seeds with the lowest and
+highest run. Descriptive: no test. ``satrl report --describe KEY[,KEY...]`` adds the section.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from satrl.experiments.mdtext import _md_cell
+from satrl.experiments.store import GridResults
+
+__all__ = ["DescribeError", "describe", "describe_md", "parse_describe"]
+
+
+class DescribeError(ValueError):
+    """``--describe`` names a metric no run logged (one line, ``satrl report`` exits 2)."""
+
+
+def parse_describe(text: str) -> tuple[str, ...]:
+    """``"obj/opob_shift,train/lr_scale"`` -> the metric keys. A ValueError names what is wrong."""
+    keys = tuple(k.strip() for k in text.split(","))
+    if not all(keys):
+        raise ValueError(f"{text!r}: expected metric keys separated by commas, e.g. obj/opob_shift,train/lr_scale")
+    return keys
+
+
+def describe(metrics: pd.DataFrame, keys: tuple[str, ...]) -> pd.DataFrame:
+    """Per (cell, lag, key): n (runs that logged the key), mean over runs of each run's mean over its steps, and the
+    lowest and highest run mean. Runs that never logged a key are left out of that key's row."""
+    rows = []
+    for (cell, lag), g in metrics.groupby(["cell", "lag"], sort=False):
+        for key in keys:
+            if key not in g:
+                continue
+            per_run = g.groupby("seed")[key].mean().dropna()  # a run's mean over its logged steps
+            if len(per_run):
+                rows.append((cell, lag, key, len(per_run), per_run.mean(), per_run.min(), per_run.max()))
+    return pd.DataFrame(rows, columns=["cell", "lag", "key", "n", "mean", "min", "max"])
+
+
+def _num(x: float) -> str:
+    return "—" if not math.isfinite(x) else f"{x:.4g}"
+
+
+def describe_md(res: GridResults, keys: tuple[str, ...]) -> list[str]:
+    """The report's section: one row per cell and lag, one column per metric ('mean (min-max over runs)')."""
+    m = res.metrics
+    missing = [k for k in keys if k not in m or not m[k].notna().any()]
+    if missing:
+        raise DescribeError(f"--describe {','.join(keys)}: no run logged {', '.join(missing)} (a metric key as in a "
+                            "run's metrics.jsonl, e.g. obj/opob_shift; docs/metrics.md lists them)")  # fmt: skip
+    t = describe(m, keys)
+    md = ["## What the controls did (descriptive)", "",
+          "Per run the mean of each training metric over every logged step (`metrics.jsonl`), then per method and "
+          "configured lag the mean over runs, with the lowest and highest run in brackets; \"—\" where no run of "
+          "that cell logged the metric (docs/metrics.md says what each is). No test "
+          "(`satrl.experiments.describe`).", "",
+          "| method | lag | runs | " + " | ".join(f"`{k}`" for k in keys) + " |", "|---|---|---|" + "---|" * len(keys)]  # fmt: skip
+    for cell in res.cell_order():
+        for lag in sorted(set(t.loc[t["cell"] == cell, "lag"])):
+            here = t[(t["cell"] == cell) & (t["lag"] == lag)].set_index("key")
+            vals = [f"{_num(here.at[k, 'mean'])} ({_num(here.at[k, 'min'])}–{_num(here.at[k, 'max'])})"
+                    if k in here.index else "—" for k in keys]  # fmt: skip
+            n = int(m[(m["cell"] == cell) & (m["lag"] == lag)]["seed"].nunique())
+            md.append(f"| {_md_cell(res.label(cell))} | {lag} | {n} | " + " | ".join(vals) + " |")
+    return md + [""]
