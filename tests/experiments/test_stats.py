@@ -1,4 +1,5 @@
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -17,6 +18,7 @@ from satrl.experiments.stats import (
     paired_diff,
     paired_table,
     pairs_table,
+    repaired_fraction,
     sign_flip_interval,
     sign_flip_mde,
     sign_flip_p,
@@ -322,3 +324,14 @@ def test_iut_mde_needs_every_comparison_to_reject():
     nine = iut_mde([0.5, 1.0, 0.8] * 3, 10, 0.01)
     assert nine == pytest.approx(sign_flip_mde(1.0, 10, 0.01, 0.8 ** (1 / 9))) and nine > sign_flip_mde(1.0, 10, 0.01)
     assert iut_mde([], 10) == math.inf
+
+
+def test_repaired_fraction_without_damage_or_repair_has_no_interval_and_no_warning():
+    """Every run equal: each bootstrap ratio is 0/0, so there is no interval (NaN), and numpy is not asked for a
+    percentile of an all-NaN sample (it warned "All-NaN slice" before)."""
+    rows = [(c, lag, s, 0.7) for c, lag in (("m", 8), ("b", 8), ("b", 0)) for s in range(4)]
+    runs = pd.DataFrame(rows, columns=["cell", "lag", "seed", "late_test_avg_at_k"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = repaired_fraction(runs, "m", "b", 8, 0, n_resamples=200)
+    assert r["n"] == 4 and math.isnan(r["fraction"]) and math.isnan(r["lo"]) and math.isnan(r["hi"])

@@ -449,6 +449,8 @@ def repaired_fraction(runs: pd.DataFrame, method: str, base: str, lag: int, refe
     with np.errstate(divide="ignore", invalid="ignore"):
         boot = num[idx].mean(axis=1) / den[idx].mean(axis=1)
         frac = float(num.mean() / den.mean()) if den.mean() != 0 else float("nan")
-    lo, hi = np.nanpercentile(boot, [50 * (1 - ci), 100 - 50 * (1 - ci)]) if len(seeds) > 1 else (np.nan, np.nan)
+    lo, hi = (np.nan, np.nan)  # one seed, or every resample 0/0 (no damage and no repair): no interval
+    if len(seeds) > 1 and not np.isnan(boot).all():
+        lo, hi = np.nanpercentile(boot, [50 * (1 - ci), 100 - 50 * (1 - ci)])
     return {**out, "fraction": frac, "lo": float(lo), "hi": float(hi), "repair": float(num.mean()),
             "damage": float(den.mean())}  # fmt: skip
