@@ -39,3 +39,29 @@ def test_the_check_sees_a_changed_number(tmp_path):
     committed = (RESULTS / "sat_trial" / "report.md").read_text()
     changed = re.sub(r"\d", lambda m: str((int(m.group()) + 1) % 10), committed, count=40)
     assert PROVENANCE.sub("", changed) != PROVENANCE.sub("", committed)
+
+
+# findings whose every quoted estimate-with-interval is one its report prints (older findings quote other
+# commands' numbers too, each named beside it)
+NUM = r"(?<![\w@.])[+\-−]?\d+(?:\.\d+)?"
+INTERVAL = re.compile(rf"{NUM} \[{NUM}, {NUM}\]")
+FINDINGS_FROM_REPORT = ["damage_trial", "repair_trial", "sat_trial"]
+
+
+def quoted_not_in_report(findings: str, report: str) -> list[str]:
+    """The intervals ``findings`` quotes that ``report`` does not print (minus signs as one character)."""
+    rep = report.replace("−", "-")
+    return [q for q in INTERVAL.findall(findings) if q.replace("−", "-") not in rep]
+
+
+@pytest.mark.parametrize("grid", FINDINGS_FROM_REPORT)
+def test_findings_quote_their_reports_numbers(grid):
+    findings, report = ((RESULTS / grid / name).read_text() for name in ("findings.md", "report.md"))
+    assert INTERVAL.findall(findings), f"{grid}/findings.md quotes no interval"
+    assert quoted_not_in_report(findings, report) == []
+
+
+def test_the_findings_check_sees_a_drifted_number():
+    report = (RESULTS / "repair_trial" / "report.md").read_text()
+    assert quoted_not_in_report("VCPO +4.2 [+3.0, +5.4] over GRPO", report) == []
+    assert quoted_not_in_report("VCPO +4.3 [+3.0, +5.4] over GRPO", report) == ["+4.3 [+3.0, +5.4]"]
