@@ -85,6 +85,8 @@ def test_report_flag_adds_the_section_and_records_itself(grid, capsys):
     assert "| interaction I | +3.33 [" in sec and "I > 0 on 3/3" in sec
     assert "| 2 | +4.00 | +0.00 | +4.00 |" in sec and "Reading (margin 2 points)" in sec
     assert "--interaction opob,grpo,32,0,0-2,2`" in md  # the provenance line regenerates it
+    assert "![Interaction: OPOB − GRPO, lag 0 and lag 32](figures/interaction_opob_grpo_32_0.png)" in sec
+    assert (grid / "figures" / "interaction_opob_grpo_32_0.png").stat().st_size > 1000
 
 
 def test_report_flag_refuses_a_cell_or_lag_the_grid_did_not_run(grid, capsys):

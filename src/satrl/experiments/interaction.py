@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from satrl.experiments import plots
 from satrl.experiments.mdtext import PCT
 from satrl.experiments.significance import sign_flip_interval, sign_flip_p
 from satrl.experiments.stats import seed_values
@@ -109,8 +111,10 @@ def reading(r: dict, margin: float | None) -> str:
             f"[−{margin * PCT:g}, +{margin * PCT:g}] points")  # fmt: skip
 
 
-def interaction_md(res: GridResults, spec: Interaction, metric: str, ci: float = 0.95) -> list[str]:
-    """The report's section: the estimate, its interval and reading, and the per-seed table."""
+def interaction_md(res: GridResults, spec: Interaction, metric: str, ci: float = 0.95,
+                   figdir: Path | None = None) -> list[str]:  # fmt: skip
+    """The report's section: the estimate, its interval and reading, the per-seed table and (``figdir``: the
+    report's figures folder) a figure of the per-seed gains at both lags."""
     ran = set(zip(res.runs["cell"], res.runs["lag"]))
     for cell in (spec.method, spec.base):
         for lag in (spec.lag, spec.reference_lag):
@@ -137,4 +141,10 @@ def interaction_md(res: GridResults, spec: Interaction, metric: str, ci: float =
           f"{reading(r, spec.margin)}.", "", "| seed | gain at lag " + f"{spec.lag} | gain at lag {spec.reference_lag} | I |",
           "|---|---|---|---|"]  # fmt: skip
     md += [f"| {int(s)} | {pts(g)} | {pts(h)} | {pts(i)} |" for s, g, h, i in r["per_seed"].itertuples(index=False)]
-    return md + [""]
+    if figdir is None:
+        return md + [""]
+    name = f"interaction_{spec.method}_{spec.base}_{spec.lag}_{spec.reference_lag}.png"
+    fig = plots.interaction_plot(r["per_seed"], (spec.lag, spec.reference_lag), (m, b), r, figdir / name)
+    if fig.path is None:
+        return md + ["", f"Figure skipped: {fig.note}.", ""]
+    return md + ["", f"![{fig.title}](figures/{name})", "", f"*{fig.caption}*", ""]

@@ -380,3 +380,29 @@ def paired(res: GridResults, tables: dict[str, pd.DataFrame], baseline: str | No
         ax.grid(alpha=0.3, axis="x")
     _save(fig, path, title)
     return FigureOut(title, caption, path)
+
+
+def interaction_plot(per_seed: pd.DataFrame, lags: tuple[int, int], labels: tuple[str, str], ci: dict,
+                     path: Path) -> FigureOut:  # fmt: skip
+    """A factorial's interaction (``interaction.interaction``'s result): per seed the method's gain over the base at
+    the reference lag and at the lag, joined by a faint line (its slope is that seed's I), with each gain's mean
+    and sign-flip interval (``ci``: ``gain_ref_`` and ``gain_lag_`` mean/lo/hi, fractions)."""
+    (lag, ref), (m, b) = lags, labels
+    title = f"Interaction: {m} − {b}, lag {ref} and lag {lag}"
+    caption = (f"Per seed (faint lines) {m}'s gain over {b} in points without staleness (lag {ref}) and with it "
+               f"(lag {lag}); a line that rises is a seed whose gain is larger with staleness (I > 0). Black: the "
+               "mean gain with its sign-flip interval.")  # fmt: skip
+    if per_seed.empty:
+        return FigureOut(title, caption, note="no seed has all four runs")
+    fig, ax = plt.subplots(figsize=(4.2, 3.6))
+    for g_ref, g_lag in zip(per_seed["gain_ref"], per_seed["gain_lag"]):
+        ax.plot([0, 1], [g_ref * 100, g_lag * 100], color="tab:blue", alpha=0.35, lw=1, marker="o", ms=3)
+    means = np.array([ci["gain_ref_mean"], ci["gain_lag_mean"]])
+    err = _err(means, [ci["gain_ref_lo"], ci["gain_lag_lo"]], [ci["gain_ref_hi"], ci["gain_lag_hi"]])
+    ax.errorbar([0, 1], means * 100, yerr=err * 100, color="black", marker="s", capsize=4, lw=2)
+    ax.axhline(0.0, color="grey", lw=0.8, ls="--")
+    ax.set_xticks([0, 1], [f"lag {ref}", f"lag {lag}"])
+    ax.set_xlim(-0.3, 1.3)
+    ax.set_ylabel(f"{m} − {b} (points)")
+    _save(fig, path, title)
+    return FigureOut(title, caption, path=path)

@@ -289,7 +289,7 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
     for i, lb in enumerate(res.meta.get("leaderboards") or []):
         md += leaderboard_md(res, lb, i, figdir, n_resamples, ci, seed)
     for spec in interactions:
-        md += interaction_md(res, spec, endpoints(res)["primary"][0], ci)
+        md += interaction_md(res, spec, endpoints(res)["primary"][0], ci, figdir)
     if describe:
         md += describe_md(res, describe)
     md += _sensitivity_md(res, boot, sensitivity_min_seed, sensitivity_seeds)
