@@ -394,7 +394,7 @@ def interaction_plot(per_seed: pd.DataFrame, lags: tuple[int, int], labels: tupl
                "mean gain with its sign-flip interval.")  # fmt: skip
     if per_seed.empty:
         return FigureOut(title, caption, note="no seed has all four runs")
-    fig, ax = plt.subplots(figsize=(4.2, 3.6))
+    fig, ax = plt.subplots(figsize=(5.6, 4.0))
     for g_ref, g_lag in zip(per_seed["gain_ref"], per_seed["gain_lag"]):
         ax.plot([0, 1], [g_ref * 100, g_lag * 100], color="tab:blue", alpha=0.35, lw=1, marker="o", ms=3)
     means = np.array([ci["gain_ref_mean"], ci["gain_lag_mean"]])
@@ -403,6 +403,6 @@ def interaction_plot(per_seed: pd.DataFrame, lags: tuple[int, int], labels: tupl
     ax.axhline(0.0, color="grey", lw=0.8, ls="--")
     ax.set_xticks([0, 1], [f"lag {ref}", f"lag {lag}"])
     ax.set_xlim(-0.3, 1.3)
-    ax.set_ylabel(f"{m} − {b} (points)")
-    _save(fig, path, title)
+    ax.set_ylabel("gain over the base (points)")
+    _save(fig, path, f"Interaction, lag {ref} and lag {lag}:\n{m} − {b}")
     return FigureOut(title, caption, path=path)
