@@ -41,11 +41,12 @@ def test_the_check_sees_a_changed_number(tmp_path):
     assert PROVENANCE.sub("", changed) != PROVENANCE.sub("", committed)
 
 
-# findings whose every quoted estimate-with-interval is one its report prints (older findings quote other
-# commands' numbers too, each named beside it)
+# findings whose every quoted estimate-with-interval is one its report, or a report it links, prints (older findings
+# quote other commands' numbers too, each named beside it)
 NUM = r"(?<![\w@.])[+\-−]?\d+(?:\.\d+)?"
 INTERVAL = re.compile(rf"{NUM} \[{NUM}, {NUM}\]")
-FINDINGS_FROM_REPORT = ["damage_trial", "repair_trial", "sat_trial"]
+LINKED_REPORT = re.compile(r"\]\(\.\./(\w+)/report\.md\)")
+FINDINGS_FROM_REPORT = ["damage_trial", "repair_trial", "sat_trial", "vcpo_factorial"]
 
 
 def quoted_not_in_report(findings: str, report: str) -> list[str]:
@@ -57,6 +58,7 @@ def quoted_not_in_report(findings: str, report: str) -> list[str]:
 @pytest.mark.parametrize("grid", FINDINGS_FROM_REPORT)
 def test_findings_quote_their_reports_numbers(grid):
     findings, report = ((RESULTS / grid / name).read_text() for name in ("findings.md", "report.md"))
+    report += "".join((RESULTS / other / "report.md").read_text() for other in LINKED_REPORT.findall(findings))
     assert INTERVAL.findall(findings), f"{grid}/findings.md quotes no interval"
     assert quoted_not_in_report(findings, report) == []
 
@@ -65,3 +67,26 @@ def test_the_findings_check_sees_a_drifted_number():
     report = (RESULTS / "repair_trial" / "report.md").read_text()
     assert quoted_not_in_report("VCPO +4.2 [+3.0, +5.4] over GRPO", report) == []
     assert quoted_not_in_report("VCPO +4.3 [+3.0, +5.4] over GRPO", report) == ["+4.3 [+3.0, +5.4]"]
+
+
+def test_the_factorials_descriptive_numbers_are_its_runs():
+    """vcpo_factorial/findings.md's numbers from its own command (OPOB and VCPO at lag 32 minus GRPO at lag 0, not in
+    the report) and its cost are what the packed runs give."""
+    import json
+
+    from satrl.experiments.significance import sign_flip_interval
+
+    here = RESULTS / "vcpo_factorial"
+    text = (here / "findings.md").read_text().replace("\n  ", " ").replace("−", "-")
+    late = lambda c, lag: {p.parent.name: json.loads(p.read_text())["late_test_avg_at_k"]  # noqa: E731
+                           for p in here.glob(f"{c}/lag{lag}/seed*/summary.json")}  # fmt: skip
+    grpo0, quoted = late("grpo", 0), {}
+    for cell in ("opob", "vcpo"):
+        d = [100 * (v - grpo0[s]) for s, v in late(cell, 32).items()]
+        lo, hi = sign_flip_interval(d)
+        quoted[cell] = (f"{sum(d) / len(d):.1f}", f"{lo:.1f} to {hi:+.1f}", f"{sum(x > 0 for x in d)} of {len(d)}")
+    (m, iv, n), (m2, iv2, n2) = quoted["opob"], quoted["vcpo"]
+    assert f"{m} points (sign-flip interval {iv}, higher on {n} seeds)" in text
+    assert f"GRPO at lag 0 {m2} ({iv2}, {n2})" in text
+    hours = sum(json.loads(p.read_text())["wall_time_s"] for p in here.glob("*/lag*/seed*/summary.json")) / 3600
+    assert f"{hours:.1f} machine-hours" in text
