@@ -43,7 +43,7 @@ def quoted_results(text: str) -> list[tuple[str, list[str], list[str]]]:
     for para in re.split(r"\n(?=- )|\n\n", text):
         if para.startswith("|"):  # the cross-testbed table: equal to its generator (test_the_table_is_the_leaderboards)
             continue
-        found = INTERVAL.findall(para)
+        found = INTERVAL.findall(re.sub(r"\s*\n\s*", " ", para))  # an interval wrapped over two lines is one
         if found:
             out.append((para, found, LINK.findall(para)))
     return out

@@ -46,13 +46,16 @@ def test_the_check_sees_a_changed_number(tmp_path):
 NUM = r"(?<![\w@.])[+\-−]?\d+(?:\.\d+)?"
 INTERVAL = re.compile(rf"{NUM} \[{NUM}, {NUM}\]")
 LINKED_REPORT = re.compile(r"\]\(\.\./(\w+)/report\.md\)")
-FINDINGS_FROM_REPORT = ["damage_trial", "repair_trial", "sat_trial", "vcpo_factorial"]
+# (sat_trial's findings keep the numbers of the report they were first written from, its H5 and lag-1 check, beside
+# a dated correction, so it is not listed)
+FINDINGS_FROM_REPORT = ["damage_trial", "repair_trial", "vcpo_factorial"]
 
 
 def quoted_not_in_report(findings: str, report: str) -> list[str]:
-    """The intervals ``findings`` quotes that ``report`` does not print (minus signs as one character)."""
+    """The intervals ``findings`` quotes that ``report`` does not print (minus signs as one character; an interval
+    wrapped over two lines is read as one)."""
     rep = report.replace("−", "-")
-    return [q for q in INTERVAL.findall(findings) if q.replace("−", "-") not in rep]
+    return [q for q in INTERVAL.findall(re.sub(r"\s*\n\s*", " ", findings)) if q.replace("−", "-") not in rep]
 
 
 @pytest.mark.parametrize("grid", FINDINGS_FROM_REPORT)
