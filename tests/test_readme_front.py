@@ -24,6 +24,11 @@ def _norm(text: str) -> str:
     return text.replace("−", "-")
 
 
+def one_line(text: str) -> str:
+    """Text wrapped over several lines as one line, so an interval wrapped over two is read as one."""
+    return re.sub(r"\s*\n\s*", " ", text)
+
+
 def test_sections_in_order_and_short():
     text = README.read_text()
     assert text.startswith("# satrl\n\n**")  # the tagline first
@@ -43,7 +48,7 @@ def quoted_results(text: str) -> list[tuple[str, list[str], list[str]]]:
     for para in re.split(r"\n(?=- )|\n\n", text):
         if para.startswith("|"):  # the cross-testbed table: equal to its generator (test_the_table_is_the_leaderboards)
             continue
-        found = INTERVAL.findall(re.sub(r"\s*\n\s*", " ", para))  # an interval wrapped over two lines is one
+        found = INTERVAL.findall(one_line(para))
         if found:
             out.append((para, found, LINK.findall(para)))
     return out

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from test_readme_front import NUM, _norm, one_line
+
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 GRIDS = sorted(p.parent.name for p in RESULTS.glob("*/report.md"))
 PROVENANCE = re.compile(r"^- Report: `satrl report .*$", re.M)
@@ -43,8 +45,7 @@ def test_the_check_sees_a_changed_number(tmp_path):
 
 # findings whose every quoted estimate-with-interval is one its report, or a report it links, prints (older findings
 # quote other commands' numbers too, each named beside it)
-NUM = r"(?<![\w@.])[+\-−]?\d+(?:\.\d+)?"
-INTERVAL = re.compile(rf"{NUM} \[{NUM}, {NUM}\]")
+ESTIMATE = re.compile(rf"{NUM} \[{NUM}, {NUM}\]")  # an estimate with its interval (the README check's NUM)
 LINKED_REPORT = re.compile(r"\]\(\.\./(\w+)/report\.md\)")
 FINDINGS_FROM_REPORT = ["damage_trial", "repair_trial", "sat_trial", "vcpo_factorial"]
 
@@ -52,15 +53,15 @@ FINDINGS_FROM_REPORT = ["damage_trial", "repair_trial", "sat_trial", "vcpo_facto
 def quoted_not_in_report(findings: str, report: str) -> list[str]:
     """The intervals ``findings`` quotes that ``report`` does not print (minus signs as one character; an interval
     wrapped over two lines is read as one)."""
-    rep = report.replace("−", "-")
-    return [q for q in INTERVAL.findall(re.sub(r"\s*\n\s*", " ", findings)) if q.replace("−", "-") not in rep]
+    printed = _norm(report)
+    return [q for q in ESTIMATE.findall(one_line(findings)) if _norm(q) not in printed]
 
 
 @pytest.mark.parametrize("grid", FINDINGS_FROM_REPORT)
 def test_findings_quote_their_reports_numbers(grid):
     findings, report = ((RESULTS / grid / name).read_text() for name in ("findings.md", "report.md"))
     report += "".join((RESULTS / other / "report.md").read_text() for other in LINKED_REPORT.findall(findings))
-    assert INTERVAL.findall(findings), f"{grid}/findings.md quotes no interval"
+    assert ESTIMATE.findall(findings), f"{grid}/findings.md quotes no interval"
     assert quoted_not_in_report(findings, report) == []
 
 
@@ -78,7 +79,7 @@ def test_the_factorials_descriptive_numbers_are_its_runs():
     from satrl.experiments.significance import sign_flip_interval
 
     here = RESULTS / "vcpo_factorial"
-    text = (here / "findings.md").read_text().replace("\n  ", " ").replace("−", "-")
+    text = _norm(one_line((here / "findings.md").read_text()))
     late = lambda c, lag: {p.parent.name: json.loads(p.read_text())["late_test_avg_at_k"]  # noqa: E731
                            for p in here.glob(f"{c}/lag{lag}/seed*/summary.json")}  # fmt: skip
     grpo0, quoted = late("grpo", 0), {}

@@ -147,4 +147,4 @@ def interaction_md(res: GridResults, spec: Interaction, metric: str, ci: float =
     fig = plots.interaction_plot(r["per_seed"], (spec.lag, spec.reference_lag), (m, b), r, figdir / name)
     if fig.path is None:
         return md + ["", f"Figure skipped: {fig.note}.", ""]
-    return md + ["", f"![{fig.title}](figures/{name})", "", f"*{fig.caption}*", ""]
+    return md + ["", f"![{fig.title}]({fig.path.parent.name}/{fig.path.name})", "", f"*{fig.caption}*", ""]
