@@ -13,7 +13,7 @@ VERL_STAMP := $(VERL_VENV)/.installed
 CORE_VENV := .venv-core
 CORE_STAMP := $(CORE_VENV)/.installed
 
-.PHONY: demo test test-core test-vllm test-verl lint install clean
+.PHONY: demo test test-fast test-core test-vllm test-verl lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,13 +39,25 @@ lint: $(STAMP)
 # busy process at a time, and two halve its wall time (`make test XDIST=0` runs it in one process, in order).
 XDIST ?= 2
 PYTEST_N = $(if $(filter 0,$(XDIST)),,-n $(XDIST) --dist loadfile)
+# Every target prints its 25 slowest tests (setup, call and teardown each), so the slowest stay in view.
+DURATIONS = --durations=25
+
+# The pure and unit layers, for whoever changes the code (README, "Development"): objectives, tensors, config,
+# registries, statistics, weights' buckets; no training run, no subprocess of satrl. Under 3 minutes.
+FAST_TESTS = tests/objectives tests/test_config.py tests/test_config_ranges.py tests/test_config_step_size.py \
+	tests/test_registry.py tests/test_dtypes.py tests/test_cli_startup.py tests/experiments/test_stats.py \
+	tests/experiments/test_significance.py tests/weights/test_weights.py tests/training/test_advantages.py \
+	tests/diagnostics
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_N) $(DURATIONS) $(FAST_TESTS) -m "not slow and not vllm" $(PYTEST_ARGS); $(NONE_IS_OK)
 
 test: $(STAMP) lint
 	# SATRL_REQUIRE_EXTRAS=1 / SATRL_REQUIRE_TRL=1: the Ray and TRL tests must run, never skip. pytest exits
 	# 5 when it collects no tests in a selection: not a failure.
 	# The vLLM tests (marker vllm) need their own environment: `make test-vllm`; the verl plug-in tests
 	# skip here (no verl in this environment) and run in `make test-verl`.
-	SATRL_REQUIRE_EXTRAS=1 SATRL_REQUIRE_TRL=1 $(BIN)/python -m pytest $(PYTEST_N) -m "not vllm" $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+	SATRL_REQUIRE_EXTRAS=1 SATRL_REQUIRE_TRL=1 $(BIN)/python -m pytest $(PYTEST_N) $(DURATIONS) -m "not vllm" $(PYTEST_ARGS); $(NONE_IS_OK)
 
 # The core install alone, as a user installs it: `pip install .` with no extras (no pyarrow, Ray, TRL, pytest),
 # so a dependency that only an extra or a dev tool brings in cannot hide a failure (satrl report once needed
@@ -75,14 +87,11 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q -e . pytest pytest-xdist hypothesis "ray>=2.41"
 	touch $(VLLM_STAMP)
 
-# SATRL_REQUIRE_VLLM=1: a missing vLLM fails (the vLLM tests never skip there). The engine, model and trainer
-# tests run here too: this environment's transformers (5.19) is older than the main one's, and API drift
-# between the two (e.g. the KV-cache argument's rename) must fail a test, not decode silently without a cache.
-# The trainer tests marked slow (end-to-end runs, torch.compile) run in `make test` only: they
-# exercise no vLLM or transformers API the quick ones miss, and CI's time is bounded (.ci/run).
+# SATRL_REQUIRE_VLLM=1: a missing vLLM fails (the vLLM tests never skip there). Only the tests that need vLLM run
+# here (marker vllm: the engine against the real vLLM, its weight sync and a training run on it); everything else
+# runs in `make test`, and the core on the oldest transformers satrl accepts in `make test-verl`.
 test-vllm: $(VLLM_STAMP)
-	SATRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest $(PYTEST_N) tests/engines tests/models $(PYTEST_ARGS)
-	SATRL_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest tests/training -m "not slow" $(PYTEST_ARGS); $(NONE_IS_OK)
+	SATRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest $(PYTEST_N) $(DURATIONS) tests/engines -m vllm $(PYTEST_ARGS); $(NONE_IS_OK)
 
 # The verl extra exactly as a user installs it: `pip install '.[verl]'` with no --no-deps, on the transformers
 # that verl 0.9.1's vllm, sglang and cpu extras pin (==5.9.0), which is satrl's floor: this environment runs the
@@ -97,12 +106,14 @@ $(VERL_STAMP): pyproject.toml
 	touch $(VERL_STAMP)
 
 # SATRL_REQUIRE_VERL=1 / SATRL_REQUIRE_TRL=1: a missing verl or TRL fails (their tests never skip here).
-# tests/objectives runs here too, so objective tests that compare with verl's or TRL's losses run.
-# The plug-ins and objectives in full; the engine, model and trainer tests without those marked slow (end-to-end
-# runs and torch.compile, minutes each; `make test` runs them on the main environment).
+# What needs this environment: the plug-ins (tests/integrations) and the objective tests that compare with verl's
+# own losses and masks; and one smoke of the core on satrl's transformers floor (5.9.0): the engine and model
+# tests, where API drift between transformers versions shows (e.g. the KV-cache argument's rename must fail a test,
+# not decode silently without a cache). The rest of the core runs in `make test` only.
+VERL_TESTS = tests/integrations tests/objectives/test_obj_peers.py tests/objectives/test_repairs_verl.py
+FLOOR_SMOKE = tests/engines tests/models
 test-verl: $(VERL_STAMP)
-	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(VERL_VENV)/bin/python -m pytest $(PYTEST_N) tests/integrations tests/objectives -m "not vllm" $(PYTEST_ARGS); $(NONE_IS_OK)
-	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(VERL_VENV)/bin/python -m pytest tests/engines tests/models tests/training -m "not vllm and not slow" $(PYTEST_ARGS); $(NONE_IS_OK)
+	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(VERL_VENV)/bin/python -m pytest $(PYTEST_N) $(DURATIONS) $(VERL_TESTS) $(FLOOR_SMOKE) -m "not vllm and not slow" $(PYTEST_ARGS); $(NONE_IS_OK)
 
 # GRPO, SAT-GRPO and VCPO side by side (satrl demo: 50 steps of the SAT trial's regime each); README gives its cost.
 demo: $(STAMP)

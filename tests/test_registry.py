@@ -82,7 +82,7 @@ def test_there_is_one_registry_class():
     from satrl.pipeline.schedules import SCHEDULES
     from satrl.tasks import TASKS
     from satrl.tasks.gym import EXTRACTORS
-    from satrl.training.pretrain import RECIPES
+    from satrl.training.recipes import RECIPES
 
     assert objective_components.Registry is Registry
     for reg in (ENGINES, NUMERICS, BUILTINS, KINDS, AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, PRESETS, RATIO_LEVELS,

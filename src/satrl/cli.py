@@ -61,12 +61,20 @@ def version_line() -> str:
     return f"satrl {__version__} (distribution satrl-async{f', commit {commit}' if commit else ''})"
 
 
+class _Version(argparse.Action):
+    """``--version``: :func:`version_line`, computed only when asked for (it runs git), printed unwrapped."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
 def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser | None]:
     """The top-level parser, and the subparser of ``command`` with its arguments (None if ``command`` is not
     one of :data:`COMMANDS`). Only that command's module is imported."""
     parser = argparse.ArgumentParser(prog="satrl", description=__doc__.splitlines()[0].replace("``", ""),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # --version unwrapped
-    parser.add_argument("--version", action="version", version=version_line())
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and commit, and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = None
     for name, help_text in COMMANDS.items():

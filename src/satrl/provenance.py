@@ -16,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 import satrl
 
 ENVIRONMENT = "environment.json"
@@ -74,11 +72,15 @@ def _version(dist: str) -> str | None:
 def machine_kind() -> dict:
     """What decides this machine's bits: CPU vendor, model name and ``capability``, the vector kernels torch picks
     (``AVX2``, ``AVX512``, ...; two "AMD EPYC" machines with and without AVX-512 differ in fp32's last digits)."""
+    import torch  # here, not at the top: `satrl --version` reads this module's commit without torch
+
     return {**cpu_kind(), "capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def environment(threads: int) -> dict:
     """This process's code and machine: what a run's bits depend on."""
+    import torch
+
     return {
         "git_commit": git_commit(),
         "satrl": satrl.__version__,

@@ -25,7 +25,8 @@ from satrl.tasks.countdown_trace import (
     parse_prompt,
     prompt_of,
 )
-from satrl.training.pretrain import RECIPES, PretrainSettings, pretrain
+from satrl.training.pretrain import PretrainSettings, pretrain
+from satrl.training.recipes import RECIPES
 from satrl.types import Problem, Task
 
 TASK = CountdownTraceTask()

@@ -17,13 +17,15 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from satrl.engines.numerics import EVAL_NUMERICS
-from satrl.tasks.evaluate import EvalResult, evaluate, part_scores, split_val_test
-from satrl.types import SamplingParams
+
+if TYPE_CHECKING:  # imported where used: `satrl eval --help` loads no torch
+    from satrl.tasks.evaluate import EvalResult
+    from satrl.types import SamplingParams
 
 # The flags that override one EvalSettings field each (argparse dest = field name); None: not given.
 SCALARS = ("task", "k", "seed", "numerics", "temperature", "top_p", "top_k", "max_new_tokens", "batch_size",
@@ -100,6 +102,8 @@ class EvalSettings:
         return out + (["--threads", str(self.threads)] if self.threads is not None else [])
 
     def sampling(self) -> SamplingParams:
+        from satrl.types import SamplingParams
+
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               max_new_tokens=self.max_new_tokens)  # fmt: skip
 
@@ -206,6 +210,7 @@ def _evaluate(t: _Target) -> tuple[EvalResult, dict[str, list[int]]]:
     from satrl.engines.registry import engine_for
     from satrl.models import load_tokenizer
     from satrl.tasks import make_task
+    from satrl.tasks.evaluate import evaluate, split_val_test
 
     s = t.settings
     task, sampling = make_task(s.task, **s.task_kwargs), s.sampling()
@@ -253,6 +258,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _report(t: _Target, result: EvalResult, parts: dict[str, list[int]], as_json: bool) -> None:
+    from satrl.tasks.evaluate import part_scores
+
     s, k = t.settings, result.k
     record = result.as_dict()
     print(f"avg@{k} = {result.avg_at_k:.3f}")

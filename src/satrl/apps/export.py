@@ -24,10 +24,12 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from satrl.apps.runs import RunReadError, checkpoint_of, checkpoint_step, checkpoint_weights, run_config
+
+if TYPE_CHECKING:  # imported where used: `satrl export --help` loads no torch
+    import torch
 
 INFO = "satrl_export.json"
 
@@ -53,6 +55,8 @@ def check_out(run: Path, out: Path) -> None:
 def policy_with(source: str, weights: dict[str, torch.Tensor], where: Path) -> torch.nn.Module:
     """The base policy's architecture (from ``source``'s config, no weights read) holding ``weights``, which must
     be exactly its parameters and persistent buffers; a mismatch is a RunReadError naming the checkpoint."""
+    import torch
+
     from satrl.models.loading import empty_model
 
     model = empty_model(source)

@@ -10,11 +10,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from satrl.experiments.changes import GridChangedError, changed_runs, guard_changes
-from satrl.experiments.grid import GridBusyError, default_command, run_grid_spec, thread_capped
-from satrl.experiments.preregistration import PreregistrationError
-from satrl.experiments.spec import expand, load_grid, select
-from satrl.experiments.status import has_checkpoint, run_status
 from satrl.folders import folder_problem
 
 
@@ -59,6 +54,13 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
 
 
 def run_grid(args: argparse.Namespace) -> int:
+    # here, not at the top: `satrl grid --help` imports no experiment code (the config check it reaches is heavy)
+    from satrl.experiments.changes import GridChangedError, changed_runs, guard_changes
+    from satrl.experiments.grid import GridBusyError, default_command, run_grid_spec, thread_capped
+    from satrl.experiments.preregistration import PreregistrationError
+    from satrl.experiments.spec import expand, load_grid, select
+    from satrl.experiments.status import has_checkpoint, run_status
+
     if why := _bad_flag(args):
         print(f"satrl grid: {why}", file=sys.stderr)
         return 2

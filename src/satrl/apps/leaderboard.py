@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from satrl.experiments.across import N_RESAMPLES, build_leaderboard
+from satrl.experiments import N_RESAMPLES
 from satrl.folders import folder_problem
 
 
@@ -30,6 +30,8 @@ def run_leaderboard(args: argparse.Namespace) -> int:
     elif args.out and (problem := folder_problem(args.out)):
         why = f"--out {args.out}: {problem}"
     if why is None:
+        from satrl.experiments.across import build_leaderboard  # numpy, pandas and matplotlib: not for --help
+
         try:
             path = build_leaderboard(args.spec, args.out, n_resamples=args.resamples)
         except ValueError as err:  # ConfigError included: the spec, its folders or its runs

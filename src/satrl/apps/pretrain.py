@@ -13,8 +13,7 @@ import shlex
 import sys
 from typing import Any
 
-from satrl.training.pretrain import RECIPES, PretrainSettings, pretrain
-from satrl.training.pretrain_state import ResumeError
+from satrl.training.recipes import RECIPES
 
 
 def add_pretrain_args(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +68,7 @@ def run_pretrain(args: argparse.Namespace) -> int:
     shard bar of a model load) stay off either way."""
     from satrl.models.loading import quiet_progress_bars
     from satrl.training.checkpoint import CheckpointError
+    from satrl.training.pretrain_state import ResumeError
 
     recipe = RECIPES.get(args.model)
     try:
@@ -88,6 +88,8 @@ def run_pretrain(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, recipe: dict, progress: bool) -> dict[str, Any]:
+    from satrl.training.pretrain import PretrainSettings, pretrain
+
     defaults = PretrainSettings()  # a recipe without digits/ops (countdown) records the defaults, unused by its task
     settings = PretrainSettings(
         kind=args.kind or recipe["kind"],

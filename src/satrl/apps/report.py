@@ -10,18 +10,21 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from satrl.experiments.describe import DescribeError, parse_describe
-from satrl.experiments.interaction import Interaction, InteractionError, parse_interaction
-from satrl.experiments.report import NoRunsError, build_report
+from satrl.experiments import N_RESAMPLES
 from satrl.folders import folder_problem
+
+if TYPE_CHECKING:  # the report's modules import numpy, pandas and matplotlib: where used, not for --help
+    from satrl.experiments.interaction import Interaction
 
 
 def add_report_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="grid output folder, e.g. runs/paper_table (or packed results)")
     parser.add_argument("--out", default=None, help="where report.md and figures/ go (default: run_dir; for packed "
                         "results, runs/reports/<name>: a committed folder is rewritten only when --out names it)")
-    parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10000)")
+    parser.add_argument("--resamples", type=int, default=N_RESAMPLES,
+                        help=f"bootstrap resamples (default {N_RESAMPLES})")
     parser.add_argument("--ci", type=float, default=0.95, help="confidence level (default 0.95)")
     parser.add_argument(
         "--pack", default=None, help="also copy summaries/configs/evals/metrics.gz to this folder"
@@ -56,6 +59,8 @@ def seed_range(text: str) -> tuple[int, int]:
 
 def interaction_arg(text: str) -> Interaction:
     """``--interaction``'s value as an :class:`Interaction` (argparse turns the ValueError into one line, exit 2)."""
+    from satrl.experiments.interaction import parse_interaction
+
     try:
         return parse_interaction(text)
     except ValueError as err:
@@ -64,6 +69,8 @@ def interaction_arg(text: str) -> Interaction:
 
 def describe_arg(text: str) -> tuple[str, ...]:
     """``--describe``'s value as metric keys (argparse turns the ValueError into one line, exit 2)."""
+    from satrl.experiments.describe import parse_describe
+
     try:
         return parse_describe(text)
     except ValueError as err:
@@ -91,6 +98,10 @@ def packed(run_dir: Path) -> bool:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    from satrl.experiments.describe import DescribeError
+    from satrl.experiments.interaction import InteractionError
+    from satrl.experiments.report import NoRunsError, build_report
+
     if why := _bad_flag(args):
         print(f"satrl report: {why}", file=sys.stderr)
         return 2

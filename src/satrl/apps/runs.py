@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch and the config load where they are used: `satrl export --help` needs neither
+    import torch
 
-from satrl.config import ConfigError, RunConfig, load_config
-from satrl.training.checkpoint import CheckpointError, ChecksumMismatch, verify
+    from satrl.config import RunConfig
 
 NAME = re.compile(r"step-\d{6,}")  # how save_checkpoint names a checkpoint folder
 WEIGHTS = "model.safetensors"
@@ -42,6 +43,8 @@ def is_run_dir(path: str | Path) -> bool:
 
 def run_config(run_dir: str | Path) -> RunConfig:
     """The resolved config a run saved (``config.yaml``), validated as ``satrl train --resume`` would."""
+    from satrl.config import ConfigError, load_config
+
     run = Path(run_dir)
     if not run.is_dir():
         raise RunReadError(f"{run}: no such run directory")
@@ -109,6 +112,8 @@ def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
     ``state.json``'s ``files_sha256`` in a checkpoint written before it)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
+
+    from satrl.training.checkpoint import CheckpointError, ChecksumMismatch, verify
 
     weights = path / WEIGHTS
     try:

@@ -3,23 +3,38 @@
 ``TorchEngine`` (any HF causal LM, CPU or GPU) implements :class:`satrl.types.Engine`; ``make_engine``
 builds an engine by its name in the :data:`ENGINES` registry (``"torch"``; ``"vllm"`` with the extra,
 :mod:`satrl.engines.vllm_engine`); :data:`NUMERICS` holds the engine numerics.
+
+Names are imported when first asked for (as in :mod:`satrl.experiments`), so that a light module of this package
+(``satrl.engines.numerics``: ``satrl eval --help`` reads its default) does not pull in torch and transformers.
 """
 
-from satrl.engines.numerics import NUMERICS, resolve_numerics
-from satrl.engines.registry import ENGINES, make_engine
-from satrl.engines.sampling import request_uniforms, sample_step, sampling_logprobs, truncate_logits
-from satrl.engines.spec import EngineSpec
-from satrl.engines.torch_engine import TorchEngine
+from types import ModuleType
 
-__all__ = [
-    "ENGINES",
-    "EngineSpec",
-    "NUMERICS",
-    "TorchEngine",
-    "make_engine",
-    "request_uniforms",
-    "resolve_numerics",
-    "sample_step",
-    "sampling_logprobs",
-    "truncate_logits",
-]
+
+def _module(name: str) -> ModuleType:
+    """The engines module ``name``, imported when one of its names is first asked for (import statements, so the
+    import graph sees each)."""
+    match name:
+        case "numerics":
+            from satrl.engines import numerics as module
+        case "registry":
+            from satrl.engines import registry as module
+        case "sampling":
+            from satrl.engines import sampling as module
+        case "spec":
+            from satrl.engines import spec as module
+        case _:
+            from satrl.engines import torch_engine as module
+    return module
+
+
+_WHERE = {"NUMERICS": "numerics", "resolve_numerics": "numerics", "ENGINES": "registry", "make_engine": "registry",
+          "request_uniforms": "sampling", "sample_step": "sampling", "sampling_logprobs": "sampling",
+          "truncate_logits": "sampling", "EngineSpec": "spec", "TorchEngine": "torch_engine"}  # fmt: skip
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'satrl.engines' has no attribute {name!r}")

@@ -10,31 +10,46 @@ engine, so that ``bf16`` means the same rounding in the torch engine and in vLLM
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from satrl.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DEFAULT_NUMERICS", "EVAL_NUMERICS", "NUMERICS", "Numerics", "resolve_numerics"]
 
 
 @dataclass(frozen=True)
 class Numerics:
-    """Compute dtype of the engine's model and the dtype its weights are rounded through."""
+    """Compute dtype of the engine's model and the dtype its weights are rounded through, by torch's names
+    (``"bfloat16"``): the table is read when a config is checked, which imports no torch."""
 
-    compute: torch.dtype
-    weights: torch.dtype
+    compute_name: str
+    weights_name: str
+
+    @property
+    def compute(self) -> torch.dtype:
+        import torch
+
+        return getattr(torch, self.compute_name)
+
+    @property
+    def weights(self) -> torch.dtype:
+        import torch
+
+        return getattr(torch, self.weights_name)
 
     @property
     def rounds(self) -> bool:
         """Whether weights pass through a narrower dtype than the engine computes in (``bf16-weights``)."""
-        return self.weights != self.compute
+        return self.weights_name != self.compute_name
 
 
 NUMERICS: Registry[Numerics] = Registry("numerics", {
-    "fp32": Numerics(torch.float32, torch.float32),
-    "bf16": Numerics(torch.bfloat16, torch.bfloat16),
-    "bf16-weights": Numerics(torch.float32, torch.bfloat16),
+    "fp32": Numerics("float32", "float32"),
+    "bf16": Numerics("bfloat16", "bfloat16"),
+    "bf16-weights": Numerics("float32", "bfloat16"),
 })
 
 # The one default of each kind: a rollout engine's (``engine.numerics``, a worker's spec, an engine whose spec names

@@ -12,6 +12,10 @@ pandas and matplotlib: each module by an import statement in a function of its o
 
 from types import ModuleType
 
+# Bootstrap resamples of the reports' intervals and of the leaderboard's repaired fraction, by default: here, so that
+# the command line's help states them without importing numpy and pandas.
+N_RESAMPLES = 10_000
+
 
 def _module(name: str) -> ModuleType:
     """The experiments module ``name``, imported when one of its names is first asked for."""

@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from satrl.config_base import ConfigError
+from satrl.experiments import N_RESAMPLES  # the repaired fraction's bootstrap resamples (seed 0)
 
 from .spec import Endpoint, SeedRange
 from .stats import PairedDiff, paired_diff, repaired_fraction, seed_values
@@ -35,7 +36,6 @@ from .store import LATE_EVAL_KEYS, load_evals, load_grid_meta, load_runs, with_l
 
 PCT = 100.0
 CI = 0.95  # every interval here is a 95 % one
-N_RESAMPLES = 10_000  # the repaired fraction's bootstrap resamples (seed 0)
 FIGURE = Path("figures") / "leaderboard.png"
 DAMAGE_ROW = "*staleness damage: the base at its reference lag − at lag*"
 NOT_TESTED = ("not tested", "not tested")  # a method's two cells on a testbed without its runs

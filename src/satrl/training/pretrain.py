@@ -45,20 +45,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from satrl.models.sampler import score
 from satrl.models.tiny import COMMON, build_tiny_model, count_params
 from satrl.models.tokenizer import build_char_tokenizer
-from satrl.registry import Registry
 from satrl.training import pretrain_state
 from satrl.training.pretrain_state import LoopState, ResumeError
-
-# What `--model NAME` means: the recipe of each policy (CLI flags override kind, task, digits and ops; model_cfg
-# overrides the tiny model's config). The countdown bases need 256 positions (prompt <= 16 + trace <= 240 tokens,
-# satrl.tasks.countdown_trace.CONTEXT); the arithmetic ones keep the 64 they shipped with.
-_LONG = {"max_position_embeddings": 256}
-RECIPES: Registry[dict[str, Any]] = Registry("pretrain recipe", {
-    "tiny-arith": {"kind": "dense", "task": "arithmetic", "digits": 3, "ops": "+"},
-    "tiny-arith-moe": {"kind": "moe", "task": "arithmetic", "digits": 3, "ops": "+"},
-    "tiny-countdown": {"kind": "dense", "task": "countdown_trace", "model_cfg": _LONG},
-    "tiny-countdown-moe": {"kind": "moe", "task": "countdown_trace", "model_cfg": _LONG},
-})
 
 
 def encode_batch(

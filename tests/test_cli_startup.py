@@ -1,0 +1,54 @@
+"""The command line answers at once: ``satrl --version``, ``satrl --help`` and every ``satrl CMD --help`` import no
+torch, transformers, Ray, vLLM, matplotlib, pandas or numpy (issue 56; their time is measured by
+``python -m benchmarks.cli_startup``, docs/benchmarks.md "Command-line start-up").
+
+Each check runs in a fresh interpreter: this process has imported torch long ago."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from run_helpers import REPO
+from satrl import cli
+
+HEAVY = ("torch", "transformers", "ray", "vllm", "matplotlib", "pandas", "numpy", "safetensors", "scipy")
+
+# Runs each command's help (and --version) as `satrl` does, then prints the heavy modules that were imported.
+PROBE = """
+import contextlib, io, json, sys
+from satrl import cli
+for argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+        cli.main(argv)
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & set(json.loads(sys.argv[2])))))
+"""
+
+
+def _heavy_after(argvs: list[list[str]]) -> list[str]:
+    r = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argvs), json.dumps(HEAVY)], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], *[[name, "--help"] for name in cli.COMMANDS]],
+                         ids=" ".join)  # fmt: skip
+def test_help_and_version_import_nothing_heavy(argv):
+    assert _heavy_after([argv]) == []
+
+
+def test_the_probe_sees_a_heavy_import():
+    """The check can fail: a command that does import torch (eval's run, on a missing model) is seen."""
+    assert "torch" in _heavy_after([["eval", "--model", str(REPO / "no-such-model"), "--k", "1"]])
+
+
+def test_version_prints_the_commit_unwrapped(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out == cli.version_line() + "\n"
+    assert out.startswith("satrl 0.") and "distribution satrl-async" in out
