@@ -13,7 +13,7 @@ VERL_STAMP := $(VERL_VENV)/.installed
 CORE_VENV := .venv-core
 CORE_STAMP := $(CORE_VENV)/.installed
 
-.PHONY: demo test test-fast test-core test-vllm test-verl lint install clean
+.PHONY: demo test test-fast test-core test-vllm test-verl coverage lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,6 +39,10 @@ lint: $(STAMP)
 # busy process at a time, and two halve its wall time (`make test XDIST=0` runs it in one process, in order).
 XDIST ?= 2
 PYTEST_N = $(if $(filter 0,$(XDIST)),,-n $(XDIST) --dist loadfile)
+# `make coverage` sets COVERAGE=1: each target's pytest then runs under coverage.py (.ci/coverage.rc: line and branch
+# coverage of src/, subprocesses included), its data in .coverage-data/. Not part of CI: a measurement.
+PYTEST = $(if $(COVERAGE),COVERAGE_RCFILE=$(abspath .ci/coverage.rc) COVERAGE_FILE=$(abspath .coverage-data)/.coverage,) \
+	$(1)/python -m $(if $(COVERAGE),coverage run -m pytest,pytest)
 # Every target prints its 25 slowest tests (setup, call and teardown each), so the slowest stay in view.
 DURATIONS = --durations=25
 
@@ -50,14 +54,14 @@ FAST_TESTS = tests/objectives tests/test_config.py tests/test_config_ranges.py t
 	tests/diagnostics
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_N) $(DURATIONS) $(FAST_TESTS) -m "not slow and not vllm" $(PYTEST_ARGS); $(NONE_IS_OK)
+	$(call PYTEST,$(BIN)) $(PYTEST_N) $(DURATIONS) $(FAST_TESTS) -m "not slow and not vllm" $(PYTEST_ARGS); $(NONE_IS_OK)
 
 test: $(STAMP) lint
 	# SATRL_REQUIRE_EXTRAS=1 / SATRL_REQUIRE_TRL=1: the Ray and TRL tests must run, never skip. pytest exits
 	# 5 when it collects no tests in a selection: not a failure.
 	# The vLLM tests (marker vllm) need their own environment: `make test-vllm`; the verl plug-in tests
 	# skip here (no verl in this environment) and run in `make test-verl`.
-	SATRL_REQUIRE_EXTRAS=1 SATRL_REQUIRE_TRL=1 $(BIN)/python -m pytest $(PYTEST_N) $(DURATIONS) -m "not vllm" $(PYTEST_ARGS); $(NONE_IS_OK)
+	SATRL_REQUIRE_EXTRAS=1 SATRL_REQUIRE_TRL=1 $(call PYTEST,$(BIN)) $(PYTEST_N) $(DURATIONS) -m "not vllm" $(PYTEST_ARGS); $(NONE_IS_OK)
 
 # The core install alone, as a user installs it: `pip install .` with no extras (no pyarrow, Ray, TRL, pytest),
 # so a dependency that only an extra or a dev tool brings in cannot hide a failure (satrl report once needed
@@ -91,7 +95,7 @@ $(VLLM_STAMP): pyproject.toml
 # here (marker vllm: the engine against the real vLLM, its weight sync and a training run on it); everything else
 # runs in `make test`, and the core on the oldest transformers satrl accepts in `make test-verl`.
 test-vllm: $(VLLM_STAMP)
-	SATRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest $(PYTEST_N) $(DURATIONS) tests/engines -m vllm $(PYTEST_ARGS); $(NONE_IS_OK)
+	SATRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 $(call PYTEST,$(VLLM_VENV)/bin) $(PYTEST_N) $(DURATIONS) tests/engines -m vllm $(PYTEST_ARGS); $(NONE_IS_OK)
 
 # The verl extra exactly as a user installs it: `pip install '.[verl]'` with no --no-deps, on the transformers
 # that verl 0.9.1's vllm, sglang and cpu extras pin (==5.9.0), which is satrl's floor: this environment runs the
@@ -113,11 +117,20 @@ $(VERL_STAMP): pyproject.toml
 VERL_TESTS = tests/integrations tests/objectives/test_obj_peers.py tests/objectives/test_repairs_verl.py
 FLOOR_SMOKE = tests/engines tests/models
 test-verl: $(VERL_STAMP)
-	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(VERL_VENV)/bin/python -m pytest $(PYTEST_N) $(DURATIONS) $(VERL_TESTS) $(FLOOR_SMOKE) -m "not vllm and not slow" $(PYTEST_ARGS); $(NONE_IS_OK)
+	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(call PYTEST,$(VERL_VENV)/bin) $(PYTEST_N) $(DURATIONS) $(VERL_TESTS) $(FLOOR_SMOKE) -m "not vllm and not slow" $(PYTEST_ARGS); $(NONE_IS_OK)
+
+# Line and branch coverage of src/ over the three test environments combined (issue 56: a change to the test
+# targets must not lower it). Installs coverage.py into each environment; minutes (the three targets' time and more).
+coverage: $(STAMP) $(VERL_STAMP) $(VLLM_STAMP)
+	rm -rf .coverage-data && mkdir -p .coverage-data
+	for v in $(VENV) $(VERL_VENV) $(VLLM_VENV); do $$v/bin/pip install -q coverage; done
+	-$(MAKE) -k COVERAGE=1 test test-verl test-vllm
+	COVERAGE_FILE=.coverage-data/.coverage $(BIN)/python -m coverage combine --rcfile=.ci/coverage.rc -q .coverage-data
+	COVERAGE_FILE=.coverage-data/.coverage $(BIN)/python -m coverage report --rcfile=.ci/coverage.rc | tail -1
 
 # GRPO, SAT-GRPO and VCPO side by side (satrl demo: 50 steps of the SAT trial's regime each); README gives its cost.
 demo: $(STAMP)
 	$(BIN)/satrl demo --out runs/demo
 
 clean:
-	rm -rf $(VENV) $(CORE_VENV) $(VLLM_VENV) $(VERL_VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(CORE_VENV) $(VLLM_VENV) $(VERL_VENV) runs .pytest_cache .ruff_cache .coverage-data
