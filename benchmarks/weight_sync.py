@@ -148,7 +148,7 @@ def dist_path(shape: dict, vocab: int, versions: int, keep: str = "bf16", device
     from satrl.training.placement import cpu_copy
     from satrl.weights.buckets import DEFAULT_BUCKET_BYTES, aliases, buckets
     from satrl.weights.snapshot import Snapshot
-    from satrl.weights.transports import DistTransport, Wiring
+    from satrl.weights.trainer_sides import DistTransport, Wiring
 
     ctx = torch.multiprocessing.get_context("spawn")
     loaded = ctx.Queue()

@@ -52,3 +52,49 @@ def test_version_prints_the_commit_unwrapped(capsys):
     out = capsys.readouterr().out
     assert exc.value.code == 0 and out == cli.version_line() + "\n"
     assert out.startswith("satrl 0.") and "distribution satrl-async" in out
+
+
+# Loads a config with each list of overrides, as `satrl train CONFIG key=value` does, then (with "check") runs the
+# checks before a run, and prints each outcome and the heavy modules that were imported.
+LOAD_PROBE = """
+import json, sys
+from satrl.config import ConfigError, check_before_run, load_config
+outcomes = []
+for overrides in json.loads(sys.argv[2]):
+    try:
+        cfg = load_config(sys.argv[1], overrides)
+        outcomes.append("ok")
+    except ConfigError as err:
+        outcomes.append("ConfigError: " + str(err))
+if sys.argv[4] == "check":
+    check_before_run(load_config(sys.argv[1], []))
+print(json.dumps([outcomes, sorted({m.split(".")[0] for m in sys.modules} & set(json.loads(sys.argv[3])))]))
+"""
+
+BAD = [["stepz=3"], ["steps=abc"], ["objective.name=nope"], ["objective.trust_region.alpha=2"]]
+
+
+def _load(overrides: list[list[str]], then: str = "") -> tuple[list[str], list[str]]:
+    r = subprocess.run([sys.executable, "-c", LOAD_PROBE, str(REPO / "configs" / "sat_grpo.yaml"),
+                        json.dumps(overrides), json.dumps(HEAVY), then], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    outcomes, heavy = json.loads(r.stdout.strip().splitlines()[-1])
+    return outcomes, heavy
+
+
+def test_a_config_is_validated_without_importing_anything_heavy():
+    """A config error that needs no model (a misspelt key, a wrong type, an unknown preset, a value out of range)
+    is reported before torch or transformers is imported: the config, its sections and the registries they check
+    names against are light (issue 56)."""
+    outcomes, heavy = _load([["steps=3"], *BAD])
+    assert outcomes[0] == "ok"
+    assert all(o.startswith("ConfigError: invalid config: ") for o in outcomes[1:]), outcomes
+    assert [o.split(":")[2].strip() for o in outcomes[1:]] == ["stepz", "steps", "objective.name",
+                                                               "objective.trust_region"]  # fmt: skip
+    assert heavy == []
+
+
+def test_the_load_probe_sees_a_heavy_import():
+    """The check can fail: the checks before a run read the torch engine's arguments, which imports torch."""
+    assert "torch" in _load([["steps=3"]], then="check")[1]

@@ -76,8 +76,8 @@ def test_there_is_one_registry_class():
     from satrl.models import BUILTINS
     from satrl.models.tiny import KINDS
     from satrl.objectives import AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, PRESETS, RATIO_LEVELS
+    from satrl.objectives.components import TRUST_REGIONS
     from satrl.objectives.sat import SAT_PROXIES
-    from satrl.objectives.trust_regions import TRUST_REGIONS
     from satrl.pipeline.engine_side.backends import BACKENDS
     from satrl.pipeline.schedules import SCHEDULES
     from satrl.tasks import TASKS

@@ -12,9 +12,10 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:  # annotations only (strings here): a config is checked without importing torch
+    import torch
 
 # The default of engine.timeout_s and engine.start_timeout_s, and of every constructor that takes them: how long
 # an engine may work without returning a rollout (or take to start) before it counts as hung. One constant, so
@@ -113,6 +114,8 @@ class Sample:
 
     def versions(self) -> torch.Tensor:  # [T] int64
         if self.token_versions is None:
+            import torch
+
             return torch.full((len(self.response_ids),), self.version, dtype=torch.long)
         return self.token_versions.long()
 

@@ -128,8 +128,8 @@ def test_an_engine_that_holds_one_version_moves_forward_and_refuses_to_go_back()
 def test_a_restarted_engine_gets_each_version_just_before_the_first_request_that_needs_it():
     """The refeed after a restart: an engine that holds one version at a time only moves forward, so versions and
     re-issued requests go out interleaved, in order."""
-    from satrl.pipeline.engine_side.backends import ProcessBackend
-    from satrl.weights.transports import InprocTransport
+    from satrl.pipeline.engine_side.local_backends import ProcessBackend
+    from satrl.weights.trainer_sides import InprocTransport
 
     sent: list[tuple] = []
     backend = ProcessBackend.__new__(ProcessBackend)  # the refeed alone: no engine process
@@ -153,8 +153,8 @@ def test_a_push_restarts_the_engine_deadline():
     than engine.timeout_s must not read as an engine hang once the version arrives."""
     import time
 
-    from satrl.pipeline.engine_side.backends import ProcessBackend
-    from satrl.weights.transports import InprocTransport
+    from satrl.pipeline.engine_side.local_backends import ProcessBackend
+    from satrl.weights.trainer_sides import InprocTransport
 
     backend = ProcessBackend.__new__(ProcessBackend)
     backend.transport = InprocTransport(lambda message: None)

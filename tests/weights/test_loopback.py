@@ -100,7 +100,7 @@ def test_trainer_and_engine_listen_on_loopback_only():
     """A live link (one version broadcast over it): every LISTEN socket of the trainer process (the store, the
     gloo listener of rank 0) and of the engine process (rank 1's gloo listener) is bound to 127.0.0.1."""
     from satrl.weights.snapshot import Snapshot
-    from satrl.weights.transports import DistTransport, Wiring
+    from satrl.weights.trainer_sides import DistTransport, Wiring
 
     ctx = torch.multiprocessing.get_context("spawn")
     out, done = ctx.Queue(), ctx.Event()

@@ -1,28 +1,41 @@
 """Diagnostics: sampled training-inference mismatch, its decomposition, SAT gate vs TV mass, per-lag
 breakdowns, MoE routing disagreement, collapse detection and the run summary.
 
-Pure functions of tensors (or of logged rows): no logging, no config objects beyond ``CollapseConfig``.
+Pure functions of tensors (or of logged rows): no logging, no config objects beyond ``CollapseConfig``. Names are
+imported when first asked for (as in :mod:`satrl.engines`), so that the run config's sections import no torch.
 How to read every metric: docs/metrics.md.
 """
 
-from satrl.diagnostics.collapse import CollapseConfig, detect_collapse, eval_collapse
-from satrl.diagnostics.lag import by_lag, lag_stats
-from satrl.diagnostics.mismatch import decompose_mismatch, gate_tv_share, mismatch_stats
-from satrl.diagnostics.routing import routing_disagreement
-from satrl.diagnostics.step import step_diagnostics
-from satrl.diagnostics.summary import realized_lag, summarize_run
+from types import ModuleType
 
-__all__ = [
-    "CollapseConfig",
-    "by_lag",
-    "decompose_mismatch",
-    "detect_collapse",
-    "eval_collapse",
-    "gate_tv_share",
-    "lag_stats",
-    "mismatch_stats",
-    "realized_lag",
-    "routing_disagreement",
-    "step_diagnostics",
-    "summarize_run",
-]
+
+def _module(name: str) -> ModuleType:
+    """The diagnostics module ``name``, imported when one of its names is first asked for (import statements, so the
+    import graph sees each): the config's ``collapse:`` section (:mod:`.collapse`) is read without torch."""
+    match name:
+        case "collapse":
+            from satrl.diagnostics import collapse as module
+        case "lag":
+            from satrl.diagnostics import lag as module
+        case "mismatch":
+            from satrl.diagnostics import mismatch as module
+        case "routing":
+            from satrl.diagnostics import routing as module
+        case "step":
+            from satrl.diagnostics import step as module
+        case _:
+            from satrl.diagnostics import summary as module
+    return module
+
+
+_WHERE = {"CollapseConfig": "collapse", "detect_collapse": "collapse", "eval_collapse": "collapse",
+          "by_lag": "lag", "lag_stats": "lag", "decompose_mismatch": "mismatch", "gate_tv_share": "mismatch",
+          "mismatch_stats": "mismatch", "routing_disagreement": "routing", "step_diagnostics": "step",
+          "realized_lag": "summary", "summarize_run": "summary"}  # fmt: skip
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'satrl.diagnostics' has no attribute {name!r}")

@@ -18,14 +18,14 @@ after which ``engine.name=my-engine`` validates and ``make_engine("my-engine", .
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from satrl.engines.spec import split_spec
-from satrl.engines.torch_engine import TorchEngine
 from satrl.registry import Registry
 from satrl.types import Engine
+
+if TYPE_CHECKING:
+    from torch import nn
 
 ENGINES: Registry[Callable[..., Engine]] = Registry("engine")
 
@@ -38,6 +38,8 @@ def _torch(*, model: nn.Module | None = None, model_path: str | None = None, **k
         from satrl.models import load_model
 
         model = load_model(model_path)
+    from satrl.engines.torch_engine import TorchEngine  # here: the registry's names are checked without torch
+
     spec, extras = split_spec(kwargs)
     return TorchEngine(model, spec, **extras)
 

@@ -67,8 +67,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
                       "in a clone of satrl") from exc
 
 from satrl.integrations.trl import check_mu_source, choose_mu
+from satrl.objectives.params import VCPOParams
 from satrl.objectives.registry import one_line
-from satrl.objectives.vcpo import VCPOParams, ess_step_scale, opob_shift, sequence_log_weights
+from satrl.objectives.vcpo import ess_step_scale, opob_shift, sequence_log_weights
 from satrl.training.score_norms import score_norms
 
 TRL_ADV_EPS = 1e-4  # TRL's epsilon in (R - mean) / (std + eps), GRPOTrainer._generate_and_score_completions
@@ -79,7 +80,7 @@ F64 = torch.float64
 
 @dataclass
 class VCPOGRPOConfig(GRPOConfig):
-    """TRL's ``GRPOConfig`` plus VCPO's keys (``satrl.objectives.vcpo.VCPOParams``, same ranges and defaults).
+    """TRL's ``GRPOConfig`` plus VCPO's keys (``satrl.objectives.params.VCPOParams``, same ranges and defaults).
 
     Args:
         vcpo_ess_rule: lr multiplier sqrt(min(1, rho / rho_0)) (``sqrt``, VCPO's) or min(1, rho / rho_0) (``linear``),

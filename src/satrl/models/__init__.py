@@ -6,35 +6,35 @@
   or a local HF directory (safetensors only); :func:`empty_model` and :func:`meta_copy`, the same architecture on the meta device.
 - ``satrl.training.pretrain``: ``satrl pretrain``, which trains the built-ins (imported on demand).
 - ``satrl.models.routing``: MoE routing capture and replay (R3).
+
+Names are imported when first asked for (as in :mod:`satrl.engines`), so that the ``model:`` config section
+(:mod:`satrl.models.config`) imports neither torch nor transformers.
 """
 
-from __future__ import annotations
+from types import ModuleType
 
-from satrl.models.loading import (
-    BUILTINS,
-    PolicyLoadError,
-    builtin_path,
-    empty_model,
-    load_model,
-    load_policy,
-    load_tokenizer,
-    meta_copy,
-    quiet_progress_bars,
-)
-from satrl.models.tiny import build_tiny_model, count_params
-from satrl.models.tokenizer import build_char_tokenizer
 
-__all__ = [
-    "BUILTINS",
-    "PolicyLoadError",
-    "build_char_tokenizer",
-    "build_tiny_model",
-    "builtin_path",
-    "empty_model",
-    "count_params",
-    "load_model",
-    "load_policy",
-    "load_tokenizer",
-    "meta_copy",
-    "quiet_progress_bars",
-]
+def _module(name: str) -> ModuleType:
+    """The models module ``name``, imported when one of its names is first asked for (import statements, so the
+    import graph sees each)."""
+    match name:
+        case "tiny":
+            from satrl.models import tiny as module
+        case "tokenizer":
+            from satrl.models import tokenizer as module
+        case _:
+            from satrl.models import loading as module
+    return module
+
+
+_WHERE = {"BUILTINS": "loading", "PolicyLoadError": "loading", "builtin_path": "loading", "empty_model": "loading",
+          "load_model": "loading", "load_policy": "loading", "load_tokenizer": "loading", "meta_copy": "loading",
+          "quiet_progress_bars": "loading", "build_tiny_model": "tiny", "count_params": "tiny",
+          "build_char_tokenizer": "tokenizer"}  # fmt: skip
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'satrl.models' has no attribute {name!r}")

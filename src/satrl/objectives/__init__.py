@@ -11,46 +11,46 @@ out = policy_loss("sat_grpo", logp=logp, behavior_logp=blp, adv=adv, mask=mask) 
 loss = aggregate(out.loss, mask, "token-mean")
 ```
 See docs/objectives.md for every preset's formula, defaults and sources.
+
+Names are imported when first asked for (as in :mod:`satrl.engines`): the registries, the components'
+hyperparameters and the presets (:mod:`.components`, :mod:`.params`, :mod:`.presets`) import no torch, so that a
+config's ``objective:`` section is checked without it; the tensor modules load when an objective is computed.
 """
 
-from . import vcpo  # noqa: F401, E402  (registers the vcpo correction; imports the seam in .step_size)
-from ._common import LOG_RATIO_CLAMP
-from .aggregation import AGGREGATIONS, aggregate
-from .corrections import CORRECTIONS
-from .kl import KL_ESTIMATORS
-from .presets import (
-    PRESETS,
-    ObjectiveOutput,
-    ObjectiveSpec,
-    TokenOutputs,
-    available_presets,
-    policy_loss,
-    resolve_objective,
-)
-from .ratios import RATIO_LEVELS
-from .registry import Params
-from .sat import kth_smallest, quantile_rank, sat_clip_bounds
-from .trust_regions import TRUST_REGIONS, ObjectiveInputs, clipped_surrogate
+from types import ModuleType
 
-__all__ = [
-    "AGGREGATIONS",
-    "CORRECTIONS",
-    "KL_ESTIMATORS",
-    "LOG_RATIO_CLAMP",
-    "PRESETS",
-    "RATIO_LEVELS",
-    "TRUST_REGIONS",
-    "ObjectiveInputs",
-    "ObjectiveOutput",
-    "ObjectiveSpec",
-    "Params",
-    "TokenOutputs",
-    "aggregate",
-    "available_presets",
-    "clipped_surrogate",
-    "kth_smallest",
-    "policy_loss",
-    "quantile_rank",
-    "resolve_objective",
-    "sat_clip_bounds",
-]
+
+def _module(name: str) -> ModuleType:
+    """The objectives module ``name``, imported when one of its names is first asked for (import statements, so the
+    import graph sees each)."""
+    match name:
+        case "_common":
+            from satrl.objectives import _common as module
+        case "components":
+            from satrl.objectives import components as module
+        case "loss":
+            from satrl.objectives import loss as module
+        case "presets":
+            from satrl.objectives import presets as module
+        case "registry":
+            from satrl.objectives import registry as module
+        case "sat":
+            from satrl.objectives import sat as module
+        case _:
+            from satrl.objectives import trust_regions as module
+    return module
+
+
+_WHERE = {"LOG_RATIO_CLAMP": "_common", "AGGREGATIONS": "components", "CORRECTIONS": "components",
+          "KL_ESTIMATORS": "components", "RATIO_LEVELS": "components", "TRUST_REGIONS": "components",
+          "aggregate": "components", "ObjectiveOutput": "loss", "TokenOutputs": "loss", "PRESETS": "presets",
+          "ObjectiveSpec": "presets", "available_presets": "presets", "policy_loss": "presets",
+          "resolve_objective": "presets", "Params": "registry", "kth_smallest": "sat", "quantile_rank": "sat",
+          "sat_clip_bounds": "sat", "ObjectiveInputs": "trust_regions", "clipped_surrogate": "trust_regions"}  # fmt: skip
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'satrl.objectives' has no attribute {name!r}")

@@ -9,7 +9,9 @@ non-empty responses:
 
 Departure: verl divides the ``seq-mean-token-sum-norm`` total by H only; we also average over responses
 so that the scale does not grow with the number of responses in a microbatch. Empty batches give 0.
-Masked positions may hold any value (NaN included): selection is by ``where``.
+Masked positions may hold any value (NaN included): selection is by ``where``. The registry naming the modes,
+and :func:`~satrl.objectives.components.aggregate`, which reduces by a mode's name, are
+:mod:`satrl.objectives.components`.
 """
 
 from __future__ import annotations
@@ -17,48 +19,26 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from satrl.tensors import as_bool_mask, lengths, masked
-
-from .registry import component_registry
-
-AGGREGATIONS = component_registry("aggregation mode")
+from satrl.tensors import lengths, masked
 
 
 def _n_seq(mask: Tensor) -> Tensor:
     return torch.count_nonzero(mask.any(-1)).clamp(min=1).to(torch.float32)
 
 
-@AGGREGATIONS.register("token-mean", traits={"share": "token"})
 def token_mean(loss_tok: Tensor, mask: Tensor, horizon: int | None) -> Tensor:
     return masked(loss_tok, mask).sum() / torch.count_nonzero(mask).clamp(min=1)
 
 
-@AGGREGATIONS.register("seq-mean-token-mean", traits={"share": "sequence"})
 def seq_mean_token_mean(loss_tok: Tensor, mask: Tensor, horizon: int | None) -> Tensor:
     per_seq = masked(loss_tok, mask).sum(-1) / lengths(mask).clamp(min=1)
     return per_seq.sum() / _n_seq(mask)
 
 
-@AGGREGATIONS.register("seq-mean-token-sum", traits={"share": "sequence"})
 def seq_mean_token_sum(loss_tok: Tensor, mask: Tensor, horizon: int | None) -> Tensor:
     return masked(loss_tok, mask).sum() / _n_seq(mask)
 
 
-@AGGREGATIONS.register("seq-mean-token-sum-norm", traits={"share": "sequence"})
 def seq_mean_token_sum_norm(loss_tok: Tensor, mask: Tensor, horizon: int | None) -> Tensor:
     h = mask.shape[-1] if horizon is None else horizon
     return masked(loss_tok, mask).sum() / (_n_seq(mask) * h)
-
-
-def aggregate(loss_tok: Tensor, mask: Tensor, mode: str = "token-mean", horizon: int | None = None) -> Tensor:
-    """Reduce a per-token loss [B, T] to a 0-dim loss; ``mode`` is one of :data:`AGGREGATIONS`."""
-    return AGGREGATIONS.get(mode).fn(loss_tok, as_bool_mask(mask), horizon)
-
-
-def share_unit(mode: str) -> str:
-    """``"token"`` or ``"sequence"``: what a microbatch's share of a minibatch counts under ``mode``, so that
-    gradient accumulation over microbatches equals one large batch (declared by each aggregation)."""
-    return AGGREGATIONS.get(mode).traits["share"]
-
-
-

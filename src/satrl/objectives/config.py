@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, model_validator
 
-from satrl.objectives.aggregation import AGGREGATIONS
+from satrl.objectives.components import AGGREGATIONS
 from satrl.objectives.presets import SLOTS, ObjectiveSpec
 
 AggregationName = Annotated[str, AfterValidator(AGGREGATIONS.check)]  # a name in the registry

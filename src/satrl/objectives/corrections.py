@@ -18,53 +18,13 @@ metrics)``: ``weight`` is detached and 1 on masked positions, ``dropped`` marks 
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field, model_validator
 from torch import Tensor
 
 from satrl.tensors import masked, masked_frac, masked_max, masked_mean, seq_mean
 
 from ._common import LOG_RATIO_CLAMP
-from .registry import Params, component_registry
 from .trust_regions import ObjectiveInputs
-
-CORRECTIONS = component_registry("correction")
-
-
-class Level(Params):
-    """Where the weight k = pi_old / mu is taken."""
-
-    correction_level: Literal["token", "sequence"] = Field(
-        "token", description="token: k per token; sequence: the response's geometric mean of k on every token."
-    )
-
-
-class TIS(Level):
-    """Truncated importance sampling (Yao et al. 2025)."""
-
-    tis_cap: float = Field(2.0, gt=0, description="C: the weight is min(k, C).")
-
-
-class IcePop(Level):
-    """IcePop (Ling team 2025)."""
-
-    icepop_low: float = Field(0.5, gt=0, description="a: tokens with k < a are dropped.")
-    icepop_high: float = Field(2.0, gt=0, description="b: tokens with k > b are dropped.")
-    icepop_weighted: bool = Field(False, description="Weigh kept tokens by k (the paper's Eq. 42) instead of 1.")
-
-    @model_validator(mode="after")
-    def _ordered(self):  # a > b keeps no token: loss and gradient 0 on every step (issue 46)
-        if self.icepop_low >= self.icepop_high:
-            raise ValueError(f"icepop_low {self.icepop_low} must be below icepop_high {self.icepop_high}")
-        return self
-
-
-class MIS(Level):
-    """Masked importance sampling."""
-
-    mis_threshold: float = Field(2.0, gt=0, description="C: the weight is k where k <= C, else 0.")
 
 
 @torch.no_grad()
@@ -76,12 +36,10 @@ def mismatch_weight(inp: ObjectiveInputs, level: str) -> Tensor:
     return log_k.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
 
 
-@CORRECTIONS.register("none")
 def no_correction(inp: ObjectiveInputs):
     return None, None, {}
 
 
-@CORRECTIONS.register("tis", params=TIS, needs=("old_logp",))  # weights pi_old / mu
 @torch.no_grad()
 def tis_correction(inp: ObjectiveInputs, *, tis_cap, correction_level):
     """Truncated importance sampling: w = min(k, C)."""
@@ -95,7 +53,6 @@ def tis_correction(inp: ObjectiveInputs, *, tis_cap, correction_level):
     return masked(w, inp.mask, 1.0), None, metrics
 
 
-@CORRECTIONS.register("icepop", params=IcePop, needs=("old_logp",))
 @torch.no_grad()
 def icepop_correction(inp: ObjectiveInputs, *, icepop_low, icepop_high, icepop_weighted, correction_level):
     """IcePop: drop tokens whose k lies outside [a, b] (binary, or k-weighted in range)."""
@@ -111,7 +68,6 @@ def icepop_correction(inp: ObjectiveInputs, *, icepop_low, icepop_high, icepop_w
     return masked(w, inp.mask, 1.0), dropped, metrics
 
 
-@CORRECTIONS.register("mis", params=MIS, needs=("old_logp",))
 @torch.no_grad()
 def mis_correction(inp: ObjectiveInputs, *, mis_threshold, correction_level):
     """Masked importance sampling: w = k where k <= C, else 0."""

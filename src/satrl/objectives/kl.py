@@ -15,44 +15,29 @@ skipped silently, whatever ``kl_coef`` is.
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from satrl.tensors import masked
 
 from ._common import LOG_RATIO_CLAMP
-from .registry import Params, component_registry
-
-KL_ESTIMATORS = component_registry("KL estimator")
-
-
-class KLCoef(Params):
-    """The KL term's weight in the loss."""
-
-    coef: float = Field(1e-3, ge=0, le=100, description="Coefficient of the per-token KL term (paper App. F: 1e-3), "
-                        "in [0, 100]; 0 drops the term and the reference model.")  # fmt: skip
 
 
 def _log_ratio(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     return masked(ref_logp.detach() - logp, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
-@KL_ESTIMATORS.register("none")
 def no_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> None:
     return None
 
 
-@KL_ESTIMATORS.register("k1", params=KLCoef, needs=("ref_logp",))
 def kl_k1(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     return -_log_ratio(logp, ref_logp, mask)
 
 
-@KL_ESTIMATORS.register("k2", params=KLCoef, needs=("ref_logp",))
 def kl_k2(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     return 0.5 * _log_ratio(logp, ref_logp, mask).square()
 
 
-@KL_ESTIMATORS.register("k3", params=KLCoef, needs=("ref_logp",))
 def kl_k3(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     x = _log_ratio(logp, ref_logp, mask)
     return torch.exp(x) - x - 1.0

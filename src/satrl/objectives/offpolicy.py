@@ -39,38 +39,13 @@ SAPO (no interval) and M2PO (a mask, no interval) have nothing for SAT to contra
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from satrl.tensors import count, masked, masked_frac, seq_mean
 
 from ._common import LOG_RATIO_CLAMP
-from .corrections import CORRECTIONS
-from .registry import Params
-from .sat import GateParams, gate_of
-from .trust_regions import TRUST_REGIONS, ObjectiveInputs, Region
-
-
-class CISPORadii(Params):
-    """CISPO's weight cap [1 - eps_low, 1 + eps_high] (MiniMax-M1: no lower bound; ScaleRL/TRL: capped at 5)."""
-
-    eps_low: float = Field(1.0, ge=0, le=1, description="The weight's lower bound is 1 - eps_low (1: none).")
-    eps_high: float = Field(4.0, ge=0, description="The weight's upper bound is 1 + eps_high.")
-
-
-class GMPORadii(Params):
-    """GMPO's log-space interval (-eps_low, eps_high) (GMPO Sec. 4: ratios clipped to (e^-0.4, e^0.4))."""
-
-    eps_low: float = Field(0.4, ge=0, le=1, description="Log-ratio lower bound -eps_low.")
-    eps_high: float = Field(0.4, ge=0, description="Log-ratio upper bound eps_high.")
-
-
-class SATCISPO(GateParams, CISPORadii):
-    """CISPO's interval contracted per token by SAT's gate."""
-
-
-class SATGMPO(GateParams, GMPORadii):
-    """GMPO's log-space interval contracted per token by SAT's gate."""
+from .sat import gate_of
+from .trust_regions import ObjectiveInputs, Region
 
 
 # ------------------------------------------------------------------------------------------- CISPO
@@ -87,7 +62,6 @@ def _weight_clipfrac(r: Tensor, mask: Tensor, lo, hi) -> dict[str, Tensor]:
     return {"is_clipfrac_high": masked_frac(r > hi, mask, n), "is_clipfrac_low": masked_frac(r < lo, mask, n)}
 
 
-@TRUST_REGIONS.register("cispo", params=CISPORadii)
 def cispo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high) -> Region:
     """CISPO: loss = -sg[clip(r, 1 - eps_low, 1 + eps_high)] A log pi (MiniMax-M1 Eq. 4)."""
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
@@ -96,7 +70,6 @@ def cispo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high) -> Region
     return Region(loss, clipped, _weight_clipfrac(r, mask, lo, hi))
 
 
-@TRUST_REGIONS.register("sat_cispo", params=SATCISPO)
 def sat_cispo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, **gate) -> Region:
     """CISPO with SAT's per-token interval: w = clip(r, 1 - eps_low c-, 1 + eps_high c+)."""
     g = gate_of(d, mask, inp, gate)
@@ -112,14 +85,8 @@ def sat_cispo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, **gat
 
 
 # -------------------------------------------------------------------------------------------- SAPO
-class SAPOTemperatures(Params):
-    """SAPO's gate temperatures (Gao et al. 2025)."""
-
-    tau_pos: float = Field(1.0, gt=0, description="Temperature for tokens with A > 0.")
-    tau_neg: float = Field(1.05, gt=0, description="Temperature for tokens with A < 0.")
 
 
-@TRUST_REGIONS.register("sapo", params=SAPOTemperatures)
 def sapo_trust_region(ratio, d, adv, mask, inp, *, tau_pos, tau_neg) -> Region:
     """SAPO: loss = -(4 / tau) sigmoid(tau (r - 1)) A, tau = tau_pos if A > 0 else tau_neg."""
     tau = torch.where(adv > 0, ratio.new_tensor(tau_pos), ratio.new_tensor(tau_neg))
@@ -156,7 +123,6 @@ def _flags(high: Tensor, low: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, T
     return high | low, {"clipfrac_high": masked_frac(high, mask, n), "clipfrac_low": masked_frac(low, mask, n)}
 
 
-@TRUST_REGIONS.register("gmpo", params=GMPORadii)
 def gmpo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high) -> Region:
     """GMPO: per-sequence -A exp(mean_t clip_outward(log r_t, -eps_low, eps_high)). Computes its own
     token log-ratios from ``inp`` (the ratio level's ``ratio`` is not used; use ``ratio="token"``)."""
@@ -165,7 +131,6 @@ def gmpo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high) -> Region:
     return Region(loss, clipped, metrics)
 
 
-@TRUST_REGIONS.register("sat_gmpo", params=SATGMPO)
 def sat_gmpo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, **gate) -> Region:
     """GMPO with SAT's per-token log-space interval [-eps_low c-, eps_high c+]."""
     g = gate_of(d, mask, inp, gate)
@@ -209,13 +174,6 @@ def m2po_mask(d: Tensor, adv: Tensor, mask: Tensor, threshold: float) -> tuple[T
     return drop, metrics
 
 
-class M2POThreshold(Params):
-    """M2PO's second-moment bound (Zheng et al. 2025, Algorithm 1)."""
-
-    m2_threshold: float = Field(0.04, ge=0, description="tau_M2: the kept tokens' mean d^2 is at most this.")
-
-
-@TRUST_REGIONS.register("m2po", params=M2POThreshold)
 def m2po_trust_region(ratio, d, adv, mask, inp, *, m2_threshold) -> Region:
     """M2PO: loss = -r A, 0 (no gradient) on the tokens :func:`m2po_mask` drops. Normalize by all
     active tokens (``token-mean``), as the paper does (its footnote 2)."""
@@ -228,13 +186,8 @@ def m2po_trust_region(ratio, d, adv, mask, inp, *, m2_threshold) -> Region:
 
 
 # -------------------------------------------------------------------------------------------- OPSM
-class OPSMThreshold(Params):
-    """OPSM's threshold (DeepSeek-V3.2 gives no value; TRL suggests 0.5)."""
-
-    opsm_delta: float = Field(0.5, ge=0, description="Drop A < 0 responses whose mean log(mu / pi) exceeds this.")
 
 
-@CORRECTIONS.register("opsm", params=OPSMThreshold, needs=("old_logp",))
 @torch.no_grad()
 def opsm_correction(inp: ObjectiveInputs, *, opsm_delta):
     """OPSM: weight 0 on responses with A < 0 and mean_t (log mu - log pi) > delta, else 1.

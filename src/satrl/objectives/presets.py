@@ -10,15 +10,17 @@ each with its hyperparameters (the component's own pydantic model, :class:`~.reg
 
 A preset fills in the components that are not given. Unknown keys and bad values raise ``ValueError`` naming
 the key, so a trainer checks its config before the first step; the run's config.yaml saves every value.
+
+This module imports no torch (the config validates ``objective:`` with it); calling a spec computes the loss in
+:mod:`satrl.objectives.loss`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -29,17 +31,14 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from torch import Tensor
 
-from satrl.tensors import as_bool_mask, clean_adv, masked, masked_frac, masked_mean, seq_mean
-
-# registers the peers' trust regions and the opsm correction, the staleness repairs and verl's rejection masks
-from . import offpolicy, rejection, repairs  # noqa: F401
-from .corrections import CORRECTIONS
-from .kl import KL_ESTIMATORS
-from .ratios import RATIO_LEVELS
+from .components import CORRECTIONS, KL_ESTIMATORS, RATIO_LEVELS, TRUST_REGIONS
 from .registry import Component, Params, Registry, one_line
-from .trust_regions import TRUST_REGIONS, ObjectiveInputs
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from .loss import ObjectiveOutput
 
 
 @dataclass(frozen=True)
@@ -97,24 +96,6 @@ def available_presets() -> list[str]:
 # long as resolve_objective takes flat keywords (its public signature); a config file's flat key is refused with
 # the nested name from satrl 0.2.0 on.
 RENAMED = {"kl_coef": ("kl", "coef")}
-
-
-@dataclass(frozen=True)
-class TokenOutputs:
-    """The objective's per-token outputs, all [B, T] and detached."""
-
-    d: Tensor  # token log-ratio log pi - log mu (0 on masked positions), whatever the ratio's denominator
-    gate: Tensor  # bool: tokens SAT's gate contracted (all False for objectives without a gate)
-    clipped: Tensor  # bool: active tokens whose policy-gradient term is zeroed (clip, mask or correction)
-
-
-class ObjectiveOutput(NamedTuple):
-    """What an objective returns: the per-token loss [B, T] (0 on masked positions, differentiable in
-    ``logp``), 0-dim detached metrics, and the per-token outputs."""
-
-    loss: Tensor
-    metrics: dict[str, Tensor]
-    tokens: TokenOutputs
 
 
 class ObjectiveSpec(BaseModel):
@@ -183,6 +164,10 @@ class ObjectiveSpec(BaseModel):
             needs -= {"ref_logp"}
         return needs
 
+    def components(self) -> list[tuple[Component, Params]]:
+        """Each slot's chosen component with its hyperparameters, in :data:`SLOTS` order."""
+        return [(self.component(slot), getattr(self, slot)) for slot in SLOTS]
+
     def __call__(
         self,
         *,
@@ -194,42 +179,12 @@ class ObjectiveSpec(BaseModel):
         lag: Tensor | None = None,
         old_logp: Tensor | None = None,
     ) -> ObjectiveOutput:
-        """The per-token loss, metrics and per-token outputs; see :func:`policy_loss`."""
-        mask = as_bool_mask(mask)
-        for key, t in (("behavior_logp", behavior_logp), ("mask", mask), ("ref_logp", ref_logp),
-                       ("old_logp", old_logp), ("lag", lag)):
-            if t is not None and t.shape != logp.shape:
-                raise ValueError(f"{key} must have logp's shape {tuple(logp.shape)}, got {tuple(t.shape)}")
-        # Row-major copies of any other layout (no-ops when contiguous): reductions then add in the same order
-        # and flat positions mean the same tokens, so results do not depend on how the inputs are stored.
-        logp, behavior_logp, mask = logp.contiguous(), behavior_logp.detach().contiguous(), mask.contiguous()
-        ref_logp, lag, old_logp = (None if t is None else t.contiguous() for t in (ref_logp, lag, old_logp))
-        old = logp.detach() if old_logp is None else old_logp.detach()
-        denom = behavior_logp if old_logp is None else old
-        adv = clean_adv(adv.contiguous().detach(), mask)  # [B, 1] or [B, T], 0 where inactive
+        """The per-token loss, metrics and per-token outputs; see :func:`policy_loss` (the tensor maths:
+        :func:`satrl.objectives.loss.objective_loss`, imported here, where an objective is first computed)."""
+        from .loss import objective_loss
 
-        ratio, d = self.component("ratio").fn(logp, denom, mask)
-        inp = ObjectiveInputs(logp, denom, behavior_logp, old, mask, lag, adv, n_active=torch.count_nonzero(mask))
-        region = self.component("trust_region").fn(ratio, d, adv, mask, inp, **self.trust_region.kwargs())
-        loss, metrics = region.loss, dict(region.metrics)
-        weight, dropped, corr_metrics = self.component("correction").fn(inp, **self.correction.kwargs())
-        metrics.update(corr_metrics)
-        loss = loss if weight is None else loss * weight
-        clipped = region.clipped if dropped is None else region.clipped | dropped
-
-        coef = getattr(self.kl, "coef", 0.0)
-        if ref_logp is not None and coef > 0:
-            kl_tok = self.component("kl").fn(logp, ref_logp, mask)
-            if self.component("ratio").traits.get("per_sequence"):
-                kl_tok = seq_mean(kl_tok, mask)[:, None].expand_as(kl_tok)  # GSPO: sequence-mean KL
-            loss = loss + coef * kl_tok
-            metrics["kl"] = masked_mean(kl_tok.detach(), mask)
-
-        tok_d = masked(logp.detach() - behavior_logp, mask)  # [B, T] token log-ratio log pi - log mu
-        metrics.update(_ratio_metrics(tok_d if old_logp is None else masked(logp.detach() - denom, mask),
-                                      region.clipped, mask, inp.n))  # fmt: skip
-        gate = torch.zeros_like(mask) if region.gate is None else region.gate
-        return ObjectiveOutput(masked(loss, mask), metrics, TokenOutputs(tok_d, gate, clipped))
+        return objective_loss(self, logp=logp, behavior_logp=behavior_logp, adv=adv, mask=mask, ref_logp=ref_logp,
+                              lag=lag, old_logp=old_logp)  # fmt: skip
 
 
 SLOTS: dict[str, Registry[Component]] = {
@@ -251,18 +206,6 @@ def _owner(key: str, data: dict[str, dict]) -> tuple[str, str]:
     valid = sorted({k for c in chosen.values() for k in c.defaults} | set(RENAMED))
     what = ", ".join(f"{s}={c.name}" for s, c in chosen.items())
     raise ValueError(f"unknown objective key {key!r} for {what}; valid keys: {valid}")
-
-
-@torch.no_grad()
-def _ratio_metrics(x: Tensor, clipped: Tensor, mask: Tensor, n: Tensor) -> dict[str, Tensor]:
-    """clipfrac (of the trust region), ppo_kl and logratio_var of the optimized token log-ratio ``x``
-    (0 on masked positions, so plain sums are masked sums)."""
-    mean_x = x.sum(dtype=torch.float32) / n
-    return {
-        "clipfrac": masked_frac(clipped, mask, n),
-        "ppo_kl": -mean_x,
-        "logratio_var": (x.square().sum(dtype=torch.float32) / n - mean_x.square()).clamp(min=0.0),
-    }
 
 
 def resolve_objective(name: str | ObjectiveSpec, **overrides: Any) -> ObjectiveSpec:

@@ -16,12 +16,8 @@ from torch import Tensor
 from satrl.tensors import masked, seq_mean
 
 from ._common import LOG_RATIO_CLAMP
-from .registry import component_registry
-
-RATIO_LEVELS = component_registry("ratio level")
 
 
-@RATIO_LEVELS.register("token", traits={"per_sequence": False})
 def token_ratio(logp: Tensor, denom_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """GRPO/PPO token ratio r_t = exp(clamp(logp_t - denom_t, +-20)).  # [B, T] -> [B, T], [B, T]"""
     d = masked(logp - denom_logp, mask)  # garbage-safe before exp: masked positions are exactly 0
@@ -29,7 +25,6 @@ def token_ratio(logp: Tensor, denom_logp: Tensor, mask: Tensor) -> tuple[Tensor,
     return ratio, d.detach()
 
 
-@RATIO_LEVELS.register("sequence", traits={"per_sequence": True})  # the objective then broadcasts the KL as a sequence mean
 def sequence_ratio(logp: Tensor, denom_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """GSPO length-normalized sequence ratio, broadcast to the response's tokens (paper Eq. 20).
 

@@ -6,6 +6,10 @@ A component declares its hyperparameters as a pydantic model (a subclass of :cla
 documented, range-checked), which the registry names after the component: the model's ``name`` field is
 the literal component name, so a component's config ``{name: sat, alpha: 0.8}`` is validated by the model
 the name chooses. This is the one validation system, for configs and for :func:`~.presets.resolve_objective`.
+
+A component's function may be registered itself, or :class:`Deferred`: found where it lives when the component is
+first called. satrl's own components are deferred (:mod:`satrl.objectives.components`), so that naming and
+validating them, as a config does, imports no torch.
 """
 
 from __future__ import annotations
@@ -13,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from satrl.registry import Registry, UnknownChoice
 
-__all__ = ["Component", "Params", "Registry", "UnknownChoice", "component_registry", "one_line"]
+__all__ = ["Component", "Deferred", "Params", "Registry", "UnknownChoice", "component_registry", "one_line"]
 
 
 class Params(BaseModel):
@@ -34,12 +38,20 @@ class Params(BaseModel):
         return {k: getattr(self, k) for k in type(self).model_fields if k != "name"}
 
 
+class Deferred(NamedTuple):
+    """A component's function, registered by how to find it: ``load()`` imports the module it lives in (a tensor
+    module: torch) and returns it, when the component is first called."""
+
+    load: Callable[[], Callable[..., Any]]
+
+
 @dataclass(frozen=True)
 class Component:
-    """One registered choice: its function, its hyperparameter model and what it declares about itself."""
+    """One registered choice: its function (or where to find it), its hyperparameter model and what it declares
+    about itself."""
 
     name: str
-    fn: Callable[..., Any]
+    impl: Callable[..., Any] | Deferred
     params: type[Params]
     # What the component declares, so that nothing downstream compares its name: the optional inputs it
     # reads (``ref_logp``, ``old_logp``, ``lag``) and free-form traits (e.g. an aggregation's ``share``; a
@@ -51,13 +63,14 @@ class Component:
     def of(
         cls,
         name: str,
-        fn: Callable[..., Any],
+        fn: Callable[..., Any] | Deferred,
         *,
         params: type[Params] = Params,
         needs: tuple[str, ...] = (),
         traits: Mapping[str, Any] | None = None,
     ) -> Component:
-        """The component ``name`` of ``fn``; ``params`` gets a ``name: Literal[name]`` field."""
+        """The component ``name`` of ``fn`` (the function, or :class:`Deferred`); ``params`` gets a
+        ``name: Literal[name]`` field."""
         named = create_model(
             f"{params.__name__}<{name}>",
             __base__=params,
@@ -65,6 +78,11 @@ class Component:
             name=(Literal[name], Field(name, description="The component's registered name.")),
         )
         return cls(name, fn, named, frozenset(needs), MappingProxyType(dict(traits or {})))
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The component's function (a deferred one is imported now, once per process)."""
+        return self.impl.load() if isinstance(self.impl, Deferred) else self.impl
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -97,5 +115,6 @@ def one_line(err: ValidationError, prefix: str = "", fields: list[str] | None = 
 
 def component_registry(kind: str) -> Registry[Component]:
     """A :class:`satrl.registry.Registry` of objective components: ``register(name, params=, needs=,
-    traits=)`` decorates the component's function and stores its :class:`Component`."""
+    traits=)`` decorates the component's function and stores its :class:`Component`; ``register(name,
+    Deferred(load), params=, ...)`` registers one found where it lives when first called."""
     return Registry(kind, make=Component.of)

@@ -28,44 +28,14 @@ importable).
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
-from pydantic import Field, model_validator
 from torch import Tensor
 
 from satrl.tensors import count, lengths, masked, masked_frac, masked_mean
 
 from ._common import LOG_RATIO_CLAMP
-from .corrections import CORRECTIONS
-from .registry import Params
 from .trust_regions import ObjectiveInputs
-
-
-class GeoMask(Params):
-    """verl's k1 rejection: the (mean) log-ratio within log-bounds (``*_k1``; defaults ``decoupled_geo_rs``)."""
-
-    geo_level: Literal["token", "seq_sum", "seq_mean"] = Field(
-        "seq_mean", description="token_k1, seq_sum_k1 or seq_mean_k1 (the geometric mask, verl's default)."
-    )
-    geo_low: float = Field(0.999, gt=0, description="Keep where the statistic is >= log(low) (ratio mu / pi_old).")
-    geo_high: float = Field(1.001, gt=0, description="Keep where the statistic is <= log(high) (ratio mu / pi_old).")
-
-    @model_validator(mode="after")
-    def _ordered(self):
-        if self.geo_low > self.geo_high:
-            raise ValueError(f"geo_low {self.geo_low} must be <= geo_high {self.geo_high}")
-        return self
-
-
-class KLMask(Params):
-    """verl's k2/k3 rejection: the statistic at most a threshold (``*_k2``, ``*_k3``; defaults ``decoupled_k3_rs``)."""
-
-    kl_estimator: Literal["k2", "k3"] = Field("k3", description="k2 = lr^2 / 2 or k3 = e^lr - 1 - lr per token.")
-    kl_level: Literal["token", "seq_sum", "seq_mean", "seq_max"] = Field(
-        "seq_mean", description="Per token, or the response's sum, mean or max (verl's K3-RS: seq_mean)."
-    )
-    kl_threshold: float = Field(0.01, gt=0, description="Keep where the statistic is <= this (verl's default 0.01).")
 
 
 @torch.no_grad()
@@ -109,14 +79,12 @@ def _mask_correction(inp: ObjectiveInputs, estimator: str, level: str, low: floa
     return torch.where(dropped, 0.0, 1.0).to(inp.logp.dtype), dropped, metrics
 
 
-@CORRECTIONS.register("geo_mask", params=GeoMask, needs=("old_logp",))
 @torch.no_grad()
 def geo_mask_correction(inp: ObjectiveInputs, *, geo_level, geo_low, geo_high):
     """verl's ``{geo_level}_k1`` rejection (default ``seq_mean_k1``, [0.999, 1.001]): weight 0 on dropped tokens."""
     return _mask_correction(inp, "k1", geo_level, geo_low, geo_high, "geo")
 
 
-@CORRECTIONS.register("kl_mask", params=KLMask, needs=("old_logp",))
 @torch.no_grad()
 def kl_mask_correction(inp: ObjectiveInputs, *, kl_estimator, kl_level, kl_threshold):
     """verl's ``{kl_level}_{kl_estimator}`` rejection (default ``seq_mean_k3`` <= 0.01): weight 0 on dropped tokens."""

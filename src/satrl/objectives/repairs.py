@@ -80,34 +80,16 @@ trainer's ``old_logp``), ``lag`` = trainer version - the version that sampled th
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from satrl.tensors import count, masked, masked_frac, masked_max, masked_mean, seq_mean
 
 from ._common import LOG_RATIO_CLAMP
-from .corrections import CORRECTIONS, Level, mismatch_weight
-from .registry import Params
-from .trust_regions import TRUST_REGIONS, ClipRadii, ObjectiveInputs, Region, clip
-
+from .corrections import mismatch_weight
+from .trust_regions import ObjectiveInputs, Region, clip
 
 # --------------------------------------------------------------------------------- decoupled PPO
-class BehaviourCap(Params):
-    """Decoupled PPO's cap on the behaviour weight pi_prox / mu (AReaL)."""
-
-    behav_imp_weight_cap: float = Field(
-        5.0, gt=1, description="C: the cap on the behaviour weight k = pi_prox / mu (AReaL's configs: 5)."
-    )
-    behav_imp_weight_mode: Literal["mask", "truncate"] = Field(
-        "mask", description="mask: weight 0 where k > C (AReaL's default); truncate: min(k, C)."
-    )
-
-
-class BehaviourWeight(BehaviourCap, Level):
-    """Decoupled PPO's behaviour weight, per token or the response's geometric mean (AReaL's levels)."""
 
 
 @torch.no_grad()
@@ -125,7 +107,6 @@ def behaviour_weight(k: Tensor, mask: Tensor, cap: float, mode: str) -> tuple[Te
     return masked(w, mask, 1.0), over, metrics
 
 
-@CORRECTIONS.register("decoupled", params=BehaviourWeight, needs=("old_logp",))  # k = pi_old / mu
 @torch.no_grad()
 def decoupled_correction(inp: ObjectiveInputs, *, behav_imp_weight_cap, behav_imp_weight_mode, correction_level):
     """Decoupled PPO's behaviour weight: k 1{k <= C} (mask) or min(k, C) (truncate), k = pi_prox / mu."""
@@ -135,13 +116,6 @@ def decoupled_correction(inp: ObjectiveInputs, *, behav_imp_weight_cap, behav_im
 
 
 # ------------------------------------------------------------------------------------------ A-3PO
-class A3POParams(BehaviourCap, ClipRadii):
-    """A-3PO: PPO's radii and decoupled PPO's cap, on a proximal policy interpolated by version."""
-
-    prox_lag: int = Field(
-        1, ge=0, description="v_theta - v_prox in versions: 1 is AReaL's code (alpha = (lag - 1) / lag); 0 "
-        "makes pi_prox = pi_theta (alpha = 1), the exact proximal policy with one optimizer step per batch.",
-    )  # fmt: skip
 
 
 @torch.no_grad()
@@ -151,7 +125,6 @@ def a3po_alpha(lag: Tensor, mask: Tensor, prox_lag: int, dtype: torch.dtype) -> 
     return torch.where(lag > 0, ((lag - prox_lag) / lag.clamp(min=1)).clamp(0.0, 1.0), 0.0).to(dtype)
 
 
-@TRUST_REGIONS.register("a3po", params=A3POParams, needs=("lag",))
 def a3po_trust_region(
     ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip, behav_imp_weight_cap, behav_imp_weight_mode, prox_lag
 ) -> Region:
@@ -175,14 +148,8 @@ def a3po_trust_region(
 
 
 # ------------------------------------------------------------------------------------------- TOPR
-class TOPRWeights(Params):
-    """TOPR's weights on the two sets (ROLL's ``topr_positive_weight`` / ``topr_negative_weight``)."""
-
-    topr_positive_weight: float = Field(1.0, ge=0, description="c+: the weight of A > 0 tokens (no IS).")
-    topr_negative_weight: float = Field(1.0, ge=0, description="c-: the weight of A <= 0 tokens, times clip(r, 0, 1).")
 
 
-@TRUST_REGIONS.register("topr", params=TOPRWeights)
 def topr_trust_region(ratio, d, adv, mask, inp, *, topr_positive_weight, topr_negative_weight) -> Region:
     """TOPR: -c+ A log pi where A > 0, -c- sg[clip(r, 0, 1)] A log pi elsewhere; no token loses its gradient."""
     with torch.no_grad():
@@ -199,13 +166,6 @@ def topr_trust_region(ratio, d, adv, mask, inp, *, topr_positive_weight, topr_ne
 
 
 # ------------------------------------------------------------------------------------------ VESPO
-class VESPOKernel(Params):
-    """VESPO's kernel phi(w) = e^lambda w^k e^(-lambda w), one (k, lambda) per advantage sign."""
-
-    k_pos: float = Field(2.0, ge=0, description="k where the response's advantage is >= 0.")
-    lambda_pos: float = Field(3.0, ge=1e-4, description="lambda where the response's advantage is >= 0.")
-    k_neg: float = Field(3.0, ge=0, description="k where the response's advantage is < 0.")
-    lambda_neg: float = Field(2.0, ge=1e-4, description="lambda where the response's advantage is < 0.")
 
 
 @torch.no_grad()
@@ -218,7 +178,6 @@ def vespo_phi(log_w: Tensor, pos: Tensor, k_pos: float, lambda_pos: float, k_neg
     return torch.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-@TRUST_REGIONS.register("vespo", params=VESPOKernel)
 def vespo_trust_region(ratio, d, adv, mask, inp, *, k_pos, lambda_pos, k_neg, lambda_neg) -> Region:
     """VESPO: -sg[phi(w_b)] A log pi with w_b = prod_t pi / mu over the response (computed here from
     ``logp`` and ``behavior_logp``; the ratio level is not used)."""
@@ -237,17 +196,6 @@ def vespo_trust_region(ratio, d, adv, mask, inp, *, k_pos, lambda_pos, k_neg, la
 
 
 # ---------------------------------------------------------------------------------- M2PO, official
-class M2POBudget(Params):
-    """The official M2PO repo's second-moment budget and clip floors (``compute_m2po_policy_loss``)."""
-
-    m2_budget: float = Field(0.04, gt=0, description="B: the harmful tokens' mean min(d^2, tau^2) is kept under B.")
-    miniclip_low: float | None = Field(
-        0.3, ge=0, le=1, description="Floor on the lower radius (the interval's low end is at most 1 - this); "
-        "null: none, as the repo's scripts ran.",
-    )  # fmt: skip
-    miniclip_high: float | None = Field(
-        0.5, ge=0, description="Floor on the upper radius (the high end is at least 1 + this); null: none."
-    )
 
 
 @torch.no_grad()
@@ -292,7 +240,6 @@ def m2po_official_bounds(
     return lo, hi, metrics
 
 
-@TRUST_REGIONS.register("m2po_official", params=M2POBudget)
 def m2po_official_trust_region(ratio, d, adv, mask, inp, *, m2_budget, miniclip_low, miniclip_high) -> Region:
     """The official M2PO repo's loss: PPO's clip with the call's adaptive interval :func:`m2po_official_bounds`."""
     lo, hi, metrics = m2po_official_bounds(d, adv, mask, m2_budget, miniclip_low, miniclip_high)

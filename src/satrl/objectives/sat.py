@@ -33,16 +33,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Annotated
 
 import torch
-from pydantic import AfterValidator, Field
 from torch import Tensor
 
-from satrl.tensors import as_bool_mask, flat_nonzero, masked, masked_frac
+from satrl.tensors import as_bool_mask, flat_nonzero, masked_frac
 
-from .registry import Params, component_registry
-from .trust_regions import TRUST_REGIONS, ClipRadii, ObjectiveInputs, Region, clip_flags, clipped_surrogate
+from .params import SAT_PROXIES
+from .trust_regions import ObjectiveInputs, Region, clip_flags, clipped_surrogate
 
 # ----------------------------------------------------------------------------------------- the order statistic
 
@@ -205,33 +203,8 @@ def sat_clip_bounds(
 
 
 # ------------------------------------------------------------------------------------------ the gate's score
-# SAT's gate score ("proxy"): what the gate ranks instead of |d|. Each is ``fn(inp) -> [B, T] | None`` (None:
-# |d| itself) and declares what it needs beyond the log-probs (``lag``: integrations that pass no per-token
-# lags offer only the others).
-SAT_PROXIES = component_registry("SAT proxy")
-
-
-@SAT_PROXIES.register("log_ratio")
-def _log_ratio_score(inp: ObjectiveInputs) -> Tensor | None:
-    """|d| (the paper): None, so sat_gate ranks |d|."""
-    return None
-
-
-@SAT_PROXIES.register("prob_diff")
-def _prob_diff_score(inp: ObjectiveInputs) -> Tensor:
-    """|pi - mu| of the sampled token."""
-    return masked((inp.logp.detach().exp() - inp.denom_logp.exp()).abs(), inp.mask)
-
-
-@SAT_PROXIES.register("version_age", needs=("lag",))
-def _version_age_score(inp: ObjectiveInputs) -> Tensor:
-    """The token's lag (trainer version - sample version)."""
-    if inp.lag is None:
-        raise ValueError("SAT proxy='version_age' needs lag= (the per-token lag); pass it or use "
-                         "proxy='log_ratio'")
-    return masked(inp.lag.to(inp.logp.dtype), inp.mask)
-
-
+# The scores themselves are :mod:`satrl.objectives.proxies`; their registry, which the gate's ``proxy`` field
+# names, :data:`satrl.objectives.params.SAT_PROXIES`.
 PROXIES = tuple(SAT_PROXIES.names())
 LAG_FREE_PROXIES = tuple(name for name, c in SAT_PROXIES.items() if "lag" not in c.needs)  # no lag= needed
 
@@ -243,32 +216,12 @@ def sat_score(proxy: str, inp: ObjectiveInputs) -> Tensor | None:
     return SAT_PROXIES.get(proxy).fn(inp)
 
 
-class GateParams(Params):
-    """SAT's gate and kernel (Eqs. 14-16), and the controls of the falsification grid."""
-
-    alpha: float = Field(0.9, ge=0, le=1, description="Gate quantile (Eq. 14): tokens whose score exceeds the "
-                         "alpha-quantile q of the call's active tokens are contracted.")  # fmt: skip
-    exponent: float = Field(2.0, gt=0, description="p in the kernel psi(u; q) = 1 / (1 + (u/q)^p) (Eq. 16).")
-    proxy: Annotated[str, AfterValidator(SAT_PROXIES.check)] = Field(
-        "log_ratio", description="What the gate ranks: log_ratio (|d|, the paper), prob_diff (|pi - mu|) or "
-        "version_age (the token's lag).",
-    )  # fmt: skip
-    invert: bool = Field(False, description="Control: gate the bottom tail instead, with the same budget.")
-    shuffle: bool = Field(False, description="Control: move the gated slots and their kernel values to random "
-                          "active tokens.")  # fmt: skip
-
-
-class SATParams(GateParams, ClipRadii):
-    """SAT: PPO's radii, contracted per token by the gate."""
-
-
 def gate_of(d: Tensor, mask: Tensor, inp: ObjectiveInputs, p: dict) -> SatGate:
     """:func:`sat_gate` as the trust regions call it, with the proxy's score; ``p`` holds the
-    :class:`GateParams` values (and may hold others)."""
+    :class:`~satrl.objectives.params.GateParams` values (and may hold others)."""
     return sat_gate(d, mask, p["alpha"], p["exponent"], p["invert"], sat_score(p["proxy"], inp), p["shuffle"])
 
 
-@TRUST_REGIONS.register("sat", params=SATParams)
 def sat_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip, **gate) -> Region:
     """SAT: PPO clip with per-token bounds from the gate (paper Eqs. 13-19).
 

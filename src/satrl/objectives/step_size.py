@@ -64,13 +64,13 @@ AdvantageRule = Callable[[Tensor, Tensor, Tensor, Tensor, bool], tuple[Tensor, d
 
 
 def _chosen(spec: Any, trait: str) -> list[Callable[..., Any]]:
-    """Each chosen component's ``trait`` factory applied to its hyperparameters; the Nones left out."""
-    from .presets import SLOTS  # here: presets imports the components, which import this module
-
+    """Each chosen component's ``trait`` factory applied to its hyperparameters; the Nones left out. (Read through
+    the spec, :meth:`~satrl.objectives.presets.ObjectiveSpec.components`: this module, which VCPO's rules import,
+    imports neither the presets nor the registries.)"""
     out = []
-    for slot in SLOTS:
-        make = spec.component(slot).traits.get(trait)
-        if make is not None and (rule := make(**getattr(spec, slot).kwargs())) is not None:
+    for component, params in spec.components():
+        make = component.traits.get(trait)
+        if make is not None and (rule := make(**params.kwargs())) is not None:
             out.append(rule)
     return out
 

@@ -3,7 +3,7 @@
 A trust-region function has the signature ``fn(ratio, d, adv, mask, inp, **params) -> Region``:
 ``ratio`` is differentiable, ``d`` its detached log, ``adv`` is [B, 1] or [B, T] (0 on masked positions),
 ``inp`` the :class:`ObjectiveInputs` (for log-probs and lags), ``params`` its typed hyperparameters (a
-:class:`~.registry.Params` model registered with it). :class:`Region` holds the per-token loss, the active
+:mod:`.params` model, declared with it in :mod:`.components`). :class:`Region` holds the per-token loss, the active
 tokens whose surrogate gradient the trust region zeroes, metrics and (SAT) the gate. Losses are minimized:
 loss = -surrogate.
 
@@ -19,14 +19,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from satrl.tensors import count, masked, masked_frac
-
-from .registry import Params, component_registry
-
-TRUST_REGIONS = component_registry("trust region")
 
 
 class Region(NamedTuple):
@@ -37,16 +32,6 @@ class Region(NamedTuple):
     clipped: Tensor
     metrics: dict[str, Tensor]
     gate: Tensor | None = None
-
-
-class ClipRadii(Params):
-    """PPO's clip interval [1 - eps_low, 1 + eps_high] (the paper's defaults, Appendix F)."""
-
-    eps_low: float = Field(0.2, ge=0, le=1, description="Lower radius: the ratio's lower bound is 1 - eps_low.")
-    eps_high: float = Field(0.2, ge=0, description="Upper radius: the upper bound is 1 + eps_high.")
-    dual_clip: float | None = Field(
-        None, gt=1, description="Dual clip c > 1 (Ye et al. 2020): the loss of A < 0 tokens is at most -c A; null: off."
-    )
 
 
 @dataclass(frozen=True)
@@ -108,7 +93,6 @@ def clip(ratio: Tensor, adv: Tensor, mask: Tensor, lo, hi, dual_clip: float | No
     return Region(clipped_surrogate(ratio, adv, lo, hi, dual_clip), clipped, metrics)
 
 
-@TRUST_REGIONS.register("ppo", params=ClipRadii)
 def ppo_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip) -> Region:
     """PPO clip with fixed radii: bounds [1 - eps_low, 1 + eps_high]."""
     return clip(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, dual_clip, inp.n)
@@ -140,25 +124,6 @@ def _masked_surrogate(ratio, adv, mask, drop, base_loss=None):
     return loss, metrics
 
 
-class DPPOTV(Params):
-    """DPPO-Binary-TV's threshold (Qi et al. 2026)."""
-
-    delta: float = Field(0.15, ge=0, description="Mask outward tokens with |pi - mu| above this.")
-
-
-class DPPOKL(Params):
-    """DPPO-Binary-KL's threshold (Qi et al. 2026)."""
-
-    delta: float = Field(0.05, ge=0, description="Mask outward tokens with the Bernoulli KL(mu || pi) above this.")
-
-
-class DTVMask(ClipRadii):
-    """The SAT paper's DPPO baseline: PPO's radii and the TV threshold (Appendix E.4, F)."""
-
-    delta: float = Field(1e-3, ge=0, description="Mask outward tokens with |pi - mu| above this.")
-
-
-@TRUST_REGIONS.register("dppo_tv", params=DPPOTV)
 def dppo_tv_trust_region(ratio, d, adv, mask, inp, *, delta) -> Region:
     """DPPO-Binary-TV: loss -r*A, masked where the update is outward and |pi - mu| > delta."""
     lp, lmu = _probs(inp)
@@ -168,7 +133,6 @@ def dppo_tv_trust_region(ratio, d, adv, mask, inp, *, delta) -> Region:
     return Region(loss, drop, metrics)
 
 
-@TRUST_REGIONS.register("dppo_kl", params=DPPOKL)
 def dppo_kl_trust_region(ratio, d, adv, mask, inp, *, delta) -> Region:
     """DPPO-Binary-KL: as DPPO-TV with the Bernoulli KL(mu || pi) of the sampled token as divergence."""
     with torch.no_grad():
@@ -182,7 +146,6 @@ def dppo_kl_trust_region(ratio, d, adv, mask, inp, *, delta) -> Region:
     return Region(loss, drop, metrics)
 
 
-@TRUST_REGIONS.register("ppo_dtv_mask", params=DTVMask)
 def ppo_dtv_mask_trust_region(ratio, d, adv, mask, inp, *, eps_low, eps_high, dual_clip, delta) -> Region:
     """The SAT paper's DPPO baseline: PPO clip times a hard mask on outward tokens with mu*|r - 1| > delta.
 

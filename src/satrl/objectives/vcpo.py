@@ -56,39 +56,13 @@ What their code does, and what we do (read at mit-han-lab/vcpo, ``verl/workers/a
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
 from torch import Tensor
 
-from .corrections import CORRECTIONS
-from .registry import Params
 from .step_size import StepInputs, StepSize
 from .trust_regions import ObjectiveInputs
 
 __all__ = ["effective_sample_size", "ess_step_scale", "opob_advantages", "opob_shift", "sequence_log_weights"]
-
-
-class VCPOParams(Params):
-    """VCPO's step-size rule and baseline (mit-han-lab/vcpo defaults and recipes)."""
-
-    ess_rule: Literal["sqrt", "linear"] = Field(
-        "sqrt", description="lr multiplier: sqrt(min(1, ESS/B / ess_base_ratio)) (Adam-style, VCPO's) or linear."
-    )
-    ess_base_ratio: float = Field(1.0, gt=0, le=1, description="rho_0: ESS/B at and above which the lr is unscaled.")
-    ess_weight_cap: float | None = Field(
-        None, gt=0, description="C: ESS over min(w_i, C) instead of w_i (VCPO's use_clipped); null: uncapped."
-    )
-    ess_step: bool = Field(
-        True, description="Control 1, the ESS step size, on (VCPO) or off (the base lr on every step; the baseline "
-        "alone).",
-    )  # fmt: skip
-    baseline: Literal["opob", "opob_unweighted", "group_mean"] = Field(
-        "opob", description="Control 2. opob: VCPO's off-policy optimal baseline, W_i = w_i^2 ||grad log pi(tau_i)||^2 "
-        "(one extra batched forward+backward per batch); opob_unweighted: the same with w_i = 1 (the classic "
-        "gradient-norm-weighted baseline, no importance weights); group_mean: GRPO's advantages unchanged.",
-    )  # fmt: skip
 
 
 @torch.no_grad()
@@ -185,7 +159,8 @@ def _opob(rewards: Tensor, group_index: Tensor, log_w: Tensor, score_sq: Tensor)
     return centered, shift[inv], inv, count
 
 
-def _step_rule(*, ess_rule, ess_base_ratio, ess_weight_cap, ess_step, baseline):
+def step_size_rule(*, ess_rule, ess_base_ratio, ess_weight_cap, ess_step, baseline):
+    """The ``vcpo`` correction's ``step_size`` trait (:mod:`satrl.objectives.step_size`): the ESS rule, or None."""
     if not ess_step:
         return None
 
@@ -203,11 +178,12 @@ def opob_unweighted_advantages(rewards: Tensor, group_index: Tensor, log_w: Tens
     return opob_advantages(rewards, group_index, torch.zeros_like(log_w), score_sq, std_norm)
 
 
-def _advantage_rule(*, ess_rule, ess_base_ratio, ess_weight_cap, ess_step, baseline):
+def baseline_rule(*, ess_rule, ess_base_ratio, ess_weight_cap, ess_step, baseline):
+    """The ``vcpo`` correction's ``advantage`` trait: OPOB's advantages (weighted or not), or None (GRPO's)."""
     return {"opob": opob_advantages, "opob_unweighted": opob_unweighted_advantages}.get(baseline)
 
 
-@CORRECTIONS.register("vcpo", params=VCPOParams, traits={"step_size": _step_rule, "advantage": _advantage_rule})
 def vcpo_correction(inp: ObjectiveInputs, **params):
-    """No per-token weight (1 everywhere): VCPO acts through the step size and the baseline (traits above)."""
+    """No per-token weight (1 everywhere): VCPO acts through the step size and the baseline
+    (its traits, :func:`step_size_rule` and :func:`baseline_rule`)."""
     return None, None, {}

@@ -19,7 +19,7 @@ from torch.func import functional_call
 from satrl import diagnostics as diag
 from satrl.dtypes import CONFIG_DTYPES
 from satrl.objectives import ObjectiveSpec, aggregate
-from satrl.objectives.aggregation import share_unit
+from satrl.objectives.components import share_unit
 from satrl.objectives.reductions import reduce_metrics
 from satrl.objectives.step_size import (
     StepInputs,

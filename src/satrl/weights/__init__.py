@@ -6,8 +6,9 @@ it forgets one; the engine side holds exactly those, and a batch whose version i
 (``WeightsMissing``), never silently runs on other weights. The path of a version, all inside this package
 below the backend's ``push``:
 
-1. ``transports``: the trainer side of ``weights.transport`` (a registry entry declaring what it needs) mirrors
-   the version and sends a typed message (``messages``) onto the request queue, in order among the requests;
+1. ``transports``: ``weights.transport`` names a registry entry declaring what it needs; its trainer side
+   (``trainer_sides``) mirrors the version and sends a typed message (``messages``) onto the request queue, in
+   order among the requests;
 2. ``inproc``: the message carries the state dict; ``dist`` / ``vllm``: the trainer broadcasts the version as
    buckets in the engine's dtype (``buckets``, gathered from FSDP2 shards one parameter at a time; kept between
    the trainer and the wire as they came, a ``snapshot``) over a two-process gloo group (``link``, ``dist``: raw

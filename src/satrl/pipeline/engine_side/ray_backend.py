@@ -47,7 +47,8 @@ from satrl.weights.held import in_object_store
 from satrl.weights.messages import Keep, Put, WeightMessage
 from satrl.weights.receivers import Receiver
 from satrl.weights.snapshot import Snapshot
-from satrl.weights.transports import TRANSPORTS, Wiring
+from satrl.weights.trainer_sides import Wiring
+from satrl.weights.transports import TRANSPORTS
 
 try:
     import ray
