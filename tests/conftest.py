@@ -1,7 +1,70 @@
 """Test-suite root. Its presence puts tests/ on sys.path (pytest's default import mode), so every test
-folder can import the shared helpers in tests/run_helpers.py."""
+folder can import the shared helpers in tests/run_helpers.py. The tiny-run fixtures live here, once: ``tiny_cfg``
+and ``run_tiny`` (a fresh run per test) and ``shared_tiny`` (a reference run trained once per test session)."""
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
 
 import pytest
+from filelock import FileLock
+
+from run_helpers import REPO, TINY
+
+
+@pytest.fixture
+def tiny_cfg(tmp_path):
+    """``tiny_cfg(*overrides, name="run", config=None)``: the tiny config (run_helpers.TINY) with ``overrides``, its
+    ``out`` under this test's tmp_path."""
+    from satrl.config import load_config
+
+    def make(*overrides: str, name: str = "run", config: str | None = None):
+        base = REPO / "configs" / config if config else None
+        return load_config(base, [*TINY, *overrides, f"out={tmp_path / name}"])
+
+    return make
+
+
+@pytest.fixture
+def run_tiny(tiny_cfg):
+    """``run_tiny(*overrides, name="run", config=None, resume=False)``: train the tiny config in this process into
+    a run folder of this test's own and return it."""
+    from satrl.pipeline.orchestrator import train
+
+    def run(*overrides: str, name: str = "run", config: str | None = None, resume: bool = False) -> Path:
+        cfg = tiny_cfg(*overrides, name=name, config=config)
+        train(cfg, resume=resume)
+        return cfg.run_dir()
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def shared_tiny(tmp_path_factory):
+    """``shared_tiny(*overrides)``: the tiny config's finished run with ``overrides``, trained once per test session
+    and shared by every test that asks for the same overrides (read it, never write into it: copy it with
+    ``shutil.copytree`` to change it). Under pytest-xdist the workers share one folder, and a file lock per key lets
+    one worker train a run while the others wait for it."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-tiny-runs"
+    root.mkdir(parents=True, exist_ok=True)
+
+    def shared(*overrides: str) -> Path:
+        from satrl.config import load_config
+        from satrl.pipeline.orchestrator import train
+
+        key = hashlib.sha256(json.dumps([*TINY, *overrides]).encode()).hexdigest()[:16]
+        out, done = root / key / "run", root / key / "done"
+        with FileLock(str(root / f"{key}.lock")):
+            if not done.is_file():
+                shutil.rmtree(out, ignore_errors=True)  # a worker that died mid-run left it half written
+                train(load_config(None, [*TINY, *overrides, f"out={out}"]))
+                done.write_text(json.dumps(overrides))
+        return out
+
+    return shared
 
 
 @pytest.fixture
@@ -24,7 +87,7 @@ def trained_ids(monkeypatch):
 # A slow group (a module with tests marked `slow`, or one named here) can run for minutes without a dot;
 # one line as it starts says which and why, so a user knows the suite is working (`-q` or not).
 SLOW_GROUPS = {
-    "tests/faults/test_chaos.py": "chaos: kill points, hostile inputs, engine kills and hangs, damaged checkpoints",
+    "tests/faults/test_chaos.py": "chaos: runs killed at 10 seeded points, each resumed and compared",
     "tests/faults/test_hostile.py": "hostile inputs and fuzzed configs, each a `satrl` process",
     "tests/faults/test_engine_hang.py": "hung engines: waits past engine.timeout_s",
 }

@@ -17,14 +17,9 @@ def _one_line_exit_2(capsys, *argv: str) -> str:
     return err[0]
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    from satrl.config import load_config
-    from satrl.pipeline.orchestrator import train
-
-    out = tmp_path_factory.mktemp("ckpt") / "run"
-    train(load_config(None, [*TINY, "steps=2", f"out={out}"]))
-    return out
+@pytest.fixture
+def finished_run(shared_tiny):
+    return shared_tiny("steps=2")  # check_checkpoint damages a copy
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CHECKPOINTS))

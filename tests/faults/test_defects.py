@@ -47,8 +47,8 @@ def test_old_files_with_bare_nan_still_read(tmp_path):
 
 
 # -- defect 2: a torn last line does not break --resume --------------------------------------------
-def test_resume_with_torn_last_metrics_line(run_tiny):
-    ref = run_tiny("steps=4", name="ref")
+def test_resume_with_torn_last_metrics_line(run_tiny, shared_tiny):
+    ref = shared_tiny("steps=4")
     out = run_tiny("steps=4", name="torn")
     (out / "summary.json").unlink()
     with open(out / "metrics.jsonl", "a") as f:
@@ -58,8 +58,8 @@ def test_resume_with_torn_last_metrics_line(run_tiny):
 
 
 # -- defect 3: --resume of a run killed before its first checkpoint starts from step 0 ------------------
-def test_resume_without_checkpoint_starts_from_zero(run_tiny, capsys):
-    ref = run_tiny("steps=4", name="ref")
+def test_resume_without_checkpoint_starts_from_zero(run_tiny, shared_tiny, capsys):
+    ref = shared_tiny("steps=4")
     out = run_tiny("steps=4", name="early")
     (out / "summary.json").unlink()
     shutil.rmtree(out / "checkpoints")

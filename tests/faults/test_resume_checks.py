@@ -18,15 +18,10 @@ LAGGED = ("lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=
 _tree, _refused = folder_tree, refused_resume
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
+@pytest.fixture
+def finished(shared_tiny):
     """A finished 4-step tiny run (2 optimizer steps per batch), copied fresh for each test by ``copy``."""
-    from run_helpers import TINY
-    from satrl.config import load_config
-
-    out = tmp_path_factory.mktemp("finished") / "run"
-    train(load_config(None, [*TINY, "steps=4", *LAGGED, f"out={out}"]))
-    return out
+    return shared_tiny("steps=4", *LAGGED)
 
 
 @pytest.fixture
@@ -115,8 +110,8 @@ def test_refused_resume_keeps_logs_and_advises_the_runs_own_steps(tmp_path, tiny
 
 
 # -- 7: extending a finished run gives what one longer run gives ----------------------------------------------
-def test_extended_run_equals_a_longer_run_evaluations_and_summary(tmp_path, run_tiny, copy):
-    ref = run_tiny("steps=6", *LAGGED, name="ref")
+def test_extended_run_equals_a_longer_run_evaluations_and_summary(tmp_path, shared_tiny, copy):
+    ref = shared_tiny("steps=6", *LAGGED)
     out = copy()
     train(RunDir.config_of(out, ["steps=6"]), resume=True)
     assert stable(read_jsonl(out / "metrics.jsonl")) == stable(read_jsonl(ref / "metrics.jsonl"))

@@ -52,8 +52,8 @@ def test_damaged_line_is_one_line_exit_2(run_tiny):
     assert f"{out / 'eval.jsonl'}:1:" in line and "satrl train: " in line
 
 
-def test_torn_last_line_is_dropped_with_a_warning(run_tiny, capsys):
-    ref = run_tiny("steps=4", name="ref")
+def test_torn_last_line_is_dropped_with_a_warning(run_tiny, shared_tiny, capsys):
+    ref = shared_tiny("steps=4")
     out = run_tiny("steps=4", name="torn")
     (out / "summary.json").unlink()
     with open(out / "metrics.jsonl", "a") as f:
@@ -78,8 +78,8 @@ def test_summary_refuses_a_gappy_log(run_tiny, tiny_cfg):
 
 
 # -- 3: extending a finished run ----------------------------------------------------------------------
-def test_extend_finished_run_equals_a_longer_run(run_tiny):
-    ref = run_tiny("steps=6", *LAGGED, name="ref")
+def test_extend_finished_run_equals_a_longer_run(run_tiny, shared_tiny):
+    ref = shared_tiny("steps=6", *LAGGED)
     out = run_tiny("steps=4", *LAGGED, name="ext")
     train(RunDir.config_of(out, ["steps=6"]), resume=True)
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == list(range(1, 7))

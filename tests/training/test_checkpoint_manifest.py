@@ -322,11 +322,6 @@ def test_an_old_format_run_resumes_as_the_unbroken_run(finished, tmp_path, run_t
     assert (out / "checkpoints" / "step-000004" / "manifest.json").is_file()  # the new checkpoint: format 2
 
 
-@pytest.fixture(scope="module")
-def run_tiny_steps4(tmp_path_factory):
-    from satrl.config import load_config
-    from satrl.pipeline.orchestrator import train
-
-    out = tmp_path_factory.mktemp("manifest4") / "run"
-    train(load_config(None, [*TINY, "steps=4", f"out={out}"]))
-    return out
+@pytest.fixture
+def run_tiny_steps4(shared_tiny):
+    return shared_tiny("steps=4")
