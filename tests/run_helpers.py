@@ -21,6 +21,32 @@ TINY = [
     "backend=sequential",
 ]
 
+class Extra:
+    """The imports of an optional extra (verl, TRL), one guard for every test file that needs one::
+
+        with Extra("verl") as verl_extra:
+            from verl.trainer.ppo import core_algos
+        VERL_MISSING = verl_extra.missing   # None where it imported; else the skip reason
+
+    An ImportError inside the block is kept as the reason (what failed, and how to install the extra) instead of
+    raised, so the file still collects and its tests skip with that reason (or fail under SATRL_REQUIRE_VERL=1 /
+    SATRL_REQUIRE_TRL=1, where each file's first test asserts the extra is there)."""
+
+    HINTS = {"verl": "install the extra, see docs/integrations.md", "TRL": "install the extra: pip install '.[trl]'"}
+
+    def __init__(self, name: str) -> None:
+        self.name, self.missing = name, None
+
+    def __enter__(self) -> "Extra":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if kind is not None and issubclass(kind, ImportError):
+            self.missing = f"{self.name} is not importable ({exc}); {self.HINTS[self.name]}"
+            return True
+        return False
+
+
 VOLATILE = ("wall_s", "perf/")  # timings differ between runs; everything else must not
 
 

@@ -14,18 +14,17 @@ import warnings
 import pytest
 import torch
 
-try:
+from run_helpers import Extra
+from satrl.models import build_char_tokenizer, build_tiny_model
+from satrl.objectives import aggregate, policy_loss
+
+with Extra("TRL") as trl_extra:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     from satrl.integrations.trl import SATGRPOConfig, SATGRPOTrainer
+TRL_MISSING = trl_extra.missing
 
-    TRL_MISSING = None
-except ImportError as exc:
-    TRL_MISSING = f"TRL is not importable ({exc}); install the extra: pip install '.[trl]'"
-
-from satrl.models import build_char_tokenizer, build_tiny_model
-from satrl.objectives import aggregate, policy_loss
 
 REQUIRED = os.environ.get("SATRL_REQUIRE_TRL") == "1"
 needs_trl = pytest.mark.skipif(TRL_MISSING is not None, reason=str(TRL_MISSING))

@@ -11,7 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-try:
+from run_helpers import Extra
+from satrl.models import build_char_tokenizer
+from satrl.objectives.vcpo import ess_step_scale, opob_advantages
+
+with Extra("TRL") as trl_extra:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -19,13 +23,8 @@ try:
 
     from satrl.integrations import trl_vcpo
     from satrl.integrations.trl_vcpo import VCPOGRPOConfig, VCPOGRPOTrainer
+TRL_MISSING = trl_extra.missing
 
-    TRL_MISSING = None
-except ImportError as exc:
-    TRL_MISSING = f"TRL is not importable ({exc}); install the extra: pip install '.[trl]'"
-
-from satrl.models import build_char_tokenizer
-from satrl.objectives.vcpo import ess_step_scale, opob_advantages
 
 pytestmark = pytest.mark.skipif(TRL_MISSING is not None, reason=str(TRL_MISSING))
 PROMPTS = ["1+1=", "2+3=", "7-4=", "3*3=", "8/2=", "5+5=", "9-1=", "6*2="]

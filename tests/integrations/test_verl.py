@@ -17,19 +17,18 @@ import textwrap
 import pytest
 import torch
 
-try:
+from run_helpers import Extra
+from satrl.objectives import aggregate, policy_loss
+
+with Extra("verl") as verl_extra:
     from omegaconf import OmegaConf
     from verl.trainer.ppo import core_algos
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.config import ActorConfig
 
     import satrl.integrations.verl as sv
+VERL_MISSING = verl_extra.missing
 
-    VERL_MISSING = None
-except ImportError as exc:
-    VERL_MISSING = f"verl is not importable ({exc}); install the extra, see docs/integrations.md"
-
-from satrl.objectives import aggregate, policy_loss
 
 needs_verl = pytest.mark.skipif(VERL_MISSING is not None, reason=str(VERL_MISSING))
 REQUIRED = os.environ.get("SATRL_REQUIRE_VERL") == "1"

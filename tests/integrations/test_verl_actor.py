@@ -19,7 +19,10 @@ import warnings
 import pytest
 import torch
 
-try:
+from run_helpers import Extra
+from satrl.objectives import policy_loss
+
+with Extra("verl") as verl_extra:
     from tensordict import TensorDict
     from verl.trainer.ppo import core_algos
     from verl.utils import tensordict_utils as tu
@@ -30,12 +33,8 @@ try:
 
     import satrl.integrations.verl as sv
     from satrl.integrations import _gate
+VERL_MISSING = verl_extra.missing
 
-    VERL_MISSING = None
-except ImportError as exc:
-    VERL_MISSING = f"verl is not importable ({exc}); install the extra, see docs/integrations.md"
-
-from satrl.objectives import policy_loss
 
 pytestmark = pytest.mark.skipif(VERL_MISSING is not None, reason=str(VERL_MISSING))
 

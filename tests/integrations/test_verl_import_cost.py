@@ -17,14 +17,13 @@ import textwrap
 
 import pytest
 
-try:
+from run_helpers import Extra
+
+with Extra("verl") as verl_extra:
     import verl  # noqa: F401
 
     from satrl.integrations._verl_variants import VARIANTS
-
-    VERL_MISSING = None
-except ImportError as exc:
-    VERL_MISSING = f"verl is not importable ({exc}); install the extra, see docs/integrations.md"
+VERL_MISSING = verl_extra.missing
 
 pytestmark = pytest.mark.skipif(VERL_MISSING is not None, reason=str(VERL_MISSING))
 

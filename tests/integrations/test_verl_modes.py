@@ -30,7 +30,9 @@ from pathlib import Path
 import pytest
 import torch
 
-try:
+from run_helpers import Extra
+
+with Extra("verl") as verl_extra:
     import verl
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -43,11 +45,8 @@ try:
 
     import satrl.integrations.verl as sv
     from satrl.integrations import _gate, _verl_mu
-
-    VERL_MISSING = None
     VERL_ROOT = Path(verl.__file__).parent
-except ImportError as exc:
-    VERL_MISSING = f"verl is not importable ({exc}); install the extra, see docs/integrations.md"
+VERL_MISSING = verl_extra.missing
 
 pytestmark = pytest.mark.skipif(VERL_MISSING is not None, reason=str(VERL_MISSING))
 

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import pytest
 
-try:
+from run_helpers import Extra
+
+with Extra("verl") as verl_extra:
     import verl
     from hydra import compose, initialize_config_dir
     from hydra.errors import MissingConfigException
@@ -33,11 +35,8 @@ try:
     from verl.utils.config import omega_conf_to_dataclass
 
     from satrl.integrations import _verl_mu
-
-    VERL_MISSING = None
     VERL_ROOT = Path(verl.__file__).parent
-except ImportError as exc:
-    VERL_MISSING = f"verl is not importable ({exc}); install the extra, see docs/integrations.md"
+VERL_MISSING = verl_extra.missing
 
 pytestmark = pytest.mark.skipif(VERL_MISSING is not None, reason=str(VERL_MISSING))
 

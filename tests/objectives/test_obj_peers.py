@@ -12,15 +12,14 @@ import os
 import pytest
 import torch
 
-try:
+from run_helpers import Extra
+from satrl.objectives import aggregate, policy_loss
+
+with Extra("verl") as verl_extra:
     from verl.trainer.ppo import core_algos
     from verl.workers.config import ActorConfig
+VERL_MISSING = verl_extra.missing
 
-    VERL_MISSING = None
-except ImportError as exc:
-    VERL_MISSING = f"verl is not importable ({exc}); install the extra, see docs/integrations.md"
-
-from satrl.objectives import aggregate, policy_loss
 
 needs_verl = pytest.mark.skipif(VERL_MISSING is not None, reason=str(VERL_MISSING))
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]

@@ -13,14 +13,13 @@ import os
 import pytest
 import torch
 
-try:
-    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_rejection_mask
-
-    VERL_MISSING = None
-except ImportError as exc:
-    VERL_MISSING = f"verl is not importable ({exc}); install the extra, see docs/integrations.md"
-
+from run_helpers import Extra
 from satrl.objectives import policy_loss
+
+with Extra("verl") as verl_extra:
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_rejection_mask
+VERL_MISSING = verl_extra.missing
+
 
 needs_verl = pytest.mark.skipif(VERL_MISSING is not None, reason=str(VERL_MISSING))
 
