@@ -146,3 +146,23 @@ def test_version_prints_the_version_and_the_commit():
     assert out.returncode == 0 and len(out.stdout.strip().splitlines()) == 1, out.stdout + out.stderr
     assert out.stdout.startswith(f"satrl {satrl.__version__} (distribution satrl-async, commit ")
     assert re.search(r"commit [0-9a-f]{40}(\+dirty)?\)$", out.stdout.strip())
+
+
+def test_demo_help_names_every_method_it_runs():
+    """The demo's help says what it runs (it once said "SAT-GRPO vs GRPO" while running VCPO too)."""
+    from satrl.apps.demo import METHODS
+
+    shown = {"grpo": "GRPO", "sat_grpo": "SAT-GRPO", "vcpo": "VCPO"}
+    assert set(METHODS) <= set(shown) and all(shown[m] in cli.COMMANDS["demo"] for m in METHODS)
+
+
+def test_eval_help_names_every_builtin_task_and_numerics(capsys):
+    from satrl.engines.numerics import NUMERICS
+    from satrl.models import BUILTINS
+    from satrl.tasks import TASKS
+
+    with pytest.raises(SystemExit):
+        cli.main(["eval", "--help"])
+    out = " ".join(capsys.readouterr().out.split()).replace("- ", "-")  # argparse wraps lines, at hyphens too
+    for name in [*BUILTINS.names(), *TASKS.names(), *NUMERICS.names()]:
+        assert name in out, name

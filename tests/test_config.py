@@ -193,7 +193,13 @@ def test_switching_the_preset_of_a_resolved_config_switches_its_components():
                                       "['alpha', 'dual_clip', 'eps_high', 'eps_low', 'exponent', 'invert', 'proxy', "
                                       "'shuffle']"),
     ("objective.beta=1", "invalid config: objective: unknown objective key 'beta' for ratio=token, trust_region=sat, "
-                         "correction=none, kl=k3; valid keys: ['alpha', "),
+                         "correction=none, kl=k3; valid keys: ['aggregation', 'alpha', "),
+    # a typo suggests the nearest valid key of its section (issue 60), the objective's own fields included
+    ("objective.nmae=vcpo", "invalid config: objective: unknown objective key 'nmae' (did you mean 'name'?) for "),
+    ("objective.trust_region.alpah=0.5", "invalid config: objective.trust_region: sat: alpah: unknown key (did you "
+                                         "mean 'alpha'?); valid keys: "),
+    ("stepz=3", "invalid config: stepz: unknown key (did you mean 'steps'?); valid keys here: backend, "),
+    ("train.lrr=1", "invalid config: train.lrr: unknown key (did you mean 'lr'?); valid keys here: "),
 ])  # fmt: skip
 def test_bad_nested_objective_key_is_one_line_naming_it(override, line):
     with pytest.raises(ConfigError) as err:

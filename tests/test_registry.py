@@ -145,7 +145,7 @@ def test_component_unknown_key_lists_the_valid_keys():
     with pytest.raises(ValueError) as err:
         TRUST_REGIONS.get("ppo").validate({"alpha": 0.9})  # a SAT key on PPO
     assert str(err.value) == "ppo: alpha: unknown key; valid keys: ['dual_clip', 'eps_high', 'eps_low']"
-    with pytest.raises(ValueError, match=r"^k3: kl_coef: unknown key; valid keys: \['coef'\]$"):
+    with pytest.raises(ValueError, match=r"^k3: kl_coef: unknown key \(did you mean 'coef'\?\); valid keys: \['coef'\]$"):
         KL_ESTIMATORS.get("k3").validate({"kl_coef": 0.0})  # the flat name is resolve_objective's, not the model's
     with pytest.raises(ValueError, match=r"^none: coef: unknown key; valid keys: \[\]$"):
         KL_ESTIMATORS.get("none").validate({"coef": 0.0})

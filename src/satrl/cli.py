@@ -47,7 +47,7 @@ COMMANDS: dict[str, str] = {
     "grid": "run a grid of configs x lags x seeds, resumably",
     "report": "tables with 95% CIs and figures for a grid's runs",
     "leaderboard": "one leaderboard across testbeds (grids' results): methods vs each testbed's base",
-    "demo": "SAT-GRPO vs GRPO at broadcast lag 8 on the built-in task, with a report",
+    "demo": "GRPO, SAT-GRPO and VCPO side by side at broadcast lag 8 on the built-in task, with a report",
 }
 
 

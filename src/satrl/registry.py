@@ -28,6 +28,15 @@ _MISSING: Any = object()
 _ABSENT: Any = object()
 
 
+def did_you_mean(name: object, choices) -> str:
+    """`` (did you mean 'x'?)`` naming the valid choice closest to a misspelt ``name`` (difflib's ratio at least
+    0.6), or ``""`` when none is close: for the one-line errors on an unknown key or name."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 class UnknownChoice(ValueError):
     """A name that is not registered. The message is one line naming the kind and every valid choice."""
 

@@ -108,7 +108,7 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help=f"optimizer steps per run (default {REGIME['steps']})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lag", type=int, default=8, help="broadcast interval n")
-    p.add_argument("overrides", nargs="*", help="extra key=value overrides for both runs")
+    p.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
 
 
 def _read(path: Path) -> list[dict]:

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from satrl.engines.numerics import EVAL_NUMERICS
+from satrl.engines.numerics import EVAL_NUMERICS, NUMERICS
+from satrl.models.builtins import BUILTINS
+from satrl.tasks import GYM_PREFIX, TASKS
 
 if TYPE_CHECKING:  # imported where used: `satrl eval --help` loads no torch
     from satrl.tasks.evaluate import EvalResult
@@ -128,10 +130,10 @@ def add_eval_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``satrl eval``. A flag left out keeps the default shown, or a run directory's own setting."""
     parser.add_argument("path", nargs="?", metavar="RUN_DIR", help="a run directory: evaluate its latest checkpoint "
                         "as the run did (its config.yaml's settings; flags override them)")  # fmt: skip
-    parser.add_argument("--model", help="built-in name (tiny-arith, tiny-arith-moe), HF dir, or a run directory")
+    parser.add_argument("--model", help=f"built-in name ({', '.join(BUILTINS.names())}), HF dir, or a run directory")
     parser.add_argument("--step", type=int,
                         help="run directory: evaluate the checkpoint of this step (default: latest)")  # fmt: skip
-    parser.add_argument("--task", help="arithmetic | jsonl_math | countdown | gym:<name> (default: arithmetic)")
+    parser.add_argument("--task", help=f"{' | '.join(TASKS.names())} | {GYM_PREFIX}<name> (default: arithmetic)")
     parser.add_argument(
         "--task-arg", action="append", default=[], metavar="KEY=VALUE",
         help="task constructor argument, YAML-typed (e.g. digits=3, path=aime24.jsonl); repeatable",
@@ -142,7 +144,7 @@ def add_eval_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--test-problems", type=int,
                         help="N problems of the test part, as a run's evaluator picks them")  # fmt: skip
     parser.add_argument("--seed", type=int, help="default: 0")
-    parser.add_argument("--numerics", help=f"engine numerics: fp32 | bf16 | bf16-weights (default: {EVAL_NUMERICS})")
+    parser.add_argument("--numerics", help=f"engine numerics: {' | '.join(NUMERICS.names())} (default: {EVAL_NUMERICS})")
     parser.add_argument("--temperature", type=float, help="default: 1.0")
     parser.add_argument("--top-p", type=float, help="default: 1.0")
     parser.add_argument("--top-k", type=int, help="0 = off (default: 0)")

@@ -22,12 +22,14 @@ def _module(name: str) -> ModuleType:
             from satrl.models import tiny as module
         case "tokenizer":
             from satrl.models import tokenizer as module
+        case "builtins":
+            from satrl.models import builtins as module
         case _:
             from satrl.models import loading as module
     return module
 
 
-_WHERE = {"BUILTINS": "loading", "PolicyLoadError": "loading", "builtin_path": "loading", "empty_model": "loading",
+_WHERE = {"BUILTINS": "builtins", "PolicyLoadError": "loading", "builtin_path": "loading", "empty_model": "loading",
           "load_model": "loading", "load_policy": "loading", "load_tokenizer": "loading", "meta_copy": "loading",
           "quiet_progress_bars": "loading", "build_tiny_model": "tiny", "count_params": "tiny",
           "build_char_tokenizer": "tokenizer"}  # fmt: skip

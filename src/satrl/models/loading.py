@@ -24,14 +24,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from satrl.registry import Registry, UnknownChoice
+from satrl.models.builtins import BUILTINS, CHECKPOINTS
+from satrl.registry import UnknownChoice
 
-CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
-BUILTINS: Registry[str] = Registry("built-in policy", {  # name -> folder under CHECKPOINTS
-    "tiny-arith": "tiny-arith",
-    "tiny-arith-moe": "tiny-arith-moe",
-    "tiny-countdown-moe": "tiny-countdown-moe",  # countdown_trace's base (256 positions; docs/tasks.md)
-})
 EXPECTED = "a Hugging Face causal-LM directory with config.json, *.safetensors weights and tokenizer files"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 

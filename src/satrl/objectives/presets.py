@@ -32,6 +32,8 @@ from pydantic import (
     model_validator,
 )
 
+from satrl.registry import did_you_mean
+
 from .components import CORRECTIONS, KL_ESTIMATORS, RATIO_LEVELS, TRUST_REGIONS
 from .registry import Component, Params, Registry, one_line
 
@@ -136,7 +138,7 @@ class ObjectiveSpec(BaseModel):
             slot, field_name = _owner(key, data)
             data[slot].setdefault(field_name, value)
         for key, value in flat.items():
-            slot, field_name = _owner(key, data)
+            slot, field_name = _owner(key, data, cls.model_fields)
             data[slot][field_name] = value
         return data
 
@@ -195,7 +197,7 @@ SLOTS: dict[str, Registry[Component]] = {
 }
 
 
-def _owner(key: str, data: dict[str, dict]) -> tuple[str, str]:
+def _owner(key: str, data: dict[str, dict], fields=()) -> tuple[str, str]:
     """(slot, field) of a flat key: the one component among ``data``'s chosen ones that declares it."""
     if key in RENAMED:
         return RENAMED[key]
@@ -203,9 +205,10 @@ def _owner(key: str, data: dict[str, dict]) -> tuple[str, str]:
     for slot, comp in chosen.items():
         if key in comp.defaults:
             return slot, key
-    valid = sorted({k for c in chosen.values() for k in c.defaults} | set(RENAMED))
+    # the objective's own fields (name, the four slots, a config's aggregation) are valid keys too
+    valid = sorted({k for c in chosen.values() for k in c.defaults} | set(RENAMED) | set(fields))
     what = ", ".join(f"{s}={c.name}" for s, c in chosen.items())
-    raise ValueError(f"unknown objective key {key!r} for {what}; valid keys: {valid}")
+    raise ValueError(f"unknown objective key {key!r}{did_you_mean(key, valid)} for {what}; valid keys: {valid}")
 
 
 def resolve_objective(name: str | ObjectiveSpec, **overrides: Any) -> ObjectiveSpec:

@@ -21,7 +21,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from satrl.registry import Registry, UnknownChoice
+from satrl.registry import Registry, UnknownChoice, did_you_mean
 
 __all__ = ["Component", "Deferred", "Params", "Registry", "UnknownChoice", "component_registry", "one_line"]
 
@@ -105,7 +105,7 @@ def one_line(err: ValidationError, prefix: str = "", fields: list[str] | None = 
     loc = ".".join(str(p) for p in first["loc"])
     msg = first["msg"]
     if first["type"] == "extra_forbidden" and fields is not None:
-        msg = f"unknown key; valid keys: {sorted(fields)}"
+        msg = f"unknown key{did_you_mean(first['loc'][-1], fields)}; valid keys: {sorted(fields)}"
     elif first["type"] == "literal_error":
         msg = f"got {first.get('input')!r}; {msg}"
     elif first["type"] == "value_error" and "error" in first.get("ctx", {}):

@@ -31,6 +31,7 @@ from satrl.objectives.presets import PRESETS, SLOTS
 from satrl.pipeline.backend_config import RayConfig
 from satrl.pipeline.engine_side.backends import BACKENDS
 from satrl.pipeline.schedules import LagConfig
+from satrl.registry import did_you_mean
 from satrl.tasks.config import TaskConfig
 from satrl.training.config import TrainConfig
 from satrl.weights.config import WeightsConfig
@@ -177,7 +178,8 @@ def _format_error(err: ValidationError) -> str:
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         section = _section_for(first["loc"][:-1])
-        msg = f"unknown key; valid keys here: {', '.join(sorted(section.model_fields))}"
+        msg = (f"unknown key{did_you_mean(first['loc'][-1], section.model_fields)}; valid keys here: "
+               f"{', '.join(sorted(section.model_fields))}")
     elif first["type"] == "value_error" and "error" in first.get("ctx", {}):
         msg = str(first["ctx"]["error"])  # our own message (e.g. a registry's), without pydantic's "Value error, "
     elif first["type"] == "literal_error":
