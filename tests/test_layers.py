@@ -18,7 +18,7 @@ ROOTS = {"satrl": REPO / "src" / "satrl", "benchmarks": REPO / "benchmarks"}
 FLOORS = {
     # 0, leaves: the shared vocabulary, the registry class, the config sections' base (ConfigError), files.
     "satrl": 0, "satrl.types": 0, "satrl.registry": 0, "satrl.tensors": 0, "satrl.dtypes": 0, "satrl.faults": 0,
-    "satrl.folders": 0, "satrl.jsonl": 0, "satrl.provenance": 0, "satrl.config_base": 0,
+    "satrl.folders": 0, "satrl.jsonl": 0, "satrl.provenance": 0, "satrl.config_base": 0, "satrl.lazy": 0,
     # 1-3, the components, each with its config section (<component>/config.py)
     "satrl.models": 1, "satrl.objectives": 1, "satrl.weights": 1,
     "satrl.diagnostics": 2, "satrl.tasks": 2, "satrl.engines": 2,

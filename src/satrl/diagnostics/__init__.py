@@ -8,6 +8,8 @@ How to read every metric: docs/metrics.md.
 
 from types import ModuleType
 
+from satrl.lazy import names_from
+
 
 def _module(name: str) -> ModuleType:
     """The diagnostics module ``name``, imported when one of its names is first asked for (import statements, so the
@@ -35,7 +37,4 @@ _WHERE = {"CollapseConfig": "collapse", "detect_collapse": "collapse", "eval_col
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'satrl.diagnostics' has no attribute {name!r}")
+__getattr__ = names_from(__name__, _WHERE, _module)

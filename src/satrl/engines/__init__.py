@@ -10,6 +10,8 @@ Names are imported when first asked for (as in :mod:`satrl.experiments`), so tha
 
 from types import ModuleType
 
+from satrl.lazy import names_from
+
 
 def _module(name: str) -> ModuleType:
     """The engines module ``name``, imported when one of its names is first asked for (import statements, so the
@@ -34,7 +36,4 @@ _WHERE = {"NUMERICS": "numerics", "resolve_numerics": "numerics", "ENGINES": "re
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'satrl.engines' has no attribute {name!r}")
+__getattr__ = names_from(__name__, _WHERE, _module)

@@ -12,6 +12,8 @@ pandas and matplotlib: each module by an import statement in a function of its o
 
 from types import ModuleType
 
+from satrl.lazy import names_from
+
 # Bootstrap resamples of the reports' intervals and of the leaderboard's repaired fraction, by default: here, so that
 # the command line's help states them without importing numpy and pandas.
 N_RESAMPLES = 10_000
@@ -39,7 +41,4 @@ _WHERE = {"GridSpec": "spec", "Run": "spec", "expand": "spec", "load_grid": "spe
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'satrl.experiments' has no attribute {name!r}")
+__getattr__ = names_from(__name__, _WHERE, _module)

@@ -13,6 +13,8 @@ Names are imported when first asked for (as in :mod:`satrl.engines`), so that th
 
 from types import ModuleType
 
+from satrl.lazy import names_from
+
 
 def _module(name: str) -> ModuleType:
     """The models module ``name``, imported when one of its names is first asked for (import statements, so the
@@ -36,7 +38,4 @@ _WHERE = {"BUILTINS": "builtins", "PolicyLoadError": "loading", "builtin_path": 
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'satrl.models' has no attribute {name!r}")
+__getattr__ = names_from(__name__, _WHERE, _module)

@@ -19,6 +19,8 @@ config's ``objective:`` section is checked without it; the tensor modules load w
 
 from types import ModuleType
 
+from satrl.lazy import names_from
+
 
 def _module(name: str) -> ModuleType:
     """The objectives module ``name``, imported when one of its names is first asked for (import statements, so the
@@ -50,7 +52,4 @@ _WHERE = {"LOG_RATIO_CLAMP": "_common", "AGGREGATIONS": "components", "CORRECTIO
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'satrl.objectives' has no attribute {name!r}")
+__getattr__ = names_from(__name__, _WHERE, _module)
