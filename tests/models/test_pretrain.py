@@ -108,7 +108,7 @@ def test_run_pretrain_in_a_pipe_draws_no_bar(monkeypatch, capsys):
     """stdout not a terminal (a pipe, a log file): no live bar, transformers' bars off, only the final line."""
     from transformers.utils import logging as hf_logging
 
-    from satrl.apps import pretrain as app
+    from satrl.training import pretrain as trainer  # the handler imports it when it runs (--help does not)
 
     seen = {}
 
@@ -116,7 +116,7 @@ def test_run_pretrain_in_a_pipe_draws_no_bar(monkeypatch, capsys):
         seen["progress"], seen["hf_bars"] = kwargs["progress"], hf_logging.is_progress_bar_enabled()
         return {"steps_run": 2, "train_time_s": 1.0, "final": {"avg_at_k": 0.5, "greedy_acc": 0.5}}
 
-    monkeypatch.setattr(app, "pretrain", fake)
+    monkeypatch.setattr(trainer, "pretrain", fake)
     hf_logging.enable_progress_bar()
     assert run_pretrain(_parse(["--steps", "2", "--out", "x"])) == 0
     assert seen == {"progress": False, "hf_bars": False} and hf_logging.is_progress_bar_enabled()
