@@ -36,6 +36,27 @@ def run_files(folder: str | Path) -> list[str]:
     return [name for name in RUN_FILES if os.path.lexists(Path(folder) / name)]
 
 
+def linked(folder: str | Path) -> str | None:
+    """Why a process must not write into the run folder ``folder`` (one line naming the path), or None: a file
+    it writes or deletes there (:data:`RUN_FILES`, the lock, ``checkpoints/latest``, ``best`` and its step
+    folders) is a symlink, or ``checkpoints/`` resolves outside it. Writing through such a link would write
+    (and prune) another folder's files, say another run's checkpoints."""
+    folder = Path(folder)
+    ckpts = folder / "checkpoints"
+    names = [*(folder / n for n in (*RUN_FILES, LOCK, "config.yaml.tmp"))]
+    if ckpts.is_dir() and not ckpts.is_symlink():
+        names += sorted(ckpts.iterdir())
+    for p in names:
+        if p.is_symlink():
+            return (f"{p} is a link (to {os.readlink(p)}); satrl never writes or deletes a run's files through a link "
+                    "(it may lead outside the run folder): replace it with a real file or folder, or choose another "
+                    "out=")  # fmt: skip
+    if ckpts.exists() and not ckpts.resolve().is_relative_to(folder.resolve()):
+        return (f"{ckpts} resolves to {ckpts.resolve()}, outside the run folder {folder}; satrl writes a run's "
+                "files only inside its folder: choose another out=")  # fmt: skip
+    return None
+
+
 def hold(folder: str | Path, name: str = LOCK) -> IO:
     """Lock ``folder`` for this process (``folder/name``, flock), writing its pid there; raise :class:`InUse`
     naming the holder's pid if another process holds it. A lock taken on a file that its holder unlinked

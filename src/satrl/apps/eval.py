@@ -198,7 +198,7 @@ def _target(args: argparse.Namespace) -> _Target:
         if args.step is not None:
             raise ValueError(f"--step needs a run directory; {where} is a model")
         return _Target(where, EvalSettings().overridden(args))
-    cfg = run_config(where)  # one line naming the folder when it has no config.yaml
+    cfg = run_config(where, args.step)  # one line naming the folder when it has no config.yaml
     return _Target(cfg.model.source, EvalSettings.of_run(cfg).overridden(args), checkpoint_of(where, args.step))
 
 

@@ -83,7 +83,7 @@ def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> tup
     from satrl.models.loading import load_tokenizer, quiet_progress_bars, resolve_policy_path
 
     run, out = Path(run_dir), Path(out)
-    cfg = run_config(run)
+    cfg = run_config(run, step)
     check_out(run, out)
     ckpt = checkpoint_of(run, step)
     source = cfg.model.source

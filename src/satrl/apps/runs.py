@@ -41,9 +41,15 @@ def is_run_dir(path: str | Path) -> bool:
     return (p / "config.yaml").is_file() or (p / "checkpoints").is_dir()
 
 
-def run_config(run_dir: str | Path) -> RunConfig:
-    """The resolved config a run saved (``config.yaml``), validated as ``satrl train --resume`` would."""
+def run_config(run_dir: str | Path, step: int | None = None) -> RunConfig:
+    """The resolved config a run saved (``config.yaml``), validated as ``satrl train --resume`` would: it must be
+    the config the checkpoint at ``step`` (None: the latest) was trained with, complete and unedited but where
+    resume allows a change (:func:`satrl.pipeline.resume_check.check`); an emptied or edited one is refused."""
+    import yaml
+
     from satrl.config import ConfigError, load_config
+    from satrl.pipeline.errors import RunDirError
+    from satrl.pipeline.resume_check import check
 
     run = Path(run_dir)
     if not run.is_dir():
@@ -51,9 +57,32 @@ def run_config(run_dir: str | Path) -> RunConfig:
     if not (run / "config.yaml").is_file():
         raise RunReadError(f"{run}: not a run directory (no config.yaml in it)")
     try:
-        return load_config(run / "config.yaml")
+        cfg = load_config(run / "config.yaml")
     except ConfigError as err:
         raise RunReadError(f"{run / 'config.yaml'}: {_first_line(err)}") from None
+    try:
+        ckpt = checkpoint_of(run, step)
+    except RunReadError:
+        return cfg  # no checkpoint to check against: the caller's own checkpoint_of refuses the run
+    try:
+        raw = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+        check(run, ckpt, _trained_with(ckpt), raw, cfg.model_dump(mode="json"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise RunReadError(f"{run / 'config.yaml'}: unreadable ({_first_line(err)})") from None
+    except RunDirError as err:
+        raise RunReadError(_first_line(err)) from None
+    return cfg
+
+
+def _trained_with(ckpt: Path) -> dict | None:
+    """The resolved config checkpoint ``ckpt`` recorded (``state.json``), or None for one from before the record."""
+    from satrl.training.safe_state import decode
+
+    try:
+        config = json.loads((ckpt / "state.json").read_text()).get("config")
+        return decode(config, {}) if isinstance(config, dict) else None
+    except (OSError, ValueError, AttributeError) as err:
+        raise RunReadError(f"{ckpt / 'state.json'}: unreadable ({_first_line(err)})") from None
 
 
 def checkpoint_of(run_dir: str | Path, step: int | None = None) -> Path:

@@ -141,6 +141,7 @@ class VLLMEngine:
             model=str(model_path), skip_tokenizer_init=True, dtype=dtype_name(self._num.compute),
             logprobs_mode="processed_logprobs", generation_config="vllm", enable_prefix_caching=False,
             enforce_eager=True, seed=seed, worker_extension_cls="satrl.engines.vllm_worker.SatrlWorkerExtension",
+            trust_remote_code=False,  # never the model folder's own code (its config's auto_map)
         )  # fmt: skip
         if weight_transfer:
             from satrl.engines.vllm_transfer import BACKEND

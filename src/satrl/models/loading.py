@@ -3,13 +3,16 @@
 Built-ins ship inside the package as ordinary HF directories under ``satrl/models/checkpoints/<name>/``
 (config.json, model.safetensors, tokenizer files, pretrain.json with the command that regenerates them).
 Weights load from safetensors only: a directory holding only ``pytorch_model.bin`` is refused, because
-unpickling a checkpoint can run arbitrary code. Loading is quiet: transformers' and huggingface_hub's
-progress bars ("Loading weights: 100%|...") are off while it runs (:func:`quiet_progress_bars`).
+unpickling a checkpoint can run arbitrary code. For the same reason a folder that asks for its own code
+(``auto_map`` in config.json or tokenizer_config.json) is refused, and every load passes
+``trust_remote_code=False``: transformers never asks on stdin whether to run it. Loading is quiet: transformers'
+and huggingface_hub's progress bars ("Loading weights: 100%|...") are off while it runs (:func:`quiet_progress_bars`).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -106,7 +109,20 @@ def resolve_policy_path(path_or_name: str | Path) -> Path:
         missing.append("tokenizer files (tokenizer.json or tokenizer_config.json)")
     if missing:
         raise PolicyLoadError(f"policy path {str(path)!r} lacks {', '.join(missing)}; expected {EXPECTED}")
+    for name in ("config.json", "tokenizer_config.json"):
+        if "auto_map" in _json_keys(path / name):
+            raise PolicyLoadError(f"policy path {str(path)!r} asks to run its own code (auto_map in {name}); satrl "
+                                  "never runs code from a model folder (trust_remote_code=False)")  # fmt: skip
     return path
+
+
+def _json_keys(file: Path) -> set[str]:
+    """The top-level keys of the JSON object in ``file``; none if it is missing or not one (loading says why)."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    return set(data) if isinstance(data, dict) else set()
 
 
 def _loaded(what: str, path: Path, load):
@@ -128,7 +144,7 @@ def load_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32) -> 
     path = resolve_policy_path(path_or_name)
     model = _loaded("the policy", path, lambda: AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype, use_safetensors=True, local_files_only=True, attn_implementation="sdpa",
-        use_kernels=False))  # fmt: skip
+        use_kernels=False, trust_remote_code=False))  # fmt: skip
     return model.eval()
 
 
@@ -137,7 +153,8 @@ def empty_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32) ->
     device: its config is read, its weights are not, and it takes no memory. A data-parallel rank other than
     0 builds its policy this way; the trainer allocates its shards and fills them from rank 0's weights."""
     path = resolve_policy_path(path_or_name)
-    config = _loaded("the config", path, lambda: AutoConfig.from_pretrained(path, local_files_only=True))
+    config = _loaded("the config", path, lambda: AutoConfig.from_pretrained(
+        path, local_files_only=True, trust_remote_code=False))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     return model.eval()
@@ -157,7 +174,8 @@ def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer of a built-in policy or local HF directory, without loading the weights (engines
     that load the checkpoint themselves, like vLLM, need only this)."""
     path = resolve_policy_path(path_or_name)
-    return _loaded("the tokenizer", path, lambda: AutoTokenizer.from_pretrained(path, local_files_only=True))
+    return _loaded("the tokenizer", path, lambda: AutoTokenizer.from_pretrained(
+        path, local_files_only=True, trust_remote_code=False))
 
 
 def load_policy(

@@ -20,7 +20,7 @@ from satrl import faults
 from satrl.config_base import ConfigError
 from satrl.diagnostics import summarize_run
 from satrl.diagnostics.collapse import CollapseConfig, skipped_collapse
-from satrl.folders import LOCK, RUN_FILES, InUse, hold, run_files
+from satrl.folders import LOCK, RUN_FILES, InUse, hold, linked, run_files
 from satrl.folders import release as release_lock
 from satrl.jsonl import append_jsonl, dumps, numbered_rows, read_jsonl, strict, write_jsonl
 from satrl.pipeline.errors import RunDirError
@@ -154,7 +154,8 @@ class RunDir:
         resume: continue the run in ``path`` instead of refusing a directory that holds one.
 
     A fresh run refuses a folder that holds anything of the user's or any file of a run (:func:`_check_new`),
-    leaving it byte-identical; the folder is locked while the process trains in it (:meth:`release`). A resumed
+    leaving it byte-identical, and any run folder whose files are links out of it (:func:`satrl.folders.linked`);
+    the folder is locked while the process trains in it (:meth:`release`). A resumed
     run writes nothing until the loop has checked the whole folder (:meth:`load`, :meth:`check_config`,
     :meth:`resume_at`), so a refused resume leaves it byte-identical (but for the lock file's pid).
     """
@@ -164,6 +165,9 @@ class RunDir:
     ) -> None:
         self.path, self.collapse, self.warmup_steps = Path(path), collapse, warmup_steps
         self.ckpt_dir, self.config = self.path / "checkpoints", config
+        why = linked(self.path)  # before anything is written: the lock file included
+        if why:
+            raise RunDirError(why)
         self.path.mkdir(parents=True, exist_ok=True)
         self._held = _lock(self.path)
         if not resume:
