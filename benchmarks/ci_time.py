@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("test", "test-core", "test-verl", "test-vllm")  # .ci/run's `make` calls, in its order
-SUMMARY = re.compile(r"^=+ (.*(?:passed|failed|error).*) in [\d.]+s", re.M)  # pytest's last line, per call
+SUMMARY = re.compile(r"^=+ (.*(?:passed|failed|error).* in [\d.]+s)", re.M)  # pytest's last line, per call
 
 
 def ci_targets(script: str) -> tuple[str, ...]:
@@ -97,21 +97,26 @@ def main(argv: list[str] | None = None) -> int:
             results, load = one_clone(Path(tmp), i + 1)
             runs.append(results)
             loads.append(load)
+            failed = report(runs, loads, commit.strip(), cache, write=not a.no_write)  # after each clone: none lost
+    return 1 if failed else 0
+
+
+def report(runs: list[dict[str, dict]], loads: list[str], commit: str, cache: str, write: bool) -> list[str]:
+    """Print (and unless a target failed, write) the section for the clones so far; the targets that failed."""
     failed = [f"clone {i + 1} make {t}" for i, r in enumerate(runs) for t in TARGETS if r[t]["rc"] != 0]
     end = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     body = "\n".join(table(runs)) + (
-        f"\n\nCommit {commit.strip()}. Load average (1 / 5 / 15 min) at each clone's start: {'; '.join(loads)}; at the "
+        f"\n\nCommit {commit}. Load average (1 / 5 / 15 min) at each clone's start: {'; '.join(loads)}; at the "
         f"end: {end}. pip's cache before the first clone: {cache} (wheels of this machine's local index need no "
         "download either way). Each clone builds its four environments from nothing, so each target's time includes "
         "its environment's install. " + (f"FAILED: {', '.join(failed)}." if failed else "Every target passed.")
     )
-    if not a.no_write and not failed:
+    if write and not failed:
         from benchmarks._report import write_section
 
-        write_section("CI time", f"python -m benchmarks.ci_time --runs {a.runs}", body)
-    print(body)
-    return 1 if failed else 0
-
+        write_section("CI time", f"python -m benchmarks.ci_time --runs {len(runs)}", body)
+    print(body, flush=True)
+    return failed
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -14,4 +14,4 @@ def test_the_check_sees_another_target():
 def test_pytest_summaries_are_read_from_every_call():
     log = ("===== 1703 passed, 148 skipped, 106 warnings in 941.33s (0:15:41) =====\n"
            "===== 12 passed in 3.00s =====\n")  # fmt: skip
-    assert ci_time.SUMMARY.findall(log) == ["1703 passed, 148 skipped, 106 warnings", "12 passed"]
+    assert ci_time.SUMMARY.findall(log) == ["1703 passed, 148 skipped, 106 warnings in 941.33s", "12 passed in 3.00s"]
