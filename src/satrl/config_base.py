@@ -11,9 +11,13 @@ checked against that choice's registry, imported plainly (``Annotated[str, After
 from __future__ import annotations
 
 import re
-from typing import Annotated
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
 class ConfigError(ValueError):
@@ -35,6 +39,51 @@ class Section(BaseModel):
     # allow_inf_nan=False: no setting means anything at inf or NaN (train.lr=inf wrecked the weights at step 1 and
     # the run reported success); a bound such as gt=0 alone lets inf through.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_int(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1 where an int is expected (seed=true ran seed 1): refused, naming the value
+        if isinstance(value, bool) and info.field_name is not None and _wants_int(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"got {value!r}; expected an integer, not a boolean")
+        return value
+
+
+def _wants_int(annotation: Any) -> bool:
+    """Whether a field is an integer, or an integer or None (a boolean is then no value for it)."""
+    if annotation is int:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        return int in args and bool not in args
+    return False
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without anchors and aliases: a config has no use for them, and a few nested aliases
+    (billion laughs) expand to gigabytes when loaded (issue 60: memory grew ~70 MB/s under --print-config)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise _AliasRefused(event.start_mark.line + 1)
+        return super().compose_node(parent, index)
+
+
+class _AliasRefused(Exception):
+    def __init__(self, line: int) -> None:
+        super().__init__(line)
+        self.line = line
+
+
+def load_yaml(text: str, where: str | Path) -> Any:
+    """``yaml.safe_load`` of a user's config text (a file, a grid, an override's value), refusing YAML anchors
+    and aliases (``&name``, ``*name``) with a :class:`ConfigError` naming ``where`` and the line."""
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader subclass)
+    except _AliasRefused as refused:
+        raise ConfigError(f"{where}:{refused.line}: YAML anchors and aliases (&name, *name) are not accepted in a "
+                          "config; write the values out") from None  # fmt: skip
 
 
 DEVICES = "cpu, cuda or cuda:N"

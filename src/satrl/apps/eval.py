@@ -138,15 +138,15 @@ def add_eval_args(parser: argparse.ArgumentParser) -> None:
         "--task-arg", action="append", default=[], metavar="KEY=VALUE",
         help="task constructor argument, YAML-typed (e.g. digits=3, path=aime24.jsonl); repeatable",
     )
-    parser.add_argument("--k", type=int, help="samples per problem for avg@k (default: 8)")
+    parser.add_argument("--k", type=int, help="samples per problem for avg@k, in [1, 4096] as eval.k (default: 8)")
     parser.add_argument("--n-problems", type=int, help="first N eval problems (default: all)")
     parser.add_argument("--val-problems", type=int, help="N problems of the val part, as a run's evaluator picks them")
     parser.add_argument("--test-problems", type=int,
                         help="N problems of the test part, as a run's evaluator picks them")  # fmt: skip
-    parser.add_argument("--seed", type=int, help="default: 0")
+    parser.add_argument("--seed", type=int, help="in [0, 2^32) as a run's seed (default: 0)")
     parser.add_argument("--numerics", help=f"engine numerics: {' | '.join(NUMERICS.names())} (default: {EVAL_NUMERICS})")
-    parser.add_argument("--temperature", type=float, help="default: 1.0")
-    parser.add_argument("--top-p", type=float, help="default: 1.0")
+    parser.add_argument("--temperature", type=float, help="in [0.01, 100] as engine.temperature (default: 1.0)")
+    parser.add_argument("--top-p", type=float, help="in (0, 1] as engine.top_p (default: 1.0)")
     parser.add_argument("--top-k", type=int, help="0 = off (default: 0)")
     parser.add_argument("--max-new-tokens", type=int, help="default: 16")
     parser.add_argument("--batch-size", type=int, help="default: 256")
@@ -158,9 +158,32 @@ def add_eval_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="also print the result as one JSON line")
 
 
-# Flags that count something: the least each may be (a --batch-size 0 said "range() arg 3 must not be zero").
-AT_LEAST = {"k": 1, "n_problems": 1, "val_problems": 0, "test_problems": 0, "top_k": 0, "max_new_tokens": 1,
-            "batch_size": 1, "threads": 1}  # fmt: skip
+# Flags that count something and have no field of a run's config: the least each may be (a --batch-size 0 said
+# "range() arg 3 must not be zero").
+AT_LEAST = {"n_problems": 1, "val_problems": 0, "test_problems": 0, "batch_size": 1}
+
+# Flags that set what a run's config sets: (section, field) of the run config, whose bounds they obey (one source of
+# truth: --k 1e9 hung, --temperature inf and --seed -1 were taken where `satrl train` refused them; issue 60).
+CONFIG_FIELDS = {"k": ("eval", "k"), "seed": (None, "seed"), "temperature": ("engine", "temperature"),
+                 "top_p": ("engine", "top_p"), "top_k": ("engine", "top_k"),
+                 "max_new_tokens": ("engine", "max_new_tokens"), "threads": ("engine", "threads")}  # fmt: skip
+
+
+def _config_problem(name: str, value: Any) -> str | None:
+    """Why the run config would refuse ``value`` for the field flag ``name`` sets, or None."""
+    from pydantic import ValidationError
+
+    from satrl.config import RunConfig
+
+    section, key = CONFIG_FIELDS[name]
+    model = RunConfig if section is None else RunConfig.model_fields[section].annotation
+    try:
+        model.__pydantic_validator__.validate_assignment(model.model_construct(), key, value)
+    except ValidationError as err:
+        first = err.errors()[0]
+        msg = str(first["ctx"]["error"]) if first["type"] == "value_error" and "error" in first.get("ctx", {}) else first["msg"]
+        return f"{msg} (as {key if section is None else f'{section}.{key}'} in a run's config)"
+    return None
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -169,6 +192,10 @@ def _check_flags(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and value < least:
             raise ValueError(f"--{name.replace('_', '-')} {value}: must be at least {least}")
+    for name in CONFIG_FIELDS:
+        value = getattr(args, name, None)
+        if value is not None and (why := _config_problem(name, value)):
+            raise ValueError(f"--{name.replace('_', '-')} {value}: {why}")
 
 
 def _fail(e: BaseException) -> int:

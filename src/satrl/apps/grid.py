@@ -58,7 +58,7 @@ def run_grid(args: argparse.Namespace) -> int:
     from satrl.experiments.changes import GridChangedError, changed_runs, guard_changes
     from satrl.experiments.grid import GridBusyError, default_command, run_grid_spec, thread_capped
     from satrl.experiments.preregistration import PreregistrationError
-    from satrl.experiments.spec import expand, load_grid, select
+    from satrl.experiments.spec import expand, load_grid, select, size_problem
     from satrl.experiments.status import has_checkpoint, run_status
 
     if why := _bad_flag(args):
@@ -68,6 +68,9 @@ def run_grid(args: argparse.Namespace) -> int:
         spec = load_grid(args.grid, check_paths=not args.dry_run)
     except ValueError as e:
         print(f"satrl grid: {e}", file=sys.stderr)
+        return 2
+    if why := size_problem(spec, args.seeds):  # before any run is built, --dry-run too
+        print(f"satrl grid: {args.grid}: {why}", file=sys.stderr)
         return 2
     out = Path(args.out or Path("runs") / spec.name)
     if why := folder_problem(out):

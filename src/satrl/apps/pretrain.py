@@ -72,8 +72,13 @@ def run_pretrain(args: argparse.Namespace) -> int:
 
     recipe = RECIPES.get(args.model)
     try:
+        settings = _settings(args, recipe)
+    except ValueError as err:  # a flag out of its bounds (PretrainSettings.problem): before any work
+        print(f"satrl pretrain: {err}", file=sys.stderr)
+        return 2
+    try:
         with quiet_progress_bars():
-            record = _run(args, recipe, progress=not args.no_progress and sys.stdout.isatty())
+            record = _run(args, settings, progress=not args.no_progress and sys.stdout.isatty())
     except (ResumeError, CheckpointError) as err:  # a resume state missing, in the way, damaged or of other flags
         print(f"satrl pretrain: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2
@@ -87,11 +92,12 @@ def run_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace, recipe: dict, progress: bool) -> dict[str, Any]:
-    from satrl.training.pretrain import PretrainSettings, pretrain
+def _settings(args: argparse.Namespace, recipe: dict) -> Any:
+    """The flags as :class:`~satrl.training.pretrain.PretrainSettings`; a ValueError names a flag out of bounds."""
+    from satrl.training.pretrain import PretrainSettings
 
     defaults = PretrainSettings()  # a recipe without digits/ops (countdown) records the defaults, unused by its task
-    settings = PretrainSettings(
+    return PretrainSettings(
         kind=args.kind or recipe["kind"],
         task=args.task or recipe["task"],
         digits=args.digits if args.digits is not None else recipe.get("digits", defaults.digits),
@@ -110,4 +116,9 @@ def _run(args: argparse.Namespace, recipe: dict, progress: bool) -> dict[str, An
         micro_batch_size=args.micro_batch_size,
         save_every=args.save_every,
     )
+
+
+def _run(args: argparse.Namespace, settings: Any, progress: bool) -> dict[str, Any]:
+    from satrl.training.pretrain import pretrain
+
     return pretrain(settings, args.out, command=command_line(args), progress=progress, resume=args.resume)

@@ -26,11 +26,20 @@ from pydantic import (
     model_validator,
 )
 
+from satrl.config_base import ConfigError, load_yaml
+
 # Keys the grid itself controls; a cell or `extra:` setting them would silently fight the grid.
 _RESERVED = {"seed": "--seeds / seeds:", "out": "--out", "lag.n": "lags:", "lag.schedule": "lag_schedule:",
              "steps": "steps:", "train.max_threads": "--threads"}  # fmt: skip
 _CELL_KEYS = {"base", "lags", "lag_schedule", "label", "seeds"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+# The most seeds per cell and lag (seeds:, a cell's seeds:, --seeds) and runs per grid (cells x lags x seeds): a grid
+# is expanded into its runs before anything starts, even under --dry-run, so seeds: 1e9 hung with growing memory
+# (issue 60). 10^4 seeds is far past any trial's; 10^5 runs, a grid no machine finishes.
+MAX_SEEDS = 10**4
+MAX_RUNS = 10**5
+# run seeds are a run config's seed, in [0, 2^32)
+_SEED_END = 2**32
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -79,7 +88,7 @@ class CellSpec(BaseModel):
     lags: Lags | None = None
     # this cell's number of seeds (from the grid's first_seed), e.g. one confirming run beside an 8-seed cell;
     # --seeds does not change it
-    seeds: int | None = Field(default=None, ge=1)
+    seeds: int | None = Field(default=None, ge=1, le=MAX_SEEDS)
     lag_schedule: str | None = None
     label: str | None = None
     overrides: dict[str, Any] = Field(default_factory=dict)
@@ -175,9 +184,9 @@ class GridSpec(BaseModel):
     cells: dict[str, CellSpec]
     lags: Lags = Field(min_length=1)
     lag_schedule: str = "broadcast"
-    seeds: int = Field(default=3, ge=1)
+    seeds: int = Field(default=3, ge=1, le=MAX_SEEDS)
     # seeds run are first_seed .. first_seed + seeds - 1: a new trial on fresh seeds no earlier grid has seen
-    first_seed: int = Field(default=0, ge=0)
+    first_seed: int = Field(default=0, ge=0, lt=_SEED_END)
     baseline: str | None = None
     # method cell -> the cell it is layered on (e.g. sat_gspo: gspo): the report adds a paired table per pair
     pairs: dict[str, str] = Field(default_factory=dict)
@@ -249,6 +258,8 @@ class GridSpec(BaseModel):
         for name, cell in self.cells.items():
             if cell.base is None and self.base is None:
                 raise ValueError(f"cells.{name}: no base config; set `base:` on the grid or on the cell")
+        if why := size_problem(self):
+            raise ValueError(why)
         return self
 
     def base_path(self, cell: str) -> Path:
@@ -306,8 +317,10 @@ def load_grid(path: str | Path, check_paths: bool = True) -> GridSpec:
         raise ValueError(f"grid file not found: {path}")
     try:
         text = path.read_text(encoding="utf-8")
+        raw = load_yaml(text, path) or {}  # anchors and aliases refused: a billion-laughs grid never expands
         twice = _key_twice(yaml.compose(text, Loader=yaml.SafeLoader))
-        raw = yaml.safe_load(text) or {}
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise ValueError(f"{path}: not a readable YAML file ({' '.join(str(e).split())[:200]})") from None
     if twice:
@@ -347,9 +360,29 @@ class Run:
         return f"{self.cell}/lag{self.lag}/seed{self.seed}"
 
 
+def size_problem(spec: GridSpec, seeds: int | None = None) -> str | None:
+    """Why the grid cannot be expanded with ``seeds`` per cell and lag (``--seeds``; None: the grid's), or None:
+    more than MAX_SEEDS seeds, seeds past a run config's 2^32, or more than MAX_RUNS runs, each in one line naming
+    the field."""
+    if seeds is not None and seeds > MAX_SEEDS:
+        return f"--seeds {seeds}: at most {MAX_SEEDS:,} seeds per cell and lag"
+    counts = {name: c.seeds or seeds or spec.seeds for name, c in spec.cells.items()}
+    for name, n in counts.items():
+        if spec.first_seed + n > _SEED_END:
+            return (f"first_seed={spec.first_seed}: cell {name}'s {n} seeds would pass the largest run seed, "
+                    f"2^32 - 1 = {_SEED_END - 1}")  # fmt: skip
+    total = sum(len(spec.cell_lags(name)) * n for name, n in counts.items())
+    if total > MAX_RUNS:
+        return (f"seeds: {total:,} runs (cells x lags x seeds), beyond the most a grid may hold, {MAX_RUNS:,}; "
+                "lower seeds or split the grid")  # fmt: skip
+    return None
+
+
 def expand(spec: GridSpec, out: str | Path, seeds: int | None = None) -> list[Run]:
     """All runs, cell-major then lag then seed (``order: seed``: seed-major, then cell, then lag).
-    Override order: extra, steps, schedule, lag, cell."""
+    Override order: extra, steps, schedule, lag, cell. A grid too large (:func:`size_problem`) is a ValueError."""
+    if why := size_problem(spec, seeds):
+        raise ValueError(why)
     out = Path(out)
     runs = []
     for cell, c in spec.cells.items():

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, model_validator
 
-from satrl.config_base import ConfigError, Section, check_device_here, show
+from satrl.config_base import ConfigError, Section, check_device_here, load_yaml, show
 from satrl.diagnostics.collapse import CollapseConfig
 from satrl.diagnostics.config import DiagnosticsConfig
 from satrl.engines.config import EngineConfig, EngineName
@@ -40,13 +40,18 @@ from satrl.weights.transports import TRANSPORTS
 BackendName = Annotated[str, AfterValidator(BACKENDS.check)]  # a name in the registry, the one list of valid names
 
 
+# The most samples per problem an evaluation (eval.k, `satrl eval --k`) draws: 2^12, far past any avg@k reported;
+# satrl eval --k 1e9 generated for hours before its first score (issue 60).
+MAX_EVAL_K = 2**12
+
+
 class EvalConfig(Section):
     """Evaluation: the task's eval problems are split by a fixed hash into disjoint ``val`` and ``test`` parts;
     both are scored at every evaluation, the best step is chosen on val and reported on test."""
 
     every: int = Field(40, ge=0, description="Evaluate every this many optimizer steps (0: only at the end).")
     at_start: bool = Field(True, description="Also evaluate before training (step 0): the collapse rule's base.")
-    k: int = Field(8, ge=1, description="Samples per problem for avg@k.")
+    k: int = Field(8, ge=1, le=MAX_EVAL_K, description="Samples per problem for avg@k, in [1, 2^12].")
     # Defaults fit the built-in arithmetic task's 200 eval problems (97 fall in val, 103 in test).
     val_problems: int = Field(80, ge=1, description="Val-part problems per evaluation (checkpoint selection).")
     test_problems: int = Field(100, ge=1, description="Test-part problems per evaluation (reported scores).")
@@ -128,10 +133,11 @@ class RunConfig(Section):
         return Path(self.out) if self.out else Path("runs") / name
 
 
-def _parse_scalar(text: str) -> Any:
-    """Parse an override value as YAML (so `true`, `8`, `1e-4`, `[1, 2]` work), keeping bare strings."""
+def _parse_scalar(text: str, key: str = "override") -> Any:
+    """Parse an override value as YAML (so `true`, `8`, `1e-4`, `[1, 2]` work), keeping bare strings; anchors and
+    aliases are refused (:func:`~satrl.config_base.load_yaml`)."""
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text, f"override {key}")
     except yaml.YAMLError:
         return text
 
@@ -308,7 +314,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+            data = load_yaml(p.read_text(encoding="utf-8"), p) or {}
         except (yaml.YAMLError, UnicodeDecodeError) as e:
             raise ConfigError(f"{p}: not valid YAML ({_one_line(e)})") from None
         if not isinstance(data, dict):
@@ -319,6 +325,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         key, value = item.split("=", 1)
         if not all(part.strip() for part in key.split(".")):
             raise ConfigError(f"override {item!r}: empty key or key part in {key!r} (e.g. lag.n=8)")
-        apply_override(data, key.strip(), _parse_scalar(value))
+        apply_override(data, key.strip(), _parse_scalar(value, key.strip()))
     return build_config(data)
 

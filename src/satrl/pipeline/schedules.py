@@ -132,6 +132,11 @@ def hold(sched: Schedule, k: int) -> Schedule:
     return replace(sched, version=version, max_lag=min(sched.max_lag, k), max_staleness=None, unheld=base)
 
 
+# The largest lag.n and lag.max_staleness (optimizer steps): the loop plans max_lag / S batches ahead and the snapshot
+# store asks every one of them for its versions at each step (rollouts.horizon), so lag.n=1e9 hung with growing
+# memory before a step (issue 60). 2^14 is 500x the largest lag of the paper's grids (32) and costs milliseconds.
+MAX_LAG = 2**14
+
 # The run config's ``lag:`` section, checked against SCHEDULES when the config loads.
 ScheduleName = Annotated[str, AfterValidator(SCHEDULES.check)]
 
@@ -140,10 +145,12 @@ class LagConfig(Section):
     schedule: ScheduleName = Field(
         "broadcast", description="Lag schedule (satrl.pipeline.schedules.SCHEDULES; docs/design.md, 'Versions and lag')."
     )
-    n: int = Field(1, ge=0, description="broadcast: weight-broadcast interval; fixed: exact lag (opt. steps).")
+    n: int = Field(1, ge=0, le=MAX_LAG, description="broadcast: weight-broadcast interval; fixed: exact lag (opt. "
+                   "steps); in [0, 2^14]: the loop plans n / S batches ahead.")  # fmt: skip
     max_staleness: int = Field(
-        8, ge=0, description="Bound on a sample's lag at its batch's last optimizer step; what happens past it: on_stale."
-    )
+        8, ge=0, le=MAX_LAG, description="Bound on a sample's lag at its batch's last optimizer step, in [0, 2^14]; "
+        "what happens past it: on_stale.",
+    )  # fmt: skip
     on_stale: Literal["drop", "hold"] = Field(
         "drop", description="drop: async drops samples past max_staleness (async/dropped), other schedules ignore the "
         "bound; hold: every schedule holds generation back until weights fresh enough exist, nothing is dropped "

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from satrl.config_base import Device, Section
 
 # The most samples one rollout batch may hold (train.prompts_per_batch x train.group_size): 2^20, ~100x the largest
 # published RL batches; beyond, allocating the batch (and the first batch's problems) is what runs, for minutes.
 MAX_BATCH_SAMPLES = 2**20
+# The largest learning rate train.lr (and `satrl pretrain --lr`) takes: beyond, AdamW's first step wrecks the weights.
+MAX_LR = 1.0
 
 
 class TrainConfig(Section):
-    lr: float = Field(1e-4, gt=0, le=1, description="Constant learning rate, in (0, 1] (beyond, AdamW's first step "
+    lr: float = Field(1e-4, gt=0, le=MAX_LR, description="Constant learning rate, in (0, 1] (beyond, AdamW's first step "
                       "already wrecks the weights).")  # fmt: skip
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
         (0.9, 0.98), description="Adam betas (paper App. F), each in [0, 1).")
@@ -28,8 +30,9 @@ class TrainConfig(Section):
         "most 2^20 samples per batch (prompts_per_batch x group_size), refused before anything is allocated.",
     )  # fmt: skip
     group_size: int = Field(
-        8, ge=1, le=MAX_BATCH_SAMPLES, description="Samples per prompt (GRPO group), in [1, 2^20]; see "
-        "prompts_per_batch for the bound on their product.",
+        8, le=MAX_BATCH_SAMPLES, description="Samples per prompt (GRPO group), in [2, 2^20]: every advantage "
+        "estimator (GRPO's, VCPO's OPOB) centres a reward on its group's, so a group of 1 has advantage 0 and learns "
+        "nothing; see prompts_per_batch for the bound on their product.",
     )  # fmt: skip
     # 1 by default so that configured lag n means the paper's lag n (Sec. 2.1, Fig. 1): with S optimizer steps per
     # rollout batch, broadcast lag n trains at realized lags up to n + 2S - 2 (4-7 for "lag 1" at S = 4).
@@ -88,6 +91,14 @@ class TrainConfig(Section):
         "step (checkpoints hold it); composes multiplicatively with an objective's step size (VCPO). Logged as "
         "train/lag_lr_scale, train/lr_lag, train/lr_scale.",
     )  # fmt: skip
+
+    @field_validator("group_size")
+    @classmethod
+    def _group_of_two(cls, n: int) -> int:  # issue 60: group_size=1 ran with loss and gradient 0.0 every step
+        if n < 2:
+            raise ValueError(f"got {n}; at least 2: the advantage is each reward minus its group's mean, so a group "
+                             "of fewer than 2 samples has advantage 0 and learns nothing")  # fmt: skip
+        return n
 
     @model_validator(mode="after")
     def _batch_fits(self) -> TrainConfig:  # issue 46: prompts_per_batch=1e9 printed nothing for minutes

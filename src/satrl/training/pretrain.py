@@ -32,6 +32,7 @@ import dataclasses
 import inspect
 import itertools
 import json
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -170,6 +171,32 @@ class PretrainSettings:
     model_cfg: dict[str, Any] = field(default_factory=dict)
     micro_batch_size: int = 0
     save_every: int = 0
+
+    def __post_init__(self) -> None:
+        if why := self.problem():
+            raise ValueError(why)
+
+    def problem(self) -> str | None:
+        """Why these settings cannot train, in one line naming the flag, or None: each bounded as the run config
+        bounds its field (``--lr`` as ``train.lr``, finite in (0, MAX_LR]; ``--seed`` as ``seed``), so ``--lr inf``
+        no longer writes an all-NaN policy and ``--steps 0`` no traceback (issue 60)."""
+        from satrl.training.config import MAX_LR
+
+        for name in ("digits", "steps", "batch_size", "threads", "eval_problems", "eval_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                return f"--{name.replace('_', '-')} {value}: must be an integer, at least 1"
+        for name in ("warmup", "eval_every", "final_eval_problems", "micro_batch_size", "save_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                return f"--{name.replace('_', '-')} {value}: must be an integer, at least 0"
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            return f"--seed {self.seed}: must be an integer in [0, 2^32), as a run's seed"
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
+            return f"--lr {self.lr}: must be a finite number in (0, {MAX_LR:g}], as train.lr"
+        if self.stop_avg is not None and not math.isfinite(self.stop_avg):
+            return f"--stop-avg {self.stop_avg}: must be a finite number"
+        return None
 
     def record_args(self) -> dict[str, Any]:
         """The ``args`` of ``pretrain.json`` (the shipped policies' files have exactly these keys); a run with
