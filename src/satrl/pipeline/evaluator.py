@@ -32,6 +32,8 @@ class EvalPlan:
         sampling, k, seed: sampling settings, samples per problem, the run seed (request seeds derive from it).
         every, at_start: evaluate every this many optimizer steps (0: only at the end), and at step 0.
         val_problems, test_problems: problems of each part per evaluation.
+        late_test_problems, late_from: test problems of the evaluations at steps >= ``late_from`` (the endpoint's
+            late window), a superset of the others' (None: the same ``test_problems`` throughout).
     """
 
     sampling: SamplingParams
@@ -41,6 +43,11 @@ class EvalPlan:
     at_start: bool
     val_problems: int
     test_problems: int
+    late_test_problems: int | None = None
+    late_from: int | None = None
+
+    def is_late(self, step: int) -> bool:
+        return self.late_test_problems is not None and self.late_from is not None and step >= self.late_from
 
 
 class Evaluator:
@@ -72,12 +79,18 @@ class Evaluator:
 
         if hasattr(self, "pool"):
             return
-        try:
-            self.pool, self.val_idx, self.test_idx = split_val_test(
-                self.task.problems("eval", 0), self.plan.val_problems, self.plan.test_problems
-            )
-        except ValueError as err:
-            raise TaskError(str(err)) from None
+        plan, sizes = self.plan, {False: self.plan.test_problems}
+        if plan.late_test_problems is not None:
+            sizes[True] = plan.late_test_problems
+        self.parts = {}
+        for late, n in sizes.items():  # the first test_problems of the test part are the same problems in both
+            try:
+                self.parts[late] = split_val_test(self.task.problems("eval", 0), plan.val_problems, n)
+            except ValueError as err:
+                why = str(err).replace("eval.test_problems", "eval.late_test_problems") if late else str(err)
+                raise TaskError(why) from None
+        # the largest draw: every problem any evaluation prompts with (the context check reads it)
+        self.pool = self.parts[max(sizes, key=sizes.get)][0]
 
     def __call__(self, trainer: TrainerLike) -> dict:
         from satrl.engines.registry import engine_for
@@ -90,12 +103,13 @@ class Evaluator:
                                      model_path=spec.model_path, numerics=spec.numerics, **spec.kwargs)  # fmt: skip
             self.prepare()
         self.engine.load_weights(trainer.weights(), trainer.version)
+        pool, val_idx, test_idx = self.parts[self.plan.is_late(trainer.version)]
         res = evaluate(
             self.engine, self.tokenizer, self.task, k=self.plan.k, sampling=self.plan.sampling, seed=self.plan.seed,
-            problems=self.pool,
+            problems=pool,
         )
         out = {"avg_at_k": res.avg_at_k, "greedy_acc": res.greedy_acc, "k": res.k}
-        for part, idx in (("val", self.val_idx), ("test", self.test_idx)):
+        for part, idx in (("val", val_idx), ("test", test_idx)):
             if idx:
                 out.update({f"{part}_{k}": v for k, v in part_scores(res, idx).items()})
                 out[f"{part}_n"] = len(idx)

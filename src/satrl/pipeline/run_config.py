@@ -45,6 +45,11 @@ BackendName = Annotated[str, AfterValidator(BACKENDS.check)]  # a name in the re
 MAX_EVAL_K = 2**12
 
 
+# The most test problems a late evaluation scores (eval.late_test_problems): far past any trial's need, and a
+# bound on the time an evaluation may take before its first score.
+MAX_LATE_TEST_PROBLEMS = 2**14
+
+
 class EvalConfig(Section):
     """Evaluation: the task's eval problems are split by a fixed hash into disjoint ``val`` and ``test`` parts;
     both are scored at every evaluation, the best step is chosen on val and reported on test."""
@@ -55,6 +60,12 @@ class EvalConfig(Section):
     # Defaults fit the built-in arithmetic task's 200 eval problems (97 fall in val, 103 in test).
     val_problems: int = Field(80, ge=1, description="Val-part problems per evaluation (checkpoint selection).")
     test_problems: int = Field(100, ge=1, description="Test-part problems per evaluation (reported scores).")
+    late_test_problems: int | None = Field(
+        None, ge=1, le=MAX_LATE_TEST_PROBLEMS, description="Test-part problems of the evaluations in the late window "
+        "(the last ceil(25 %) of `steps`, whose mean is the primary endpoint `late_test_avg_at_k`), at least "
+        "eval.test_problems: the first eval.test_problems of them are the other evaluations' test problems. A "
+        "quieter endpoint for the cost of its own evaluations only; null: every evaluation scores eval.test_problems.",
+    )  # fmt: skip
     engine: EngineName | None = Field(None, description="Engine for evaluation (default: the rollout engine).")
     engine_kwargs: dict[str, Any] | None = Field(
         None, description="Extra arguments of the evaluation engine (e.g. vLLM's gpu_memory_utilization where it "
@@ -67,6 +78,14 @@ class EvalConfig(Section):
         "every earlier run). Another seed draws a fresh eval set from the same eval partition, still disjoint from "
         "training; val and test stay disjoint (split by a hash of the prompt).",
     )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _late_covers_test(self) -> EvalConfig:
+        late = self.late_test_problems
+        if late is not None and late < self.test_problems:
+            raise ValueError(f"eval.late_test_problems={late} is below eval.test_problems={self.test_problems}: the "
+                             "late evaluations score the same test problems and more; raise it or set null")  # fmt: skip
+        return self
 
 
 class CheckpointConfig(Section):

@@ -8,6 +8,7 @@ from dataclasses import replace
 import torch
 
 from satrl.config_base import ConfigError
+from satrl.diagnostics.summary import late_window_start
 from satrl.pipeline.engine_side.worker import WorkerSpec
 from satrl.pipeline.evaluator import EvalEngineSpec, EvalPlan, Evaluator
 from satrl.pipeline.run_config import RunConfig
@@ -65,7 +66,8 @@ def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
     e = cfg.eval
     engine = EvalEngineSpec(e.engine or cfg.engine.name, eval_engine_kwargs(cfg), cfg.model.source, cfg.engine.numerics)
     plan = EvalPlan(sampling=sampling_params(cfg), k=e.k, seed=cfg.seed, every=e.every, at_start=e.at_start,
-                    val_problems=e.val_problems, test_problems=e.test_problems)  # fmt: skip
+                    val_problems=e.val_problems, test_problems=e.test_problems,
+                    late_test_problems=e.late_test_problems, late_from=late_window_start(cfg.steps))  # fmt: skip
     return Evaluator(tokenizer, task, engine, plan)
 
 
