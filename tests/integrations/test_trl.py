@@ -330,3 +330,144 @@ def test_sampling_mu_without_a_generator_that_has_log_probs_is_refused_before_th
                         train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=build_char_tokenizer(),
                         rollout_func=rollout_func, mu_source="sampling")
     assert tr.mu_source == "sampling"
+
+
+ENGINE_CASES = {  # how the batch carries TRL's pi_old and vLLM importance-sampling weight besides mu
+    "rollout_func": {},  # num_iterations=1: TRL has no pi_old (its ratio would be 1)
+    "pi_old_and_a_nan_mu": {"old": True, "nan": True},
+    "vllm_sequence_mask": {"old": True, "is_mode": "sequence_mask"},
+    "vllm_token_truncate": {"old": True, "is_mode": "token_truncate"},
+}
+
+
+def engine_inputs(tr, seed: int, case: dict) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """``with_sampling`` shaped as TRL hands it over in ``case``; returns (inputs, mu, keep): the mu SAT should
+    use, and the rejection TRL's IS mask keeps (ones unless a mask mode rejects)."""
+    inputs = with_sampling(tr.model, seed=seed)
+    mask = inputs["completion_mask"].bool()
+    if case.get("nan"):  # vLLM's None log-prob: that token's mu is pi_old
+        inputs["sampling_per_token_logps"][0, 1] = float("nan")
+    if not case.get("old"):
+        del inputs["old_per_token_logps"]
+    logp, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+        tr, tr.model, torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+        torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1), inputs["completion_ids"].size(1))
+    old = inputs.get("old_per_token_logps", logp.detach())
+    mu = torch.where(torch.isfinite(inputs["sampling_per_token_logps"]), inputs["sampling_per_token_logps"], old)
+    keep = torch.ones(mask.shape[0], 1)
+    tr.use_vllm = tr.vllm_importance_sampling_correction = "is_mode" in case  # only the IS product reads them
+    if "is_mode" in case:
+        tr.vllm_importance_sampling_mode = case["is_mode"]
+        # TRL's pi_old / mu weight, with one sequence rejected (0) where the mode masks
+        weight = torch.tensor([[0.7], [0.0], [1.3], [2.0], [0.5], [1.0], [0.9], [1.1]])
+        if case["is_mode"] == "sequence_mask":
+            keep = (weight != 0).float()
+        else:
+            weight = weight.clamp(min=0.25).expand_as(mu).contiguous()
+        inputs["importance_sampling_ratio"] = weight
+    return inputs, mu, keep
+
+
+@needs_trl
+@pytest.mark.parametrize("case", list(ENGINE_CASES))
+def test_engine_mu_is_the_ratios_denominator(pair, case):
+    """mu = the engine's log-probs: TRL's ratio is pi / mu (verl's bypass mode), so the loss and every gradient
+    equal satrl's sat_grpo with behavior_logp = mu, bit for bit, with TRL's vLLM IS weight dropped but its mask
+    kept; gate off, they equal GRPOTrainer's given mu as its old_per_token_logps (and no IS weight)."""
+    theirs, ours = pair("token", "grpo", sat_alpha=0.75)
+    inputs, mu, keep = engine_inputs(ours, seed=6, case=ENGINE_CASES[case])
+    before = dict(inputs)
+    loss, grads = loss_and_grads(ours, inputs)
+    assert inputs.keys() == before.keys() and all(inputs[k] is before[k] for k in inputs)  # caller's batch kept
+    assert ours._metrics["train"]["sat/mu_source"][-1] == 1.0 and ours._metrics["train"]["sat/gate_rate"][-1] > 0
+    mask = inputs["completion_mask"].bool()
+    ours.model.zero_grad(set_to_none=True)
+    logp, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+        ours, ours.model, torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+        torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1), inputs["completion_ids"].size(1))
+    loss_tok, _, _ = policy_loss("sat_grpo", logp=logp, behavior_logp=mu, adv=inputs["advantages"], mask=mask,
+                                 eps_low=EPS_LOW, eps_high=EPS_HIGH, alpha=0.75)
+    ref_loss = aggregate(loss_tok * keep, mask, "seq-mean-token-mean")
+    ref_loss.backward()
+    assert torch.equal(loss, ref_loss.detach())
+    assert all(torch.equal(a, p.grad) for a, p in zip(grads, ours.model.parameters()))
+    # gate off: TRL's own loss on pi / mu
+    ours.args.sat_alpha = 1.0
+    off_loss, off_grads = loss_and_grads(ours, inputs)
+    ours.args.sat_alpha = 0.75
+    bypass = {k: v for k, v in inputs.items() if k not in ("sampling_per_token_logps", "importance_sampling_ratio")}
+    bypass["old_per_token_logps"] = mu
+    ref_off, ref_off_grads = loss_and_grads(theirs, bypass)
+    if "is_mode" in ENGINE_CASES[case]:  # TRL's loss times the kept rows' 0/1: compare on the kept rows only
+        theirs.use_vllm = theirs.vllm_importance_sampling_correction = True
+        ref_off, ref_off_grads = loss_and_grads(theirs, {**bypass, "importance_sampling_ratio": keep})
+        theirs.use_vllm = theirs.vllm_importance_sampling_correction = False
+    assert torch.equal(off_loss, ref_off)
+    assert all(torch.equal(a, b) for a, b in zip(off_grads, ref_off_grads))
+    assert not torch.equal(off_loss, loss_and_grads(theirs, inputs)[0])  # TRL itself: another ratio
+
+
+def noisy_rollout(noise: float = 0.3, t: int = 8):
+    """A ``rollout_func`` (TRL's custom generator): random completions, and as their sampling log-probs the
+    policy's at generation plus a token noise (an engine whose numerics differ). Seeded: two trainers built
+    with their own ``noisy_rollout()`` see the same completions."""
+    g = torch.Generator().manual_seed(0)
+
+    def rollout_func(prompts, trainer):
+        prompt_ids = [trainer.processing_class(p)["input_ids"] for p in prompts]
+        completion_ids = [torch.randint(4, 40, (t,), generator=g).tolist() for _ in prompts]
+        logprobs = []
+        with torch.no_grad():
+            for p, c in zip(prompt_ids, completion_ids):
+                logits = trainer.model(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1:-1].float()
+                logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c)[:, None]).squeeze(-1)
+                logprobs.append((logp + torch.randn(t, generator=g) * noise).tolist())
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
+    return rollout_func
+
+
+@needs_trl
+def test_sat_acts_at_trls_defaults_with_an_engine_mu(tiny_dir, tmp_path, monkeypatch):
+    """The issue's run: 3 steps, num_iterations=1 (TRL's default: pi_old = pi), a rollout_func whose log-probs
+    differ from pi. SAT's ratio is pi / mu, so TRL's clip counts clipped tokens, the gate fires and the weights
+    are not GRPOTrainer's (they were bit-identical while SAT clipped pi / pi_old = 1); no warning."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+
+    def build(cls, cfg_cls, out, **kw):
+        return cls(model=tiny_dir, reward_funcs=reward_digits, args=config(cfg_cls, out, num_iterations=1, **kw),
+                   train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=build_char_tokenizer(),
+                   rollout_func=noisy_rollout())
+
+    _, ref_params = train_logs(build(GRPOTrainer, GRPOConfig, tmp_path / "a"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        logs, params = train_logs(build(SATGRPOTrainer, SATGRPOConfig, tmp_path / "b", sat_alpha=0.9))
+    assert len(logs) == 3 and all(h["sat/mu_source"] == 1.0 for h in logs)
+    assert min(h["sat/gate_rate"] for h in logs) > 0 and min(h["clip_ratio/region_mean"] for h in logs) > 0
+    assert not all(torch.equal(a, b) for a, b in zip(params, ref_params))
+
+
+@needs_trl
+@pytest.mark.parametrize("keys,sat_acts", [
+    ({"num_iterations": 1}, False),                                    # TRL's default: pi_old = pi, no mu
+    ({"num_iterations": 1, "gradient_accumulation_steps": 2}, False),  # steps_per_generation follows: aligned
+    ({"num_iterations": 2}, True),                                     # batches reused after a step
+    ({"num_iterations": 1, "rollout": True}, True),                    # the engine's mu
+    ({"num_iterations": 1, "rollout": True, "mu_source": "old_policy"}, False),
+])
+def test_a_sat_that_cannot_act_says_so_when_built(tiny_dir, tmp_path, monkeypatch, keys, sat_acts):
+    """Without an engine mu, and with TRL's ratio pi / pi_old identically 1, one RuntimeWarning when the
+    trainer is built; none otherwise."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    keys = dict(keys)
+    extra = {"rollout_func": noisy_rollout()} if keys.pop("rollout", False) else {}
+    extra["mu_source"] = keys.pop("mu_source", "auto")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        SATGRPOTrainer(model=tiny_dir, reward_funcs=reward_digits, args=config(SATGRPOConfig, tmp_path, **keys),
+                       train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=build_char_tokenizer(),
+                       **extra)
+    ours = [str(w.message) for w in seen if "SAT will not act" in str(w.message)]
+    assert len(ours) == (0 if sat_acts else 1)
+    if ours:
+        assert "\n" not in ours[0] and f"num_iterations={keys['num_iterations']}" in ours[0]

@@ -6,8 +6,9 @@
   ``old_log_probs``: the rollout engine's log-probs in bypass mode; the driver declares which through the
   ``${satrl_mu:}`` resolver (``_verl_mu``), and trainers that rewrite ``loss_mode`` are refused.
 - ``satrl.integrations.trl`` (extra ``trl``): ``SATGRPOTrainer`` / ``SATGRPOConfig``, TRL's
-  ``GRPOTrainer`` with SAT's clip interval (token level, or sequence level for GSPO); mu is vLLM's sampling
-  log-probs when TRL has them (``mu_source``).
+  ``GRPOTrainer`` with SAT's clip interval (token level, or sequence level for GSPO); mu is vLLM's (or a
+  ``rollout_func``'s) sampling log-probs when TRL has them (``mu_source``), and TRL's ratio is then pi / mu, as
+  in verl's bypass mode.
 - ``satrl.integrations.trl_vcpo`` (extra ``trl``): ``VCPOGRPOTrainer`` / ``VCPOGRPOConfig``, TRL's ``GRPOTrainer``
   with VCPO's two controls: the ESS step size on the optimizer's lr and the OPOB baseline inside TRL's own
   advantage centring and scaling (``satrl.objectives.vcpo``; mu by ``mu_source`` as for SAT).

@@ -7,13 +7,13 @@ it. Its clipped losses (``loss_type`` grpo, bnpo, dr_grpo, dapo, luspo) all comp
     coef_2 = clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)
     per_token_loss = -min(coef_1 * A, coef_2 * A)
 
-SAT (paper Eqs. 13-17) replaces the fixed interval by per-token bounds [1 - eps_low c-, 1 + eps_high c+].
-So the subclass changes one thing: for the duration of each ``_compute_loss`` call, right after TRL has
-computed the policy's log-probs, it sets ``self.epsilon_low`` / ``self.epsilon_high`` to SAT's per-token
-radii (tensors, [B, T] at token level, [B, 1] at sequence level) from
-:func:`satrl.objectives.sat.sat_clip_bounds`. Everything else (log-probs, KL, importance sampling,
-aggregation per ``loss_type``, gradient accumulation, TRL's clip metrics, which then count SAT's contracted
-interval) is TRL's own code. The gate ranks
+SAT (paper Eqs. 13-17) replaces the fixed interval by per-token bounds [1 - eps_low c-, 1 + eps_high c+]. So
+the subclass changes the interval (and, with an engine mu, the ratio's denominator: below): for the duration
+of each ``_compute_loss`` call, right after TRL has computed the policy's log-probs, it sets
+``self.epsilon_low`` / ``self.epsilon_high`` to SAT's per-token radii (tensors, [B, T] at token level, [B, 1]
+at sequence level) from :func:`satrl.objectives.sat.sat_clip_bounds`. Everything else (log-probs, KL,
+importance sampling, aggregation per ``loss_type``, gradient accumulation, TRL's clip metrics, which then
+count SAT's contracted interval) is TRL's own code. The gate ranks
 
 - ``importance_sampling_level="token"``: |d_t| with d_t = log pi - log mu (satrl preset ``sat_grpo``);
 - ``importance_sampling_level="sequence"`` (GSPO): |mean_t d_t| of the sequence, length-weighted
@@ -33,15 +33,26 @@ mu, SAT's behaviour policy, is chosen by ``SATGRPOTrainer(..., mu_source=...)`` 
   when ``num_iterations > 1``, ``steps_per_generation > gradient_accumulation_steps`` or vLLM importance
   sampling is on; else TRL uses ``per_token_logps.detach()``, d = 0 and the gate never fires).
 
-SAT's gate and contraction are computed on log pi - log mu; TRL's clip stays on its own ratio pi / pi_old
-(and its vLLM importance-sampling weight, pi_old / mu truncated, still multiplies the loss). With
-mu = pi_old the two coincide. A token whose sampling log-prob is not finite (vLLM maps NaN to None) uses
-pi_old for that token.
+Which ratio SAT clips:
 
-Exactness: the radii are stored as eps' = 1 - lo and eps'' = hi - 1, so TRL's ``1 - eps'`` and
-``1 + eps''`` give back exactly lo and hi (Sterbenz: exact for lo in [0.5, 1] and hi in [1, 2], hence
-``epsilon <= 0.5`` and ``epsilon_high <= 1``, checked). With ``sat_alpha=1`` the gate is empty, the bounds
-are exactly TRL's, and loss and gradients equal ``GRPOTrainer``'s bit for bit (tested).
+- mu = the engine's log-probs: verl's bypass mode. For the call, the subclass sets (in a copy of TRL's
+  inputs) ``old_per_token_logps`` to mu, so TRL's ratio ``coef_1`` is pi / mu itself, and TRL's vLLM
+  importance-sampling weight pi_old / mu is dropped (the ratio already corrects for mu, and verl's bypass
+  PPO-clip applies no IS weight either); its mask modes (``token_mask``, ``sequence_mask``) still reject what
+  they reject. The per-token loss is then satrl's ``policy_loss("sat_grpo" | "sat_gspo", logp=pi,
+  behavior_logp=mu)`` (tested bit for bit at token level). This is also TRL's ratio in every iteration when
+  ``num_iterations > 1``, and its KL's ``use_bias_correction_kl`` weight. A token whose sampling log-prob is
+  not finite (vLLM maps NaN to None) uses pi_old there (``per_token_logps.detach()`` when TRL has no pi_old).
+- mu = TRL's old policy: TRL's ratio pi / pi_old, unchanged. It is identically 1 when no optimizer step
+  falls between a batch's generation and its last use (TRL's defaults: ``num_iterations=1``,
+  ``steps_per_generation`` = ``gradient_accumulation_steps``); SAT's interval still contains 1, so SAT changes
+  nothing, and the trainer says so once, when it is built (``RuntimeWarning``, :func:`ratio_is_one`).
+
+Exactness: the radii are stored as eps' = 1 - lo and eps'' = hi - 1, so TRL's ``1 - eps'`` and ``1 + eps''``
+give back exactly lo and hi (Sterbenz: exact for lo in [0.5, 1] and hi in [1, 2], hence ``epsilon <= 0.5`` and
+``epsilon_high <= 1``, checked). With ``sat_alpha=1`` the gate is empty, the bounds are exactly TRL's, and
+loss and gradients equal ``GRPOTrainer``'s bit for bit (tested; with an engine mu, those of ``GRPOTrainer``
+given mu as ``old_per_token_logps``).
 
 SAT's diagnostics reach TRL's logs as ``sat/q``, ``sat/gate_rate``, ``sat/eps_low_mean``,
 ``sat/eps_high_mean``, ``sat/c_min`` (paper Table 10), averaged over processes. The quantile is over one
@@ -52,6 +63,7 @@ process when that call's composition rules the gate out (see ``satrl.integration
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +86,7 @@ TRL_PROXIES = LAG_FREE_PROXIES  # TRL passes no per-token lags (no version_age)
 SAT_LOG_KEYS = ("q", "gate_rate", "eps_low_mean", "eps_high_mean", "c_min")  # logged as sat/<key>
 TRL_HINT = "raise per_device_train_batch_size (more completions per loss call) or lower sat_alpha"
 MU_SOURCES = ("auto", "sampling", "old_policy")  # SATGRPOTrainer(mu_source=...), see the module docstring
+IS_MASK_MODES = ("token_mask", "sequence_mask")  # TRL's vLLM IS modes that reject (weight 0), not truncate
 
 
 @dataclass
@@ -137,6 +150,28 @@ def check_mu_source(mu_source: str, args: tuple, kwargs: dict, who: str = "SATGR
                          "mu_source='auto' or 'old_policy'")
 
 
+def ratio_is_one(args: GRPOConfig, num_iterations: int) -> bool:
+    """Whether TRL's ratio pi / pi_old is 1 at every loss call: no optimizer step between a batch's generation
+    and its last use. TRL's own test in ``_generate_and_score_completions``, where it then skips pi_old."""
+    return args.gradient_accumulation_steps % (args.steps_per_generation * num_iterations) == 0
+
+
+def warn_if_ratio_is_one(args: GRPOConfig, num_iterations: int) -> None:
+    """Warn (once, when the trainer is built) that SAT will not act: mu is TRL's old policy and pi/pi_old == 1."""
+    if ratio_is_one(args, num_iterations):
+        warnings.warn(
+            "satrl SATGRPOTrainer: SAT will not act: mu is TRL's old policy (no use_vllm=True or rollout_func "
+            f"sampling log-probs, or mu_source='old_policy') and with num_iterations={num_iterations}, "
+            f"steps_per_generation={args.steps_per_generation}, gradient_accumulation_steps="
+            f"{args.gradient_accumulation_steps} every loss call trains at the weights that generated its batch, "
+            "so TRL's ratio pi/pi_old is 1 and SAT's interval, which contains 1, changes nothing; generate with "
+            "use_vllm=True or a rollout_func (mu = their sampling log-probs) or set num_iterations > 1 "
+            "(docs/integrations.md)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 def choose_mu(mu_source: str, logp: Tensor, inputs: dict, who: str = "SATGRPOTrainer") -> tuple[Tensor, MuSource]:
     """mu [B, T] for one batch of TRL's inputs and where it came from (the module docstring's ``mu_source``):
     TRL's ``sampling_per_token_logps`` (a non-finite token falls back to pi_old) or ``old_per_token_logps``,
@@ -169,8 +204,13 @@ class SATGRPOTrainer(GRPOTrainer):
             raise TypeError(f"SATGRPOTrainer needs args=SATGRPOConfig(...), got {type(self.args).__name__}")
         self._sat_base = (self.epsilon_low, self.epsilon_high)  # TRL's scalars, restored after each call
         self._sat_inputs: dict | None = None
+        if self.mu_source == "old_policy" or not (self.use_vllm or self.rollout_func is not None):
+            warn_if_ratio_is_one(self.args, self.num_iterations)
 
     def _compute_loss(self, model, inputs):
+        # A shallow copy: with an engine mu the hook rewrites the ratio's denominator in it, and TRL reuses
+        # the caller's batch (num_iterations > 1), which must keep its own old_per_token_logps.
+        inputs = dict(inputs)
         self._sat_inputs = inputs  # read (and cleared) by the log-prob hook below, once
         try:
             loss = super()._compute_loss(model, inputs)
@@ -186,18 +226,34 @@ class SATGRPOTrainer(GRPOTrainer):
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         if self._sat_inputs is not None:  # the policy forward of _compute_loss (not generation's)
             inputs, self._sat_inputs = self._sat_inputs, None
-            self.epsilon_low, self.epsilon_high = self._sat_radii(out[0], inputs)
+            mu, source = self._sat_mu(out[0].detach(), inputs)
+            if source is MuSource.ENGINE:
+                self._sat_bypass(inputs, mu)
+            self.epsilon_low, self.epsilon_high = self._sat_radii(out[0], inputs, mu, source)
         return out
 
+    def _sat_bypass(self, inputs: dict, mu: Tensor) -> None:
+        """verl's bypass mode in this call's ``inputs``: TRL's ratio becomes pi / mu (``old_per_token_logps``
+        := mu), and TRL's vLLM importance-sampling weight pi_old / mu is dropped (the ratio already corrects
+        for mu; verl's bypass PPO-clip applies no IS weight either), keeping only what its mask modes reject."""
+        inputs["old_per_token_logps"] = mu
+        weight = inputs.get("importance_sampling_ratio")
+        if weight is None or not (self.use_vllm and self.vllm_importance_sampling_correction):
+            return
+        if self.vllm_importance_sampling_mode in IS_MASK_MODES:
+            inputs["importance_sampling_ratio"] = (weight != 0).to(weight.dtype)
+        else:
+            inputs["importance_sampling_ratio"] = torch.ones_like(weight)
+
     @torch.no_grad()
-    def _sat_radii(self, per_token_logps: Tensor, inputs: dict) -> tuple[Tensor, Tensor]:
-        """SAT's radii (1 - lo, hi - 1) for this call, from TRL's log-probs and inputs; logs SAT's metrics."""
+    def _sat_radii(self, per_token_logps: Tensor, inputs: dict, mu: Tensor,
+                   source: MuSource) -> tuple[Tensor, Tensor]:
+        """SAT's radii (1 - lo, hi - 1) for this call from TRL's log-probs, inputs and mu; logs SAT's metrics."""
         a = self.args
         mask = inputs["completion_mask"]
         if "tool_mask" in inputs:  # as TRL's _compute_loss
             mask = mask * inputs["tool_mask"]
         logp = per_token_logps.detach()
-        mu, source = self._sat_mu(logp, inputs)
         log_ratio = logp - mu
         sequence = self.importance_sampling_level == "sequence"
         if sequence:  # TRL's sequence log-weight, broadcast: the gate ranks sequences, length-weighted
@@ -238,4 +294,4 @@ class SATGRPOTrainer(GRPOTrainer):
 
 
 __all__ = ["MU_SOURCES", "SATGRPOConfig", "SATGRPOTrainer", "SAT_LOSS_TYPES", "TRL_PROXIES", "check_mu_source",
-           "choose_mu"]
+           "choose_mu", "ratio_is_one"]
