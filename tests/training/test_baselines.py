@@ -205,6 +205,11 @@ def test_trainer_steps_on_the_chosen_baseline(tiny, monkeypatch):
         monkeypatch.setattr(t, "step", lambda mb, adv, *a, got=got: got.append(adv) or {})
         ((_, rows),) = list(t.train_batch(batch, 0, lambda v: None, stop_at=1))
         assert torch.equal(got[0], want[rows])
+    # train.advantage=opob on grpo: VCPO's baseline through the registry, the same numbers as vcpo's own
+    t = Trainer(copy.deepcopy(model), resolve_objective("grpo"), TrainerSettings(lr=1e-2, advantage="opob"))
+    vcpo = Trainer(copy.deepcopy(model), resolve_objective("vcpo"), TrainerSettings(lr=1e-2))
+    (adv, metrics), (want, want_metrics) = t.advantages(batch), vcpo.advantages(batch)
+    assert torch.equal(adv, want) and metrics == want_metrics and metrics["obj/opob_shift"] > 0
     t = Trainer(copy.deepcopy(model), resolve_objective("grpo"), TrainerSettings(lr=1e-2, advantage="otb"))
     adv, metrics = t.advantages(batch)
     old, sq = t.token_probs(batch)
