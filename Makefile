@@ -114,7 +114,7 @@ $(VERL_STAMP): pyproject.toml
 # own losses and masks; and one smoke of the core on satrl's transformers floor (5.9.0): the engine and model
 # tests, where API drift between transformers versions shows (e.g. the KV-cache argument's rename must fail a test,
 # not decode silently without a cache). The rest of the core runs in `make test` only.
-VERL_TESTS = tests/integrations tests/objectives/test_obj_peers.py tests/objectives/test_repairs_verl.py
+VERL_TESTS = tests/integrations tests/objectives/test_obj_peers.py tests/objectives/test_repairs_verl.py tests/training/test_baselines_verl.py
 FLOOR_SMOKE = tests/engines tests/models
 test-verl: $(VERL_STAMP)
 	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(call PYTEST,$(VERL_VENV)/bin) $(PYTEST_N) $(DURATIONS) $(VERL_TESTS) $(FLOOR_SMOKE) -m "not vllm and not slow" $(PYTEST_ARGS); $(NONE_IS_OK)

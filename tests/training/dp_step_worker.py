@@ -36,6 +36,10 @@ def sharded_trainer(ctx, model, obj, kw: dict) -> Trainer:
     return Trainer(mine, obj, replace(TrainerSettings(**kw), device=ctx.device), Sharded(ctx, template=lambda: None))
 
 
+def one_device(model, obj, kw: dict) -> Trainer:
+    return Trainer(copy.deepcopy(model), obj, TrainerSettings(**kw))
+
+
 def shared_batch(ctx, tok):
     """Rank 0's batch on every rank, sent as `satrl train` sends it (``Leader.train``), with its index and the
     versions rank 0's snapshot store holds. The others check that they got exactly its tensors."""
@@ -131,6 +135,11 @@ def opob_scores(ctx, tok, batch) -> dict | None:
         out[kind] = {"microbatches": len(plan_microbatches(batch, 60)), "stats": [stats, stats1],
                      "equal": [torch.equal(a, b) for a, b in ((log_w, log_w1), (score_sq, score_sq1), (adv, adv1))],
                      "shift": stats1["obj/opob_shift"]}  # fmt: skip
+        # the optimal token baseline's per-token pi_old and sum pi^2 (train.advantage=otb): the same way
+        kw, obj = {**kw, "advantage": "otb"}, resolve_objective("grpo")
+        otb = sharded_trainer(ctx, model, obj, kw).advantages(batch)[0]
+        otb1 = one_device(model, obj, kw).advantages(batch)[0]
+        out[kind]["otb"] = [torch.equal(otb, otb1), float((otb - otb1).abs().max()), bool(otb1.abs().max() > 0)]
     return out if ctx.leader else None
 
 

@@ -86,6 +86,8 @@ def test_vcpo_baseline_equals_one_device(worker, kind):
     case = worker["scores"][kind]
     assert case["microbatches"] == 3 and case["equal"] == [True, True, True]
     assert case["stats"][0] == case["stats"][1] and case["shift"] > 0  # the baseline moved: the check has teeth
+    equal, diff, nonzero = case["otb"]  # train.advantage=otb: per-token pi_old and sum pi^2 from each rank's rows
+    assert equal and nonzero, diff
 
 
 def test_unsupported_settings_are_refused_in_one_line():

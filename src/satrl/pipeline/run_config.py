@@ -241,6 +241,7 @@ def check_before_run(cfg: RunConfig) -> None:
     that every device the run names exists on this machine."""
     _check_engine_kwargs(cfg)
     _check_r3(cfg)
+    _check_one_baseline(cfg)
     for key, device in _devices(cfg):
         check_device_here(device, key)
 
@@ -298,6 +299,19 @@ def _check_r3(cfg: RunConfig) -> None:
     if not any("expert" in k and isinstance(v, int) and not isinstance(v, bool) and v > 0 for k, v in hf.items()):
         raise ConfigError(f"r3=true needs an MoE policy; {cfg.model.source!r} is dense (its config.json declares no "
                           "experts): set r3=false, or try model.name=tiny-arith-moe")  # fmt: skip
+
+
+def _check_one_baseline(cfg: RunConfig) -> None:
+    """An objective that brings its own advantage baseline (vcpo's ``baseline``) and a ``train.advantage`` other than
+    the default both choose the advantages: refused, naming both (the objective's rule is read off its traits, which
+    imports torch: so here, not when the config loads)."""
+    from satrl.objectives.step_size import advantage_rule
+    from satrl.training.baselines import DEFAULT_ADVANTAGE
+
+    if cfg.train.advantage != DEFAULT_ADVANTAGE and advantage_rule(cfg.objective) is not None:
+        raise ConfigError(f"train.advantage={cfg.train.advantage.name}: objective {cfg.objective.name!r} brings its own "
+                          "advantage baseline; choose one (train.advantage=group_mean, or for vcpo "
+                          "objective.correction.baseline=group_mean)")  # fmt: skip
 
 
 def _check_task(cfg: RunConfig) -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, SerializeAsAny, field_validator, model_validator
 
 from satrl.config_base import Device, Section
+from satrl.objectives.registry import Params
+from satrl.training.baselines import ADVANTAGES, DEFAULT_ADVANTAGE, resolve_advantage
 
 # The most samples one rollout batch may hold (train.prompts_per_batch x train.group_size): 2^20, ~100x the largest
 # published RL batches; beyond, allocating the batch (and the first batch's problems) is what runs, for minutes.
@@ -47,7 +49,15 @@ class TrainConfig(Section):
     denominator: Literal["rollout", "recomputed"] = Field(
         "rollout", description="Ratio denominator: engine behavior_logp (paper Eq. 51) or trainer recompute."
     )
-    adv_std_norm: bool = Field(True, description="Divide group advantages by the group std.")
+    adv_std_norm: bool = Field(True, description="Divide the advantages by the group's reward std + 1e-6 (GRPO); "
+                               "false: Dr. GRPO's unscaled advantages. Applies to every train.advantage baseline.")
+    advantage: Annotated[SerializeAsAny[Params], BeforeValidator(resolve_advantage)] = Field(
+        default=DEFAULT_ADVANTAGE,
+        description=f"The advantage baseline, by name with its parameters ({', '.join(ADVANTAGES.names())}; "
+        "satrl.training.baselines): group_mean is GRPO's; e.g. train.advantage=rloo, or train.advantage.name="
+        "constant_offset train.advantage.c=0.5. An objective that brings its own (vcpo's baseline=opob) needs "
+        "group_mean here.",
+    )  # fmt: skip
     threads: int = Field(2, ge=1, description="torch threads for the trainer.")
     max_threads: int | None = Field(
         None, ge=1, description="Cap on `threads` (`satrl grid` sets it so that workers x threads <= cores); null: none."

@@ -206,6 +206,44 @@ def response_logp(
     return _pad_to(logp.gather(-1, resp[..., None]).squeeze(-1), full_T), used
 
 
+@torch.no_grad()
+def response_probs(
+    model: torch.nn.Module, mb: Batch, temperature: float, routing: torch.Tensor | None = None, *,
+    length: int | None = None, padded: bool | None = None, chunk_tokens: int = 0, width: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(log pi(y_t | s_t), sum_v pi(v | s_t)^2), each [B, T] fp32, from the temperature-scaled logits, no graph:
+    the inputs of the optimal token baseline (:func:`satrl.training.advantages.optimal_token_baseline`).
+
+    sum_v pi(v)^2 = exp(logsumexp_v 2 log pi(v)), verl's ``calculate_sum_pi_squared_from_logits`` in log space. It
+    needs every position's full [V] distribution: a forward without backward, whose [rows, V] fp32 logits are
+    taken ``chunk_tokens`` rows at a time as :func:`response_logp`'s chunked path (all at once with 0). Arguments
+    as :func:`response_logp`'s."""
+    L = int(mb.attention_mask.sum(1).max()) if length is None else length
+    full_T = mb.mask.shape[1]
+    T = full_T if width is None else max(1, min(width, full_T))
+    pos = scoring_positions(mb.prompt_len, T, L)  # [B, T]
+    ids, mask = mb.input_ids[:, :L], attention_arg(model, mb.attention_mask[:, :L], padded)
+    with contextlib.ExitStack() as stack:
+        if routing is not None:
+            from satrl.models.routing import replay_routing
+
+            stack.enter_context(replay_routing(model, routing[:, :L]))
+        if chunk_tokens > 0:
+            hidden, head = _scoring_hidden(model, ids, mask, pos), model.get_output_embeddings()
+        else:
+            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+            hidden, head = logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1])), torch.nn.Identity()
+    B = hidden.shape[0]
+    flat, flat_ids = hidden.reshape(B * T, hidden.shape[-1]), mb.response_ids[:, :T].reshape(B * T)
+    logp, sq = torch.zeros(B * T, device=hidden.device), torch.zeros(B * T, device=hidden.device)
+    step = chunk_tokens if chunk_tokens > 0 else max(B * T, 1)
+    for s in range(0, B * T, step):
+        lsm = torch.log_softmax(head(flat[s : s + step]).float() / temperature, dim=-1)
+        logp[s : s + step] = lsm.gather(-1, flat_ids[s : s + step, None]).squeeze(-1)
+        sq[s : s + step] = torch.logsumexp(2 * lsm, dim=-1).exp()
+    return _pad_to(logp.reshape(B, T), full_T), _pad_to(sq.reshape(B, T), full_T)
+
+
 def _pad_to(x: torch.Tensor, T: int) -> torch.Tensor:
     """``x`` [B, W, ...] zero-padded along dim 1 to [B, T, ...] (itself when W == T)."""
     if x.shape[1] == T:

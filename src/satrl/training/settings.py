@@ -7,6 +7,7 @@ and benchmarks build it directly. The trainer never sees the config classes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,6 +34,8 @@ class TrainerSettings:
         device: where the trainer computes (``train.device``).
         minibatches, ppo_epochs: one rollout batch is ``ppo_epochs`` passes of ``minibatches`` optimizer steps.
         adv_std_norm: divide group advantages by the group std (``train.adv_std_norm``).
+        advantage: the advantage baseline (``train.advantage``): a name, a mapping with one, or its resolved
+            parameters (:func:`satrl.training.baselines.resolve_advantage`); ``group_mean`` is GRPO's.
         decompose: split d into policy lag and implementation mismatch (``diagnostics.decompose``; extra forward).
         seed: the minibatch shuffles' seed (``seed``).
         dtype: ``fp32`` or ``bf16`` compute; master weights and AdamW state stay fp32 (``train.dtype``).
@@ -57,6 +60,7 @@ class TrainerSettings:
     minibatches: int = 1
     ppo_epochs: int = 1
     adv_std_norm: bool = True
+    advantage: Any = "group_mean"
     decompose: bool = False
     seed: int = 0
     dtype: str = "fp32"

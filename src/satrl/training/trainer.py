@@ -28,13 +28,15 @@ from satrl.objectives.step_size import (
     step_size_rules,
 )
 from satrl.tensors import scoring_positions
-from satrl.training.advantages import group_advantages
+from satrl.training.advantages import AdvantageInputs
+from satrl.training.baselines import ADVANTAGES, DEFAULT_ADVANTAGE, resolve_advantage
 from satrl.training.batch_loop import Snapshots, train_batch, version_logp
 from satrl.training.logprobs import (
     chunk_for_vocab,
     full_logits_bytes,
     resolve_chunk_tokens,
     response_logp,
+    response_probs,
     vocab_size,
 )
 from satrl.training.microbatches import (
@@ -132,7 +134,12 @@ class Trainer:
         # each step's lr to base * scale for that opt.step() only. With neither, the lr is never touched.
         self.step_rules = step_size_rules(objective)
         self.scales_lr = bool(self.step_rules) or s.lr_lag_scaling != "none"
-        self.baseline = advantage_rule(objective)  # None: GRPO's group advantages
+        self.baseline = advantage_rule(objective)  # None: train.advantage's (GRPO's group mean by default)
+        self.advantage = resolve_advantage(s.advantage)
+        if self.baseline is not None and self.advantage != DEFAULT_ADVANTAGE:
+            raise ValueError(f"train.advantage={self.advantage.name}: the objective brings its own baseline (vcpo's "
+                             "baseline); choose one (objective.correction.baseline=group_mean, or train.advantage="
+                             "group_mean)")  # fmt: skip
         self.version = 0
         self.skipped = 0
         self._weights: tuple[int, dict[str, torch.Tensor]] | None = None  # (version, CPU copy): see weights()
@@ -280,13 +287,35 @@ class Trainer:
         return version_logp(self, mb, snapshots)
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Per-row advantages [B]: GRPO's group advantages, or the objective's own baseline (VCPO's OPOB, from
-        each sequence's weight and score norm) with its metrics."""
-        if self.baseline is None:
-            return group_advantages(batch.rewards, batch.group_index, self.settings.adv_std_norm), {}
-        log_w, score_sq = self.sequence_scores(batch)
-        adv, stats = self.baseline(batch.rewards, batch.group_index, log_w, score_sq, self.settings.adv_std_norm)
+        """Advantages [B] (or [B, T], a per-token baseline) with their metrics: ``train.advantage``'s baseline
+        (:mod:`satrl.training.baselines`; GRPO's group mean by default), or the objective's own (VCPO's OPOB),
+        each from what it needs: the sequences' weights and score norms, or the tokens' probabilities."""
+        if self.baseline is not None:
+            log_w, score_sq = self.sequence_scores(batch)
+            adv, stats = self.baseline(batch.rewards, batch.group_index, log_w, score_sq, self.settings.adv_std_norm)
+        else:
+            chosen = ADVANTAGES.get(self.advantage.name)
+            log_w, score_sq = self.sequence_scores(batch) if "score_norms" in chosen.needs else (None, None)
+            old_logp, sum_pi_sq = self.token_probs(batch) if "token_probs" in chosen.needs else (None, None)
+            inp = AdvantageInputs(batch.rewards, batch.group_index, batch.mask, batch.behavior_logp, log_w, score_sq,
+                                  old_logp, sum_pi_sq)  # fmt: skip
+            adv, stats = chosen.fn(inp, std_norm=self.settings.adv_std_norm, **self.advantage.kwargs())
         return adv, {f"obj/{k}": float(v) for k, v in stats.items()}
+
+    @torch.no_grad()
+    def token_probs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:  # [B, T], [B, T] float32, CPU
+        """Per token, at the current weights: log pi(y_t) and sum_v pi(v)^2, the optimal token baseline's inputs
+        (:func:`~satrl.training.logprobs.response_probs`: one forward per microbatch of the step's plan, no
+        backward); rows summed across data-parallel ranks as in :meth:`sequence_scores`."""
+        logp, sq = torch.zeros(batch.mask.shape), torch.zeros(batch.mask.shape)
+        for p, real in self.placement.assigned(plan_microbatches(batch, self.microbatch_tokens)):
+            m = to_device(row_slice(batch, p.start, p.end), self.device)
+            with self._autocast():
+                got = response_probs(self.model, m, self.settings.temperature, self._routing(m), length=p.longest,
+                                     padded=p.padded, chunk_tokens=self.logprob_chunk_tokens, width=p.width)  # fmt: skip
+            if real:  # else a zero-weight copy that lines up the ranks' collectives (data parallel)
+                logp[p.start : p.end], sq[p.start : p.end] = got[0].cpu(), got[1].cpu()
+        return self.placement.summed(logp), self.placement.summed(sq)
 
     def sequence_scores(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:  # [B], [B] float64, CPU
         """Per row i, at the current weights: log w_i = sum_t (log pi - log mu) and ||grad_theta sum_t log pi||^2,

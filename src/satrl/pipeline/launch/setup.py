@@ -139,6 +139,7 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
         minibatches=t.minibatches,
         ppo_epochs=t.ppo_epochs,
         adv_std_norm=t.adv_std_norm,
+        advantage=t.advantage,
         decompose=cfg.diagnostics.decompose,
         seed=cfg.seed,
         dtype=t.dtype,
