@@ -82,6 +82,10 @@ class CountdownTraceOptions:
             draw that excluded others holds problems beyond its plain draw's, which a later trial excluding only the
             plain draw may meet: the countdown calibration drew 6000 excluding 0, so the transfer trial lists
             ``[0, 6000]`` with this on. Off: every draw excluded as a plain draw, as before.
+        exclude_n_eval: the size of each draw in ``exclude_eval_seeds`` (the ``n_eval`` it was drawn with); None:
+            this task's own ``n_eval``, as before. A larger draw must not leave out more than the earlier trials
+            saw: the eval split's short traces are few, so over-excluding them makes the draw harder (a fresh
+            draw of 1024 excluding draws 0 and 6000 at 1024 each had a mean trace of 110 characters, not 75).
     """
 
     min_numbers: int = 3
@@ -98,6 +102,7 @@ class CountdownTraceOptions:
     split_key: str = "satrl-countdown-trace-v1"
     exclude_eval_seeds: tuple[int, ...] = ()
     chain_exclusions: bool = False
+    exclude_n_eval: int | None = None
 
 
 class CountdownTraceTask:
@@ -122,6 +127,8 @@ class CountdownTraceTask:
         if max_trace_tokens < 2 or n_eval < 1 or not 0 < eval_fraction < 1:
             raise ValueError(f"need max_trace_tokens >= 2, n_eval >= 1, 0 < eval_fraction < 1; got "
                              f"{max_trace_tokens}, {n_eval}, {eval_fraction}")  # fmt: skip
+        if o.exclude_n_eval is not None and o.exclude_n_eval < 1:
+            raise ValueError(f"exclude_n_eval must be >= 1 or None (this task's n_eval), got {o.exclude_n_eval}")
         if n_train is not None and n_train < 0:
             raise ValueError(f"n_train must be >= 0 or None (endless), got {n_train}")
         self.numbers = (min_numbers, max_numbers)
@@ -220,7 +227,8 @@ class CountdownTraceTask:
         the plain draw, or with ``chain_exclusions`` the draw as a task excluding the seeds listed before it made it."""
         order = list(self.exclude_eval_seeds)
         earlier = tuple(order[: order.index(seed)]) if self.options.chain_exclusions and seed in order else ()
-        plain = CountdownTraceTask(replace(self.options, exclude_eval_seeds=earlier, eval_seed=None))
+        n_eval = self.options.exclude_n_eval or self.options.n_eval  # the size it was drawn with
+        plain = CountdownTraceTask(replace(self.options, exclude_eval_seeds=earlier, eval_seed=None, n_eval=n_eval))
         return {(tuple(sorted(n)), t) for n, t in (parse_prompt(p.prompt) for p in plain.problems("eval", seed))}
 
 
