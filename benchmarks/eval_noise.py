@@ -11,7 +11,8 @@ test problems of the run's eval draw, once per sampling seed; from the per-probl
 - seconds per evaluation of n problems (k samples and one greedy completion each), from the measured time per problem.
 
     python -m benchmarks.eval_noise configs/grpo.yaml model.name=tiny-arith-moe eval.problem_seed=3000 --problems 400
-    python -m benchmarks.eval_noise RUN_DIR --problems 400   # a run's config and its last checkpoint
+    python -m benchmarks.eval_noise configs/grpo.yaml ... --run RUN_DIR   # that run's last checkpoint, scored on the
+                                                                         # config's problems and settings
 
 Prints a markdown table and a JSON line (``--json PATH`` writes the JSON, per-problem scores included).
 """
@@ -26,11 +27,12 @@ import time
 from pathlib import Path
 
 
-def score(config: str, overrides: list[str], problems: int, seeds: int) -> dict:
-    """Per-problem avg@k, greedy and seconds, per sampling seed, of the run config's policy (or a run's checkpoint)."""
+def score(config: str, overrides: list[str], problems: int, seeds: int, run: str | None = None) -> dict:
+    """Per-problem avg@k, greedy and seconds, per sampling seed, of the config's policy, or of the last checkpoint of
+    the run ``run`` (its base policy must be the config's)."""
     import torch
 
-    from satrl.apps.runs import checkpoint_of, checkpoint_step, checkpoint_weights, is_run_dir, run_config
+    from satrl.apps.runs import checkpoint_of, checkpoint_step, checkpoint_weights
     from satrl.config import load_config
     from satrl.engines.registry import engine_for
     from satrl.models import load_tokenizer
@@ -38,8 +40,7 @@ def score(config: str, overrides: list[str], problems: int, seeds: int) -> dict:
     from satrl.tasks import make_task
     from satrl.tasks.evaluate import evaluate, split_val_test
 
-    run = is_run_dir(config)
-    cfg = run_config(config, None) if run else load_config(config, overrides)
+    cfg = load_config(config, overrides)
     torch.set_num_threads(cfg.trainer_threads)
     task = make_task(cfg.task.name, **cfg.task_kwargs)
     pool, _, test = split_val_test(task.problems("eval", 0), 1, problems)
@@ -47,11 +48,11 @@ def score(config: str, overrides: list[str], problems: int, seeds: int) -> dict:
     tokenizer = load_tokenizer(cfg.model.source)
     engine = engine_for(cfg.engine.name, tokenizer, model_path=cfg.model.source, numerics=cfg.engine.numerics,
                         **dict(cfg.engine.kwargs))  # fmt: skip
-    if run:
-        ckpt = checkpoint_of(config, None)
+    if run is not None:
+        ckpt = checkpoint_of(run, None)
         engine.load_weights(checkpoint_weights(ckpt), checkpoint_step(ckpt))
     out = {"task": cfg.task.name, "model": cfg.model.source, "k": cfg.eval.k, "problems": len(chosen),
-           "run": str(config) if run else None, "seeds": []}  # fmt: skip
+           "run": run, "seeds": []}  # fmt: skip
     for seed in range(seeds):
         t0 = time.perf_counter()
         res = evaluate(engine, tokenizer, task, k=cfg.eval.k, sampling=sampling_params(cfg), seed=1000 + seed,
@@ -98,14 +99,15 @@ def table(record: dict, rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("config", help="a run config (YAML) or a run directory (its config and last checkpoint)")
+    ap.add_argument("config", help="a run config (YAML): the policy, task, problems and sampling settings")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     ap.add_argument("--problems", type=int, default=400, help="test problems scored (default 400)")
     ap.add_argument("--seeds", type=int, default=2, help="sampling seeds (default 2)")
     ap.add_argument("--sizes", default="100,200,400", help="evaluation sizes of the curve (default 100,200,400)")
+    ap.add_argument("--run", help="score this run directory's last checkpoint instead of the base policy")
     ap.add_argument("--json", type=Path, help="write the record (per-problem scores included) and the curve here")
     a = ap.parse_args(argv)
-    record = score(a.config, a.overrides, a.problems, a.seeds)
+    record = score(a.config, a.overrides, a.problems, a.seeds, a.run)
     rows = curve(record, [int(s) for s in a.sizes.split(",")])
     print(table(record, rows))
     if a.json:

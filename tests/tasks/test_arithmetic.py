@@ -149,3 +149,20 @@ def test_eval_larger_than_partition_is_a_clear_error():
 def test_unknown_split():
     with pytest.raises(ValueError, match="train.*eval"):
         ArithmeticTask().problems("test", 0)
+
+
+def test_an_eval_draw_leaves_out_the_excluded_draws_and_only_them():
+    """exclude_eval_seeds (at exclude_n_eval each): a large fresh draw shares no problem with the earlier trials'
+    draws of 200 (without it, a draw of 4000 shares 3-12 with each), and is otherwise the plain draw in its order."""
+    from satrl.tasks import make_task
+
+    earlier = (0, 1000, 2026, 3000)
+    kw = {"n_eval": 4000, "eval_seed": 5000}
+    fresh = [p.prompt for p in make_task("arithmetic", **kw, exclude_eval_seeds=earlier, exclude_n_eval=200).problems("eval", 0)]
+    plain = [p.prompt for p in make_task("arithmetic", **kw).problems("eval", 0)]
+    seen = {p.prompt for s in earlier for p in make_task("arithmetic", eval_seed=s).problems("eval", 0)}
+    assert len(set(fresh)) == 4000 and not set(fresh) & seen
+    assert set(plain) & seen  # the exclusion is what keeps them apart
+    assert [q for q in plain if q not in seen] == fresh[: len([q for q in plain if q not in seen])]
+    with pytest.raises(ValueError, match="exclude_n_eval"):
+        make_task("arithmetic", exclude_eval_seeds=[0], exclude_n_eval=0)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from satrl.types import Problem
 
@@ -30,6 +30,11 @@ OPS: dict[str, Callable[[int, int], int]] = {
     "*": lambda a, b: a * b,
 }
 SPLITS = ("train", "eval")
+
+
+def _triple(prompt: str, digits: int) -> tuple[int, str, int]:
+    """``(a, op, b)`` of a prompt ``"123+456="`` (operands ``digits`` wide)."""
+    return int(prompt[:digits]), prompt[digits], int(prompt[digits + 1 : 2 * digits + 1])
 
 # Spaces up to this many expressions are enumerated exactly to build the eval split; larger ones are
 # rejection-sampled (a duplicate-free draw is still guaranteed by a seen-set).
@@ -48,6 +53,10 @@ class ArithmeticOptions:
         eval_fraction: share of the expression space reserved for eval.
         eval_seed: seed of the eval draw; ``None`` = use the seed passed to :meth:`ArithmeticTask.problems`.
         split_key: key of the split hash; changing it gives a different (still disjoint) partition.
+        exclude_eval_seeds: eval draws (plain draws of ``exclude_n_eval`` problems each) that this task's eval draw
+            leaves out, so that a trial's test problems are ones no earlier trial saw (draws of 200 from the 100,000
+            eval expressions of 3-digit addition share a few problems with a draw of 4000). Empty: as before.
+        exclude_n_eval: the size each excluded draw was drawn with; None: this task's ``n_eval``.
     """
 
     digits: int = 3
@@ -57,6 +66,8 @@ class ArithmeticOptions:
     eval_fraction: float = 0.1
     eval_seed: int | None = 0
     split_key: str = "satrl-arith-v1"
+    exclude_eval_seeds: tuple[int, ...] = ()
+    exclude_n_eval: int | None = None
 
 
 class ArithmeticTask:
@@ -86,6 +97,8 @@ class ArithmeticTask:
             raise ValueError(f"n_eval must be >= 1, got {n_eval}")
         if n_train is not None and n_train < 0:
             raise ValueError(f"n_train must be >= 0 or None (endless), got {n_train}")
+        if options.exclude_n_eval is not None and options.exclude_n_eval < 1:
+            raise ValueError(f"exclude_n_eval must be >= 1 or None (this task's n_eval), got {options.exclude_n_eval}")
         self.options = options
         self.digits = digits
         self.ops = ops
@@ -142,8 +155,9 @@ class ArithmeticTask:
     def _eval_problems(self, seed: int) -> list[Problem]:
         if seed not in self._eval_cache:
             rng = random.Random(f"eval-{seed}")
+            left_out = self._excluded(seed)
             if self.space_size <= _ENUMERATE_LIMIT:
-                triples = self._eval_partition()
+                triples = [t for t in self._eval_partition() if t not in left_out]
                 if len(triples) < self.n_eval:
                     raise ValueError(
                         f"the eval partition of {self.name} has only {len(triples)} expressions, fewer than "
@@ -155,11 +169,20 @@ class ArithmeticTask:
                 chosen = []
                 while len(chosen) < self.n_eval:
                     t = self._draw(rng)
-                    if t not in seen and self.split_of(*t) == "eval":
+                    if t not in seen and t not in left_out and self.split_of(*t) == "eval":
                         seen.add(t)
                         chosen.append(t)
             self._eval_cache[seed] = [self.make_problem(f"eval/{i}", *t) for i, t in enumerate(chosen)]
         return self._eval_cache[seed]
+
+    def _excluded(self, seed: int) -> set[tuple[int, str, int]]:
+        """The expressions of the plain eval draws ``exclude_eval_seeds`` (``exclude_n_eval`` each) but ``seed``'s own."""
+        o = self.options
+        if not o.exclude_eval_seeds:
+            return set()
+        plain = ArithmeticTask(replace(o, exclude_eval_seeds=(), n_eval=o.exclude_n_eval or self.n_eval, eval_seed=None))
+        return {_triple(p.prompt, self.digits) for other in o.exclude_eval_seeds if other != seed
+                for p in plain.problems("eval", other)}  # fmt: skip
 
     def _eval_partition(self) -> list[tuple[int, str, int]]:
         """All eval expressions, in a fixed order (only for small spaces)."""
