@@ -66,6 +66,13 @@ def test_the_table_holds_the_hand_derived_numbers(spec):
     ]
 
 
+def test_a_p_below_one_in_ten_thousand_is_not_printed_as_zero():
+    """16 of 16 seeds on one side: the exact two-sided sign-flip p is 2/2^16 (the VCPO factorial's OPOB row)."""
+    from satrl.experiments.across import _p
+
+    assert (_p(2 / 2**16), _p(2 / 2**10), _p(0.6016)) == ("3.1e-05", "0.0020", "0.6016")
+
+
 def test_the_command_writes_the_page_and_the_figure(spec, tmp_path, capsys):
     assert cli.main(["leaderboard", str(spec), "--resamples", "200"]) == 0
     md = tmp_path / "leaderboard.md"  # the default --out: the spec's folder

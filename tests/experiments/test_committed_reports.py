@@ -90,3 +90,35 @@ def test_the_factorials_descriptive_numbers_are_its_runs():
     assert f"GRPO at lag 0 {m2} ({iv2}, {n2})" in text
     hours = sum(json.loads(p.read_text())["wall_time_s"] for p in here.glob("*/lag*/seed*/summary.json")) / 3600
     assert f"{hours:.1f} machine-hours" in text
+
+
+def test_the_factorials_run_times_and_validation_interaction_are_its_runs():
+    """vcpo_factorial/findings.md's per-cell median run times (the cells with OPOB, without) and the interaction on
+    the validation problems (not in the report) are what the packed runs give (issue 58: they were misquoted)."""
+    import json
+    import statistics
+
+    from satrl.diagnostics.summary import late_mean
+    from satrl.experiments.significance import sign_flip_interval
+
+    here = RESULTS / "vcpo_factorial"
+    text = _norm(one_line((here / "findings.md").read_text()))
+    med: dict[str, list[float]] = {}
+    for p in here.glob("*/lag*/seed*/summary.json"):
+        med.setdefault(f"{p.parts[-4]}/{p.parts[-3]}", []).append(json.loads(p.read_text())["wall_time_s"])
+    med = {k: round(statistics.median(v)) for k, v in med.items()}
+    with_opob = [med[k] for k in ("opob/lag0", "opob/lag32", "opob_unweighted/lag32", "vcpo/lag32")]
+    assert f"{min(with_opob)}-{max(with_opob)} s for the four cells with OPOB" in text
+    assert f"{med['grpo/lag0']} s (GRPO at lag 0) and {med['grpo/lag32']} s (GRPO at lag 32)" in text
+
+    def late(cell: str, lag: int) -> dict[str, float]:
+        return {p.parent.name: 100 * late_mean([json.loads(x) for x in p.read_text().splitlines()], "val_avg_at_k", 600)
+                for p in here.glob(f"{cell}/lag{lag}/seed*/eval.jsonl")}  # fmt: skip
+
+    at = {(c, lag): late(c, lag) for c in ("grpo", "opob") for lag in (0, 32)}
+    gain = {lag: {s: at["opob", lag][s] - at["grpo", lag][s] for s in at["grpo", lag]} for lag in (0, 32)}
+    d = [gain[32][s] - gain[0][s] for s in gain[0]]
+    lo, hi = sign_flip_interval(d)
+    share = sum(d) / sum(gain[32].values())
+    assert f"interaction {sum(d) / len(d):+.2f}, sign-flip interval {lo:.2f} to {hi:+.2f}" in text
+    assert f"and {share * 100:.0f} % on the same runs' 80 validation problems" in text

@@ -50,11 +50,12 @@ LOOK_FOR = (
     "anything about the score: one seed's score difference is noise. Over 10 seeds of 600 steps the trial found "
     "SAT-GRPO −1.3 points [−2.5, +0.3] vs GRPO at lag 8 (exact sign-flip interval: it rules out a gain larger "
     "than 0.3 points; sign-flip p 0.084 unadjusted, Holm p 0.34); see docs/results/sat_trial/findings.md. "
-    "VCPO, at lag 32 over 600 steps on 10 fresh seeds, scored +4.2 points [+3.0, +5.4] of late avg@8 above GRPO "
-    "(higher on 10 of 10 seeds; docs/results/repair_trial/findings.md). The VCPO factorial found that its baseline "
-    "(OPOB) carries that gain: OPOB alone, ESS step off, +3.5 [+2.6, +4.3] over GRPO at lag 32 on 16 fresh seeds, "
-    "and +2.0 [+1.0, +3.0] without staleness, while the ESS step adds nothing detectable; a better baseline, not a "
-    "proven staleness repair; see docs/results/vcpo_factorial/findings.md."
+    "VCPO, at lag 32 over 600 steps, scored +4.2 points [+3.0, +5.4] of late avg@8 above GRPO on the repair "
+    "trial's 10 fresh seeds (docs/results/repair_trial/findings.md) and +3.2 [+1.7, +4.7] on the VCPO factorial's "
+    "10 (docs/results/vcpo_factorial/findings.md). The factorial found that its baseline (OPOB) carries that gain: "
+    "OPOB alone, ESS step off, +3.5 [+2.6, +4.3] over GRPO at lag 32 on 16 fresh seeds, and +2.0 [+1.0, +3.0] "
+    "without staleness, while the ESS step adds nothing detectable; whether OPOB helps more with staleness than "
+    "without is undetermined (+1.43 [−0.19, +3.06]): a better baseline, not a proven staleness repair."
 )
 
 

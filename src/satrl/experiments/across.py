@@ -175,10 +175,16 @@ def _frac(x: float) -> str:
     return f"{x:+.2f}" if math.isfinite(x) else "—"
 
 
+def _p(p: float) -> str:
+    """An exact p to 4 decimals; below 0.0001 in two significant digits, since 16 of 16 seeds (2/65536) would
+    otherwise print as a p of 0."""
+    return f"{p:.4f}" if p >= 1e-4 else f"{p:.1e}"
+
+
 def _diff(d: PairedDiff, p: bool = True) -> str:
     if d.n == 0:
         return "no shared seeds"
-    return f"{_pts(d.mean)} [{_pts(d.lo)}, {_pts(d.hi)}], {d.wins}/{d.n}" + (f", p {d.p:.4f}" if p else "")
+    return f"{_pts(d.mean)} [{_pts(d.lo)}, {_pts(d.hi)}], {d.wins}/{d.n}" + (f", p {_p(d.p)}" if p else "")
 
 
 def _repaired(r: dict) -> str:
