@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from satrl import faults
+from satrl.models.chat import PLAIN, ChatFormat
 from satrl.types import SamplingParams, TrainerLike
 
 
@@ -32,6 +33,7 @@ class EvalPlan:
         sampling, k, seed: sampling settings, samples per problem, the run seed (request seeds derive from it).
         every, at_start: evaluate every this many optimizer steps (0: only at the end), and at step 0.
         val_problems, test_problems: problems of each part per evaluation.
+        chat: how prompts become token ids (``model.chat``), as the rollouts encode them.
     """
 
     sampling: SamplingParams
@@ -41,6 +43,7 @@ class EvalPlan:
     at_start: bool
     val_problems: int
     test_problems: int
+    chat: ChatFormat = PLAIN
 
 
 class Evaluator:
@@ -92,9 +95,11 @@ class Evaluator:
         self.engine.load_weights(trainer.weights(), trainer.version)
         res = evaluate(
             self.engine, self.tokenizer, self.task, k=self.plan.k, sampling=self.plan.sampling, seed=self.plan.seed,
-            problems=self.pool,
+            problems=self.pool, chat=self.plan.chat,
         )
         out = {"avg_at_k": res.avg_at_k, "greedy_acc": res.greedy_acc, "k": res.k}
+        if self.plan.chat.template:  # the rendered prompts' mean length (eval.jsonl is as before without it)
+            out["prompt_tokens"] = sum(res.prompt_tokens) / len(res.prompt_tokens)
         for part, idx in (("val", self.val_idx), ("test", self.test_idx)):
             if idx:
                 out.update({f"{part}_{k}": v for k, v in part_scores(res, idx).items()})
