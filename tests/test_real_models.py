@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import zipfile
 
@@ -60,6 +61,9 @@ def test_conversion_keeps_weights_tokenizer_and_template(tiny):
     assert tokenizer.chat_template == SMOLLM2_TEMPLATE
     assert (tokenizer.eos_token, tokenizer.pad_token, tokenizer.bos_token) == ("<|im_end|>", "<|im_end|>", "<|im_start|>")
     assert tokenizer.convert_tokens_to_ids(SPECIALS) == [0, 1, 2]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {f.stat().st_mode & 0o777 for f in folder.iterdir()} == {0o666 & ~umask}  # as a plain write (not 0600)
     info = json.loads((folder / "gguf_source.json").read_text())
     assert info == {"file": "tiny.gguf", "sha256": hashlib.sha256(file.read_bytes()).hexdigest()}
 
@@ -208,3 +212,12 @@ def test_train_tiny_smollm2_with_its_chat_template(tiny, tok, run_tiny):
     assert all("prompt_tokens" in e for e in evals) and len(evals) == 3  # steps 0, 1, 2
     saved = (run / "config.yaml").read_text()
     assert "template: true" in saved and "system_prompt: Answer with the number." in saved
+
+
+def test_smollm2_sketch_config_loads():
+    from run_helpers import REPO
+    from satrl.config import load_config
+
+    cfg = load_config(REPO / "configs" / "real" / "smollm2_sketch.yaml")
+    assert cfg.model.path == "models/smollm2" and cfg.model.chat_format() == ChatFormat(
+        True, "Reply with the number only, nothing else.", True)

@@ -27,6 +27,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from satrl.folders import usual_modes
 from satrl.registry import Registry
 
 INFO = "gguf_source.json"
@@ -117,6 +118,7 @@ def convert_gguf(source: str | Path, out: str | Path) -> dict:
         tmp = Path(scratch) / "folder"
         _write_folder(file, tmp)
         (tmp / INFO).write_text(json.dumps(info, indent=1) + "\n")
+        usual_modes(tmp)  # transformers writes the weights 0600: a model folder is for sharing
         from satrl.models.loading import resolve_policy_path
 
         resolve_policy_path(tmp)  # as model.path will check it
