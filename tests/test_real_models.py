@@ -57,7 +57,7 @@ def test_conversion_keeps_weights_tokenizer_and_template(tiny):
     assert torch.equal(model.model.layers[1].input_layernorm.weight, torch.from_numpy(tensors["blk.1.attn_norm.weight"]))
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied, as SmolLM2
     cfg = json.loads((folder / "config.json").read_text())
-    assert "quantization_config" not in cfg and cfg["model_type"] == "llama" and cfg["num_hidden_layers"] == 2
+    assert "quantization_config" not in cfg and cfg["model_type"] == "llama" and cfg["num_hidden_layers"] == 2 and cfg["head_dim"] == 64
     assert tokenizer.chat_template == SMOLLM2_TEMPLATE
     assert (tokenizer.eos_token, tokenizer.pad_token, tokenizer.bos_token) == ("<|im_end|>", "<|im_end|>", "<|im_start|>")
     assert tokenizer.convert_tokens_to_ids(SPECIALS) == [0, 1, 2]
