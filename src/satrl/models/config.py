@@ -8,6 +8,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from satrl.config_base import Section
+from satrl.models.chat import ChatFormat  # light: no torch, no transformers
 
 
 class ChatConfig(Section):
@@ -43,8 +44,6 @@ class ModelConfig(Section):
     def source(self) -> str:
         return self.path or self.name
 
-    def chat_format(self):
+    def chat_format(self) -> ChatFormat:
         """``model.chat`` as the plain :class:`~satrl.models.chat.ChatFormat` the engine side and evaluators take."""
-        from satrl.models.chat import ChatFormat
-
         return ChatFormat(**self.chat.model_dump())

@@ -99,8 +99,8 @@ def check_snapshots(snapshots: dict[int, dict[str, torch.Tensor]], decompose: bo
 
 def check_context(cfg: RunConfig, model, tokenizer, problems) -> None:
     """Refuse up front (one line naming ``engine.max_new_tokens``) a run whose prompts plus ``max_new_tokens``
-    cannot fit the policy's context, or whose prompts cannot be encoded (``model.chat``); checked on ``problems`` (the eval set and the first train batch), so it
-    fails before any engine starts instead of in the middle of generation. A longer prompt met later still
+    cannot fit the policy's context, or whose prompts cannot be encoded (``model.chat``: no chat template); checked
+    on ``problems`` (the eval set and the first train batch), so it fails before any engine starts instead of in the middle of generation. A longer prompt met later still
     stops the run with one line (:class:`~satrl.types.ContextLengthError` from the engine)."""
     from satrl.models.chat import ChatTemplateError, encode_prompt
 
