@@ -23,8 +23,9 @@ $(STAMP): pyproject.toml
 	#   .venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 	# otherwise pip pulls the default (CUDA) build, several GB.
 	$(BIN)/pip install -q torch==2.13.0
-	# The TRL plug-in's extra as a user installs it (its tests also run on this newer transformers).
-	$(BIN)/pip install -q -e '.[dev,trl]'
+	# The TRL plug-in's extra as a user installs it (its tests also run on this newer transformers), and the real
+	# models' (gguf: tests/test_real_models.py writes and converts a tiny GGUF).
+	$(BIN)/pip install -q -e '.[dev,trl,real]'
 	touch $(STAMP)
 
 install: $(STAMP)

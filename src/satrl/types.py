@@ -8,6 +8,7 @@ that produced it, its ``behavior_logp`` and (for MoE models) its ``routing``. Sh
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,13 +24,44 @@ if TYPE_CHECKING:  # annotations only (strings here): a config is checked withou
 ENGINE_TIMEOUT_S = 1800.0
 
 
+Prompt = str | tuple[dict[str, str], ...]  # a string or chat messages (see Problem); checked by check_messages
+
+
 @dataclass(frozen=True)
 class Problem:
-    """One task instance: a prompt string and its reference answer."""
+    """One task instance: a prompt and its reference answer. The prompt is a string, or chat messages (a tuple
+    of ``{"role": ..., "content": ...}`` dicts, as TRL and verl take a conversational prompt), which the
+    tokenizer's chat template renders (:mod:`satrl.models.chat`)."""
 
     id: str
-    prompt: str
+    prompt: Prompt
     answer: str
+
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def check_messages(messages: Any) -> tuple[dict[str, str], ...]:
+    """``messages`` as a tuple of ``{"role", "content"}`` dicts of strings, or ``ValueError`` (one line) naming
+    the first message that is not one: a non-empty list, each role one of :data:`ROLES`."""
+    if not isinstance(messages, list | tuple) or not messages:
+        raise ValueError(f"chat messages must be a non-empty list of {{role, content}} objects, got {type(messages).__name__}")
+    out = []
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and set(m) == {"role", "content"} and isinstance(m["content"], str)):
+            raise ValueError(f"chat message {i} must be an object with exactly the string keys role and content, got {m!r:.80}")
+        if m["role"] not in ROLES:
+            raise ValueError(f"chat message {i}: role {m['role']!r:.40}; valid choices: {', '.join(ROLES)}")
+        out.append({"role": m["role"], "content": m["content"]})
+    return tuple(out)
+
+
+def prompt_text(prompt: Prompt) -> str:
+    """One string per prompt, for hashing it into a split: a string as it is (every split of a string task stays
+    what it was), messages as canonical JSON."""
+    if isinstance(prompt, str):
+        return prompt
+    return json.dumps([dict(m) for m in prompt], ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
 def request_seed(stream: str, seed: int, *index: int) -> int:

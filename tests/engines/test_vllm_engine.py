@@ -78,6 +78,30 @@ def test_behavior_logp_agrees_with_the_trainer(engine, policy, temperature):
     assert all(c.response_ids[-1] == tok.eos_token_id for c in comps if c.finish_reason == "stop")
 
 
+# A chat template the character tokenizer can spell (its alphabet has no newline or brackets)
+CHAR_TEMPLATE = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + ' ' }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")  # fmt: skip
+
+
+@needs_vllm
+def test_chat_rendered_prompts_reach_vllm_as_encoded(engine, policy):
+    """``model.chat.template=true``: the ids :func:`~satrl.models.chat.encode_prompt` renders are what vLLM
+    completes (the rendering happens once, before any engine), and its log-probs on them are the trainer's."""
+    from satrl.models.chat import ChatFormat, encode_prompt
+
+    model, tok = policy
+    tok = copy.deepcopy(tok)
+    tok.chat_template = CHAR_TEMPLATE
+    fmt = ChatFormat(template=True, system_prompt="be brief")
+    reqs = [GenerationRequest(f"c{i}", encode_prompt(tok, f"{i:03d}+{7 * i % 1000:03d}=", fmt), seed=i) for i in range(16)]
+    assert reqs[1].prompt_ids == tok("system: be brief user: 001+007= assistant: ", add_special_tokens=False)["input_ids"]
+    comps = engine.generate(reqs, SamplingParams(max_new_tokens=8))
+    assert [c.prompt_ids for c in comps] == [r.prompt_ids for r in reqs]
+    ours, theirs = trainer_logp(model, comps, 1.0)
+    d = (ours.double() - theirs.double()).abs()
+    assert d.numel() > 16 and d.mean() < 1e-4 and d.max() < 1e-3
+
+
 @needs_vllm
 def test_raw_logprobs_mode_would_be_wrong_at_temperature_below_one(policy):
     """Why the engine sets ``processed_logprobs``: vLLM's default ``raw_logprobs`` reports log-softmax of the

@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # imported where used: `satrl eval --help` loads no torch
 
 # The flags that override one EvalSettings field each (argparse dest = field name); None: not given.
 SCALARS = ("task", "k", "seed", "numerics", "temperature", "top_p", "top_k", "max_new_tokens", "batch_size",
-           "device", "engine", "threads")  # fmt: skip
+           "device", "engine", "threads", "chat_template", "system_prompt", "add_generation_prompt")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,9 @@ class EvalSettings:
     val_problems: int = 0  # > 0 or test_problems > 0: the val and test parts, as a run's evaluator picks them
     test_problems: int = 0
     threads: int | None = None  # torch threads for generation (None: torch's default)
+    chat_template: bool = False  # model.chat: prompts through the tokenizer's chat template (satrl.models.chat)
+    system_prompt: str | None = None
+    add_generation_prompt: bool = True
 
     @classmethod
     def of_run(cls, cfg) -> EvalSettings:
@@ -68,7 +71,9 @@ class EvalSettings:
                    temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, max_new_tokens=e.max_new_tokens,
                    device=kwargs.pop("device", "cpu"), engine=cfg.eval.engine or e.name, engine_kwargs=kwargs,
                    val_problems=cfg.eval.val_problems, test_problems=cfg.eval.test_problems,
-                   threads=cfg.trainer_threads)  # fmt: skip
+                   threads=cfg.trainer_threads, chat_template=cfg.model.chat.template,
+                   system_prompt=cfg.model.chat.system_prompt,
+                   add_generation_prompt=cfg.model.chat.add_generation_prompt)  # fmt: skip
 
     def overridden(self, args: argparse.Namespace) -> EvalSettings:
         """These settings with every flag given in ``args`` applied. Another task (engine) than these settings'
@@ -101,7 +106,19 @@ class EvalSettings:
             out += ["--n-problems", str(self.n_problems)]
         elif self.val_problems or self.test_problems:
             out += ["--val-problems", str(self.val_problems), "--test-problems", str(self.test_problems)]
+        if self.chat_template:  # the run's model.chat: an exported folder is prompted as the run was
+            out += ["--chat-template", *(["--system-prompt", self.system_prompt] if self.system_prompt is not None else []),
+                    *([] if self.add_generation_prompt else ["--no-generation-prompt"])]  # fmt: skip
         return out + (["--threads", str(self.threads)] if self.threads is not None else [])
+
+    def chat(self):
+        """The :class:`~satrl.models.chat.ChatFormat` of these settings; ``ValueError`` for a system prompt that
+        no prompt would carry."""
+        from satrl.models.chat import ChatFormat
+
+        if self.system_prompt is not None and not self.chat_template:
+            raise ValueError("--system-prompt needs --chat-template (model.chat.template=true)")
+        return ChatFormat(self.chat_template, self.system_prompt, self.add_generation_prompt)
 
     def sampling(self) -> SamplingParams:
         from satrl.types import SamplingParams
@@ -155,6 +172,13 @@ def add_eval_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="engine argument, YAML-typed (e.g. gpu_memory_utilization=0.5); repeatable")  # fmt: skip
     parser.add_argument("--threads", type=int, help="torch threads for generation (default: torch's own)")
+    parser.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
+                        help="encode prompts with the tokenizer's chat template, as model.chat.template "
+                        "(default: off, or the run's)")  # fmt: skip
+    parser.add_argument("--system-prompt", metavar="TEXT", help="system message, as model.chat.system_prompt")
+    parser.add_argument("--generation-prompt", dest="add_generation_prompt", action=argparse.BooleanOptionalAction,
+                        default=None, help="end a rendered prompt with the assistant header, as "
+                        "model.chat.add_generation_prompt (default: on)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="also print the result as one JSON line")
 
 
@@ -242,7 +266,7 @@ def _evaluate(t: _Target) -> tuple[EvalResult, dict[str, list[int]]]:
     from satrl.tasks.evaluate import evaluate, split_val_test
 
     s = t.settings
-    task, sampling = make_task(s.task, **s.task_kwargs), s.sampling()
+    task, sampling, chat = make_task(s.task, **s.task_kwargs), s.sampling(), s.chat()
     resolve_numerics(s.numerics)  # fail before loading the model
     check_device_here(s.device, "--device")  # cpu, cuda or cuda:N, and one this machine has
     if s.threads is not None:
@@ -262,7 +286,7 @@ def _evaluate(t: _Target) -> tuple[EvalResult, dict[str, list[int]]]:
         if weights is not None:  # what the run's evaluator does: the base policy's engine, the trained weights
             engine.load_weights(weights, checkpoint_step(t.checkpoint))
         result = evaluate(engine, tokenizer, task, k=s.k, n_problems=s.n_problems, sampling=sampling, seed=s.seed,
-                          batch_size=s.batch_size, problems=problems)  # fmt: skip
+                          batch_size=s.batch_size, problems=problems, chat=chat)  # fmt: skip
     finally:
         close = getattr(engine, "close", None)
         if close is not None:  # vLLM: stop its processes (and their log lines) before printing the result
@@ -296,6 +320,9 @@ def _report(t: _Target, result: EvalResult, parts: dict[str, list[int]], as_json
     print(f"({result.task}, {result.n_problems} problems, k={k}, pass@{k} = {result.pass_at_k:.3f}, "
           f"temperature={s.temperature}, top_p={s.top_p}, top_k={s.top_k}, max_new_tokens={s.max_new_tokens}, "
           f"numerics={s.numerics}, engine={s.engine}, seed={result.seed})")  # fmt: skip
+    if s.chat_template:  # as the run's eval.jsonl has it
+        record["prompt_tokens"] = sum(result.prompt_tokens) / len(result.prompt_tokens)
+        print(f"prompt_tokens = {record['prompt_tokens']:.1f} (mean, as the chat template rendered them)")
     for part, idx in parts.items():
         if idx:  # the keys of the run's eval.jsonl
             scores = part_scores(result, idx)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from satrl.apps.runs import RunReadError, checkpoint_of, checkpoint_step, checkpoint_weights, run_config
+from satrl.folders import usual_modes
 
 if TYPE_CHECKING:  # imported where used: `satrl export --help` loads no torch
     import torch
@@ -101,7 +102,7 @@ def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> tup
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
         (tmp / INFO).write_text(json.dumps(info, indent=1) + "\n")
-        _usual_modes(tmp)
+        usual_modes(tmp)
         if out.is_dir():
             out.rmdir()  # empty (checked): the rename needs the name free
         os.replace(tmp, out)
@@ -109,16 +110,6 @@ def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> tup
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ckpt, info
-
-
-def _usual_modes(folder: Path) -> None:
-    """The modes a plain mkdir and open would give (mkdtemp makes the folder 0700 and transformers writes the
-    weights 0600): an export is meant to be shared like any model folder."""
-    umask = os.umask(0)
-    os.umask(umask)
-    folder.chmod(0o777 & ~umask)
-    for f in folder.iterdir():
-        f.chmod(0o666 & ~umask)
 
 
 def run_export(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from satrl import faults
+from satrl.models.chat import PLAIN, ChatFormat
 from satrl.types import SamplingParams, TrainerLike
 
 
@@ -34,6 +35,7 @@ class EvalPlan:
         val_problems, test_problems: problems of each part per evaluation.
         late_test_problems, late_from: test problems of the evaluations at steps >= ``late_from`` (the endpoint's
             late window), a superset of the others' (None: the same ``test_problems`` throughout).
+        chat: how prompts become token ids (``model.chat``), as the rollouts encode them.
     """
 
     sampling: SamplingParams
@@ -45,6 +47,7 @@ class EvalPlan:
     test_problems: int
     late_test_problems: int | None = None
     late_from: int | None = None
+    chat: ChatFormat = PLAIN
 
     def is_late(self, step: int) -> bool:
         return self.late_test_problems is not None and self.late_from is not None and step >= self.late_from
@@ -106,9 +109,11 @@ class Evaluator:
         pool, val_idx, test_idx = self.parts[self.plan.is_late(trainer.version)]
         res = evaluate(
             self.engine, self.tokenizer, self.task, k=self.plan.k, sampling=self.plan.sampling, seed=self.plan.seed,
-            problems=pool,
+            problems=pool, chat=self.plan.chat,
         )
         out = {"avg_at_k": res.avg_at_k, "greedy_acc": res.greedy_acc, "k": res.k}
+        if self.plan.chat.template:  # the rendered prompts' mean length (eval.jsonl is as before without it)
+            out["prompt_tokens"] = sum(res.prompt_tokens) / len(res.prompt_tokens)
         for part, idx in (("val", val_idx), ("test", test_idx)):
             if idx:
                 out.update({f"{part}_{k}": v for k, v in part_scores(res, idx).items()})

@@ -87,6 +87,8 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
                 followers.sync(trainer, gather=rollouts.store.wants(v, b) or evaluator.due(v, cfg.steps))
                 rollouts.trained(trainer.version, snapshot, b)  # push the new weights
                 metrics.update(_batch_metrics(batch, rows, time.perf_counter() - t0, got, rollouts))
+                if cfg.model.chat.template:  # the rendered prompts' mean length (else the log is as it was)
+                    metrics["train/prompt_tokens"] = float(batch.prompt_len[rows].float().mean())
                 got = Taken(got.samples, 0.0, 0, 0, 0)  # waits, drops, holds, timeouts: logged on the first step
                 run.log_step(trainer.version, metrics)
                 result = evaluator(trainer) if evaluator.due(trainer.version, cfg.steps) else None  # evaluate

@@ -8,8 +8,9 @@ For problems i = 1..N with k samples each and 0/1 rewards r_ij:
 
 Every request carries its own seed, derived from ``(seed, problem index, sample index)`` by a hash, so a
 result does not depend on the batch size or on which requests share a batch (the engine guarantees the
-rest). Prompts are encoded with ``tokenizer(prompt)["input_ids"]``, the tokenizer used as is (the char
-tokenizer prepends BOS; a Qwen tokenizer adds nothing), exactly as the training pipeline encodes them.
+rest). Prompts are encoded by :func:`satrl.models.chat.encode_prompt` with the run's ``model.chat`` settings
+(default: ``tokenizer(prompt)["input_ids"]``, the tokenizer used as is; with ``template`` on, through its chat
+template), exactly as the training pipeline encodes them.
 
 Val and test. :func:`split_val_test` splits a task's eval problems by a fixed keyed hash of the prompt into
 two disjoint parts, so that a training run can pick its best checkpoint on ``val`` and report it on
@@ -28,7 +29,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from satrl.types import Engine, GenerationRequest, Problem, SamplingParams, Task, request_seed
+from satrl.models.chat import PLAIN, ChatFormat, encode_prompt
+from satrl.types import Engine, GenerationRequest, Problem, SamplingParams, Task, prompt_text, request_seed
 
 GREEDY = -1  # sample index of the greedy request in the seed derivation
 
@@ -50,11 +52,12 @@ class EvalResult:
     per_problem: list[float] = dataclasses.field(default_factory=list)
     greedy: list[float] = dataclasses.field(default_factory=list)
     hit: list[float] = dataclasses.field(default_factory=list)
+    prompt_tokens: list[int] = dataclasses.field(default_factory=list)  # each problem's encoded prompt
 
     def as_dict(self) -> dict[str, Any]:
         """The scalar fields and the sampling settings (no per-problem lists), JSON-ready."""
         d = dataclasses.asdict(self)
-        for name in ("per_problem", "greedy", "hit"):
+        for name in ("per_problem", "greedy", "hit", "prompt_tokens"):
             d.pop(name)
         return d
 
@@ -66,7 +69,7 @@ PARTS = ("val", "test")
 def part_of(problem: Problem, key: str = VAL_TEST_KEY) -> str:
     """``"val"`` or ``"test"``: the one part an eval problem belongs to, by a keyed blake2b hash of its prompt
     (half each in expectation; stable across processes, machines and Python versions)."""
-    h = hashlib.blake2b(problem.prompt.encode(), digest_size=8, key=key.encode()).digest()
+    h = hashlib.blake2b(prompt_text(problem.prompt).encode(), digest_size=8, key=key.encode()).digest()
     return "val" if int.from_bytes(h, "big") >> 63 == 0 else "test"
 
 
@@ -149,10 +152,12 @@ def evaluate(
     seed: int = 0,
     batch_size: int = 256,
     problems: list[Problem] | None = None,
+    chat: ChatFormat = PLAIN,
 ) -> EvalResult:
     """avg@k with ``sampling`` (default: temperature 1, full support, 16 new tokens) and greedy
     accuracy (``sampling`` with ``greedy=True``) on the first ``n_problems`` problems of ``split``
-    (all eval problems if None), or on ``problems`` when given. See the module docstring for the formulas."""
+    (all eval problems if None), or on ``problems`` when given; prompts encoded under ``chat``. See the module
+    docstring for the formulas."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     sampling = sampling if sampling is not None else SamplingParams()
@@ -161,7 +166,7 @@ def evaluate(
     problems = _take(task, split, n_problems) if problems is None else list(problems)
     if not problems:
         raise ValueError("no problems to evaluate")
-    ids = [list(tokenizer(p.prompt)["input_ids"]) for p in problems]
+    ids = [encode_prompt(tokenizer, p.prompt, chat) for p in problems]
 
     sampled = [
         (i, GenerationRequest(f"{split}/{i}/{j}", ids[i], request_seed("eval", seed, i, j)))
@@ -193,4 +198,5 @@ def evaluate(
         per_problem=per_problem,
         greedy=greedy,
         hit=hit,
+        prompt_tokens=[len(x) for x in ids],
     )

@@ -1,7 +1,9 @@
 """Math problems from a local JSONL or parquet file, graded with ``math-verify``.
 
 Each row holds a problem and its reference answer (keys ``problem`` and ``answer`` by default), e.g. a
-user's copy of AIME24. The prompt is ``prompt_template.format(problem=...)``. The reward is 1.0 iff
+user's copy of AIME24. The prompt is ``prompt_template.format(problem=...)``; a problem given as chat messages
+(a list of ``{"role", "content"}`` objects, TRL's conversational format) is the prompt as it is, rendered by the
+tokenizer's chat template (``model.chat.template=true``, docs/real-models.md). The reward is 1.0 iff
 ``math_verify.verify(gold, pred)`` holds, where ``pred = math_verify.parse(completion)`` uses the library's
 own extraction (``\\boxed{}`` first, then LaTeX and plain expressions), and the gold answer is parsed once
 at load time wrapped as ``\\boxed{answer}`` (unless it already has ``$`` or ``\\boxed``): a bare gold
@@ -37,7 +39,7 @@ from typing import Any
 from math_verify import parse, verify
 
 from satrl.tasks import TaskError, check_template
-from satrl.types import Problem, Score
+from satrl.types import Problem, Score, check_messages, prompt_text
 
 DEFAULT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 _TIMEOUT_S = 5  # math-verify's own default
@@ -232,11 +234,22 @@ class JsonlMathTask:
         if not isinstance(row, dict):
             self.skipped.append((line_no, f"not a JSON object ({type(row).__name__})"))
             return None
-        for key in (self.problem_key, self.answer_key):
+        messages = row.get(self.problem_key)
+        if type(messages).__name__ == "ndarray":  # a parquet list column, as pandas reads it
+            messages = messages.tolist()
+        if isinstance(messages, list):  # a conversational prompt: checked here, rendered by the chat template
+            try:
+                messages = check_messages(messages)
+            except ValueError as e:
+                self.skipped.append((line_no, f"{preview(self.problem_key)}: {e}"))
+                return None
+        else:
+            messages = None
+        for key in (self.answer_key,) if messages else (self.problem_key, self.answer_key):
             if self._field(row, key) is None:
                 self.skipped.append((line_no, f"missing or empty {preview(key)}"))
                 return None
-        for key in (self.problem_key, self.answer_key):
+        for key in (self.answer_key,) if messages else (self.problem_key, self.answer_key):
             try:
                 str(self._field(row, key)).encode("utf-8")
             except UnicodeEncodeError as e:  # a \ud800 escape: JSON parses it, no encoder takes it
@@ -255,13 +268,13 @@ class JsonlMathTask:
             return None
         pid = f"{self.path.stem}:{line_no}"
         self._gold[pid] = gold
-        prompt = self.prompt_template.format(problem=self._field(row, self.problem_key))
+        prompt = messages or self.prompt_template.format(problem=self._field(row, self.problem_key))
         return Problem(id=pid, prompt=prompt, answer=answer)
 
     def _split_of(self, problem: Problem) -> str:
         if self.eval_fraction >= 1.0:
             return "eval"
-        text = problem.prompt.encode()
+        text = prompt_text(problem.prompt).encode()
         h = hashlib.blake2b(text, digest_size=8, key=self.split_key.encode()).digest()
         return "eval" if int.from_bytes(h, "big") / 2.0**64 < self.eval_fraction else "train"
 

@@ -18,6 +18,7 @@ import torch
 
 from satrl import faults
 from satrl.engines.numerics import DEFAULT_NUMERICS
+from satrl.models.chat import PLAIN, ChatFormat, encode_prompt
 from satrl.pipeline.schedules import inflight_version
 from satrl.types import (
     Closable,
@@ -50,6 +51,7 @@ class WorkerSpec:
     prompts_per_batch: int = 16
     group_size: int = 8
     seed: int = 0
+    chat: ChatFormat = PLAIN  # how prompts become token ids (model.chat)
 
 
 @dataclass
@@ -215,7 +217,7 @@ class RolloutWorker:
         G, seed = self.spec.group_size, self.spec.seed
         requests, meta = [], []
         for g in groups:
-            prompt_ids = self.tokenizer(problems[g].prompt)["input_ids"]
+            prompt_ids = encode_prompt(self.tokenizer, problems[g].prompt, self.spec.chat)
             for i in range(G):
                 rid = f"b{b:06d}-g{g:04d}-i{i:03d}"
                 requests.append(GenerationRequest(rid, list(prompt_ids), request_seed("rollout", seed, b, g, i)))

@@ -41,6 +41,7 @@ def worker_spec(cfg: RunConfig) -> WorkerSpec:
         prompts_per_batch=cfg.train.prompts_per_batch,
         group_size=cfg.train.group_size,
         seed=cfg.seed,
+        chat=cfg.model.chat_format(),
     )
 
 
@@ -66,7 +67,7 @@ def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
     e = cfg.eval
     engine = EvalEngineSpec(e.engine or cfg.engine.name, eval_engine_kwargs(cfg), cfg.model.source, cfg.engine.numerics)
     plan = EvalPlan(sampling=sampling_params(cfg), k=e.k, seed=cfg.seed, every=e.every, at_start=e.at_start,
-                    val_problems=e.val_problems, test_problems=e.test_problems,
+                    val_problems=e.val_problems, test_problems=e.test_problems, chat=cfg.model.chat_format(),
                     late_test_problems=e.late_test_problems, late_from=late_window_start(cfg.steps))  # fmt: skip
     return Evaluator(tokenizer, task, engine, plan)
 
@@ -100,13 +101,20 @@ def check_snapshots(snapshots: dict[int, dict[str, torch.Tensor]], decompose: bo
 
 def check_context(cfg: RunConfig, model, tokenizer, problems) -> None:
     """Refuse up front (one line naming ``engine.max_new_tokens``) a run whose prompts plus ``max_new_tokens``
-    cannot fit the policy's context; checked on ``problems`` (the eval set and the first train batch), so it
-    fails before any engine starts instead of in the middle of generation. A longer prompt met later still
+    cannot fit the policy's context, or whose prompts cannot be encoded (``model.chat``: no chat template); checked
+    on ``problems`` (the eval set and the first train batch), so it fails before any engine starts instead of in the middle of generation. A longer prompt met later still
     stops the run with one line (:class:`~satrl.types.ContextLengthError` from the engine)."""
+    from satrl.models.chat import ChatTemplateError, encode_prompt
+
+    fmt = cfg.model.chat_format()
+    try:  # every checked prompt encodes as the engines will encode it: a missing chat template fails here
+        lengths = [len(encode_prompt(tokenizer, p.prompt, fmt)) for p in problems]
+    except ChatTemplateError as err:
+        raise ConfigError(str(err)) from None
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if not limit:
         return
-    longest = max((len(tokenizer(p.prompt)["input_ids"]) for p in problems), default=1)
+    longest = max(lengths, default=1)
     need = longest + cfg.engine.max_new_tokens
     if longest >= limit:  # no max_new_tokens fits: the prompts are the problem
         raise ConfigError(
