@@ -38,8 +38,11 @@ lint: $(STAMP)
 
 # Tests run in XDIST processes (pytest-xdist), whole files to one process: on 2 cores the suite is mostly one
 # busy process at a time, and two halve its wall time (`make test XDIST=0` runs it in one process, in order).
+# Files are handed out in collection order, which tests/conftest.py makes longest first (LONG_FILES, then files
+# with slow tests); --no-loadscope-reorder keeps it (xdist's default order, most tests first, put the long
+# single-test files last, one process running them alone at the end).
 XDIST ?= 2
-PYTEST_N = $(if $(filter 0,$(XDIST)),,-n $(XDIST) --dist loadfile)
+PYTEST_N = $(if $(filter 0,$(XDIST)),,-n $(XDIST) --dist loadfile --no-loadscope-reorder)
 # `make coverage` sets COVERAGE=1: each target's pytest then runs under coverage.py (.ci/coverage.rc: line and branch
 # coverage of src/, subprocesses included), its data in .coverage-data/. Not part of CI: a measurement.
 PYTEST = $(if $(COVERAGE),COVERAGE_RCFILE=$(abspath .ci/coverage.rc) COVERAGE_FILE=$(abspath .coverage-data)/.coverage,) \

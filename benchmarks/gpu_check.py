@@ -88,13 +88,14 @@ RUN = [
     "eval.val_problems=8", "eval.test_problems=8", "eval.k=2", "eval.every=0", "checkpoint.every=100", "backend=sequential",
     "objective.name=sat_grpo", "lag.schedule=broadcast", "lag.n=2",
 ]  # fmt: skip
+QUICK_RUN = [*RUN, "train.prompts_per_batch=4", "eval.val_problems=2", "eval.test_problems=2"]  # --quick: half the work
 
 
-def train_check(device: str, model: str, steps: int, out: Path) -> dict:
+def train_check(device: str, model: str, steps: int, out: Path, run: list[str] = RUN) -> dict:
     from satrl.config import load_config
     from satrl.pipeline.orchestrator import train
 
-    overrides = [*RUN, f"model.name={model}", f"steps={steps}", f"train.device={device}", f"out={out}"]
+    overrides = [*run, f"model.name={model}", f"steps={steps}", f"train.device={device}", f"out={out}"]
     cfg = load_config(None, overrides)
     cfg.engine.kwargs = {"device": device}
     t0 = time.perf_counter()
@@ -109,7 +110,7 @@ def train_check(device: str, model: str, steps: int, out: Path) -> dict:
     }  # fmt: skip
 
 
-def vllm_transport_lines(steps: int, root: Path) -> list[str]:
+def vllm_transport_lines(steps: int, root: Path, run: list[str] = RUN) -> list[str]:
     """Part 5: weights.transport=vllm against inproc on the vLLM engine (equal metrics), where vLLM is installed."""
     import importlib.util
 
@@ -122,7 +123,7 @@ def vllm_transport_lines(steps: int, root: Path) -> list[str]:
     rows, walls = {}, {}
     for transport in ("inproc", "vllm"):
         out = root / f"vllm-{transport}"
-        overrides = [*RUN, "backend=local", "engine=vllm", f"weights.transport={transport}", f"steps={steps}", f"out={out}"]
+        overrides = [*run, "backend=local", "engine=vllm", f"weights.transport={transport}", f"steps={steps}", f"out={out}"]
         t0 = time.perf_counter()
         train(load_config(None, overrides))
         walls[transport] = time.perf_counter() - t0
@@ -134,9 +135,9 @@ def vllm_transport_lines(steps: int, root: Path) -> list[str]:
             f"{'identical' if same else 'DIFFERENT'}; wall {walls['vllm']:.1f} s vs {walls['inproc']:.1f} s."]  # fmt: skip
 
 
-def dp_lines(device: str, steps: int, root: Path) -> list[str]:
+def dp_lines(device: str, steps: int, root: Path, run: list[str] = RUN) -> list[str]:
     """Part 6: ``satrl train`` under torchrun with one rank against one process, fp32 and bf16."""
-    base = [*RUN, "model.name=tiny-arith", f"steps={steps}", f"train.device={device}", f"engine.kwargs.device={device}",
+    base = [*run, "model.name=tiny-arith", f"steps={steps}", f"train.device={device}", f"engine.kwargs.device={device}",
             f"checkpoint.every={steps}", "--no-progress"]  # fmt: skip
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]  # = torchrun
     lines = ["", "| satrl train, tiny policy | steps | largest relative metric difference, 1-rank DP vs one process "
@@ -275,20 +276,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here: run on the GPU machine, or pass --device cpu --quick for a smoke run")
-    steps = 2 if args.quick else 8
+    steps, run = (2, QUICK_RUN) if args.quick else (8, RUN)
     lines = trainer_lines(args.device, args.quick) + [""]
     lines += ["| policy | steps (lag 2) | wall s | s/step | d at lag 0 (step 1) | mean gate rate | final avg@k | finite |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for model in ("tiny-arith", "tiny-arith-moe"):
-            r = train_check(args.device, model, steps, Path(tmp) / model)
+            r = train_check(args.device, model, steps, Path(tmp) / model, run)
             print(json.dumps(r))
             lines.append(
                 f"| {model} | {r['steps']} | {r['wall_s']:.1f} | {r['wall_s'] / r['steps']:.2f} | {r['d_pi_step1']:.2e} "
                 f"| {r['gate_rate']:.3f} | {r['final_avg_at_k']:.3f} | {r['finite']} |"
             )
-        lines += vllm_transport_lines(steps, Path(tmp))
-        lines += dp_lines(args.device, steps, Path(tmp))
+        lines += vllm_transport_lines(steps, Path(tmp), run)
+        lines += dp_lines(args.device, steps, Path(tmp), run)
     lines += rl_lines(args.device, args.quick)
     lines += weight_lines(args.device, args.quick, versions=2 if args.quick else 3)
     sizes = [1 << 16, 1 << 18] if args.quick else [1 << 20, 4 << 20, 16 << 20, 64 << 20]

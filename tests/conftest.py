@@ -93,6 +93,22 @@ SLOW_GROUPS = {
 }
 
 
+# The files that ran longest (the targets' --durations), longest first; they and then every other file with a slow
+# test are collected before the rest. pytest-xdist (--dist loadfile) hands whole files out in collection order, so a
+# long file collected late would run alone at the end while the other processes idle.
+LONG_FILES = (
+    "tests/engines/test_vllm_train.py",
+    "tests/engines/test_vllm_runs.py",
+    "tests/test_gpu_check.py",
+    "tests/e2e/test_dp_engine_faults.py",
+    "tests/e2e/test_dp_rank_hang.py",
+    "tests/experiments/test_committed_reports.py",
+    "tests/faults/test_chaos.py",
+    "tests/pipeline/test_weight_transport.py",
+    "tests/training/test_compile.py",
+)
+
+
 def pytest_collection_modifyitems(session, config, items):
     slow: dict[str, int] = {}
     for item in items:
@@ -101,6 +117,9 @@ def pytest_collection_modifyitems(session, config, items):
             slow[path] = slow.get(path, 0) + 1
     config._satrl_slow = slow  # module path -> its slow tests in this selection
     config._satrl_announced = set()
+    first = {path: i for i, path in enumerate(LONG_FILES)}
+    later = {True: len(LONG_FILES), False: len(LONG_FILES) + 1}  # files with slow tests, then the rest
+    items.sort(key=lambda item: first.get(path := item.nodeid.split("::")[0], later[path in slow]))  # stable
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -39,6 +39,14 @@ def _rank_pid(root: int, rank: int) -> int | None:
     return None
 
 
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie its launcher has not reaped yet counts)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 def test_a_stopped_rank_is_named_and_the_run_resumes_exactly(tmp_path):
     ref = subprocess.run(_cmd(*ARGS, f"out={tmp_path / 'ref'}"), env=ENV, capture_output=True, text=True, timeout=600)
     assert ref.returncode == 0, ref.stderr[-3000:]
@@ -50,10 +58,16 @@ def test_a_stopped_rank_is_named_and_the_run_resumes_exactly(tmp_path):
         while time.monotonic() < deadline and proc.poll() is None and stopped is None:
             latest = out / "checkpoints" / "latest"
             if latest.is_file() and latest.read_text().strip() == "step-000002":
-                stopped = _rank_pid(proc.pid, 1)
+                stopped, rank0 = _rank_pid(proc.pid, 1), _rank_pid(proc.pid, 0)
                 os.kill(stopped, signal.SIGSTOP)
             time.sleep(0.05)
         assert stopped is not None, "the run ended before rank 1 could be stopped"
+        # Rank 0 must name the stopped rank and end. torchrun then SIGTERMs the stopped rank (held pending while it
+        # is stopped) and SIGKILLs it only after 30 s (its shutdown grace; --shutdown-timeout does not reach this
+        # path): the test kills it as soon as rank 0 has ended, and the job's own exit is what is checked.
+        while rank0 is not None and not _ended(rank0) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(stopped, signal.SIGKILL)
         err = proc.communicate(timeout=180)[1]
     finally:
         if proc.poll() is None:

@@ -28,7 +28,11 @@ def test_satrl_train_with_the_vllm_engine(tmp_path):
     the local backend (engine in a child process, vLLM's own processes below it), the local backend with
     weights.transport=vllm (each version broadcast once and loaded by vLLM's weight-transfer API) and the Ray
     backend (vLLM inside a Ray actor; `make test-vllm` installs Ray) give the same metrics as the sequential one,
-    bit for bit, and no vLLM process outlives a run."""
+    bit for bit, and no vLLM process outlives a run.
+    The evaluation engine lives in the driver process whatever the backend, and evaluation is not part of the
+    metrics compared: the sequential run evaluates through vLLM (a second vLLM beside the rollout one in one
+    process), the others through the torch engine, a vLLM start less each (vLLM's evaluation beside a local
+    backend's vLLM child: test_vllm_runs.py)."""
     tag = uuid.uuid4().hex  # this test's vLLM processes (vllm_pids), whatever else runs beside it
     env = {**os.environ, "SATRL_TEST_TAG": tag}
     runs = {}
@@ -38,6 +42,7 @@ def test_satrl_train_with_the_vllm_engine(tmp_path):
         out = tmp_path / backend
         name, _, transport = backend.partition("-")
         extra = ["weights.transport=vllm"] if transport else []
+        extra += [] if backend == "sequential" else ["eval.engine=torch"]
         args = [sys.executable, "-m", "satrl", "train", str(REPO / "configs" / "sat_grpo.yaml"), *TINY,
                 "engine=vllm", "steps=4", "lag.n=2", f"backend={name}", *extra, f"out={out}"]  # fmt: skip
         r = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)

@@ -62,22 +62,26 @@ def test_dist_with_a_bf16_moe_engine_and_engine_dtype_snapshots(tmp_path):
     assert kept and all(t.dtype == torch.bfloat16 for t in kept)  # one bf16 copy per kept version, no fp32 one
 
 
-def test_a_killed_engine_rejoins_and_is_fed_again(tmp_path, monkeypatch):
-    ref = _run(tmp_path, "ref", "steps=8")
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[list[dict], list[str]]:
+    """The uninterrupted run the killed and the stopped engine's runs must equal: trained once for both."""
+    return _run(tmp_path_factory.mktemp("transport"), "ref", "steps=8")
+
+
+def test_a_killed_engine_rejoins_and_is_fed_again(tmp_path, monkeypatch, reference):
     made = []
     make = orchestrator.make_backend
     monkeypatch.setattr(orchestrator, "make_backend", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
     on_step, killed = engine_signaller(made, signal.SIGKILL, 2)
     got = _run(tmp_path, "killed", "steps=8", "weights.transport=dist", on_step=on_step)
     assert len(set(killed)) == 2 and made[0].restarts >= 2
-    assert got == ref
+    assert got == reference
 
 
 @pytest.mark.slow  # about a minute: two hangs of 3 s, one of them in start-up (30 s)
-def test_a_stopped_engine_is_replaced_and_fed_again(tmp_path, monkeypatch):
+def test_a_stopped_engine_is_replaced_and_fed_again(tmp_path, monkeypatch, reference):
     """SIGSTOP: the engine process neither rolls out nor receives; past engine.timeout_s (a rollout's deadline, or
     a broadcast's send timeout) it is killed, and the new one joins its own group and gets the held versions."""
-    ref = _run(tmp_path, "ref", "steps=8")
     made = []
     make = orchestrator.make_backend
     monkeypatch.setattr(orchestrator, "make_backend", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
@@ -85,7 +89,7 @@ def test_a_stopped_engine_is_replaced_and_fed_again(tmp_path, monkeypatch):
     got = _run(tmp_path, "hung", "steps=8", "weights.transport=dist", "engine.timeout_s=3", "engine.start_timeout_s=30",
                on_step=on_step)  # the second stop may catch the new process while it starts
     assert len(set(stopped)) == 2 and made[0].restarts >= 1  # a stop during a restart may be cleared by that restart
-    assert got == ref
+    assert got == reference
 
 
 def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32():
