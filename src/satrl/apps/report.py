@@ -101,6 +101,7 @@ def run_report(args: argparse.Namespace) -> int:
     from satrl.experiments.describe import DescribeError
     from satrl.experiments.interaction import InteractionError
     from satrl.experiments.report import NoRunsError, build_report
+    from satrl.experiments.store import SummaryError
 
     if why := _bad_flag(args):
         print(f"satrl report: {why}", file=sys.stderr)
@@ -126,7 +127,7 @@ def run_report(args: argparse.Namespace) -> int:
                             sensitivity_min_seed=args.sensitivity_min_seed,
                             sensitivity_seeds=tuple(args.sensitivity_seeds),
                             interactions=tuple(args.interaction), describe=args.describe)  # fmt: skip
-    except (NoRunsError, InteractionError, DescribeError) as err:
+    except (NoRunsError, InteractionError, DescribeError, SummaryError) as err:
         print(f"satrl report: {err}", file=sys.stderr)
         return 2
     print(f"wrote {path}")

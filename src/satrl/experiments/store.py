@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -84,6 +85,22 @@ def _from_config(run_path: Path) -> dict[str, Any]:
     return out
 
 
+class SummaryError(ValueError):
+    """A run's summary.json holds a number that is not finite (one line naming the file and key; exit 2)."""
+
+
+def _finite(summary: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``summary`` (flattened, :func:`_flat`) if every number in it is finite, else a :class:`SummaryError`
+    naming the key. satrl writes null where a run has no value; a NaN or Infinity there (an edited file, another
+    writer) would be dropped from its cell by the statistics without a word (issue 60: 50.0 became 75.0)."""
+    flat = _flat(summary)
+    for key, value in flat.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SummaryError(f"{path}: {key} is {value} (not a finite number; satrl writes null where a run has "
+                               "no value): restore the file, set it to null, or remove the run")  # fmt: skip
+    return flat
+
+
 def _flat(summary: dict[str, Any]) -> dict[str, Any]:
     """summary.json with its nested ``lag_realized`` {mean, min, max} as ``lag_realized_<k>`` columns."""
     out = dict(summary)
@@ -94,13 +111,14 @@ def _flat(summary: dict[str, Any]) -> dict[str, Any]:
 
 def load_runs(out_dir: str | Path) -> pd.DataFrame:
     """One row per run dir: cell, lag, seed, run, status, path, machine and every summary.json field as stored
-    (runs from before ``summary_version`` 2 are migrated once by ``python -m benchmarks.migrate_results``)."""
+    (runs from before ``summary_version`` 2 are migrated once by ``python -m benchmarks.migrate_results``); a
+    non-finite number in a summary.json is a :class:`SummaryError`."""
     rows = []
     for r in find_runs(out_dir):
         summary = _read_json(r.path / "summary.json")
         row: dict[str, Any] = {k: None for k in SUMMARY_KEYS}
         if summary is not None:
-            row.update(_flat(summary), **_from_config(r.path))
+            row.update(_finite(summary, r.path / "summary.json"), **_from_config(r.path))
         row.update(
             cell=r.cell, lag=r.lag, seed=r.seed, run=r.name, path=str(r.path), status=run_status(r.path, summary),
             machine=machine_label(read_sessions(r.path)),  # the CPU kind(s) it ran on: bits depend on it
