@@ -6,7 +6,7 @@ import json
 import pytest
 
 from satrl import cli
-from satrl.experiments.store import SummaryError, load_runs
+from satrl.experiments.store import RunFileError, load_runs
 
 
 def _run(out, cell, lag, seed, text: str) -> None:
@@ -28,7 +28,7 @@ def _grid(tmp_path, bad: str):
 
 @pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity", "1e999"])
 def test_nonfinite_endpoint_is_named(tmp_path, bad):
-    with pytest.raises(SummaryError) as err:
+    with pytest.raises(RunFileError) as err:
         load_runs(_grid(tmp_path, bad))
     msg = str(err.value)
     assert "\n" not in msg and "seed2/summary.json" in msg and "late_test_avg_at_k" in msg
@@ -37,7 +37,7 @@ def test_nonfinite_endpoint_is_named(tmp_path, bad):
 def test_nonfinite_nested_number_is_named(tmp_path):
     out = tmp_path / "grid"
     _run(out, "a", 0, 0, json.dumps({"status": "finished", "lag_realized": {"mean": float("nan")}}))
-    with pytest.raises(SummaryError, match="lag_realized_mean"):
+    with pytest.raises(RunFileError, match="lag_realized_mean"):
         load_runs(out)
 
 

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from satrl.folders import folder_problem
+from satrl.folders import folder_problem, os_problem
 
 
 def add_grid_args(parser: argparse.ArgumentParser) -> None:
@@ -110,5 +110,8 @@ def run_grid(args: argparse.Namespace) -> int:
                                allow_commit_change=args.allow_commit_change)  # fmt: skip
     except (GridBusyError, GridChangedError, GridConfigError, PreregistrationError) as e:
         print(f"satrl grid: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a read-only or full --out (its runs' children are stopped: the runner's _drive)
+        print(f"satrl grid: cannot write into --out {out}: {os_problem(e, str(out))}", file=sys.stderr)
         return 2
     return result.exit_code

@@ -399,10 +399,10 @@ def run_grid_spec(
         raise GridBusyError(f"{out} is in use: satrl grid process {err.pid} is running a grid into it; wait for "
                             "it to end (or stop it), then run again") from None  # fmt: skip
     try:
+        protocol = preregistered(spec, out, allow_commit_change)
         if command_fn is default_command:  # the children are `satrl train`: their configs, before a run changes
             check_configs([r for r in select(expand(spec, out, seeds or spec.seeds), only)
                            if run_status(r.run_dir) != "finished"])  # fmt: skip
-        protocol = preregistered(spec, out, allow_commit_change)
         (out / "grid.yaml").write_text(spec_to_yaml(spec, guard_changes(spec, out, seeds, rerun_changed, only=only)))
         full_env = {**os.environ, **thread_env(workers, threads), **(env or {})}
         runs = thread_capped(select(expand(spec, out, seeds or spec.seeds), only), workers, threads)
@@ -452,6 +452,9 @@ def _drive(runner: _Runner, console, progress: bool) -> None:
         runner.stop_all()
         runner.result.interrupted = True
         runner.write_status()
+    except Exception:  # e.g. --out full or read-only under the status file: no child runs on without us
+        runner.stop_all()
+        raise
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, old_term)

@@ -21,6 +21,7 @@ from satrl import faults
 from satrl.config_base import ConfigError
 from satrl.diagnostics import summarize_run
 from satrl.diagnostics.collapse import CollapseConfig, skipped_collapse
+from satrl.diagnostics.summary import score_problem
 from satrl.folders import LOCK, RUN_FILES, InUse, hold, linked, run_files
 from satrl.folders import release as release_lock
 from satrl.jsonl import append_jsonl, dumps, numbered_rows, read_jsonl, strict, write_jsonl
@@ -293,6 +294,9 @@ class RunDir:
         _check_steps(self.path / "metrics.jsonl", metrics, step)
         evals, torn_evals = self._rows_upto("eval.jsonl", step)
         _check_evals(self.path / "eval.jsonl", evals, torn_evals, state.evals, step)
+        for n, row in evals:  # a score that is not a number would be skipped by the summary without a word
+            if why := score_problem(row):
+                raise RunDirError(f"{self.path / 'eval.jsonl'}:{n}: {why}; restore that line, then resume again")
         for name, n in (("metrics.jsonl", torn_metrics), ("eval.jsonl", torn_evals)):
             if n is not None:
                 print(f"satrl: {self.path / name}:{n}: torn last line (killed while writing it) dropped; its step is "
