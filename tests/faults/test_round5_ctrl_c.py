@@ -29,7 +29,17 @@ def _interrupted(tmp_path, ready) -> tuple[int, str]:
     """``satrl train`` (local engine process) in a session of its own; once ``ready(out)``, SIGINT to its whole
     process group, as a terminal's Ctrl-C; its exit code and stderr."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "satrl", "train", *TINY, "steps=40", "backend=local", f"out={out}", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "satrl",
+        "train",
+        *TINY,
+        "steps=40",
+        "backend=local",
+        f"out={out}",
+        "--no-progress",
+    ]
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 240
@@ -53,7 +63,11 @@ def _steps(out) -> int:
 @pytest.mark.parametrize("phase", ["importing", "training"])
 def test_ctrl_c_to_the_process_group_is_one_line(tmp_path, phase):
     start = time.monotonic()  # importing: past the interpreter's own start-up, before torch is in (seconds)
-    ready = (lambda out: time.monotonic() - start > 1.0) if phase == "importing" else (lambda out: _steps(out) >= 2)
+    ready = (
+        (lambda out: time.monotonic() - start > 1.0)
+        if phase == "importing"
+        else (lambda out: _steps(out) >= 2)
+    )
     rc, err = _interrupted(tmp_path, ready)
     lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]

@@ -14,7 +14,14 @@ from satrl.apps import grid as grid_app
 def _grid(tmp_path, bad: dict) -> str:
     (tmp_path / "base.yaml").write_text("{}\n")
     extra = dict(item.split("=", 1) for item in TINY)
-    spec = {"base": "base.yaml", "lags": [1], "seeds": 1, "steps": 2, "extra": extra, "cells": {"ok": {}, "bad": bad}}
+    spec = {
+        "base": "base.yaml",
+        "lags": [1],
+        "seeds": 1,
+        "steps": 2,
+        "extra": extra,
+        "cells": {"ok": {}, "bad": bad},
+    }
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return str(path)

@@ -47,7 +47,9 @@ def test_export_into_a_link_to_an_empty_folder(tmp_path, capsys):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text("seed: 0\n")
     line = _one_line(capsys, "export", tmp_path / "run", tmp_path / "link")
-    assert f"{tmp_path / 'link'}: a symbolic link (to empty)" in line and str(tmp_path / "empty") in line, line
+    assert f"{tmp_path / 'link'}: a symbolic link (to empty)" in line and str(tmp_path / "empty") in line, (
+        line
+    )
     assert "Not a directory" not in line
 
 
@@ -72,7 +74,9 @@ def test_the_data_parallel_run_passes_its_folder_to_the_watchdog(tiny_cfg, monke
     with pytest.raises(RuntimeError, match="stop here"):
         data_parallel.run(cfg, lambda: None)
     assert str(seen["run_dir"]) == str(cfg.run_dir())
-    assert "RUN_DIR" not in dp.resume_hint(cfg.run_dir()) and str(cfg.run_dir()) in dp.resume_hint(cfg.run_dir())
+    assert "RUN_DIR" not in dp.resume_hint(cfg.run_dir()) and str(cfg.run_dir()) in dp.resume_hint(
+        cfg.run_dir()
+    )
 
 
 def test_watchdog_line_names_the_run(capsys, monkeypatch):

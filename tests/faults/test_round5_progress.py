@@ -58,7 +58,9 @@ def test_fitted_takes_room_from_the_metrics_first(columns):
 def test_resumed_run_first_plain_line_has_an_eta(tmp_path, monkeypatch):
     out = tmp_path / "run"
     out.mkdir()
-    rows = [{"step": s, "wall_s": 30.0 + 2.0 * s + (9.0 if s == 5 else 0.0)} for s in range(1, 11)]  # 2 s a step
+    rows = [
+        {"step": s, "wall_s": 30.0 + 2.0 * s + (9.0 if s == 5 else 0.0)} for s in range(1, 11)
+    ]  # 2 s a step
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert progress.prior_step_s(out / "metrics.jsonl") == 2.0  # the median: step 5's extra 9 s left out
     monkeypatch.setattr(progress, "train", _fake_train(11))

@@ -68,7 +68,11 @@ def grid_out(tmp_path):
     """A grid folder: GRPO at lags 0 and 8, and `half` at lag 8, seeds 0-2."""
     out = tmp_path / "grid"
     for s in range(3):
-        for cell, lag, v in (("grpo", 0, 0.8 + s / 100), ("grpo", 8, 0.7 + s / 100), ("half", 8, 0.75 + s / 100)):
+        for cell, lag, v in (
+            ("grpo", 0, 0.8 + s / 100),
+            ("grpo", 8, 0.7 + s / 100),
+            ("half", 8, 0.75 + s / 100),
+        ):
             _run(out, cell, lag, s, v)
     (out / "grid.yaml").write_text("cells: {grpo: {label: GRPO}, half: {}}\n")
     return out
