@@ -107,15 +107,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else list(argv))
-    module = program(args.command)
-    try:
-        return int(getattr(module, f"run_{_ident(args.command)}")(args) or 0)
+    name = "satrl"  # who says "interrupted": the command once it is known
+    try:  # the parse imports the command's module: a Ctrl-C there is one line too (issue 60)
+        args = parse_args(sys.argv[1:] if argv is None else list(argv))
+        name = f"satrl {args.command}"
+        return int(getattr(program(args.command), f"run_{_ident(args.command)}")(args) or 0)
     except BrokenPipeError:  # `satrl grid ... --dry-run | head`: the reader left; stop quietly, as cat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
         return 141  # 128 + SIGPIPE, what a shell reports for a command killed by the signal
     except KeyboardInterrupt:  # Ctrl-C where the command has no more to say (satrl train names its --resume)
-        print(f"satrl {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130  # 128 + SIGINT
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,3 +121,36 @@ def usual_modes(folder: Path) -> None:
     folder.chmod(0o777 & ~umask)
     for f in folder.iterdir():
         f.chmod(0o666 & ~umask)
+
+
+@contextmanager
+def replacing(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` (a hidden name with the same suffix, so a figure keeps its format) for the
+    block to write; moved over ``path`` when the block ends, removed if it raises: a reader never finds a
+    half-written file (a report's figure cut off by a full disk, issue 60)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def os_problem(err: OSError, what: str = "") -> str:
+    """An OSError as one line naming its file (``what`` where it has none): a command's read-only, full or
+    vanished folder (``--out``), said without a traceback."""
+    where = err.filename if err.filename is not None else what
+    return f"{where}: {err.strerror or err}" if where else str(err.strerror or err)
+
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def os_error_of(err: BaseException, filename: str | None = None) -> OSError | None:
+    """The OSError a library's own error type reports in its text (safetensors' SafetensorError: "I/O error: No
+    space left on device (os error 28)"), for ``filename``; None for any other error (an OSError is itself)."""
+    if isinstance(err, OSError):
+        return err
+    found = _OS_ERROR.search(str(err))
+    return OSError(int(found.group(1)), os.strerror(int(found.group(1))), filename) if found else None

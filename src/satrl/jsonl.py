@@ -29,6 +29,15 @@ def strict(value: Any) -> Any:
     return value
 
 
+def loads(text: str | bytes) -> Any:
+    """``json.loads``, where a document nested too deeply for the parser (a hostile ``state.json`` of 200k
+    levels) is a ValueError like any other malformed JSON, not a RecursionError and a traceback (issue 60)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
+
+
 def dumps(row: dict[str, Any]) -> str:
     """One line of strict JSON (no trailing newline)."""
     return json.dumps(strict(row), allow_nan=False)
@@ -46,7 +55,7 @@ def read_jsonl(path: str | Path, null_as_nan: bool = False) -> list[dict[str, An
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = loads(line)
             except ValueError:  # a torn line: the writer was killed mid-append
                 continue
             if isinstance(row, dict):
@@ -67,7 +76,7 @@ def numbered_rows(path: str | Path) -> list[tuple[int, dict[str, Any] | None]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = loads(line)
             except ValueError:
                 row = None
             out.append((n, row if isinstance(row, dict) else None))

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import satrl
+from satrl.jsonl import loads
 
 ENVIRONMENT = "environment.json"
 
@@ -112,7 +113,7 @@ def read_sessions(run_path: Path) -> list[dict]:
     """The sessions a run's ``environment.json`` records ([] for a run from before it existed)."""
     path = Path(run_path) / ENVIRONMENT
     try:
-        return json.loads(path.read_text()).get("sessions", []) if path.is_file() else []
+        return loads(path.read_text()).get("sessions", []) if path.is_file() else []
     except (OSError, ValueError):
         return []
 

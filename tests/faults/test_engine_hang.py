@@ -45,14 +45,16 @@ def _one_line_exit_2(r) -> str:
     return lines[0]
 
 
-def test_engine_that_always_hangs_is_one_line_exit_2_and_resumable(tmp_path):
+def test_engine_that_always_hangs_is_one_line_exit_2_and_retried(tmp_path):
     out = tmp_path / "run"
     hang = {"SATRL_FAULT": "worker.rollout", "SATRL_FAULT_SIGNAL": "SIGSTOP"}  # every engine stops on its 1st rollout
     r = _cli("train", *TINY, "steps=2", "backend=local", "engine.timeout_s=2", "engine.max_restarts=1",
              f"out={out}", "--no-progress", env=hang)  # fmt: skip
     line = _one_line_exit_2(r)
-    assert "hung" in line and "engine.timeout_s" in line and f"--resume {out}" in line, line
-    r = _cli("train", "--resume", str(out), "--no-progress")
+    # it failed before its first step: nothing of it is left, and the same command runs again (issue 60)
+    assert "hung" in line and "engine.timeout_s" in line and "run the same command again" in line, line
+    assert not out.exists()
+    r = _cli("train", *TINY, "steps=2", "backend=local", f"out={out}", "--no-progress")
     assert r.returncode == 0, r.stderr[-3000:]
 
 

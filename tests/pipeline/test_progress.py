@@ -80,6 +80,7 @@ def test_bar_only_on_a_terminal(monkeypatch, stream_cls, bar):
         return {}
 
     monkeypatch.setattr(progress, "train", fake_train)
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough for every metric (a narrow bar cuts them first)
     hf_logging.enable_progress_bar()
     stream = stream_cls()
     progress.train_with_progress(load_config(None, ["steps=4"]), stream=stream)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from satrl.apps.runs import RunReadError, checkpoint_of, checkpoint_step, checkpoint_weights, run_config
-from satrl.folders import usual_modes
+from satrl.folders import os_error_of, usual_modes
 
 if TYPE_CHECKING:  # imported where used: `satrl export --help` loads no torch
     import torch
@@ -43,10 +43,14 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
 
 
 def check_out(run: Path, out: Path) -> None:
-    """Refuse an OUT that holds anything, is not a folder, or lies inside the run (never written into)."""
+    """Refuse an OUT that holds anything, is not a folder (a link to one included), or lies inside the run (never
+    written into)."""
     if out.resolve().is_relative_to(run.resolve()):
         raise RunReadError(f"{out}: inside the run directory {run}, which export never writes into; choose "
                            "an OUT outside it")  # fmt: skip
+    if out.is_symlink():  # the export is renamed into OUT's place, which a link is not (it said "Not a directory")
+        raise RunReadError(f"{out}: a symbolic link (to {os.readlink(out)}); export writes a new folder in its "
+                           f"place: give the folder itself ({out.resolve()}) or a new OUT")  # fmt: skip
     if out.exists() and not out.is_dir():
         raise RunReadError(f"{out}: exists and is not a folder; choose a new OUT")
     if out.is_dir() and any(out.iterdir()):
@@ -106,8 +110,11 @@ def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> tup
         if out.is_dir():
             out.rmdir()  # empty (checked): the rename needs the name free
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        wrapped = None if isinstance(err, OSError) else os_error_of(err, str(out))  # safetensors' full disk
+        if wrapped is not None:
+            raise wrapped from err
         raise
     return ckpt, info
 

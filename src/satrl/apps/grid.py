@@ -1,7 +1,8 @@
 """``satrl grid GRID.yaml``: the command line of the grid runner (:mod:`satrl.experiments.grid`).
 
 A bad flag, grid file or ``--out``, a grid changed since its runs in ``--out`` were made, another grid running into
-``--out``, or a protocol not committed is one line and exit 2; ``--dry-run`` prints each run's command and state.
+``--out``, a protocol not committed, or a run's config that ``satrl train`` would refuse is one line and exit 2,
+before any run starts; ``--dry-run`` prints each run's command and state (and why a config would be refused).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from satrl.folders import folder_problem
+from satrl.folders import folder_problem, os_problem
 
 
 def add_grid_args(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +57,14 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
 def run_grid(args: argparse.Namespace) -> int:
     # here, not at the top: `satrl grid --help` imports no experiment code (the config check it reaches is heavy)
     from satrl.experiments.changes import GridChangedError, changed_runs, guard_changes
-    from satrl.experiments.grid import GridBusyError, default_command, run_grid_spec, thread_capped
+    from satrl.experiments.grid import (
+        GridBusyError,
+        GridConfigError,
+        config_problems,
+        default_command,
+        run_grid_spec,
+        thread_capped,
+    )
     from satrl.experiments.preregistration import PreregistrationError
     from satrl.experiments.spec import expand, load_grid, select, size_problem
     from satrl.experiments.status import has_checkpoint, run_status
@@ -83,11 +91,14 @@ def run_grid(args: argparse.Namespace) -> int:
         return 2
     if args.dry_run:
         changed = {r.name for r in changed_runs(spec, out, args.seeds)[0]}  # --rerun-changed: they start over
-        for run in thread_capped(select(expand(spec, out, args.seeds), args.only), args.workers, args.threads):
+        runs = thread_capped(select(expand(spec, out, args.seeds), args.only), args.workers, args.threads)
+        refused = config_problems([r for r in runs if r.base.exists()])
+        for run in runs:
             state = "new" if run.name in changed else run_status(run.run_dir)
             cmd = default_command(run, state != "new" and state != "finished" and has_checkpoint(run.run_dir))
-            missing = "" if run.base.exists() else "  # base config missing!"
-            print(f"[{'skip' if state == 'finished' else state}] {run.name}: {' '.join(cmd)}{missing}")
+            note = "" if run.base.exists() else "  # base config missing!"
+            note = f"  # config refused: {refused[run.name]}" if run.name in refused else note
+            print(f"[{'skip' if state == 'finished' else state}] {run.name}: {' '.join(cmd)}{note}")
         return 0
     runs = select(expand(spec, out, args.seeds), args.only)
     if not runs:
@@ -97,7 +108,10 @@ def run_grid(args: argparse.Namespace) -> int:
         result = run_grid_spec(spec, out, args.seeds, args.workers, threads=args.threads, only=args.only,
                                rerun_changed=args.rerun_changed,
                                allow_commit_change=args.allow_commit_change)  # fmt: skip
-    except (GridBusyError, GridChangedError, PreregistrationError) as e:
+    except (GridBusyError, GridChangedError, GridConfigError, PreregistrationError) as e:
         print(f"satrl grid: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a read-only or full --out (its runs' children are stopped: the runner's _drive)
+        print(f"satrl grid: cannot write into --out {out}: {os_problem(e, str(out))}", file=sys.stderr)
         return 2
     return result.exit_code

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from satrl.experiments import N_RESAMPLES
-from satrl.folders import folder_problem
+from satrl.folders import folder_problem, os_problem
 
 
 def add_leaderboard_args(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +37,8 @@ def run_leaderboard(args: argparse.Namespace) -> int:
             path = build_leaderboard(args.spec, args.out, n_resamples=args.resamples)
         except ValueError as err:  # ConfigError included: the spec, its folders or its runs
             why = " ".join(str(err).split())
+        except OSError as err:  # a read-only or full --out: no page or figure is left half written
+            why = f"cannot write the leaderboard: {os_problem(err, str(args.out or Path(args.spec).parent))}"
     if why is not None:
         print(f"satrl leaderboard: {why}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from satrl.experiments import N_RESAMPLES
-from satrl.folders import folder_problem
+from satrl.folders import folder_problem, os_problem
 
 if TYPE_CHECKING:  # the report's modules import numpy, pandas and matplotlib: where used, not for --help
     from satrl.experiments.interaction import Interaction
@@ -101,6 +101,7 @@ def run_report(args: argparse.Namespace) -> int:
     from satrl.experiments.describe import DescribeError
     from satrl.experiments.interaction import InteractionError
     from satrl.experiments.report import NoRunsError, build_report
+    from satrl.experiments.store import RunFileError
 
     if why := _bad_flag(args):
         print(f"satrl report: {why}", file=sys.stderr)
@@ -115,7 +116,11 @@ def run_report(args: argparse.Namespace) -> int:
     if args.pack:
         from satrl.experiments.store import pack_results
 
-        pack_results(args.run_dir, args.pack)
+        try:
+            pack_results(args.run_dir, args.pack)
+        except OSError as err:  # a read-only or full --pack
+            print(f"satrl report: cannot write --pack: {os_problem(err, args.pack)}", file=sys.stderr)
+            return 2
     extra = ["--sensitivity-min-seed", str(args.sensitivity_min_seed)] if args.sensitivity_min_seed is not None else []
     extra += [a for lo, hi in args.sensitivity_seeds for a in ("--sensitivity-seeds", f"{lo}-{hi}")]
     extra += [a for spec in args.interaction for a in ("--interaction", spec.flag())]
@@ -126,8 +131,12 @@ def run_report(args: argparse.Namespace) -> int:
                             sensitivity_min_seed=args.sensitivity_min_seed,
                             sensitivity_seeds=tuple(args.sensitivity_seeds),
                             interactions=tuple(args.interaction), describe=args.describe)  # fmt: skip
-    except (NoRunsError, InteractionError, DescribeError) as err:
+    except (NoRunsError, InteractionError, DescribeError, RunFileError) as err:
         print(f"satrl report: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a read-only or full --out: no report.md or figure is left half written
+        print(f"satrl report: cannot write the report: {os_problem(err, str(args.out or args.run_dir))}",
+              file=sys.stderr)  # fmt: skip
         return 2
     print(f"wrote {path}")
     return 0

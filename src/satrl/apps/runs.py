@@ -14,10 +14,11 @@ sha256 recorded when they were saved (the checks are :func:`satrl.training.check
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from satrl.jsonl import loads
 
 if TYPE_CHECKING:  # torch and the config load where they are used: `satrl export --help` needs neither
     import torch
@@ -79,9 +80,9 @@ def _trained_with(ckpt: Path) -> dict | None:
     from satrl.training.safe_state import decode
 
     try:
-        config = json.loads((ckpt / "state.json").read_text()).get("config")
+        config = loads((ckpt / "state.json").read_text()).get("config")
         return decode(config, {}) if isinstance(config, dict) else None
-    except (OSError, ValueError, AttributeError) as err:
+    except (OSError, ValueError, AttributeError, RecursionError) as err:  # RecursionError: decode of a deep tree
         raise RunReadError(f"{ckpt / 'state.json'}: unreadable ({_first_line(err)})") from None
 
 
@@ -159,16 +160,19 @@ def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def logged_eval(run_dir: str | Path, step: int) -> dict | None:
-    """The run's own ``eval.jsonl`` row at ``step``, or None (no evaluation at that step, or no log)."""
+    """The run's own ``eval.jsonl`` row at ``step``, or None (no evaluation at that step, no log, or a damaged
+    row: one whose scores are not numbers is skipped like a line that is not JSON)."""
+    from satrl.diagnostics.summary import score_problem
+
     log = Path(run_dir) / "eval.jsonl"
     if not log.is_file():
         return None
     for line in reversed(log.read_text().splitlines()):  # advisory: a damaged line is skipped, not fatal
         try:
-            row = json.loads(line)
+            row = loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and row.get("step") == step:
+        if isinstance(row, dict) and row.get("step") == step and not score_problem(row):  # a score "high": damaged
             return row
     return None
 

@@ -110,7 +110,7 @@ def _run_train(cfg, args: argparse.Namespace) -> int:
         print(f"satrl train: {_first_line(err)}", file=sys.stderr)
         return 2
     except EngineError as err:  # the engine keeps dying or hanging: the checkpoints are intact
-        print(f"satrl train: {_first_line(err)}; continue with satrl train --resume {cfg.run_dir()}", file=sys.stderr)
+        print(f"satrl train: {_first_line(err)}; {_again(cfg)}", file=sys.stderr)
         return 2
     except OSError as err:
         if err.errno == errno.EFBIG:  # checkpoint.save_checkpoint names the checkpoint a safetensors write was in
@@ -121,8 +121,7 @@ def _run_train(cfg, args: argparse.Namespace) -> int:
             return 2
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        print(f"satrl train: disk full ({_first_line(err)}); free space, then continue with "
-              f"satrl train --resume {cfg.run_dir()}", file=sys.stderr)  # fmt: skip
+        print(f"satrl train: disk full ({_first_line(err)}); free space, then {_again(cfg)}", file=sys.stderr)
         return 1
     if summary is None:  # a data-parallel rank other than 0: rank 0 reports
         return 0
@@ -132,11 +131,19 @@ def _run_train(cfg, args: argparse.Namespace) -> int:
     return 0
 
 
+def _again(cfg) -> str:
+    """How to go on after a failure: resume the run, or run the same command again where it failed before its
+    first step and so left no run in its folder (orchestrator.train)."""
+    if (cfg.run_dir() / "config.yaml").is_file():
+        return f"continue with satrl train --resume {cfg.run_dir()}"
+    return "run the same command again (the run failed before its first step and left nothing)"
+
+
 def _too_large(cfg, filename: str | None) -> int:
     """A write stopped by the file-size limit (``ulimit -f``; EFBIG): one line naming the file, exit 2."""
     what = filename or f"a file under {cfg.run_dir()}"
     print(f"satrl train: cannot write {what}: File too large (over the file-size limit, ulimit -f); raise the "
-          f"limit, then continue with satrl train --resume {cfg.run_dir()}", file=sys.stderr)  # fmt: skip
+          f"limit, then {_again(cfg)}", file=sys.stderr)  # fmt: skip
     return 2
 
 

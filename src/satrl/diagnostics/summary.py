@@ -50,6 +50,21 @@ def late_window_start(last_step: int) -> int:
     return last_step - math.ceil(last_step / 4) + 1
 
 
+# What eval.jsonl's score keys end with (avg_at_k, val_avg_at_k, test_pass_at_k, greedy_acc, ...).
+SCORE_SUFFIXES = ("avg_at_k", "greedy_acc", "pass_at_k")
+
+
+def score_problem(row: dict) -> str | None:
+    """Why an ``eval.jsonl`` row's scores cannot be read, in a few words naming the key: one holding something
+    other than a number or null (a string, a list, true); None if every score is one. Readers skipped such a
+    value without a word or failed on it with a traceback (issue 60)."""
+    for key, value in row.items():
+        if key.endswith(SCORE_SUFFIXES) and value is not None:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return f"{key} is {str(value)[:40]!r}, not a number"
+    return None
+
+
 def late_mean(evals: list[dict], key: str, last_step: int) -> float | None:
     """Mean of ``key`` over the evals (sorted by step) in the late window of a run whose last optimizer step is
     ``last_step`` (:func:`late_window_start`); the last finite value when no eval falls in the window; None when

@@ -29,10 +29,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from satrl.config_base import ConfigError
 from satrl.experiments import N_RESAMPLES  # the repaired fraction's bootstrap resamples (seed 0)
+from satrl.folders import replacing
 
 from .spec import Endpoint, SeedRange
 from .stats import PairedDiff, paired_diff, repaired_fraction, seed_values
-from .store import LATE_EVAL_KEYS, load_evals, load_grid_meta, load_runs, with_late_evals
+from .store import LATE_EVAL_KEYS, find_runs, load_evals, load_grid_meta, load_runs, with_late_evals
 
 PCT = 100.0
 CI = 0.95  # every interval here is a 95 % one
@@ -136,6 +137,9 @@ def _seeds(bed: TestbedSpec) -> str:
 def column(spec: AcrossSpec, i: int, root: Path, n_resamples: int = N_RESAMPLES) -> Column:
     """Testbed ``i``'s column; a base without finished runs at its lag or reference lag is a ValueError."""
     bed, ep = spec.testbeds[i], spec.endpoint
+    if not find_runs(root / bed.results):
+        raise ValueError(f"testbeds.{i}.results: {bed.results} holds no grid runs (<cell>/lag<n>/seed<s>/ folders): "
+                         "name a grid's --out or its packed results")  # fmt: skip
     runs = _finished(root / bed.results, bed, ep)
     lags = (bed.lag, bed.reference_lag)
     at = {lag: seed_values(runs, bed.base, lag, ep) for lag in lags}
@@ -273,8 +277,11 @@ def plot(spec: AcrossSpec, cols: list[Column], path: Path) -> Path:
         ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    try:
+        with replacing(path) as tmp:  # a write cut short (a full disk) leaves no truncated figure
+            fig.savefig(tmp, dpi=110, metadata={"Software": None})
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -289,5 +296,6 @@ def build_leaderboard(spec_path: str | Path, out: str | Path | None = None, n_re
     spec, cols = evaluate(spec_path, n_resamples)
     out = Path(spec_path).parent if out is None else Path(out)
     plot(spec, cols, out / FIGURE)
-    (md := out / "leaderboard.md").write_text(markdown(spec, cols, str(spec_path), n_resamples))
+    with replacing(md := out / "leaderboard.md") as tmp:
+        tmp.write_text(markdown(spec, cols, str(spec_path), n_resamples))
     return md

@@ -37,8 +37,8 @@ from satrl.experiments.status import has_checkpoint, run_status, session_entry
 from satrl.folders import GRID_LOCK, RUN_FILES, InUse, hold, holding, release
 from satrl.provenance import git_commit, machine_kind
 
-__all__ = ["GridBusyError", "GridChangedError", "GridResult", "GridSpec", "Run", "default_command", "expand",
-           "load_grid", "render_value", "run_grid_spec", "thread_env"]  # fmt: skip
+__all__ = ["GridBusyError", "GridChangedError", "GridConfigError", "GridResult", "GridSpec", "Run", "default_command",
+           "expand", "load_grid", "render_value", "run_grid_spec", "thread_env"]  # fmt: skip
 
 
 def default_command(run: Run, resume: bool) -> list[str]:
@@ -95,6 +95,40 @@ def _history(status_path: Path) -> list[dict[str, Any]]:
 
 class GridBusyError(ValueError):
     """Another grid is running into the same ``--out`` (it holds the folder's grid lock)."""
+
+
+class GridConfigError(ValueError):
+    """A run of the grid has a config its ``satrl train`` would refuse: one line naming the run; none started."""
+
+
+def config_problems(runs: list[Run]) -> dict[str, str]:
+    """``{run name: why}`` for each run whose config ``satrl train`` would refuse (its base file and overrides
+    loaded as the child loads them), one line each. Runs that differ only by seed and folder share one check."""
+    from satrl.config import ConfigError, load_config  # the config loader alone: pydantic, no torch
+
+    problems, seen = {}, {}
+    for r in runs:
+        key = (r.base, r.overrides)
+        if key not in seen:
+            try:
+                load_config(r.base, [*r.overrides, f"seed={r.seed}", f"out={r.run_dir}"])
+                seen[key] = None
+            except (ConfigError, OSError) as err:
+                seen[key] = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        if seen[key] is not None:
+            problems[r.name] = seen[key]
+    return problems
+
+
+def check_configs(runs: list[Run]) -> None:
+    """Raise GridConfigError naming the first run whose config would be refused, before any run starts (issue 60:
+    the valid runs trained first, then each bad one failed: a lag of -1, ``lr: -1``, a misspelt key, a base that
+    is not a config)."""
+    problems = config_problems(runs)
+    if problems:
+        name, why = next(iter(problems.items()))
+        more = f" (and {len(problems) - 1} more run(s))" if len(problems) > 1 else ""
+        raise GridConfigError(f"run {name}{more}: {why}; no run was started: fix the grid file")
 
 
 @dataclass
@@ -341,6 +375,8 @@ def run_grid_spec(
     command_fn(run, resume) gives the child's argv. progress: rich live line (default: if stderr
     is a terminal), else one line per finished run. only: shell patterns over run names (see `select`). Ctrl-C / SIGTERM stop the children (SIGTERM, then
     SIGKILL after 10 s), mark them 'interrupted', and return with result.interrupted = True.
+    With the default command, a run whose config ``satrl train`` would refuse raises GridConfigError before
+    anything starts or is written.
     Runs in ``out`` made with other settings raise GridChangedError (see ``changes.guard_changes``); an ``out``
     another grid is running into raises GridBusyError before anything in it changes. A grid naming a protocol
     starts only from a committed, unchanged protocol on the commit of its earlier runs (PreregistrationError;
@@ -364,6 +400,9 @@ def run_grid_spec(
                             "it to end (or stop it), then run again") from None  # fmt: skip
     try:
         protocol = preregistered(spec, out, allow_commit_change)
+        if command_fn is default_command:  # the children are `satrl train`: their configs, before a run changes
+            check_configs([r for r in select(expand(spec, out, seeds or spec.seeds), only)
+                           if run_status(r.run_dir) != "finished"])  # fmt: skip
         (out / "grid.yaml").write_text(spec_to_yaml(spec, guard_changes(spec, out, seeds, rerun_changed, only=only)))
         full_env = {**os.environ, **thread_env(workers, threads), **(env or {})}
         runs = thread_capped(select(expand(spec, out, seeds or spec.seeds), only), workers, threads)
@@ -413,6 +452,9 @@ def _drive(runner: _Runner, console, progress: bool) -> None:
         runner.stop_all()
         runner.result.interrupted = True
         runner.write_status()
+    except Exception:  # e.g. --out full or read-only under the status file: no child runs on without us
+        runner.stop_all()
+        raise
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, old_term)

@@ -59,6 +59,10 @@ def parse_interaction(text: str) -> Interaction:
     usage = "expected METHOD,BASE,LAG,REFERENCE_LAG[,SEEDS A-B or all[,MARGIN in points]], e.g. opob,grpo,32,0,34-49,2"
     if not 4 <= len(parts) <= 6 or not all(parts[:4]) or not (parts[2].isdigit() and parts[3].isdigit()):
         raise ValueError(f"{text!r}: {usage}")
+    if parts[2] == parts[3] or parts[0] == parts[1]:  # I_s = 0 by construction: no estimate, a 0 reported (issue 60)
+        same = f"lag {parts[2]} on both sides" if parts[2] == parts[3] else f"cell {parts[0]} on both sides"
+        raise ValueError(f"{text!r}: {same}, so the interaction is 0 by construction: give the method and its base, "
+                         "and two different lags (LAG, the stale one, and REFERENCE_LAG)")  # fmt: skip
     seeds = None
     if len(parts) > 4 and parts[4] != "all":
         lo, sep, hi = parts[4].partition("-")

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from satrl.diagnostics.summary import late_window_start
+from satrl.folders import replacing
 
 from .stats import cell_stats, compare, repaired_fraction
 from .store import GridResults
@@ -162,6 +163,9 @@ def plot(res: GridResults, t: pd.DataFrame, refs: dict[str, float], lb: dict, pa
         ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with replacing(path) as tmp:  # a write cut short (a full disk) leaves no truncated figure
+            fig.savefig(tmp, dpi=110)
+    finally:
+        plt.close(fig)
     return path

@@ -20,6 +20,7 @@ import pandas as pd  # noqa: E402
 
 from satrl.experiments.stats import bootstrap_curve  # noqa: E402
 from satrl.experiments.store import GridResults  # noqa: E402
+from satrl.folders import replacing  # noqa: E402
 
 CURVE_RESAMPLES = 2_000
 _BYLAG_RE = re.compile(r"^bylag/(-?\d+)/(clipfrac|gate_rate)$")
@@ -57,8 +58,11 @@ def _save(fig: plt.Figure, path: Path, title: str | None = None) -> None:
     if title is not None:
         fig.suptitle(title)
         fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        with replacing(path) as tmp:  # a write cut short (a full disk) leaves no truncated figure
+            fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    finally:
+        plt.close(fig)
 
 
 def _seed_matrix(df: pd.DataFrame, key: str, smooth: int = 1) -> tuple[np.ndarray, np.ndarray]:

@@ -39,16 +39,25 @@ def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def protocol_record(protocol: Path) -> dict[str, str]:
-    """``{"path", "commit", "committed_at", "blob"}`` of a committed, unchanged protocol file; else
-    :class:`PreregistrationError` naming the file and the way out."""
+    """``{"path", "commit", "committed_at", "blob"}`` of a committed, unchanged protocol file (a symlink's
+    target: ``path`` is the target's in its checkout); else :class:`PreregistrationError` naming the file and the
+    way out."""
     if not protocol.is_file():
         raise PreregistrationError(f"protocol {protocol}: no such file (the grid file's `protocol:` names it)")
+    # A symlink is followed first: what governs the runs is the text it points to, so that file is the one that
+    # must be committed and unchanged, in its own checkout (issue 60: an edited target passed as the link's blob).
+    shown, protocol = protocol, protocol.resolve()
     where = protocol.parent
     top = _git(where, "rev-parse", "--show-toplevel")
     if top.returncode != 0:
-        raise PreregistrationError(f"protocol {protocol}: not in a git checkout, so its commit cannot be shown; "
-                                   "run the grid from a clone")  # fmt: skip
-    rel = protocol.resolve().relative_to(Path(top.stdout.strip()).resolve()).as_posix()
+        what = f"{shown} (a link to {protocol})" if shown != protocol else str(shown)
+        raise PreregistrationError(f"protocol {what}: not in a git checkout, so its commit cannot be shown; run the "
+                                   "grid from a clone")  # fmt: skip
+    try:
+        rel = protocol.relative_to(Path(top.stdout.strip()).resolve()).as_posix()
+    except ValueError:  # git's top level is not above the resolved file (a checkout reached through a link)
+        raise PreregistrationError(f"protocol {shown}: {protocol} is not inside its git checkout "
+                                   f"{top.stdout.strip()}; name the file itself in `protocol:`") from None  # fmt: skip
     if _git(where, "cat-file", "-e", f"HEAD:{rel}").returncode != 0:  # staged is not committed
         raise PreregistrationError(f"protocol {rel} is not committed: commit it, alone, before the grid's first run")
     if _git(where, "status", "--porcelain", "--", protocol.name).stdout.strip():

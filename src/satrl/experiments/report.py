@@ -33,6 +33,7 @@ from satrl.experiments.stats import (
 )
 from satrl.experiments.store import GridResults, load_results
 from satrl.experiments.verdicts import exploratory_md, hypotheses_md, repair_md
+from satrl.folders import replacing
 from satrl.provenance import git_commit
 
 _PREFIX = {"late_test_avg_at_k": "late_test", "best_test_avg_at_k": "best_test", "final_test_avg_at_k": "final_test",
@@ -305,7 +306,8 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
             ["## Runs not finished", ""] + [f"- `{r}`: {s}" for r, s in zip(bad["run"], bad["status"])] + [""]
         )
     path = dest / "report.md"
-    path.write_text("\n".join(md))
+    with replacing(path) as tmp:
+        tmp.write_text("\n".join(md))
     return path
 
 

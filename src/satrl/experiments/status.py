@@ -5,15 +5,16 @@ No pandas and no pipeline here, so ``satrl grid`` stays light to import.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from satrl.jsonl import loads
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any] | None:
     """The run's ``summary.json`` as a dict; None when it is missing, torn or not an object."""
     try:
-        d = json.loads((Path(run_dir) / "summary.json").read_text())
+        d = loads((Path(run_dir) / "summary.json").read_text())
     except (OSError, ValueError):
         return None
     return d if isinstance(d, dict) else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -18,9 +19,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from satrl.diagnostics.summary import late_mean
+from satrl.diagnostics.summary import late_mean, score_problem
 from satrl.experiments.status import merge_status, run_status
-from satrl.jsonl import read_jsonl  # the one tolerant JSONL reader (torn lines skipped)
+from satrl.jsonl import loads, numbered_rows, read_jsonl  # the tolerant JSONL readers (torn lines skipped)
 from satrl.provenance import ENVIRONMENT, machine_label, read_sessions
 
 SUMMARY_KEYS = ("best_avg_at_k", "best_step", "final_avg_at_k", "late_avg_at_k", "best_val_avg_at_k",
@@ -34,7 +35,7 @@ PACKED_FILES = ("summary.json", "config.yaml", "eval.jsonl", ENVIRONMENT)
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        d = json.loads(path.read_text())
+        d = loads(path.read_text())
     except (OSError, ValueError):
         return None
     return d if isinstance(d, dict) else None
@@ -84,6 +85,23 @@ def _from_config(run_path: Path) -> dict[str, Any]:
     return out
 
 
+class RunFileError(ValueError):
+    """A run's summary.json holds a number that is not finite, or its eval.jsonl a score that is not a number
+    (one line naming the file, line and key; exit 2)."""
+
+
+def _finite(summary: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``summary`` (flattened, :func:`_flat`) if every number in it is finite, else a :class:`RunFileError`
+    naming the key. satrl writes null where a run has no value; a NaN or Infinity there (an edited file, another
+    writer) would be dropped from its cell by the statistics without a word (issue 60: 50.0 became 75.0)."""
+    flat = _flat(summary)
+    for key, value in flat.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise RunFileError(f"{path}: {key} is {value} (not a finite number; satrl writes null where a run has "
+                               "no value): restore the file, set it to null, or remove the run")  # fmt: skip
+    return flat
+
+
 def _flat(summary: dict[str, Any]) -> dict[str, Any]:
     """summary.json with its nested ``lag_realized`` {mean, min, max} as ``lag_realized_<k>`` columns."""
     out = dict(summary)
@@ -94,20 +112,22 @@ def _flat(summary: dict[str, Any]) -> dict[str, Any]:
 
 def load_runs(out_dir: str | Path) -> pd.DataFrame:
     """One row per run dir: cell, lag, seed, run, status, path, machine and every summary.json field as stored
-    (runs from before ``summary_version`` 2 are migrated once by ``python -m benchmarks.migrate_results``)."""
+    (runs from before ``summary_version`` 2 are migrated once by ``python -m benchmarks.migrate_results``); a
+    non-finite number in a summary.json is a :class:`RunFileError`."""
     rows = []
     for r in find_runs(out_dir):
         summary = _read_json(r.path / "summary.json")
         row: dict[str, Any] = {k: None for k in SUMMARY_KEYS}
         if summary is not None:
-            row.update(_flat(summary), **_from_config(r.path))
+            row.update(_finite(summary, r.path / "summary.json"), **_from_config(r.path))
         row.update(
             cell=r.cell, lag=r.lag, seed=r.seed, run=r.name, path=str(r.path), status=run_status(r.path, summary),
             machine=machine_label(read_sessions(r.path)),  # the CPU kind(s) it ran on: bits depend on it
         )
         rows.append(row)
     cols = ["cell", "lag", "seed", "run", "status", "path", "machine"]
-    df = pd.DataFrame(rows, columns=None if rows else cols + list(SUMMARY_KEYS))
+    # no runs: the columns a row would have ("status" once: a doubled label broke every later lookup, issue 60)
+    df = pd.DataFrame(rows, columns=None if rows else cols + [k for k in SUMMARY_KEYS if k not in cols])
     for k in (*SUMMARY_KEYS, "eps_high"):
         if k not in ("status", "summary_version") and k in df:
             df[k] = pd.to_numeric(df[k], errors="coerce")
@@ -158,10 +178,15 @@ def load_metrics(out_dir: str | Path) -> pd.DataFrame:
 
 
 def load_evals(out_dir: str | Path) -> pd.DataFrame:
-    """Eval curves of every run: cell, lag, seed, step, avg_at_k, greedy_acc, k."""
+    """Eval curves of every run: cell, lag, seed, step, avg_at_k, greedy_acc, k; a score that is not a number is
+    a :class:`RunFileError` naming eval.jsonl:LINE."""
 
     def reader(p: Path) -> list[dict]:
-        return read_jsonl(p / "eval.jsonl") if (p / "eval.jsonl").exists() else []
+        rows = numbered_rows(p / "eval.jsonl")  # a torn line (None) is skipped, as read_jsonl does
+        for n, row in rows:
+            if row is not None and (why := score_problem(row)):
+                raise RunFileError(f"{p / 'eval.jsonl'}:{n}: {why}; restore that line, or remove the run")
+        return [row for _, row in rows if row is not None]
 
     df = _long_frame(find_runs(out_dir), reader)
     for c in ("avg_at_k", "greedy_acc", "k"):

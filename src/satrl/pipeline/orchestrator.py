@@ -45,10 +45,15 @@ from satrl.weights.snapshot import Snapshot
 
 def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, dict | None], None] | None = None) -> dict:
     """Run (or resume) one training run; returns its summary (also written to ``summary.json``). The run
-    directory is locked against other processes until this returns or raises."""
+    directory is locked against other processes until this returns or raises; a fresh run that fails before its
+    first step leaves nothing in it (:meth:`RunDir.abandon`)."""
     run = build_run_dir(cfg, resume=resume)
     try:
         return _train(cfg, run, resume, on_step)
+    except Exception:
+        if not resume and not run.stepped:  # failed at start-up: a retry with the same out= starts over
+            run.abandon()
+        raise
     finally:
         run.release()
 
@@ -131,7 +136,9 @@ def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfi
     files and config, :meth:`RunDir.load` and :meth:`RunDir.check_config`), check that its settings can go on
     to ``steps``, and only then cut the logs and rewrite ``config.yaml``: a refused resume changes no file."""
     loaded, steps = run.load(), cfg.steps
-    if loaded is None:
+    if loaded is None:  # killed before its first checkpoint: starts over, as config.yaml says (plus what may change)
+        run.check_unstarted()
+        run.save_config()
         return _fresh(run, trainer, rollouts, snapshot, followers)
     planned = run.check_config(loaded)
     check_snapshots(loaded.snapshots, cfg.diagnostics.decompose)

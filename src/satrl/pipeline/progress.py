@@ -10,16 +10,19 @@ Third-party progress bars (transformers' "Loading weights", huggingface_hub down
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass
 from typing import TextIO
 
+from satrl.jsonl import read_jsonl
 from satrl.models.loading import quiet_progress_bars
 from satrl.pipeline.orchestrator import train
 from satrl.pipeline.run_config import RunConfig
 
 LOG_FRACTION = 10  # plain-line mode: a line every steps // LOG_FRACTION steps
+BAR_WIDTH = (5, 40)  # the live bar's drawn bar, in columns: width // 8 within these
 LOG_SECONDS = 60.0  # ... and after at most this many seconds without one
 MIN_TIMED = 2  # steps timed (after the first, warm-up interval) before an eta is printed
 
@@ -65,12 +68,13 @@ class LineLog:
     and the first step after it (the pipeline filling: the engine's first batches, first-call allocations; the
     issue-47 probe saw the step-2 eta 3x too long) do not inflate it: the mean time of a step without an eval
     times the steps left, plus, once an eval has been seen, its extra time times the evals still due
-    (``eval_every`` as in ``eval.every``; the last step always evaluates). Until two steps have been timed there
-    is no rate: ``eta ?``."""
+    (``eval_every`` as in ``eval.every``; the last step always evaluates). Until two steps have been timed the
+    rate is ``prior_step_s`` (a resumed run's typical step so far, :func:`prior_step_s`), else unknown: ``eta ?``."""
 
     def __init__(self, name: str, total: int, stream: TextIO, cadence: Cadence = Cadence(),
-                 clock=time.monotonic, eval_every: int = 0) -> None:  # fmt: skip
+                 clock=time.monotonic, eval_every: int = 0, prior_step_s: float | None = None) -> None:  # fmt: skip
         self.name, self.total, self.stream, self.clock = name, total, stream, clock
+        self.prior_step_s = prior_step_s
         self.every = cadence.every or max(1, total // LOG_FRACTION)
         self.seconds, self.eval_every = cadence.seconds, eval_every
         self.t0 = self.last_t = clock()
@@ -89,8 +93,8 @@ class LineLog:
         return periodic + (0 if k > 0 and self.total % k == 0 else 1)
 
     def eta(self, step: int) -> float | None:
-        if self.n_step + self.n_eval < MIN_TIMED:
-            return None
+        if self.n_step + self.n_eval < MIN_TIMED:  # a resumed run: its earlier sessions' pace until ours is known
+            return None if self.prior_step_s is None else self.prior_step_s * (self.total - step)
         per_step = self.step_s / self.n_step if self.n_step else self.eval_s / self.n_eval
         per_eval = max(0.0, self.eval_s / self.n_eval - per_step) if self.n_eval else 0.0
         return per_step * (self.total - step) + per_eval * self.evals_left(step)
@@ -119,6 +123,39 @@ class LineLog:
         )
 
 
+def prior_step_s(metrics_path) -> float | None:
+    """A run's typical step time so far: the median of the ``wall_s`` differences between consecutive steps of
+    its ``metrics.jsonl`` (None with fewer than two): a resumed run's eta before it has timed steps of its own
+    (its first plain line said ``eta ?``, issue 60). The median leaves out an eval's or a start-up's extra time."""
+    rows = [r for r in read_jsonl(metrics_path) if isinstance(r.get("step"), int) and _number(r.get("wall_s"))]
+    rows.sort(key=lambda r: r["step"])
+    gaps = sorted(b["wall_s"] - a["wall_s"] for a, b in zip(rows, rows[1:]) if b["step"] == a["step"] + 1)
+    gaps = [g for g in gaps if g > 0]
+    return gaps[len(gaps) // 2] if len(gaps) >= 2 else None
+
+
+def _number(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def fitted(width: int, name: str, total: int, info: str) -> tuple[str, int, str]:
+    """``(name, bar width, info)`` of the live bar on a ``width``-column terminal, so that the step count, the
+    elapsed time and the eta always show whole: room comes out of the metrics first, then the run's name (its
+    end kept), the bar shrinking with the width (issue 60: at 80 columns the metrics took the width, and those
+    three showed as ``…``)."""
+    digits = len(str(total))
+    fixed = (2 * digits + 1) + 8 + 8 + 5 + 1  # step/total, elapsed and eta (up to 99 h), the five gaps, a spare
+    bar = max(BAR_WIDTH[0], min(BAR_WIDTH[1], width // 8))
+    room = max(0, width - fixed - bar)
+    keep = min(len(name), max(room - len(info), room // 2))
+    if keep < len(name):
+        name = "…" + name[len(name) - keep + 1 :] if keep > 1 else ""
+    left = max(0, room - len(name) - 1)
+    if len(info) > left:
+        info = info[: left - 1] + "…" if left > 1 else ""
+    return name, bar, info
+
+
 def _with_bar(cfg: RunConfig, resume: bool, stream: TextIO) -> dict:
     from rich.console import Console
     from rich.progress import (
@@ -130,22 +167,26 @@ def _with_bar(cfg: RunConfig, resume: bool, stream: TextIO) -> dict:
         TimeRemainingColumn,
     )
 
+    drawn = BarColumn()
     columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
+        TextColumn("{task.description}", style="bold", markup=False),  # a path is no markup
+        drawn,
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        TextColumn("{task.fields[info]}"),
+        TextColumn("{task.fields[info]}", markup=False),
     )
     with Progress(*columns, console=Console(file=stream), transient=False) as bar:
-        task = bar.add_task(str(cfg.run_dir()), total=cfg.steps, info="")
+        name = str(cfg.run_dir())
+        shown, drawn.bar_width, _ = fitted(bar.console.width, name, cfg.steps, "")
+        task = bar.add_task(shown, total=cfg.steps, info="")
         last_eval: dict = {}
 
         def on_step(step: int, row: dict, eval_row: dict | None) -> None:
             if eval_row:
                 last_eval.update(eval_row)
-            bar.update(task, completed=step, info=step_info(row, last_eval))
+            shown, drawn.bar_width, info = fitted(bar.console.width, name, cfg.steps, step_info(row, last_eval))
+            bar.update(task, completed=step, description=shown, info=info)
 
         return train(cfg, resume=resume, on_step=on_step)
 
@@ -161,5 +202,6 @@ def train_with_progress(
             return train(cfg, resume=resume)
         if stream.isatty():
             return _with_bar(cfg, resume, stream)
-        log = LineLog(str(cfg.run_dir()), cfg.steps, stream, eval_every=cfg.eval.every)
+        prior = prior_step_s(cfg.run_dir() / "metrics.jsonl") if resume else None
+        log = LineLog(str(cfg.run_dir()), cfg.steps, stream, eval_every=cfg.eval.every, prior_step_s=prior)
         return train(cfg, resume=resume, on_step=log)

@@ -77,10 +77,21 @@ def check(folder: Path, checkpoint: Path, saved: dict | None, raw: Any, effectiv
     if on_disk:
         raise RunDirError(f"{where}: {_shown(on_disk)} (checkpoint {name} was trained with the first); restore "
                           "config.yaml, or start a new run with another out=")  # fmt: skip
+    return _allowed(folder, f"what checkpoint {name} was trained with", trained, effective), int(trained["steps"])
+
+
+def check_unstarted(folder: Path, raw: Any, effective: dict) -> dict:
+    """The changes a resume of a run without a checkpoint (killed or failed before its first) makes to
+    ``config.yaml`` (``raw``), ``{key: [before, now]}``; a RunDirError (one line) for a change resume may not
+    make: it starts over, but as the run config.yaml records (issue 60: ``model.path=null`` was accepted)."""
+    raw = raw if isinstance(raw, dict) else {}
+    return _allowed(folder, f"{folder / 'config.yaml'}", _resolved(raw, str(folder / "config.yaml")), effective)
+
+
+def _allowed(folder: Path, what: str, trained: dict[str, Any], effective: dict) -> dict:
     diff = _differences(trained, flat(effective))
     refused = {k: v for k, v in diff.items() if k not in RESUMABLE}
     if refused:
-        raise RunDirError(f"--resume {folder}: {_shown(refused)} differ from what checkpoint {name} was trained "
-                          f"with; resume may change only {', '.join(RESUMABLE)}: start a new run with another out= "
-                          "to change the rest")  # fmt: skip
-    return {k: [old, new] for k, (old, new) in diff.items()}, int(trained["steps"])
+        raise RunDirError(f"--resume {folder}: {_shown(refused)} differ from {what}; resume may change only "
+                          f"{', '.join(RESUMABLE)}: start a new run with another out= to change the rest")  # fmt: skip
+    return {k: [old, new] for k, (old, new) in diff.items()}

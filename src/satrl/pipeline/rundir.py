@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from satrl import faults
 from satrl.config_base import ConfigError
 from satrl.diagnostics import summarize_run
 from satrl.diagnostics.collapse import CollapseConfig, skipped_collapse
+from satrl.diagnostics.summary import score_problem
 from satrl.folders import LOCK, RUN_FILES, InUse, hold, linked, run_files
 from satrl.folders import release as release_lock
 from satrl.jsonl import append_jsonl, dumps, numbered_rows, read_jsonl, strict, write_jsonl
@@ -168,6 +170,7 @@ class RunDir:
         why = linked(self.path)  # before anything is written: the lock file included
         if why:
             raise RunDirError(why)
+        self._made = not self.path.exists()  # abandon() removes a folder this run made, and only that
         self.path.mkdir(parents=True, exist_ok=True)
         self._held = _lock(self.path)
         if not resume:
@@ -182,6 +185,7 @@ class RunDir:
         self.state = RunState()
         self.skipped_rows = 0  # malformed dataset rows the task skipped (summary.json: data/skipped_rows)
         self.changes: dict[str, list] = {}  # config changes a resume made (check_config), recorded by the loop
+        self.stepped = False  # whether this session logged an optimizer step (abandon() undoes a start before one)
         self.tb = None if resume else _tensorboard(self.path / "tb")  # a resume's once it has checked the folder
 
     def save_config(self) -> None:
@@ -195,6 +199,25 @@ class RunDir:
         if self._held is not None:
             release_lock(self.path, self._held)
             self._held = None
+
+    def abandon(self) -> None:
+        """A fresh run that failed before its first step (a missing model or dataset, an engine that never
+        started): remove what it wrote, and the folder if it made it, and let go of the lock, so the same command
+        with the fault fixed starts over in the same ``out=`` (issue 60: its config.yaml blocked that, and a
+        ``--resume`` could only repeat the failure). Everything removed is this run's: :func:`_check_new` found
+        no file of a run and nothing of the user's there."""
+        if self.tb is not None:
+            self.tb.close()
+        for name in RUN_FILES:
+            p = self.path / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+        (self.path / "config.yaml.tmp").unlink(missing_ok=True)
+        self.release()
+        if self._made and not any(self.path.iterdir()):
+            self.path.rmdir()
 
     @staticmethod
     def config_of(path: str | Path, overrides: list[str] = ()) -> RunConfig:
@@ -213,8 +236,8 @@ class RunDir:
 
     def load(self) -> Loaded | None:
         """The latest complete checkpoint, for the loop to apply (:meth:`resume_at` then cuts the logs to it);
-        None, with one line, if the run was killed before (or while writing) its first checkpoint: the same
-        command then starts over. A checkpoint the run wrote and that is damaged or gone now (its files missing
+        None if the run was killed before (or while writing) its first checkpoint: the same command then starts
+        over (:meth:`check_unstarted`). A checkpoint the run wrote and that is damaged or gone now (its files missing
         or changed, or a finished run without one) is a RunDirError or CheckpointError: starting over or going
         back would rewrite the logs."""
         why = ckpt.damage(self.ckpt_dir)
@@ -225,8 +248,7 @@ class RunDir:
         if path is None and (self.path / "summary.json").exists():
             raise RunDirError(f"{self.ckpt_dir}: no complete checkpoint, but the run finished (summary.json): "
                               "nothing to resume from; restore the checkpoints, or start a new run with another out=")  # fmt: skip
-        if path is None:
-            print(f"satrl: no complete checkpoint in {self.ckpt_dir}; starting from step 0", file=sys.stderr)
+        if path is None:  # check_unstarted says so once the config checks out
             return None
         weights, state = ckpt.load_checkpoint(path, {"RunState": RunState, "Sample": Sample})
         with ckpt.applying(path):
@@ -243,12 +265,22 @@ class RunDir:
         steps the run was trained for. Reads only."""
         from satrl.pipeline.resume_check import check
 
+        self.changes, planned = check(self.path, loaded.path, loaded.config, self._raw_config(), self.config)
+        return planned
+
+    def check_unstarted(self) -> None:
+        """A resume of a run killed before its first checkpoint starts over, and may change only what any
+        resume may (:mod:`satrl.pipeline.resume_check`): config.yaml is what it is checked against. Reads only."""
+        from satrl.pipeline.resume_check import check_unstarted
+
+        self.changes = check_unstarted(self.path, self._raw_config(), self.config)
+        print(f"satrl: no complete checkpoint in {self.ckpt_dir}; starting from step 0", file=sys.stderr)
+
+    def _raw_config(self):
         try:
-            raw = yaml.safe_load((self.path / "config.yaml").read_text(encoding="utf-8"))
+            return yaml.safe_load((self.path / "config.yaml").read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
             raise RunDirError(f"{self.path / 'config.yaml'}: unreadable ({' '.join(str(err).split())[:200]})") from None
-        self.changes, planned = check(self.path, loaded.path, loaded.config, raw, self.config)
-        return planned
 
     def resume_at(self, step: int, state: RunState, wall_s: float, due=lambda step: True) -> None:
         """Continue the run from a loaded checkpoint at ``step``: log lines written after it are dropped (they
@@ -262,6 +294,9 @@ class RunDir:
         _check_steps(self.path / "metrics.jsonl", metrics, step)
         evals, torn_evals = self._rows_upto("eval.jsonl", step)
         _check_evals(self.path / "eval.jsonl", evals, torn_evals, state.evals, step)
+        for n, row in evals:  # a score that is not a number would be skipped by the summary without a word
+            if why := score_problem(row):
+                raise RunDirError(f"{self.path / 'eval.jsonl'}:{n}: {why}; restore that line, then resume again")
         for name, n in (("metrics.jsonl", torn_metrics), ("eval.jsonl", torn_evals)):
             if n is not None:
                 print(f"satrl: {self.path / name}:{n}: torn last line (killed while writing it) dropped; its step is "
@@ -300,6 +335,7 @@ class RunDir:
 
     def log_step(self, step: int, metrics: dict) -> None:
         row = {"step": step, "wall_s": self.wall(), **metrics}
+        self.stepped = True
         path = self.path / "metrics.jsonl"
         faults.point("metrics.write", lambda: _append_text(path, dumps(row)[:40]))  # dies leaving half a line
         append_jsonl(path, row)

@@ -55,6 +55,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from satrl import faults
+from satrl.folders import os_error_of
+from satrl.jsonl import loads
 from satrl.training.safe_state import UnsafeStateError, decode, encode
 
 FILES = ("model.safetensors", "state.safetensors", "state.json")  # in every checkpoint, format 1 and 2 alike
@@ -120,9 +122,10 @@ def save_checkpoint(
         os.replace(tmp, final)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)  # frees the space a full disk needs for the next try
-        if not isinstance(e, OSError) and "No space left on device" in str(e):  # safetensors' own error type
+        wrapped = None if isinstance(e, OSError) else os_error_of(e)  # safetensors' own error type
+        if wrapped is not None and wrapped.errno == errno.ENOSPC:
             raise OSError(errno.ENOSPC, f"No space left on device writing checkpoint {final}") from e
-        if not isinstance(e, OSError) and "(os error 27)" in str(e):  # safetensors: EFBIG, the file-size limit
+        if wrapped is not None and wrapped.errno == errno.EFBIG:  # the file-size limit
             raise OSError(errno.EFBIG, "File too large (over the file-size limit, ulimit -f)", str(final)) from e
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise OSError(e.errno, f"{e.strerror} writing checkpoint {final}") from e
@@ -172,7 +175,7 @@ def checksums(path: Path) -> tuple[int, dict[str, str]]:
         _listed(path, files, MANIFEST, MANIFEST, FILES)
         return FORMAT, files
     try:
-        tree = json.loads((path / "state.json").read_text())
+        tree = loads((path / "state.json").read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: {MANIFEST} is missing and state.json is unreadable ({_first_line(e)}): its "
                               "files cannot be checked") from None  # fmt: skip
@@ -200,7 +203,7 @@ def _manifest(path: Path) -> dict[str, str]:
     where = f"{path}: {MANIFEST}"
     try:
         raw = (path / MANIFEST).read_bytes()
-        manifest = json.loads(raw)
+        manifest = loads(raw)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{where} is unreadable ({_first_line(e)})") from None
     if not isinstance(manifest, dict):
@@ -333,14 +336,14 @@ def load_checkpoint(
             raise CheckpointError(
                 f"{e}; restore the checkpoint, or start a new run with another out="
             ) from None
-        tree = json.loads((path / "state.json").read_text())
+        tree = loads((path / "state.json").read_text())
         if fmt == 1:
             tree.pop(CHECKSUMS)
         state = decode(tree, load_file(str(path / "state.safetensors")), classes)
         return load_file(str(path / "model.safetensors")), state
     except CheckpointError:
         raise
-    except (OSError, ValueError, UnsafeStateError, SafetensorError) as e:  # truncated or foreign files too
+    except (OSError, ValueError, UnsafeStateError, SafetensorError, RecursionError) as e:  # truncated, foreign, too deep
         raise CheckpointError(f"{path}: unreadable checkpoint ({_first_line(e)})") from e
 
 

@@ -70,16 +70,24 @@ def launcher_gone(launcher: int) -> bool:
     return os.getppid() != launcher
 
 
-def watch_launcher(launcher: int, stop: threading.Event, period_s: float = 1.0) -> None:
+def resume_hint(run_dir: str | os.PathLike | None) -> str:
+    """How a data-parallel run a rank ended goes on: its own folder named (the heartbeat printed a literal
+    ``RUN_DIR``, issue 60), or, where the caller has none, its ``out=``."""
+    where = run_dir if run_dir is not None else "<its out= folder>"
+    return f"its checkpoints are intact: continue with satrl train --resume {where} under torchrun"
+
+
+def watch_launcher(launcher: int, stop: threading.Event, period_s: float = 1.0,
+                   run_dir: str | os.PathLike | None = None) -> None:  # fmt: skip
     """Each ``period_s`` until ``stop``: when the torchrun launcher (the elastic agent, this rank's parent,
-    ``launcher``) is gone, say so on stderr in one line and exit 1. Killed alone (SIGKILL: no chance to end its
-    workers), it would otherwise leave its ranks training with nobody to collect them."""
+    ``launcher``) is gone, say so on stderr in one line (how to resume ``run_dir``) and exit 1. Killed alone
+    (SIGKILL: no chance to end its workers), it would otherwise leave its ranks training with nobody to collect
+    them."""
     while not stop.wait(period_s):
         if launcher_gone(launcher):
             rank = os.environ.get("RANK", "?")
             print(f"satrl train: data parallel: the torchrun launcher (pid {launcher}) is gone; ending this rank "
-                  f"(rank {rank}, pid {os.getpid()}; its checkpoints are intact: continue with satrl train --resume "
-                  "RUN_DIR under torchrun)", file=sys.stderr, flush=True)  # fmt: skip
+                  f"(rank {rank}, pid {os.getpid()}; {resume_hint(run_dir)})", file=sys.stderr, flush=True)  # fmt: skip
             os._exit(1)
 
 
@@ -93,14 +101,15 @@ class Watchdog:
     its own (:func:`watch_launcher`: the store it beats into may be the launcher's, gone with it): when the
     launcher dies this rank ends too, within a second or so."""
 
-    def __init__(self, store, rank: int, world: int, timeout_s: float) -> None:
-        self.store, self.rank, self.world, self.timeout_s = store, rank, world, timeout_s
+    def __init__(self, store, rank: int, world: int, timeout_s: float,
+                 run_dir: str | os.PathLike | None = None) -> None:  # fmt: skip
+        self.store, self.rank, self.world, self.timeout_s, self.run_dir = store, rank, world, timeout_s, run_dir
         self._stop = threading.Event()
         self.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
         store.set(f"pid/{rank}", str(os.getpid()))
         threading.Thread(target=self._run, daemon=True, name="satrl-rank-watchdog").start()
         if self.launcher is not None:
-            threading.Thread(target=watch_launcher, args=(self.launcher, self._stop), daemon=True,
+            threading.Thread(target=watch_launcher, args=(self.launcher, self._stop, 1.0, run_dir), daemon=True,
                              name="satrl-launcher-watch").start()  # fmt: skip
 
     def stop(self) -> None:
@@ -131,14 +140,15 @@ class Watchdog:
     def _hung(self, r: int) -> None:
         pid = self.store.get(f"pid/{r}").decode() if self.store.check([f"pid/{r}"]) else "?"
         print(f"satrl train: data parallel: rank {r} (pid {pid}) gave no heartbeat for {self.timeout_s:g} s "
-              "(train.rank_timeout_s): it is stopped or frozen; ending the job (its checkpoints are intact: continue "
-              "with satrl train --resume RUN_DIR under torchrun)", file=sys.stderr, flush=True)  # fmt: skip
+              f"(train.rank_timeout_s): it is stopped or frozen; ending the job ({resume_hint(self.run_dir)})",
+              file=sys.stderr, flush=True)  # fmt: skip
         os._exit(1)
 
 
-def init(device: str, rank_timeout_s: float = 120.0) -> DataParallel:
+def init(device: str, rank_timeout_s: float = 120.0, run_dir: str | os.PathLike | None = None) -> DataParallel:
     """Join the job torchrun started: the process group (NCCL on CUDA, gloo on CPU), the control group,
-    the 1-D device mesh FSDP shards over, and the :class:`Watchdog` of the ranks (``rank_timeout_s``)."""
+    the 1-D device mesh FSDP shards over, and the :class:`Watchdog` of the ranks (``rank_timeout_s``; its
+    one-line exits name ``run_dir``'s resume)."""
     global _CURRENT
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -151,7 +161,7 @@ def init(device: str, rank_timeout_s: float = 120.0) -> DataParallel:
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     mesh = init_device_mesh(dev.type, (world,))
     store = dist.PrefixStore("satrl/ranks/", dist.distributed_c10d._get_default_store())
-    watchdog = Watchdog(store, rank, world, rank_timeout_s)  # one rank too: it watches its launcher
+    watchdog = Watchdog(store, rank, world, rank_timeout_s, run_dir)  # one rank too: it watches its launcher
     _CURRENT = DataParallel(rank, world, local, dev, dist.group.WORLD, control, mesh, watchdog=watchdog)
     return _CURRENT
 

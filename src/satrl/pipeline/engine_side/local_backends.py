@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
@@ -74,6 +78,23 @@ class SequentialBackend:
     def close(self) -> None:
         self.pending.clear()
         self.worker.close()
+
+
+@contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored in this process while a child process starts. An ignored signal stays ignored across exec,
+    and Python keeps an ignored SIGINT ignored, so a spawned child never raises KeyboardInterrupt: a Ctrl-C at the
+    terminal reaches the whole process group, the parent alone answers it in one line and stops the child itself
+    (issue 60: the engine process printed a traceback, even while it was importing). Off the main thread, where
+    signal handlers cannot be set, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if old is None else old)  # None: a handler set outside Python
 
 
 class ProcessBackend:
@@ -143,6 +164,10 @@ class ProcessBackend:
             self._restart(hung=self.proc.is_alive())
 
     def _start(self) -> None:
+        with sigint_ignored():  # the child (and multiprocessing's resource tracker) keep SIGINT ignored
+            self._spawn()
+
+    def _spawn(self) -> None:
         self.requests = self.ctx.Queue()
         self.results, child_end = self.ctx.Pipe(duplex=False)
         receiver = self.transport.open(lambda: self.proc.is_alive())  # the engine side, sent to the child

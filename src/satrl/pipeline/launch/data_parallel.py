@@ -64,7 +64,7 @@ def run(cfg: RunConfig, leader_run: Callable[[], object]) -> object:
     """Run this process's part of a data-parallel job: ``leader_run()`` (the training loop) on rank 0,
     :func:`follow` elsewhere. Returns the leader's result (None elsewhere)."""
     check_supported(cfg)
-    ctx = dp.init(cfg.train.device, cfg.train.rank_timeout_s)
+    ctx = dp.init(cfg.train.device, cfg.train.rank_timeout_s, cfg.run_dir())
     try:
         if not ctx.leader:
             follow(cfg)
