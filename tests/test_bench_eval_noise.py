@@ -31,3 +31,20 @@ def test_noise_falls_as_one_over_root_n_and_a_size_past_the_record_has_no_seen_v
     assert small["sd_sampling"] / large["sd_sampling"] == pytest.approx(math.sqrt(8))
     assert large["sd_sampling_seen"] is None and small["sd_sampling_seen"] is not None
     assert "| 8 |" in table(_record(), [small, large])
+
+
+def test_the_committed_tables_are_their_records():
+    """docs/benchmarks.md's "Evaluation noise" tables are what curve() and table() make of the committed records."""
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    doc = (root / "docs" / "benchmarks.md").read_text()
+    names = re.findall(r"<!-- eval-noise: (\S+) -->", doc)
+    assert sorted(names) == ["arithmetic_grpo32_step600", "countdown_base"]
+    for name in names:
+        record = json.loads((root / "docs" / "results" / "eval_noise" / f"{name}.json").read_text())
+        sizes = [int(s) for s in re.search(r"--sizes (\S+)", doc.split(f"<!-- eval-noise: {name} -->")[1]).group(1).split(",")]
+        rows = table(record, curve(record, sizes)).split("\n", 2)[2]  # the markdown table, its header line on
+        assert rows in doc, name
