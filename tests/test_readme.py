@@ -28,3 +28,15 @@ def test_objectives_doc_config_is_the_resolved_sat_grpo():
     shown = build_config(yaml.safe_load(block)).objective.model_dump()
     assert shown == load_config(README.parent / "configs" / "sat_grpo.yaml").objective.model_dump()
     assert yaml.safe_load(block)["objective"].keys() == shown.keys()
+
+
+def test_the_citation_names_authors_and_the_papers_arxiv_identifier():
+    """README's citation and CITATION.cff: an author for the software, the SAT paper's arXiv identifier and URL."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    cite = (root / "README.md").read_text().split("## Citation", 1)[1]
+    assert "author = {" in cite and "arXiv:2607.18722" in cite and "https://arxiv.org/abs/2607.18722" in cite
+    cff = yaml.safe_load((root / "CITATION.cff").read_text())
+    assert cff["authors"] and cff["preferred-citation"]["url"] == "https://arxiv.org/abs/2607.18722"
+    assert len(cff["preferred-citation"]["authors"]) == 9
