@@ -190,3 +190,13 @@ def test_packing_a_second_session_merges_its_status_into_the_packed_one(tmp_path
     pack_results(second, dest)  # the same pack again
     assert json.loads((dest / "grid_status.json").read_text()) == merged
     assert {r.seed for r in find_runs(dest)} == {0, 1}
+
+
+def test_a_grid_records_its_command_without_the_users_paths(monkeypatch):
+    """grid_status.json's command (the report's "Runs produced by") is `satrl ...`, not the path of the virtual
+    environment's script or of satrl/__main__.py (issue 60)."""
+    from satrl.experiments.grid import invocation
+
+    for argv0 in ("/home/u/project/.venv/bin/satrl", "/home/u/satrl/src/satrl/__main__.py"):
+        monkeypatch.setattr("sys.argv", [argv0, "grid", "configs/grids/g.yaml", "--workers", "2"])
+        assert invocation() == ["satrl", "grid", "configs/grids/g.yaml", "--workers", "2"]

@@ -54,6 +54,13 @@ def default_command(run: Run, resume: bool) -> list[str]:
     return [*cmd, "--resume", str(run.run_dir)] if resume else cmd
 
 
+def invocation() -> list[str]:
+    """This process's command as a user types it: ``satrl`` and its arguments, whether it was started as the
+    ``satrl`` script or ``python -m satrl`` (whose argv[0] is the path of ``satrl/__main__.py`` inside the user's
+    checkout or virtual environment, which a report must not print, issue 60)."""
+    return ["satrl", *sys.argv[1:]]
+
+
 def run_threads(workers: int, threads: int | None = None) -> int:
     """Threads per run so that workers x threads <= os.cpu_count() (``threads`` when given)."""
     return threads or max(1, (os.cpu_count() or 1) // max(1, workers))
@@ -190,7 +197,7 @@ class _Runner:
         self.queue: list[Run] = []
         self.active: dict[str, tuple[Run, subprocess.Popen, float, Any]] = {}
         self.durations: list[float] = []
-        self.meta = {"grid": spec.name, "out": str(out), "command": sys.argv, "git_commit": git_commit(),
+        self.meta = {"grid": spec.name, "out": str(out), "command": invocation(), "git_commit": git_commit(),
                      "cpu": machine_kind(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "workers": workers,
                      "threads": env.get("OMP_NUM_THREADS")}  # fmt: skip
         self.meta["history"] = _history(self.out / "grid_status.json")
