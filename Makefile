@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml
 	# machine without a GPU, install the CPU wheel into .venv before `make` (README: "Installation"):
 	#   .venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 	# otherwise pip pulls the default (CUDA) build, several GB.
+	$(BIN)/python tools/torch_wheel.py $(BIN)/pip torch==2.13.0   # one line, not GBs, if it would be the CUDA build here
 	$(BIN)/pip install -q torch==2.13.0
 	# The TRL plug-in's extra as a user installs it (its tests also run on this newer transformers), and the real
 	# models' (gguf: tests/test_real_models.py writes and converts a tiny GGUF).
