@@ -88,3 +88,16 @@ def test_bad_names_and_config():
 def test_foreign_problem_is_an_error(countdown):
     with pytest.raises(ValueError, match="only score problems it produced"):
         countdown.reward(Problem(id="x", prompt="?", answer="1"), "1")
+
+
+def test_last_number_extraction_scores_a_chat_models_prose_answer():
+    from satrl.tasks.gym import EXTRACTORS
+
+    last = EXTRACTORS.get("last_number")
+    assert last("The answer is 578.") == "578"
+    assert last("12 + 7 = 19, so the total is -1,234.5 apples") == "-1234.5"
+    assert last("no digits here") is None and last("") is None
+    task = ReasoningGymTask.from_kwargs("basic_arithmetic", size=5, n_eval=3, extract="last_number")
+    p = next(task.problems("eval", 0))
+    assert task.reward(p, f"Let me think. The answer is {p.answer}.") == 1.0
+    assert task.reward(p, f"The answer is {p.answer}1.") == 0.0

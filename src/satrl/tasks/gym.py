@@ -7,7 +7,8 @@ thresholded: **1.0 iff the score is >= 1.0, else 0.0**, keeping every task's rew
 
 What is scored is ``extract(completion_text)``: by default the whole completion (``extract="none"``);
 ``extract="answer_tag"`` takes the last ``<answer>...</answer>`` (reasoning-gym's own ``extract_answer``,
-the TinyZero format); any ``Callable[[str], str | None]`` works too.
+the TinyZero format); ``extract="last_number"`` the last number in the text (a chat model's "The answer is 578.");
+any ``Callable[[str], str | None]`` works too.
 
 Splits. reasoning-gym draws item ``i`` of a dataset with seed ``s`` from ``Random(s + i)``, so datasets
 with nearby seeds share items. We keep the splits apart twice over: eval items come from seeds at
@@ -23,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +46,20 @@ def _answer_tag(text: str) -> str | None:
     return extract_answer(text, tag_name="answer")
 
 
-EXTRACTORS: Registry[Callable[[str], str | None]] = Registry("extract", {"none": _whole, "answer_tag": _answer_tag})
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def _last_number(text: str) -> str | None:
+    """The last number in the text, thousands separators dropped ("The answer is 1,234." -> "1234"), a trailing
+    ".0" kept as written; None when there is none. What an instruction-tuned model's prose answer is scored on
+    (GSM8K's and lm-eval-harness's flexible extract)."""
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "") if found else None
+
+
+EXTRACTORS: Registry[Callable[[str], str | None]] = Registry(
+    "extract", {"none": _whole, "answer_tag": _answer_tag, "last_number": _last_number}
+)
 
 
 @dataclass(frozen=True)
@@ -58,7 +73,8 @@ class GymOptions:
         n_eval: number of eval items.
         eval_seed: seed of the eval dataset; ``None`` = the seed passed to :meth:`ReasoningGymTask.problems`.
         prompt_template: ``str.format`` template with a ``{question}`` field.
-        extract: ``"none"``, ``"answer_tag"`` or a callable mapping the completion to the scored answer.
+        extract: ``"none"``, ``"answer_tag"``, ``"last_number"`` or a callable mapping the completion to the scored
+            answer.
     """
 
     size: int = 10_000
