@@ -21,7 +21,7 @@ with Extra("TRL") as trl_extra:
     from trl import GRPOConfig, GRPOTrainer
     from trl.trainer.utils import nanstd
 
-    from satrl.integrations import trl_vcpo
+    from satrl.integrations import trl_baselines, trl_vcpo
     from satrl.integrations.trl_vcpo import VCPOGRPOConfig, VCPOGRPOTrainer
 TRL_MISSING = trl_extra.missing
 
@@ -251,7 +251,7 @@ def test_lr_is_scaled_for_the_step_and_restored(tiny_dir, tmp_path, rule, accumu
 def test_a_trl_whose_advantages_differ_is_refused(tiny_dir, tmp_path, monkeypatch):
     """If TRL's centring or epsilon changed, the OPOB shift would land in the wrong formula: the trainer checks its
     recomputation against TRL's own advantages and raises."""
-    monkeypatch.setattr(trl_vcpo, "TRL_ADV_EPS", 1e-3)
+    monkeypatch.setattr(trl_baselines, "TRL_ADV_EPS", 1e-3)  # shared by both plug-ins
     tr = trainer(VCPOGRPOTrainer, VCPOGRPOConfig, tiny_dir, tmp_path, max_steps=1)
     with pytest.raises(RuntimeError, match="not supported by satrl.integrations.trl_vcpo"):
         tr.train()

@@ -61,20 +61,20 @@ from torch import Tensor
 try:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-    from trl.trainer.utils import nanstd
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"satrl.integrations.trl_vcpo needs TRL ({exc}); install it with `pip install '.[trl]'` "
                       "in a clone of satrl") from exc
 
 from satrl.integrations.trl import check_mu_source, choose_mu
+from satrl.integrations.trl_baselines import replace_advantages
 from satrl.objectives.params import VCPOParams
 from satrl.objectives.registry import one_line
 from satrl.objectives.vcpo import ess_step_scale, opob_shift, sequence_log_weights
 from satrl.training.score_norms import score_norms
 
-TRL_ADV_EPS = 1e-4  # TRL's epsilon in (R - mean) / (std + eps), GRPOTrainer._generate_and_score_completions
 MULTIMODAL_KEYS = ("pixel_values", "token_type_ids", "mm_token_type_ids", "image_position_ids")
 WHO = "VCPOGRPOTrainer"
+MODULE = "satrl.integrations.trl_vcpo"
 F64 = torch.float64
 
 
@@ -224,47 +224,24 @@ class VCPOGRPOTrainer(GRPOTrainer):
     @torch.no_grad()
     def _vcpo_opob(self, out: dict) -> None:
         """Replace ``out["advantages"]`` by TRL's centring and scaling of R - shift_g (module docstring, 2)."""
-        rewards_per_func = self._vcpo_rewards
-        if rewards_per_func is None:
+        if self._vcpo_rewards is None:  # checked before the score pass, as replace_advantages would
             raise RuntimeError("TRL's _generate_and_score_completions did not call _calculate_rewards; this TRL "
-                               "version is not supported by satrl.integrations.trl_vcpo")
+                               f"version is not supported by {MODULE}")
         log_w, score_sq = self._vcpo_sequence_scores(out)  # this process's rows
         if self.args.vcpo_baseline == "opob_unweighted":
             log_w = torch.zeros_like(log_w)
-        n = log_w.numel()
-        scores = self.accelerator.gather(torch.stack([log_w, score_sq], 1).to(rewards_per_func.device))  # [N, 2]
-        rewards, centred, std = self._trl_centring(rewards_per_func)
-        local = slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)
-        if not torch.equal(self._trl_scaled(centred, std)[local], out["advantages"]):
-            raise RuntimeError("VCPOGRPOTrainer: TRL's advantages are not (R - group mean) / (std + 1e-4) per "
-                               "scale_rewards as satrl recomputes them; this TRL version is not supported by "
-                               "satrl.integrations.trl_vcpo")
-        valid = ~torch.isnan(rewards)  # unscorable completions: out of the baseline, advantage 0 as in TRL
-        group = torch.arange(rewards.numel(), device=rewards.device) // self.num_generations
-        shift = torch.zeros(rewards.numel(), dtype=F64, device=rewards.device)
-        shift[valid] = opob_shift(rewards[valid], group[valid], scores[valid, 0], scores[valid, 1])
-        adv = self._trl_scaled(centred - shift.to(centred.dtype), std)
-        out["advantages"] = adv[local]
-        self._metrics["train"]["obj/opob_shift"].append(float(shift[valid].abs().mean()) if bool(valid.any()) else 0.0)
-        logged, values = self._logs["advantages"], adv.tolist()  # TRL's completions table: the advantages used
-        for k in range(1, min(len(values), len(logged)) + 1):
-            logged[-k] = values[-k]
+        scores = self.accelerator.gather(torch.stack([log_w, score_sq], 1).to(self._vcpo_rewards.device))  # [N, 2]
+        shifts: list[Tensor] = []
 
-    def _trl_centring(self, rewards_per_func: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """TRL's (``sum_then_normalize``) summed reward R [N], R - group mean and the std of ``scale_rewards``."""
-        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        G = self.num_generations
-        mean = torch.nanmean(rewards.view(-1, G), dim=1).repeat_interleave(G, dim=0)
-        if self.scale_rewards == "batch":
-            std = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
-        else:  # group, or none (TRL then uses std only for its zero-std metric)
-            std = nanstd(rewards.view(-1, G), dim=1).repeat_interleave(G, dim=0) if G > 1 else torch.zeros_like(rewards)
-        return rewards, rewards - mean, std
+        def centre(rewards: Tensor, group: Tensor, centred: Tensor, valid: Tensor) -> Tensor:
+            shift = torch.zeros(rewards.numel(), dtype=F64, device=rewards.device)
+            shift[valid] = opob_shift(rewards[valid], group[valid], scores[valid, 0], scores[valid, 1])
+            shifts.append(shift[valid])
+            return centred - shift.to(centred.dtype)
 
-    def _trl_scaled(self, centred: Tensor, std: Tensor) -> Tensor:
-        adv = centred if self.scale_rewards == "none" else centred / (std + TRL_ADV_EPS)
-        return torch.nan_to_num(adv, nan=0.0)
+        replace_advantages(self, out, self._vcpo_rewards, centre, MODULE)
+        shift = shifts[0]
+        self._metrics["train"]["obj/opob_shift"].append(float(shift.abs().mean()) if shift.numel() else 0.0)
 
     def _vcpo_sequence_scores(self, out: dict) -> tuple[Tensor, Tensor]:
         """This process's log w_i = sum_t (log pi_old - log mu) and ||grad log pi(tau_i)||^2 ([n] float64 each),
