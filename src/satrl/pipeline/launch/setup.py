@@ -130,33 +130,9 @@ def check_context(cfg: RunConfig, model, tokenizer, problems) -> None:
 
 
 def trainer_settings(cfg: RunConfig) -> TrainerSettings:
-    """The trainer's options from the run's config: the one place the sections map onto it."""
-    t = cfg.train
-    return TrainerSettings(
-        lr=t.lr,
-        aggregation=cfg.objective.aggregation,
-        betas=tuple(t.betas),
-        weight_decay=t.weight_decay,
-        grad_clip=t.grad_clip,
-        temperature=cfg.engine.temperature,
-        microbatch_tokens=t.microbatch_tokens,
-        whole_batch_quantile=t.quantile_scope == "batch",
-        r3=cfg.r3,
-        recomputed_denominator=t.denominator == "recomputed",
-        device=t.device,
-        minibatches=t.minibatches,
-        ppo_epochs=t.ppo_epochs,
-        adv_std_norm=t.adv_std_norm,
-        advantage=t.advantage,
-        decompose=cfg.diagnostics.decompose,
-        seed=cfg.seed,
-        dtype=t.dtype,
-        activation_checkpointing=t.activation_checkpointing,
-        logprob_chunk_tokens=t.logprob_chunk_tokens,
-        lr_lag_scaling=t.lr_lag_scaling,
-        microbatch_order=t.microbatch_order,
-        compile=t.compile,
-    )
+    """The trainer's options from the run's config (:meth:`TrainerSettings.from_config`, the one place they map)."""
+    return TrainerSettings.from_config(cfg.train, aggregation=cfg.objective.aggregation, temperature=cfg.engine.temperature,
+                                       r3=cfg.r3, decompose=cfg.diagnostics.decompose, seed=cfg.seed)  # fmt: skip
 
 
 def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
