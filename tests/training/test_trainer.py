@@ -93,7 +93,7 @@ def test_a_snapshot_of_the_current_weights_gives_the_current_logp_bit_for_bit(ti
     trainer = make_trainer(model, dtype=dtype)
     batch = make_batch(tok)
     trainer.step(batch, torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0]))
-    assert torch.equal(trainer.logp_with(trainer.weights(), batch), trainer.logp_with(None, batch))
+    assert torch.equal(trainer.logp_with(trainer.export.weights(), batch), trainer.logp_with(None, batch))
 
 
 def test_decomposition_identity_on_trainer_outputs(tiny):
@@ -102,7 +102,7 @@ def test_decomposition_identity_on_trainer_outputs(tiny):
     model, tok = tiny
     trainer = make_trainer(model)
     batch = make_batch(tok)
-    snapshot = trainer.weights()
+    snapshot = trainer.export.weights()
     for _ in range(2):
         trainer.step(batch, torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0]))
     logp_now = trainer.logp_with(None, batch)

@@ -74,9 +74,9 @@ def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
 
 def snapshot_weights(cfg: RunConfig, trainer) -> Callable[[], Snapshot]:
     """What the snapshot store keeps of a version that pending batches need (``Rollouts.trained``): the trainer's
-    full fp32 CPU copy (``Trainer.weights``) when the transport sends it as it is (its ``full_snapshots``), and
+    full fp32 CPU copy (``WeightExport.weights``) when the transport sends it as it is (its ``full_snapshots``), and
     whenever the Δπ/Δimpl split (``diagnostics.decompose``) reads it, since its log-probs must be today's;
-    otherwise the trainer's bucket stream (``Trainer.weight_buckets``) in the engine's dtype, kept as it came
+    otherwise the trainer's bucket stream (``WeightExport.buckets``) in the engine's dtype, kept as it came
     (a broadcast sends those very buckets; a checkpoint unpacks them, once), never an fp32 copy on one device
     (under data parallel the buckets are cut from the fp32 copy every rank gathered at the sync point before:
     ``satrl.pipeline.launch.data_parallel``). The engine rounds to that dtype anyway, so it generates with the
@@ -84,9 +84,9 @@ def snapshot_weights(cfg: RunConfig, trainer) -> Callable[[], Snapshot]:
     from satrl.engines.numerics import resolve_numerics
 
     if TRANSPORTS.get(cfg.weights.transport).full_snapshots or cfg.diagnostics.decompose:
-        return lambda: Snapshot.of_state(trainer.weights())
+        return lambda: Snapshot.of_state(trainer.export.weights())
     dtype, bucket_bytes = resolve_numerics(cfg.engine.numerics).weights, cfg.weights.bucket_mb * 2**20
-    return lambda: Snapshot.of_buckets(trainer.weight_buckets(dtype, bucket_bytes), aliases(trainer.model), dtype,
+    return lambda: Snapshot.of_buckets(trainer.export.buckets(dtype, bucket_bytes), aliases(trainer.model), dtype,
                                        bucket_bytes)  # fmt: skip
 
 
