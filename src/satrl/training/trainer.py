@@ -15,6 +15,7 @@ What is not the step it composes (issue 61): the log-probs (:class:`~satrl.train
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -42,6 +43,14 @@ from satrl.training.settings import TrainerSettings
 from satrl.types import Batch
 
 __all__ = ["Trainer"]
+
+# Trainer methods before issue 61 -> (the part that holds them now, its name there): kept as aliases that warn once.
+MOVED = {"weights": ("export", "weights"), "weights_held": ("export", "held"), "weight_buckets": ("export", "buckets"),
+         "load_weights": ("export", "load"), "write_shards": ("export", "write_shards"),
+         "read_shards": ("export", "read_shards"), "engine_model": ("export", "engine_model"),
+         "sequence_scores": ("advantages", "sequence_scores"), "token_probs": ("advantages", "token_probs"),
+         "logprob_chunk_tokens": ("scorer", "chunk_tokens")}  # fmt: skip
+_warned: set[str] = set()
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:
@@ -128,6 +137,16 @@ class Trainer:
         from satrl.models.routing import moe_num_layers
 
         self.is_moe = moe_num_layers(model) > 0
+
+    def __getattr__(self, name: str):
+        """An old name of what moved out (:data:`MOVED`), with a warning the first time it is asked for."""
+        if name not in MOVED or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        part, new = MOVED[name]
+        if name not in _warned:
+            _warned.add(name)
+            warnings.warn(f"Trainer.{name} moved: use trainer.{part}.{new}", DeprecationWarning, stacklevel=2)
+        return getattr(getattr(self, part), new)
 
     # -- state -------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
