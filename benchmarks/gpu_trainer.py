@@ -138,7 +138,7 @@ def rl_batch(device: str, quick: bool, seed: int = 0) -> dict:
                                logprob_chunk_tokens=t.logprob_chunk_tokens, microbatch_order=t.microbatch_order,
                                recomputed_denominator=True, decompose=True, compile=t.compile)  # fmt: skip
     trainer = Trainer(random_qwen3(shape, shape["num_hidden_layers"], vocab), cfg.objective, settings)
-    snapshots = lambda v: trainer.weights()  # noqa: E731  (every row at the trainer's version: lag 0)
+    snapshots = lambda v: trainer.export.weights()  # noqa: E731  (every row at the trainer's version: lag 0)
     warm = collate(samples[:8], 0)
     for _ in trainer.train_batch(warm, 0, snapshots, stop_at=trainer.version + 1):
         pass
@@ -157,7 +157,7 @@ def rl_batch(device: str, quick: bool, seed: int = 0) -> dict:
     peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
     return {
         "shape": "tiny" if quick else "Qwen3-0.6B", "rows": rows, "real_tokens": sum(lengths),
-        "order": t.microbatch_order, "chunk": trainer.logprob_chunk_tokens, "wall_s": wall,
+        "order": t.microbatch_order, "chunk": trainer.scorer.chunk_tokens, "wall_s": wall,
         "tokens_per_s": sum(lengths) / wall, "mfu": flops / wall / peak if peak else None,
         "finite": all(m["skipped"] == 0.0 for m, _ in steps) and len(steps) == 1,
         "peak_alloc_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,

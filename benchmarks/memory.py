@@ -138,7 +138,7 @@ def saved_bytes(trainer, n_tokens: int, vocab: int) -> int:
 
     batch = one_row_batch(n_tokens, vocab)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-        logp, _ = trainer._logp(trainer.model, batch, plan_microbatches(batch, 1 << 30)[0])
+        logp, _ = trainer.scorer.logp(trainer.model, batch, plan_microbatches(batch, 1 << 30)[0])
     del logp
     return sum(seen.values())
 

@@ -120,8 +120,9 @@ def trace_peak(cfg, batch, layers: int | None = None, vocab: int | None = None) 
     from satrl.objectives import aggregate
     from satrl.training.microbatches import plan_microbatches, row_slice
     from satrl.training.placement import OneDevice
+    from satrl.training.scorer import _Scored
     from satrl.training.settings import TrainerSettings
-    from satrl.training.trainer import Trainer, _Scored
+    from satrl.training.trainer import Trainer
 
     t = cfg.train
     shape = SHAPES["0.6B"]
@@ -153,11 +154,11 @@ def trace_peak(cfg, batch, layers: int | None = None, vocab: int | None = None) 
         tracker.track_external(*[x for x in (tr.model, tr.opt, tr.ref_model) if x is not None])
 
         def body() -> torch.Tensor:  # Trainer.step's work on one microbatch
-            logp, _ = tr._logp(tr.model, m, p)
+            logp, _ = tr.scorer.logp(tr.model, m, p)
             ref = None
             if tr.ref_model is not None:
                 with torch.no_grad():
-                    ref = tr._logp(tr.ref_model, m, p)[0]
+                    ref = tr.scorer.logp(tr.ref_model, m, p)[0]
             out = tr.objective(logp=logp, behavior_logp=m.behavior_logp, adv=torch.ones(p.end - p.start), mask=m.mask,
                                ref_logp=ref, lag=torch.zeros_like(m.versions), old_logp=None)  # fmt: skip
             return aggregate(out.loss, m.mask, tr.settings.aggregation)
@@ -165,7 +166,7 @@ def trace_peak(cfg, batch, layers: int | None = None, vocab: int | None = None) 
         with tracker:  # under a module (_Scored), so that MemTracker accepts the LM head's calls chunk by chunk
             _Scored(tr.model)(lambda _: body()).backward()
         peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
-    return {"rows": p.end - p.start, "longest": p.longest, "width": p.width, "chunk": tr.logprob_chunk_tokens,
+    return {"rows": p.end - p.start, "longest": p.longest, "width": p.width, "chunk": tr.scorer.chunk_tokens,
             "peak_gib": peak["Total"] / GiB, **{f"{k.name.lower()}_gib": v / GiB for k, v in peak.items() if k != "Total"}}  # fmt: skip
 
 

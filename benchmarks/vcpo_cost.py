@@ -53,7 +53,7 @@ def per_row_scores(t: Trainer, batch: Batch) -> tuple[torch.Tensor, torch.Tensor
     log_w, sq = [], []
     for i, length in enumerate(batch.attention_mask.sum(1).tolist()):
         m = row_slice(dev_mb, i, i + 1)
-        logp, _ = t._logp(t.model, m, Micro(i, i + 1, length, False, batch.mask.shape[1]))
+        logp, _ = t.scorer.logp(t.model, m, Micro(i, i + 1, length, False, batch.mask.shape[1]))
         grads = torch.autograd.grad(torch.where(m.mask, logp, 0.0).sum(), params, allow_unused=True)
         sq.append(sum(g.double().square().sum() for g in grads if g is not None))
         log_w.append(torch.where(m.mask, logp.detach().double() - m.behavior_logp.double(), 0.0).sum())
@@ -114,7 +114,7 @@ def trial_case(repeats: int) -> dict[str, list[float]]:
         cfg = load_config("configs/grpo.yaml", [*TRIAL_OVERRIDES, f"objective.name={'grpo' if name == 'grpo' else 'vcpo'}"])
         trainers[name] = Trainer(copy.deepcopy(model), cfg.objective, trainer_settings(cfg))
     row = trainers["per-row loop"]
-    row.sequence_scores = lambda b: per_row_scores(row, b)
+    row.advantages.sequence_scores = lambda b: per_row_scores(row, b)
     return time_pair(trainers, batch, repeats)
 
 

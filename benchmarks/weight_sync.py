@@ -5,7 +5,7 @@ Usage: ``python -m benchmarks.weight_sync [--quick] [--versions 3]`` (``--quick`
 Method. A randomly initialised Qwen3-0.6B-shaped model (local config, no hub; tied embeddings) stands for the
 trainer's policy and a second one for the engine's. Two paths, each timed over ``--versions`` versions (median):
 
-- **bytes (the `inproc` path)**: the trainer's fp32 CPU copy of the state dict (`Trainer.weights`), pickled,
+- **bytes (the `inproc` path)**: the trainer's fp32 CPU copy of the state dict (`WeightExport.weights`), pickled,
   unpickled and loaded by the engine (`load_state_dict`). Timed in one process, so the pipe between trainer and
   engine process is not counted (the real cost is higher). Until 2026-12-02 every rollout request carried such a
   copy (up to lag + 1 pickles per version under the broadcast schedule, one copy per queued request); since then
@@ -13,7 +13,7 @@ trainer's policy and a second one for the engine's. Two paths, each timed over `
 - **dist** (`weights.transport=dist`, the local backend's real path): per version, the copy the snapshot store
   keeps, then `DistTransport.push` (bf16 buckets of 256 MiB over the trainer's own two-process gloo group) to an
   engine process that receives on its inbox thread and loads it. With `diagnostics.decompose` off the store keeps
-  the trainer's bucket stream in bf16 (`Trainer.weight_buckets`, each parameter cast straight into its bucket) as
+  the trainer's bucket stream in bf16 (`WeightExport.buckets`, each parameter cast straight into its bucket) as
   a `Snapshot`, and the push sends those very buckets (since 2026-12-03 without a copy; now without the unpack and
   re-cut either); with it on (row
   "split on") the trainer's fp32 copy, as inproc does, cast into bf16 buckets one at a time. Timed from the start
@@ -141,8 +141,8 @@ def _engine(link, shape: dict, vocab: int, versions: int, loaded) -> None:
 
 def dist_path(shape: dict, vocab: int, versions: int, keep: str = "bf16", device: str = "cpu") -> dict:
     """The real ``dist`` path of the local backend, per version: what the snapshot store keeps (``keep="bf16"``:
-    the trainer's bucket stream in bf16 as it came, ``Trainer.weight_buckets``, when the split is off;
-    ``"fp32"``: ``Trainer.weights``' fp32 copy, when it is on), then ``DistTransport.push`` (bf16 buckets over
+    the trainer's bucket stream in bf16 as it came, ``WeightExport.buckets``, when the split is off;
+    ``"fp32"``: ``WeightExport.weights``' fp32 copy, when it is on), then ``DistTransport.push`` (bf16 buckets over
     a standalone gloo group) to an engine process that loads it. Timed to the engine's "loaded". ``device``: where
     the trainer's weights live (cuda: each bucket is copied off the GPU on the way, as a GPU trainer's are)."""
     from satrl.training.placement import cpu_copy

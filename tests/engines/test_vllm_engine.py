@@ -50,7 +50,7 @@ def requests(tok, n=32, seed0=0):
 
 
 def trainer_logp(model, comps, temperature):
-    """The trainer's own fp32 log-probs of the sampled tokens (satrl.training.trainer.response_logp)."""
+    """The trainer's own fp32 log-probs of the sampled tokens (satrl.training.logprobs.response_logp)."""
     from satrl.pipeline.buffer import collate
     from satrl.training.logprobs import response_logp
     from satrl.types import Sample

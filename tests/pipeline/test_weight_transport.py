@@ -107,8 +107,8 @@ def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32(
                                  f"weights.bucket_mb={bucket_mb}", "engine.numerics=bf16-weights"])  # fmt: skip
         return snapshot_weights(cfg, trainer)
 
-    assert source("dist", decompose=True)().state() is trainer.weights()
-    assert source("inproc", decompose=False)().state() is trainer.weights()
+    assert source("dist", decompose=True)().state() is trainer.export.weights()
+    assert source("inproc", decompose=False)().state() is trainer.export.weights()
     kept = source("dist", decompose=False)()
     assert kept.full is None and len(kept.packed) > 1  # the trainer's buckets as they came (bucket_mb=1)
     copy = kept.state()

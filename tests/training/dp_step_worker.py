@@ -83,7 +83,7 @@ def main(out: str) -> None:
         one = Trainer(copy.deepcopy(model), obj, TrainerSettings(**kw))
         want = one.step(batch, adv)
         per_mb = [[{k: float(v) for k, v in m.items()} for m in t.microbatch_metrics] for t in (trainer, one)]
-        full, ref = trainer.weights(), cpu_copy(one.model)
+        full, ref = trainer.export.weights(), cpu_copy(one.model)
         results.append({
             "microbatches": len(plan_microbatches(batch, budget)),
             "per_mb": per_mb, "metrics": [got, want],
@@ -114,7 +114,7 @@ def scaled_step(ctx, model, batch, adv) -> dict | None:
     one = Trainer(copy.deepcopy(model), obj, TrainerSettings(**kw))
     one.version = 4
     want = one.step(batch, adv)
-    full, ref = trainer.weights(), cpu_copy(one.model)
+    full, ref = trainer.export.weights(), cpu_copy(one.model)
     return {"metrics": [got, want], "max_weight_diff": max(float((full[k] - ref[k]).abs().max()) for k in ref),
             "moved": max(float((ref[k] - v).abs().max()) for k, v in cpu_copy(model).items()),
             "lr_after": trainer.opt.param_groups[0]["lr"]}  # fmt: skip
@@ -129,9 +129,9 @@ def opob_scores(ctx, tok, batch) -> dict | None:
         model = build_tiny_model(kind, vocab_size=len(tok), seed=0, num_hidden_layers=2)
         kw, obj = {"lr": 1e-2, "microbatch_tokens": 60}, resolve_objective("vcpo")
         trainer = sharded_trainer(ctx, model, obj, kw)
-        (log_w, score_sq), (adv, stats) = trainer.sequence_scores(batch), trainer.advantages(batch)
+        (log_w, score_sq), (adv, stats) = trainer.advantages.sequence_scores(batch), trainer.advantages(batch)
         one = Trainer(copy.deepcopy(model), obj, TrainerSettings(**kw))
-        (log_w1, score_sq1), (adv1, stats1) = one.sequence_scores(batch), one.advantages(batch)
+        (log_w1, score_sq1), (adv1, stats1) = one.advantages.sequence_scores(batch), one.advantages(batch)
         out[kind] = {"microbatches": len(plan_microbatches(batch, 60)), "stats": [stats, stats1],
                      "equal": [torch.equal(a, b) for a, b in ((log_w, log_w1), (score_sq, score_sq1), (adv, adv1))],
                      "shift": stats1["obj/opob_shift"]}  # fmt: skip

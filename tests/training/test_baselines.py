@@ -178,7 +178,7 @@ def test_token_probs_are_the_trainers_logp_and_the_softmax_square_sum(tiny):
     model, tok = tiny
     batch = make_batch(tok)
     t = Trainer(copy.deepcopy(model), resolve_objective("grpo"), TrainerSettings(lr=1e-2, temperature=0.7))
-    logp, sq = t.token_probs(batch)
+    logp, sq = t.advantages.token_probs(batch)
     torch.testing.assert_close(
         torch.where(batch.mask, logp, 0.0), torch.where(batch.mask, t.logp_with(None, batch), 0.0)
     )
@@ -190,7 +190,7 @@ def test_token_probs_are_the_trainers_logp_and_the_softmax_square_sum(tiny):
             assert float(sq[i, j]) == pytest.approx(float(p.square().sum()), rel=1e-5)
     chunked = Trainer(copy.deepcopy(model), resolve_objective("grpo"),
                       TrainerSettings(lr=1e-2, temperature=0.7, logprob_chunk_tokens=3))  # fmt: skip
-    for a, b in zip(chunked.token_probs(batch), (logp, sq)):
+    for a, b in zip(chunked.advantages.token_probs(batch), (logp, sq)):
         torch.testing.assert_close(torch.where(batch.mask, a, 0.0), torch.where(batch.mask, b, 0.0))
 
 
@@ -212,7 +212,7 @@ def test_trainer_steps_on_the_chosen_baseline(tiny, monkeypatch):
     assert torch.equal(adv, want) and metrics == want_metrics and metrics["obj/opob_shift"] > 0
     t = Trainer(copy.deepcopy(model), resolve_objective("grpo"), TrainerSettings(lr=1e-2, advantage="otb"))
     adv, metrics = t.advantages(batch)
-    old, sq = t.token_probs(batch)
+    old, sq = t.advantages.token_probs(batch)
     assert adv.shape == batch.mask.shape and metrics == {}
     assert torch.equal(
         adv, optimal_token_baseline(batch.rewards, batch.group_index, batch.mask, old, sq, std_norm=True)

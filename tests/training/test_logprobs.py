@@ -127,7 +127,7 @@ def test_snapshot_forward_keeps_no_weight_copy_and_equals_a_loaded_copy(tiny):
     model, tok = tiny
     trainer = make_trainer(model)
     batch = make_batch(tok)
-    snapshot = trainer.weights()
+    snapshot = trainer.export.weights()
     trainer.step(batch, ADV)
     got = trainer.version_logp(batch, {0: snapshot}.get)
     scratch = copy.deepcopy(trainer.model).eval()
@@ -163,10 +163,10 @@ def test_config_fields_reach_the_trainer():
     over = ["train.dtype=bf16", "train.activation_checkpointing=true", "train.logprob_chunk_tokens=64",
             "objective.name=sat_grpo", "objective.kl_coef=0", "diagnostics.decompose=false"]  # fmt: skip
     trainer, _ = build_trainer(load_config(None, over))
-    assert (trainer.settings.dtype, trainer.logprob_chunk_tokens, trainer.ref_model) == ("bf16", 64, None)
+    assert (trainer.settings.dtype, trainer.scorer.chunk_tokens, trainer.ref_model) == ("bf16", 64, None)
     assert any(getattr(m, "gradient_checkpointing", False) for m in trainer.model.modules())
     plain, _ = build_trainer(load_config(None, []))
-    assert (plain.settings.dtype, plain.logprob_chunk_tokens) == ("fp32", 0)
+    assert (plain.settings.dtype, plain.scorer.chunk_tokens) == ("fp32", 0)
 
 
 def test_snapshot_forward_in_bf16_is_close_to_fp32(tiny):

@@ -150,7 +150,7 @@ def test_auto_chunk_comes_from_the_vocabulary(tiny):
     model, _ = tiny
     assert chunk_for_vocab(151936) == 2048 and chunk_for_vocab(32000) == 16384 and chunk_for_vocab(10**9) == 16
     t = make_trainer(model, logprob_chunk_tokens="auto")
-    assert t.logprob_chunk_tokens == chunk_for_vocab(vocab_size(model))
+    assert t.scorer.chunk_tokens == chunk_for_vocab(vocab_size(model))
     with pytest.raises(ValueError, match="logprob_chunk_tokens"):
         make_trainer(model, logprob_chunk_tokens="big")
     # the full path's vocabulary tensors of a 16k-token microbatch of Qwen3: well past what chunks of 2048 hold

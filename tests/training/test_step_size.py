@@ -203,7 +203,7 @@ def test_options_off_leave_the_step_bit_for_bit(tiny):
     model, tok = tiny
     batch = make_batch(tok, version=0)
     plain, off = trainer(model), trainer(model, lr_lag_scaling="none")
-    assert not plain.scales_lr and not off.scales_lr and off.baseline is None
+    assert not plain.scales_lr and not off.scales_lr and off.advantages.baseline is None
     writes = []
 
     class Watch(dict):
@@ -212,11 +212,12 @@ def test_options_off_leave_the_step_bit_for_bit(tiny):
             super().__setitem__(k, v)
 
     off.opt.param_groups[0] = Watch(off.opt.param_groups[0])
-    off._step_scales = lambda *a: pytest.fail("a step-size rule ran with the options off")
     outs = []
-    for t in (plain, off):
-        t.version = 3
-        outs.append([t.step(batch, ADV), t.step(batch, ADV)])
+    with pytest.MonkeyPatch.context() as patch:  # neither trainer scales: no rule may run
+        patch.setattr("satrl.training.trainer.step_scales", lambda *a: pytest.fail("a step-size rule ran, options off"))
+        for t in (plain, off):
+            t.version = 3
+            outs.append([t.step(batch, ADV), t.step(batch, ADV)])
     assert weights_equal(plain, off) and "lr" not in writes
     same = lambda a, b: a == b or (math.isnan(a) and math.isnan(b))  # noqa: E731  (NaN: undefined on both)
     assert all(a.keys() == b.keys() and all(same(a[k], b[k]) for k in a) for a, b in zip(*outs))
@@ -240,13 +241,13 @@ def test_sequence_scores_are_each_rows_weight_and_score_norm(tiny):
     model, tok = tiny
     batch = make_batch(tok)
     t = trainer(model, "vcpo")
-    log_w, sq = t.sequence_scores(batch)
+    log_w, sq = t.advantages.sequence_scores(batch)
     logp = t.logp_with(None, batch)
     torch.testing.assert_close(log_w, torch.where(batch.mask, logp - batch.behavior_logp, 0.0).double().sum(1))
     for i in (0, 4):  # the squared norm of the gradient of sum_t log pi, by a plain backward of that row alone
         t.model.zero_grad(set_to_none=True)
         row = row_slice(batch, i, i + 1)
-        lp = t._logp(t.model, row, Micro(i, i + 1, int(row.attention_mask.sum()), False, row.mask.shape[1]))[0]
+        lp = t.scorer.logp(t.model, row, Micro(i, i + 1, int(row.attention_mask.sum()), False, row.mask.shape[1]))[0]
         torch.where(row.mask, lp, 0.0).sum().backward()
         want = sum(float(p.grad.double().square().sum()) for p in t.model.parameters() if p.grad is not None)
         assert float(sq[i]) == pytest.approx(want, rel=1e-5)
@@ -258,7 +259,7 @@ def test_train_batch_steps_on_the_opob_advantages(tiny, monkeypatch):
     batch = make_batch(tok)
     batch.rewards[:] = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])  # groups g0 (rows 0-2) and g1 (rows 3-5)
     t = trainer(model, "vcpo")
-    log_w, sq = t.sequence_scores(batch)
+    log_w, sq = t.advantages.sequence_scores(batch)
     want, stats = opob_advantages(batch.rewards, batch.group_index, log_w, sq)
     got = []
     monkeypatch.setattr(t, "step", lambda mb, adv, *a: got.append((mb.sample_ids, adv)) or {})
@@ -267,7 +268,7 @@ def test_train_batch_steps_on_the_opob_advantages(tiny, monkeypatch):
     assert torch.equal(adv, want[rows]) and metrics == {f"obj/{k}": float(v) for k, v in stats.items()}
     assert set(metrics) == {"obj/opob_shift", "obj/opob_shift_signed"}
     assert not torch.allclose(want, group_advantages(batch.rewards, batch.group_index))  # OPOB moved the baseline
-    t.baseline = None  # vcpo with baseline=group_mean: GRPO's advantages
+    t.advantages.baseline = None  # vcpo with baseline=group_mean: GRPO's advantages
     got.clear()
     list(t.train_batch(batch, 0, lambda v: None, stop_at=1))
     assert torch.equal(got[0][1], group_advantages(batch.rewards, batch.group_index)[rows])

@@ -93,7 +93,7 @@ def test_a_snapshot_of_the_current_weights_gives_the_current_logp_bit_for_bit(ti
     trainer = make_trainer(model, dtype=dtype)
     batch = make_batch(tok)
     trainer.step(batch, torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0]))
-    assert torch.equal(trainer.logp_with(trainer.weights(), batch), trainer.logp_with(None, batch))
+    assert torch.equal(trainer.logp_with(trainer.export.weights(), batch), trainer.logp_with(None, batch))
 
 
 def test_decomposition_identity_on_trainer_outputs(tiny):
@@ -102,7 +102,7 @@ def test_decomposition_identity_on_trainer_outputs(tiny):
     model, tok = tiny
     trainer = make_trainer(model)
     batch = make_batch(tok)
-    snapshot = trainer.weights()
+    snapshot = trainer.export.weights()
     for _ in range(2):
         trainer.step(batch, torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0]))
     logp_now = trainer.logp_with(None, batch)
@@ -219,3 +219,25 @@ def test_tf32_is_set_where_the_program_starts_never_by_a_trainer(tiny, tmp_path,
     with pytest.raises(Started):
         orchestrator.train(load_config(None, [*TINY, "train.tf32=false", f"out={tmp_path / 'run'}"]))
     assert seen == [False]
+
+
+def test_moved_trainer_names_still_work_and_warn_once(tiny):
+    """Issue 61 moved the weights, shards and score passes out of the Trainer: the old names still answer (the
+    same object's attribute), with one DeprecationWarning each; an unknown name is still an AttributeError."""
+    import warnings
+
+    from satrl.training import trainer as trainer_mod
+
+    model, _ = tiny
+    trainer = make_trainer(model)
+    trainer_mod._warned.clear()
+    for old, (part, new) in trainer_mod.MOVED.items():
+        with pytest.warns(DeprecationWarning, match=f"trainer.{part}.{new}"):
+            got = getattr(trainer, old)
+        assert got == getattr(getattr(trainer, part), new)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            getattr(trainer, old)  # the second time: silent
+    assert trainer.weights() is trainer.export.weights()
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        _ = trainer.nothing_here

@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from satrl.models import build_char_tokenizer, build_tiny_model
 from satrl.objectives import resolve_objective
-from satrl.training import trainer as trainer_mod
+from satrl.training import scorer as scorer_mod
 from satrl.training.microbatches import microbatches
 from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer
@@ -70,11 +70,11 @@ def test_the_loop_check_can_fail(tiny, monkeypatch):
     """Without the host-side lengths (the step before this change: each forward read its longest row on the
     host, and transformers looked at the padding mask there), the recorder finds the syncs."""
     model, tok = tiny
-    real = trainer_mod.response_logp
+    real = scorer_mod.response_logp
 
     def unplanned(*args, length=None, padded=None, **kw):
         return real(*args, **kw)
 
-    monkeypatch.setattr(trainer_mod, "response_logp", unplanned)
+    monkeypatch.setattr(scorer_mod, "response_logp", unplanned)
     trainer = Trainer(model, resolve_objective("sat_grpo"), TrainerSettings(lr=1e-3, microbatch_tokens=40))
     assert "_local_scalar_dense" in loop_syncs(trainer, make_batch(tok, n=12, seed=1))

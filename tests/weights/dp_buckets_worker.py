@@ -1,6 +1,6 @@
 """Run by test_weights.py under torchrun (2 ranks, gloo): after one optimizer step of the data-parallel trainer
 (so FSDP may hold its root gathered), every rank gathers the weights at a sync point, as `satrl train` does
-(pipeline.launch.data_parallel), and rank 0's ``Trainer.weight_buckets`` (cut from that copy) gives the full
+(pipeline.launch.data_parallel), and rank 0's ``WeightExport.buckets`` (cut from that copy) gives the full
 weights, equal to the one-device trainer's after the same step to the rounding of the gradient sum's order.
 Before the sync point, asking for them is refused on every rank (a gather the others did not enter would hang).
 Rank 0 writes what it saw to the JSON file argv[1]."""
@@ -45,7 +45,7 @@ def main(out: str) -> None:
     obj = resolve_objective("grpo")
     trainer = sharded_trainer(ctx, model, obj, kw)
     trainer.step(batch, adv)
-    outside = [refused(trainer.weights), refused(lambda: list(trainer.weight_buckets(None, 4096)))]
+    outside = [refused(trainer.export.weights), refused(lambda: list(trainer.export.buckets(None, 4096)))]
     gather_weights(trainer)  # every rank, together
     if not ctx.leader:
         dp.shutdown()
@@ -54,7 +54,7 @@ def main(out: str) -> None:
     one.step(batch, adv)
     streams = {}
     for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
-        streams[name] = unpack(list(trainer.weight_buckets(dtype, 4096)), aliases(trainer.model))
+        streams[name] = unpack(list(trainer.export.buckets(dtype, 4096)), aliases(trainer.model))
     ref = one.model.state_dict()
     fp32, bf16 = streams["fp32"], streams["bf16"]
     report = {

@@ -159,7 +159,7 @@ def test_a_sharded_model_streams_its_full_weights():
 
 
 def test_the_data_parallel_trainer_streams_its_full_weights(tmp_path):
-    """``Trainer.weight_buckets`` on the sharded trainer under torchrun (2 ranks): cut on rank 0 from the copy every
+    """``WeightExport.buckets`` on the sharded trainer under torchrun (2 ranks): cut on rank 0 from the copy every
     rank gathered at a sync point; asked for outside one, the weights are refused (one line), not a hang."""
     import json
     import subprocess

@@ -33,6 +33,7 @@ def _module(name: str) -> ModuleType:
 _WHERE = {"CollapseConfig": "collapse", "detect_collapse": "collapse", "eval_collapse": "collapse",
           "by_lag": "lag", "lag_stats": "lag", "decompose_mismatch": "mismatch", "gate_tv_share": "mismatch",
           "mismatch_stats": "mismatch", "routing_disagreement": "routing", "step_diagnostics": "step",
+          "trainer_step_diagnostics": "step",
           "realized_lag": "summary", "summarize_run": "summary"}  # fmt: skip
 __all__ = sorted(_WHERE)
 

@@ -8,6 +8,7 @@ None switch their group off: no ``lag`` -> no ``lag/*``/``bylag/*``; no ``logp_a
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 import torch
 
@@ -15,8 +16,20 @@ from satrl.diagnostics.lag import by_lag, lag_stats
 from satrl.diagnostics.mismatch import decompose_mismatch, gate_tv_share, mismatch_stats
 from satrl.diagnostics.routing import routing_disagreement
 from satrl.diagnostics.update import update_stats
+from satrl.tensors import scoring_positions
+from satrl.types import Batch
 
-__all__ = ["step_diagnostics"]
+__all__ = ["StepTokens", "step_diagnostics", "trainer_step_diagnostics"]
+
+
+class StepTokens(Protocol):
+    """A step's per-token outputs, gathered over its microbatches (all [B, T] but ``routing``)."""
+
+    logp: torch.Tensor
+    gate: torch.Tensor
+    clipped: torch.Tensor
+    d: torch.Tensor
+    routing: torch.Tensor | None  # the experts the trainer's forward used, or None (dense, or not captured)
 
 
 def step_diagnostics(
@@ -81,3 +94,26 @@ def step_diagnostics(
         for k, v in routing_disagreement(engine_routing, trainer_routing, mask).items():
             out[f"moe/{k}"] = v
     return out
+
+
+def trainer_step_diagnostics(mb: Batch, lag: torch.Tensor, adv: torch.Tensor, logp_at_version: torch.Tensor | None,
+                             got: StepTokens) -> dict[str, float]:  # fmt: skip
+    """:func:`step_diagnostics` of one optimizer step of the trainer, as floats: minibatch ``mb`` (on the device),
+    its tokens' realized ``lag`` [B, T], advantages ``adv`` [B], log pi^(l) at each token's version (or None) and
+    the step's gathered per-token outputs ``got`` (:class:`satrl.training.placement.StepOutputs`)."""
+    engine_routing = None
+    if got.routing is not None:  # the engine's experts at the scoring positions, vs the ones this forward used
+        pos = scoring_positions(mb.prompt_len, mb.mask.shape[1], mb.routing.shape[1])  # [B, T]
+        engine_routing = mb.routing.gather(1, pos[:, :, None, None].expand(-1, -1, *mb.routing.shape[2:]))
+    out = step_diagnostics(
+        logp=got.logp,
+        behavior_logp=mb.behavior_logp,
+        mask=mb.mask,
+        lag=lag,
+        tok={"tok/gate": got.gate, "tok/clipped": got.clipped, "tok/d": got.d},
+        logp_at_version=logp_at_version,
+        engine_routing=engine_routing,
+        trainer_routing=got.routing,
+        adv=adv,
+    )
+    return {k: float(v) for k, v in out.items()}

@@ -38,6 +38,7 @@ __all__ = [
     "StepSizeRule",
     "advantage_rule",
     "lag_step_scale",
+    "step_scales",
     "step_size_rules",
 ]
 
@@ -111,3 +112,27 @@ def lag_step_scale(lag: Tensor, mask: Tensor, rule: str) -> tuple[Tensor, Tensor
     if rule == "inverse_sqrt":
         return S.rsqrt(), S
     raise ValueError(f"lr_lag_scaling must be one of {list(LAG_SCALINGS[1:])} here, got {rule!r}")
+
+
+def step_scales(rules: list[StepSizeRule], lag_scaling: str, inp: StepInputs) -> dict[str, Tensor]:
+    """One step's lr multiplier ``train/lr_scale`` (0-dim float64, on the tokens' device) and its factors: the
+    objective's ``rules`` (``obj/step_scale`` and their metrics) times ``train.lr_lag_scaling``'s
+    (``train/lag_lr_scale`` at realized lag ``train/lr_lag``). A pure function of the minibatch's detached tokens
+    ``inp`` (gathered across data-parallel ranks: the same numbers on every rank)."""
+    out: dict[str, Tensor] = {}
+    device = inp.mask.device
+    scale = torch.ones((), dtype=torch.float64, device=device)
+    if rules:
+        obj = torch.ones((), dtype=torch.float64, device=device)
+        for rule in rules:
+            s, metrics = rule(inp)
+            obj = obj * s
+            out.update({f"obj/{k}": v.to(torch.float64) for k, v in metrics.items()})
+        out["obj/step_scale"] = obj
+        scale = scale * obj
+    if lag_scaling != "none":
+        s, S = lag_step_scale(inp.lag, inp.mask, lag_scaling)
+        out["train/lag_lr_scale"], out["train/lr_lag"] = s, S
+        scale = scale * s
+    out["train/lr_scale"] = scale
+    return out

@@ -102,10 +102,10 @@ class Evaluator:
         faults.point("eval.start")
         if self.engine is None:
             spec = self.spec
-            self.engine = engine_for(spec.name, self.tokenizer, model=trainer.engine_model(),
+            self.engine = engine_for(spec.name, self.tokenizer, model=trainer.export.engine_model(),
                                      model_path=spec.model_path, numerics=spec.numerics, **spec.kwargs)  # fmt: skip
             self.prepare()
-        self.engine.load_weights(trainer.weights(), trainer.version)
+        self.engine.load_weights(trainer.export.weights(), trainer.version)
         pool, val_idx, test_idx = self.parts[self.plan.is_late(trainer.version)]
         res = evaluate(
             self.engine, self.tokenizer, self.task, k=self.plan.k, sampling=self.plan.sampling, seed=self.plan.seed,

@@ -107,8 +107,8 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
             due = (b + 1) % cfg.checkpoint.every == 0 or b + 1 == n_batches
             followers.sync(trainer, gather=due, shards=due)  # every rank: the checkpoint's weights and shards
             if due:  # checkpoint
-                run.checkpoint(trainer.version, trainer.weights(), _payload(trainer, rollouts, state),
-                               write_extra=trainer.write_shards)  # fmt: skip
+                run.checkpoint(trainer.version, trainer.export.weights(), _payload(trainer, rollouts, state),
+                               write_extra=trainer.export.write_shards)  # fmt: skip
     return run.finish(trainer.version)
 
 
@@ -144,9 +144,9 @@ def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfi
     check_snapshots(loaded.snapshots, cfg.diagnostics.decompose)
     followers.start(resume=True)  # data parallel: every rank loads the checkpoint's shards with this one
     with ckpt.applying(loaded.path):  # a state of the wrong structure is one line naming the checkpoint
-        trainer.load_weights(loaded.weights)
+        trainer.export.load(loaded.weights)
         trainer.load_state_dict(loaded.trainer)
-        trainer.read_shards(loaded.path)  # data parallel: model and optimizer shards (DCP); nothing on one device
+        trainer.export.read_shards(loaded.path)  # data parallel: model and optimizer shards (DCP); nothing on one device
         torch.set_rng_state(loaded.rng)
         followers.sync(trainer, gather=True)  # the version resumed: the store may keep it, step 0 be evaluated
         rollouts.restore(loaded, trainer.version, snapshot)

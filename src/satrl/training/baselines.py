@@ -6,7 +6,7 @@ Chosen by ``train.advantage`` (default ``group_mean``, GRPO's), saved resolved w
 What a baseline ``needs`` the trainer measures before the batch's first step, at the batch's first weights:
 
 - ``score_norms``: each response's log w_i = sum_t log pi/mu and ||grad log pi(tau_i)||^2 (one forward and one
-  backward per microbatch, :meth:`~satrl.training.trainer.Trainer.sequence_scores`): ``opob``, ``opob_unweighted``.
+  backward per microbatch, :meth:`~satrl.training.batch_advantages.Advantages.sequence_scores`): ``opob``, ``opob_unweighted``.
 - ``token_probs``: each token's log pi_old(y_t) and sum_v pi_old(v)^2 over the vocabulary (one forward per
   microbatch, no backward; the full [tokens, V] logits, chunked as the step's own when
   ``train.logprob_chunk_tokens`` > 0): ``otb``.

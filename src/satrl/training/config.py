@@ -1,5 +1,5 @@
 """The ``train:`` section of the run config: the optimizer, the batch and its cut into microbatches, precision
-and memory. :func:`satrl.pipeline.launch.setup.trainer_settings` maps it onto
+and memory. :meth:`TrainerSettings.from_config <satrl.training.settings.TrainerSettings.from_config>` maps it onto
 :class:`~satrl.training.settings.TrainerSettings`; the trainer itself never sees it."""
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ import torch
 
 from satrl.dtypes import CONFIG_DTYPES
 from satrl.training.microbatches import Micro
-from satrl.weights.buckets import Bucket, buckets
+from satrl.weights.buckets import Bucket, aliases, buckets, copy_buckets
 
-__all__ = ["OneDevice", "Placement", "StepOutputs", "StepPieces", "cpu_copy"]
+__all__ = ["OneDevice", "Placement", "StepOutputs", "StepPieces", "WeightExport", "cpu_copy"]
 
 TOKEN_FIELDS = ("logp", "gate", "clipped", "d", "routing")  # the per-token outputs, in the order they are gathered
 
@@ -209,3 +209,64 @@ class OneDevice:
 
     def engine_model(self, model):
         return model
+
+
+class WeightExport:
+    """The trainer's weights on their way out, and back in: the CPU copy an engine, the snapshot store, the
+    evaluator and a checkpoint share, the bucket stream, the shards a checkpoint holds, all through ``placement``.
+
+    ``version`` reads the trainer's current version: a copy is kept for one version at most (:meth:`drop` at
+    each optimizer step and each load)."""
+
+    def __init__(self, placement: Placement, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                 version: Callable[[], int]) -> None:  # fmt: skip
+        self.placement, self.model, self.opt, self.version = placement, model, opt, version
+        self._copy: tuple[int, dict[str, torch.Tensor]] | None = None  # (version, CPU copy): see weights()
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """A detached CPU copy of the current weights, safe to hand to an engine or a checkpoint (empty on a
+        data-parallel rank other than 0).
+
+        Copied at most once per version: the loop pushes them to the engine and the snapshot store, the
+        evaluator and the checkpoint read them at the same version, and all get the same dict (treat it as
+        read-only). The copy is dropped at the next optimizer step, or when the weights are loaded."""
+        if not self.held():
+            self._copy = (self.version(), self.placement.weights(self.model))
+        return self._copy[1]
+
+    def held(self) -> bool:
+        """Whether :meth:`weights` would return the copy it holds (no gathering, no copy)."""
+        return self._copy is not None and self._copy[0] == self.version()
+
+    def drop(self) -> None:
+        """Forget the held copy (the weights are about to change)."""
+        self._copy = None
+
+    def buckets(self, dtype: torch.dtype | None, bucket_bytes: int) -> Iterator[Bucket]:
+        """The current weights as a stream of flat buckets in ``dtype`` (None: as held), tied weights once
+        (``satrl.weights.buckets``): at most one bucket on the host at a time, never a full fp32 copy. The
+        ``dist`` transport's source; consume it to the end before the next step. Where this version's copy is
+        held already (:meth:`weights`) they are cut from it, the same bits without a second copy off the model
+        (under data parallel, the copy every rank gathered at a sync point)."""
+        if self.held():
+            return copy_buckets(self._copy[1], aliases(self.model), dtype, bucket_bytes)
+        return self.placement.buckets(self.model, dtype, bucket_bytes)
+
+    def load(self, weights: dict[str, torch.Tensor]) -> None:
+        """Set the policy's weights (resume from a checkpoint)."""
+        self.placement.load(self.model, weights)
+        self.drop()
+
+    def write_shards(self, path: Path | None) -> None:
+        """Write the state the placement keeps in shards into checkpoint folder ``path`` (none on one device;
+        under data parallel every rank writes its own, into the folder rank 0 names: the others pass None)."""
+        self.placement.write(path, self.model, self.opt)
+
+    def read_shards(self, path: Path | None) -> None:
+        """Read what :meth:`write_shards` wrote (``path`` as there)."""
+        self.placement.read(path, self.model, self.opt)
+        self.drop()
+
+    def engine_model(self) -> torch.nn.Module:
+        """The policy as one module, for an engine to copy (its weights then come from :meth:`weights`)."""
+        return self.placement.engine_model(self.model)

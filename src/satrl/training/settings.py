@@ -1,20 +1,29 @@
 """How a :class:`~satrl.training.trainer.Trainer` trains: one typed, frozen object instead of two dozen keyword
-arguments. The run's config sections (``train``, ``objective.aggregation``, ``engine.temperature``, ``r3``,
-``diagnostics.decompose``, ``seed``) map onto it in one place, :func:`satrl.pipeline.launch.setup.trainer_settings`; tests
-and benchmarks build it directly. The trainer never sees the config classes.
+arguments. Tests and benchmarks build it directly; a run builds it from its config in one place,
+:meth:`TrainerSettings.from_config`. The trainer never sees the config classes.
+
+The options it shares with the ``train:`` section (:data:`SHARED`) are derived from
+:class:`~satrl.training.config.TrainConfig`: their defaults are read from it (never kept equal by hand) and
+``from_config`` copies them by name; tests/training/test_settings.py checks names, types and defaults agree.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
 from satrl.dtypes import CONFIG_DTYPES
 from satrl.objectives.step_size import LAG_SCALINGS
+from satrl.training.config import TrainConfig
 
 MICROBATCH_ORDERS = ("shuffled", "by_length")
+
+
+def _train(name: str) -> Any:
+    """The ``train.<name>`` default: the one copy of a shared option's default."""
+    return TrainConfig.model_fields[name].default
 
 
 @dataclass(frozen=True)
@@ -46,32 +55,48 @@ class TrainerSettings:
         compile: decoder layers and the log-prob chunk through torch.compile (``train.compile``).
     """
 
-    lr: float
+    lr: float  # required here (a test names its own); the config's default is train.lr's
     aggregation: str = "token-mean"
-    betas: tuple[float, float] = (0.9, 0.98)
-    weight_decay: float = 0.0
-    grad_clip: float | None = 1.0
+    betas: tuple[float, float] = _train("betas")
+    weight_decay: float = _train("weight_decay")
+    grad_clip: float | None = _train("grad_clip")
     temperature: float = 1.0
-    microbatch_tokens: int = 4096
-    whole_batch_quantile: bool = False
+    microbatch_tokens: int = _train("microbatch_tokens")
+    whole_batch_quantile: bool = _train("quantile_scope") == "batch"
     r3: bool = False
-    recomputed_denominator: bool = False
-    device: str | torch.device = "cpu"
-    minibatches: int = 1
-    ppo_epochs: int = 1
-    adv_std_norm: bool = True
-    advantage: Any = "group_mean"
+    recomputed_denominator: bool = _train("denominator") == "recomputed"
+    device: str | torch.device = _train("device")
+    minibatches: int = _train("minibatches")
+    ppo_epochs: int = _train("ppo_epochs")
+    adv_std_norm: bool = _train("adv_std_norm")
+    advantage: Any = _train("advantage")
     decompose: bool = False
     seed: int = 0
-    dtype: str = "fp32"
-    activation_checkpointing: bool = False
-    logprob_chunk_tokens: int | str = 0
-    lr_lag_scaling: str = "none"
-    microbatch_order: str = "shuffled"
-    compile: bool = False
+    dtype: str = _train("dtype")
+    activation_checkpointing: bool = _train("activation_checkpointing")
+    logprob_chunk_tokens: int | str = _train("logprob_chunk_tokens")
+    lr_lag_scaling: str = _train("lr_lag_scaling")
+    microbatch_order: str = _train("microbatch_order")
+    compile: bool = _train("compile")
 
     def __post_init__(self) -> None:
         for name, allowed in (("dtype", CONFIG_DTYPES), ("microbatch_order", MICROBATCH_ORDERS),
                               ("lr_lag_scaling", LAG_SCALINGS)):  # fmt: skip
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_config(cls, train: TrainConfig, *, aggregation: str, temperature: float, r3: bool, decompose: bool,
+                    seed: int) -> TrainerSettings:  # fmt: skip
+        """The run's settings: every :data:`SHARED` option copied from ``train`` by name, the two the trainer
+        reads as flags from the ``train`` choices they stand for, and the five that live in other sections
+        (``objective.aggregation``, ``engine.temperature``, ``r3``, ``diagnostics.decompose``, ``seed``)."""
+        shared = {name: getattr(train, name) for name in SHARED}
+        shared["betas"] = tuple(train.betas)
+        return cls(**shared, whole_batch_quantile=train.quantile_scope == "batch",
+                   recomputed_denominator=train.denominator == "recomputed", aggregation=aggregation,
+                   temperature=temperature, r3=r3, decompose=decompose, seed=seed)  # fmt: skip
+
+
+# The options named alike in TrainerSettings and TrainConfig: copied by name, defaults read from the config.
+SHARED = tuple(f.name for f in fields(TrainerSettings) if f.name in TrainConfig.model_fields)

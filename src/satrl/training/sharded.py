@@ -182,7 +182,7 @@ class Sharded:
 
     def buckets(self, model, dtype, bucket_bytes):
         """Cut from a full gather (:meth:`weights`, so only inside :meth:`gathering`; the trainer cuts them from
-        the copy it holds once a sync point gathered it, :meth:`Trainer.weight_buckets`): on rank 0; none elsewhere."""
+        the copy it holds once a sync point gathered it, :meth:`WeightExport.buckets`): on rank 0; none elsewhere."""
         return copy_buckets(self.weights(model), aliases(model), dtype, bucket_bytes)
 
     def load(self, model, weights):

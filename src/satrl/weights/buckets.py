@@ -89,7 +89,7 @@ def buckets(model: torch.nn.Module, dtype: torch.dtype | None = torch.bfloat16,
 def state_buckets(state: dict[str, torch.Tensor], dtype: torch.dtype | None = torch.bfloat16,
                   bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[Bucket]:  # fmt: skip
     """:func:`buckets` of a state dict already on the host (a kept snapshot); aliases (:func:`state_aliases`)
-    once. A dict whose tied entries are separate copies (``Trainer.weights``) sends both. Tensors that already
+    once. A dict whose tied entries are separate copies (``WeightExport.weights``) sends both. Tensors that already
     lie back to back in one storage of ``dtype`` (a snapshot rebuilt by :func:`unpack`) are sent as a view of
     it, without a copy: a snapshot never changes, unlike a model's parameters."""
     skip = state_aliases(state)
@@ -98,7 +98,7 @@ def state_buckets(state: dict[str, torch.Tensor], dtype: torch.dtype | None = to
 
 def copy_buckets(state: dict[str, torch.Tensor], tied: dict[str, str], dtype: torch.dtype | None = torch.bfloat16,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[Bucket]:  # fmt: skip
-    """:func:`buckets` of a model, from a full copy of its state dict already on the host (``Trainer.weights``,
+    """:func:`buckets` of a model, from a full copy of its state dict already on the host (``WeightExport.weights``,
     whose tied entries are separate tensors): the model's aliases ``tied`` (:func:`aliases`) left out, as
     :func:`buckets` leaves them, so the same stream and the same :func:`unpack`."""
     return state_buckets({k: t for k, t in state.items() if k not in tied}, dtype, bucket_bytes)

@@ -1,6 +1,6 @@
 """One version's weights as the trainer side keeps them (the snapshot store, a transport's mirror), in the form its
-source made them: the trainer's bucket stream (``Trainer.weight_buckets``, in the engine's dtype), or a full state
-dict (the trainer's fp32 copy, ``Trainer.weights``, or one read from a checkpoint).
+source made them: the trainer's bucket stream (``WeightExport.buckets``, in the engine's dtype), or a full state
+dict (the trainer's fp32 copy, ``WeightExport.weights``, or one read from a checkpoint).
 
 Each reader takes the form it uses, and nothing converts on the way: a broadcast sends the kept buckets as they are
 (:meth:`Snapshot.stream`), and only a reader of a full state dict (``inproc``, the Δπ/Δimpl split, a checkpoint)
@@ -36,7 +36,7 @@ class Snapshot:
     @classmethod
     def of_buckets(cls, stream: Iterable[Bucket], tied: dict[str, str], dtype: torch.dtype | None,
                    bucket_bytes: int) -> Snapshot:  # fmt: skip
-        """The buckets of ``stream``, read to its end now (``Trainer.weight_buckets`` must be, before the next
+        """The buckets of ``stream``, read to its end now (``WeightExport.buckets`` must be, before the next
         step), cut in ``dtype`` at ``bucket_bytes``."""
         return cls(packed=tuple(stream), tied=dict(tied), cut=(dtype, bucket_bytes))
 

@@ -96,8 +96,8 @@ def follow(cfg: RunConfig) -> None:
     if resume is None:
         return  # rank 0 refused the run before training
     if resume:  # in rank 0's order (orchestrator._resume); its version comes with the next sync point
-        trainer.load_weights({})
-        trainer.read_shards(None)
+        trainer.export.load({})
+        trainer.export.read_shards(None)
     leader.sync(trainer)  # the start: the version the run starts from
     while (got := leader.batch()) is not None:
         for _ in trainer.train_batch(got.batch, got.index, got.snapshots, stop_at=cfg.steps):
@@ -138,9 +138,9 @@ def finish() -> None:
 
 def gather_weights(trainer: Trainer) -> None:
     """Every rank at once: gather this version's full weights. Rank 0's trainer keeps the copy for the version
-    (:meth:`Trainer.weights`), so that whatever reads them before the next step gets it without a collective."""
+    (:meth:`WeightExport.weights`), so that whatever reads them before the next step gets it without a collective."""
     with trainer.placement.gathering():
-        trainer.weights()
+        trainer.export.weights()
 
 
 class OneProcess:
@@ -233,7 +233,7 @@ class Follower:
         if flags & GATHER:
             gather_weights(trainer)
         if flags & SHARDS:
-            trainer.write_shards(None)  # rank 0 names the folder when its checkpoint gets there
+            trainer.export.write_shards(None)  # rank 0 names the folder when its checkpoint gets there
 
 
 Followers = OneProcess | Leader  # what rank 0's loop holds (following)

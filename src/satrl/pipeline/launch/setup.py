@@ -74,9 +74,9 @@ def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
 
 def snapshot_weights(cfg: RunConfig, trainer) -> Callable[[], Snapshot]:
     """What the snapshot store keeps of a version that pending batches need (``Rollouts.trained``): the trainer's
-    full fp32 CPU copy (``Trainer.weights``) when the transport sends it as it is (its ``full_snapshots``), and
+    full fp32 CPU copy (``WeightExport.weights``) when the transport sends it as it is (its ``full_snapshots``), and
     whenever the Δπ/Δimpl split (``diagnostics.decompose``) reads it, since its log-probs must be today's;
-    otherwise the trainer's bucket stream (``Trainer.weight_buckets``) in the engine's dtype, kept as it came
+    otherwise the trainer's bucket stream (``WeightExport.buckets``) in the engine's dtype, kept as it came
     (a broadcast sends those very buckets; a checkpoint unpacks them, once), never an fp32 copy on one device
     (under data parallel the buckets are cut from the fp32 copy every rank gathered at the sync point before:
     ``satrl.pipeline.launch.data_parallel``). The engine rounds to that dtype anyway, so it generates with the
@@ -84,9 +84,9 @@ def snapshot_weights(cfg: RunConfig, trainer) -> Callable[[], Snapshot]:
     from satrl.engines.numerics import resolve_numerics
 
     if TRANSPORTS.get(cfg.weights.transport).full_snapshots or cfg.diagnostics.decompose:
-        return lambda: Snapshot.of_state(trainer.weights())
+        return lambda: Snapshot.of_state(trainer.export.weights())
     dtype, bucket_bytes = resolve_numerics(cfg.engine.numerics).weights, cfg.weights.bucket_mb * 2**20
-    return lambda: Snapshot.of_buckets(trainer.weight_buckets(dtype, bucket_bytes), aliases(trainer.model), dtype,
+    return lambda: Snapshot.of_buckets(trainer.export.buckets(dtype, bucket_bytes), aliases(trainer.model), dtype,
                                        bucket_bytes)  # fmt: skip
 
 
@@ -130,33 +130,9 @@ def check_context(cfg: RunConfig, model, tokenizer, problems) -> None:
 
 
 def trainer_settings(cfg: RunConfig) -> TrainerSettings:
-    """The trainer's options from the run's config: the one place the sections map onto it."""
-    t = cfg.train
-    return TrainerSettings(
-        lr=t.lr,
-        aggregation=cfg.objective.aggregation,
-        betas=tuple(t.betas),
-        weight_decay=t.weight_decay,
-        grad_clip=t.grad_clip,
-        temperature=cfg.engine.temperature,
-        microbatch_tokens=t.microbatch_tokens,
-        whole_batch_quantile=t.quantile_scope == "batch",
-        r3=cfg.r3,
-        recomputed_denominator=t.denominator == "recomputed",
-        device=t.device,
-        minibatches=t.minibatches,
-        ppo_epochs=t.ppo_epochs,
-        adv_std_norm=t.adv_std_norm,
-        advantage=t.advantage,
-        decompose=cfg.diagnostics.decompose,
-        seed=cfg.seed,
-        dtype=t.dtype,
-        activation_checkpointing=t.activation_checkpointing,
-        logprob_chunk_tokens=t.logprob_chunk_tokens,
-        lr_lag_scaling=t.lr_lag_scaling,
-        microbatch_order=t.microbatch_order,
-        compile=t.compile,
-    )
+    """The trainer's options from the run's config (:meth:`TrainerSettings.from_config`, the one place they map)."""
+    return TrainerSettings.from_config(cfg.train, aggregation=cfg.objective.aggregation, temperature=cfg.engine.temperature,
+                                       r3=cfg.r3, decompose=cfg.diagnostics.decompose, seed=cfg.seed)  # fmt: skip
 
 
 def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
