@@ -220,4 +220,12 @@ def test_smollm2_sketch_config_loads():
 
     cfg = load_config(REPO / "configs" / "real" / "smollm2_sketch.yaml")
     assert cfg.model.path == "models/smollm2" and cfg.model.chat_format() == ChatFormat(
-        True, "Reply with the number only, nothing else.", True)
+        True, "Reply with the number only.", True)
+    from satrl.tasks import make_task
+    from satrl.tasks.evaluate import split_val_test
+
+    task = make_task(cfg.task.name, **cfg.task_kwargs)  # the task the docs measured, its held-out draw big enough
+    _, val, test = split_val_test(task.problems("eval", 0), cfg.eval.val_problems, cfg.eval.test_problems)
+    assert (len(val), len(test)) == (40, 40)
+    first = next(task.problems("eval", 0))
+    assert task.reward(first, f"The answer is {first.answer}.") == 1.0
