@@ -10,11 +10,11 @@ import pytest
 from test_report_evidence import _evals
 
 from satrl.experiments.equivalence import equivalence_row, equivalence_sentence, margin_text
+from satrl.experiments.mdtext import endpoint_units
 from satrl.experiments.report import build_report
 from satrl.experiments.significance import sign_flip_interval
 from satrl.experiments.spec import load_grid, spec_to_yaml
 from satrl.experiments.stats import compare
-from satrl.experiments.verdicts import _units
 
 GRID = """
     cells: {grpo: {}, opob: {}, offset: {}}
@@ -131,7 +131,7 @@ def test_shown_before_holm_but_not_after(tmp_path, make_run):
                                                            (0.0125, "late_test_avg_at_k", "±1.25 points"),
                                                            (0.005, "d_pi_last25", "±0.0050")])  # fmt: skip
 def test_margin_printed_in_the_endpoints_units(margin, endpoint, text):
-    scale, _, unit = _units(endpoint)
+    scale, _, unit = endpoint_units(endpoint)
     assert margin_text(margin, scale, unit) == text
 
 
@@ -143,7 +143,21 @@ def test_too_few_seeds_to_show_equivalence_say_so():
     r = equivalence_row(compare(runs, [("offset", "opob", 32)], "late_test_avg_at_k"), 0.01)
     assert (r["p1"], r["p2"], r["p"], r["lo90"], r["hi90"]) == pytest.approx((1 / 8, 1 / 8, 1 / 8, -math.inf, math.inf))
     r["p_holm"] = r["p"]
-    sentence = equivalence_sentence("offset vs opob", r, *_units("late_test_avg_at_k"))
+    sentence = equivalence_sentence("offset vs opob", r, *endpoint_units("late_test_avg_at_k"))
     assert sentence.startswith("offset vs opob: **not shown equivalent within ±1.0 points** (which is not a finding")
     assert sentence.endswith("The 90% interval is unbounded: with this few seeds the two one-sided tests cannot show "
                              "equivalence within any margin.")  # fmt: skip
+
+
+def test_no_shared_seeds_is_no_data(tmp_path, make_run):
+    """offset ran seeds 0-2 and OPOB seeds 3-5: no pair, so no test and no reading (not "not shown equivalent")."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "grid.yaml").write_text(textwrap.dedent(GRID))
+    for s in range(3):
+        make_run(out, "offset", 32, s, {"late_test_avg_at_k": 0.7})
+        make_run(out, "opob", 32, s + 3, {"late_test_avg_at_k": 0.7})
+    sec = build_report(out, n_resamples=100).read_text().split("## Declared hypotheses")[1].split("\n## ")[0]
+    assert "| Q1 | offset ≈ opob (±1.0 points) at lag 32 | `late_test_avg_at_k` | 0 | — | — | — | — | no data |" in sec
+    assert "- **Q1** (two one-sided tests): offset vs opob at lag 32 (late_test_avg_at_k): no shared seeds." in sec
+    assert "not shown equivalent within" not in sec and "TOST p =" not in sec

@@ -16,7 +16,7 @@ from satrl.experiments.equivalence import (
     margin_of,
     margin_text,
 )
-from satrl.experiments.mdtext import PCT, _md_cell, endpoints
+from satrl.experiments.mdtext import PCT, _md_cell, endpoint_units, endpoints
 from satrl.experiments.secondary import bases_of, hypothesis_runs, secondary_md
 from satrl.experiments.stats import (
     NO_DIFFERENCE,
@@ -175,28 +175,27 @@ def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: 
 _TOST_NOTE = ("A hypothesis declared `equivalent` is tested with the two one-sided exact sign-flip tests (TOST, "
               "Schuirmann 1987): p₁ of H0 mean ≤ −margin on the per-seed differences + margin, p₂ of H0 mean ≥ +margin "
               "on the differences − margin, all 2^n sign patterns (a seeded Monte Carlo above 20 seeds); its p = "
-              "max(p₁, p₂), in the sign-flip p column, enters the Holm family above. Supported, equivalent within ±margin, when its Holm p is "
-              "below 0.05, which needs the 90% sign-flip interval (the one the TOST at 0.05 inverts) inside the "
-              "margin; otherwise not shown equivalent, which is no evidence of no difference. Its row shows the 90% "
-              "interval after the report's own and no MDE (—).")  # fmt: skip
-
-
-def _units(endpoint: str) -> tuple[float, str, str]:
-    """(scale, number format, unit) in which the report prints an endpoint's differences."""
-    return (1.0, "{:+.4f}", "") if endpoint.startswith("d_pi") else (PCT, "{:+.1f}", " points")
+              "max(p₁, p₂), in the sign-flip p column, enters the Holm family above. Supported, equivalent within "
+              "±margin, when its Holm p is below 0.05, which needs the 90% sign-flip interval (the one the TOST at "
+              "0.05 inverts) inside the margin; otherwise not shown equivalent, which is no evidence of no difference. "
+              "Its row shows the 90% interval after the report's own and no MDE (—).")  # fmt: skip
 
 
 def _equivalence_lines(res: GridResults, name: str, comp: str, h: dict, r: pd.Series, ci: float,
                        out: list[str], words: list[str]) -> None:  # fmt: skip
     """An equivalence hypothesis's table row (into ``out``) and sentences (into ``words``), read with its Holm p."""
     endpoint = h.get("endpoint", "late_test_avg_at_k")
-    scale, fmt, unit = _units(endpoint)
+    scale, fmt, unit = endpoint_units(endpoint)
     r["mde"] = float("nan")  # a TOST has no MDE of the two-sided test's kind
     diff, verdict = equivalence_cells(r, scale, fmt, unit)
+    head = f"{res.label(r['cell'])} vs {res.label(r['base'])} at lag {r['lag']} ({endpoint})"
+    if r["n"] == 0:  # runs on both sides, none of one seed: as a directional hypothesis reads it
+        out.append(f"| {name} | {_md_cell(comp)} | `{endpoint}` | 0 | — | — | — | — | no data |")
+        words.append(f"- **{name}** (two one-sided tests): {head}: no shared seeds.")
+        return
     r["verdict"] = verdict
     out.append(f"| {name} | {_md_cell(comp)} | `{endpoint}` | {r['n']} | {diff} | {r['p']:.3g} | {r['p_holm']:.3g} "
                f"| — | {verdict} |")  # fmt: skip
-    head = f"{res.label(r['cell'])} vs {res.label(r['base'])} at lag {r['lag']} ({endpoint})"
     words.append(f"- **{name}** (two one-sided tests): {equivalence_sentence(head, r, scale, fmt, unit, ci)}"
                  + (f" Claim tested: {h['description']}" if h.get("description") else ""))
     words.append(f"  Per seed ({res.label(r['cell'])} - {res.label(r['base'])}): "
@@ -210,7 +209,7 @@ def _comparison_text(res: GridResults, h: dict) -> str:
     every = res.label(bases[0]) if len(bases) == 1 else "each of " + ", ".join(res.label(b) for b in bases)
     op = "<" if h.get("direction", "greater") == "less" else ">"
     if (margin := margin_of(h)) is not None:
-        scale, _, unit = _units(h.get("endpoint", "late_test_avg_at_k"))
+        scale, _, unit = endpoint_units(h.get("endpoint", "late_test_avg_at_k"))
         op, every = "≈", f"{every} ({margin_text(margin, scale, unit)})"
     comp = f"{res.label(h['method'])} {op} {every} at lag {h['lag']}"
     return comp + (f", seeds {h['seeds'][0]}-{h['seeds'][1]}" if h.get("seeds") else "")
