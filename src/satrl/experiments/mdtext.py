@@ -9,7 +9,7 @@ import pandas as pd
 
 from satrl.experiments.store import GridResults
 
-__all__ = ["PCT", "endpoints", "fmt_ci"]
+__all__ = ["PCT", "endpoint_units", "endpoints", "fmt_ci"]
 
 PCT = 100.0  # avg_at_k is a fraction in [0, 1]; the report shows percentage points, as the paper does
 
@@ -30,6 +30,12 @@ def fmt_ci(mean: float, lo: float, hi: float, fmt: str = "{:.1f}", scale: float 
     if not (math.isfinite(lo) and math.isfinite(hi)):  # one or two seeds: a mean without an interval, not "± 0"
         return f"{_f(mean, fmt, scale)} (no interval)"
     return f"{_f(mean, fmt, scale)} ± {_f((hi - lo) / 2, fmt, scale)} [{_f(lo, fmt, scale)}, {_f(hi, fmt, scale)}]"
+
+
+def endpoint_units(endpoint: str) -> tuple[float, str, str]:
+    """(scale, signed number format, unit) in which a report prints differences of ``endpoint``: points for a share
+    (avg@k, pass@k, accuracy), the raw value to four places for d_pi."""
+    return (1.0, "{:+.4f}", "") if endpoint.startswith("d_pi") else (PCT, "{:+.1f}", " points")
 
 
 def endpoints(res: GridResults) -> dict[str, tuple[str, str]]:

@@ -10,6 +10,7 @@ import math
 
 import pandas as pd
 
+from satrl.experiments.equivalence import equivalence_row, margin_of
 from satrl.experiments.mdtext import PCT, _f, _md_cell, endpoints
 from satrl.experiments.stats import compare, iut_row
 from satrl.experiments.store import GridResults
@@ -29,21 +30,24 @@ def hypothesis_runs(runs: pd.DataFrame, h: dict) -> pd.DataFrame:
 
 def secondary_row(res: GridResults, h: dict, endpoint: str, ci: float = 0.95) -> pd.Series | None:
     """The hypothesis's test on ``endpoint``: with one base that comparison, with several the one an
-    intersection-union test binds on (the largest p), as for the primary. None without shared seeds."""
+    intersection-union test binds on (the largest p), as for the primary; for an equivalence hypothesis its two
+    one-sided tests at the declared margin. None without shared seeds."""
     bases = bases_of(h)
     t = compare(hypothesis_runs(res.runs, h), [(h["method"], b, int(h["lag"])) for b in bases], endpoint, ci=ci)
     if len(t) < len(bases) or (t["n"] == 0).any():
         return None
+    if (margin := margin_of(h)) is not None:
+        return equivalence_row(t, margin)
     return iut_row(t, lower=False)  # pass@k and greedy accuracy: higher is better whatever the primary's direction
 
 
-def _diff_text(r: pd.Series | None, scale: float, fmt: str, binding=None) -> str:
+def _diff_text(r: pd.Series | None, scale: float, fmt: str, binding=None, p_name: str = "p") -> str:
     """'+0.5 [-0.3, +1.2], 7/10 higher, p 0.17', with ' (vs <base>)' (``binding``: the cell's label) for a test
-    over several bases."""
+    over several bases; ``p_name`` 'TOST p' for an equivalence hypothesis."""
     if r is None or not math.isfinite(r["mean"]):
         return "—"
     text = (f"{fmt.format(r['mean'] * scale)} [{fmt.format(r['lo'] * scale)}, {fmt.format(r['hi'] * scale)}], "
-            f"{r['wins']}/{r['n']} higher, p {r['p']:.3g}")  # fmt: skip
+            f"{r['wins']}/{r['n']} higher, {p_name} {r['p']:.3g}")  # fmt: skip
     return text + (f" (vs {binding(r['base'])})" if binding else "")
 
 
@@ -74,14 +78,18 @@ def secondary_md(res: GridResults, rows: list[tuple[str, str, dict, pd.Series | 
     if not have or not rows:
         return []
     names = " and ".join(f"{name} (`{k}`)" for k, name in have)
-    out = [_intro(names, ci, brief), "", "| hypothesis | comparison | primary | " + " | ".join(n for _, n in have) + " |",
+    tost = any(margin_of(h) is not None for _, _, h, _ in rows)
+    note = (" An equivalence hypothesis's endpoints are tested with its two one-sided tests at its declared margin "
+            "(TOST p), read as its primary is." if tost else "")  # fmt: skip
+    out = [_intro(names, ci, brief) + note, "", "| hypothesis | comparison | primary | " + " | ".join(n for _, n in have) + " |",
            "|---|---|---|" + "---|" * len(have)]  # fmt: skip
     for name, comp, h, primary in rows:
         endpoint = h.get("endpoint", "late_test_avg_at_k")
         binding = res.label if len(bases_of(h)) > 1 else None
         scale, fmt = (1.0, "{:+.4f}") if endpoint.startswith("d_pi") else (PCT, "{:+.1f}")
-        cells = [f"`{endpoint}`: {_diff_text(primary, scale, fmt, binding)}"]
-        cells += [_diff_text(secondary_row(res, h, k, ci), PCT, "{:+.1f}", binding) for k, _ in have]
+        p_name = "p" if margin_of(h) is None else "TOST p"
+        cells = [f"`{endpoint}`: {_diff_text(primary, scale, fmt, binding, p_name)}"]
+        cells += [_diff_text(secondary_row(res, h, k, ci), PCT, "{:+.1f}", binding, p_name) for k, _ in have]
         out.append(f"| {name} | {_md_cell(comp)} | " + " | ".join(_md_cell(c) for c in cells) + " |")
     return out + [""]
 

@@ -1,4 +1,5 @@
-"""Exact paired tests for comparisons over seeds: the sign-flip p-value, Holm's correction, Student's t
+"""Exact paired tests for comparisons over seeds: the sign-flip p-value (two-sided, one-sided, and the two one-sided
+tests of an equivalence), Holm's correction, Student's t
 quantiles without scipy, the minimum detectable effect at a seed count (the paired-t formula, and the sign-flip
 test's own from its simulated power), and the interval that inverts the sign-flip test.
 
@@ -11,11 +12,12 @@ Pure numpy; every function is checked against hand-derived values in tests/exper
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
-__all__ = ["holm", "iut_mde", "mde", "sign_flip_interval", "sign_flip_mde", "sign_flip_p", "sign_flip_power",
-           "t_quantile"]
+__all__ = ["holm", "iut_mde", "mde", "sign_flip_interval", "sign_flip_mde", "sign_flip_p", "sign_flip_p_greater",
+           "sign_flip_power", "t_quantile", "tost_p", "tost_parts"]
 
 
 def _clean(values) -> np.ndarray:
@@ -28,6 +30,27 @@ def _signs(n: int) -> np.ndarray:
     return 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1)
 
 
+# Sign-flip p-values enumerate all 2^n patterns up to this many diffs; above it, a seeded Monte Carlo sample.
+_EXACT_P_N = 20
+_MC_PATTERNS = 200_000
+
+
+def _pattern_share(d: np.ndarray, extreme) -> float:
+    """Share of the sign patterns of ``d`` whose signed sum s (a vector over patterns) is ``extreme(s)``: all 2^n
+    patterns up to 20 diffs (exact, the observed one among them); above that, 200,000 seeded random patterns plus
+    the observed one, which always counts (so p is never 0)."""
+    n = d.size
+    if n <= _EXACT_P_N:
+        return float(extreme(_signs(n) @ d).mean())
+    signs = np.random.default_rng(0).choice([-1.0, 1.0], size=(_MC_PATTERNS, n))
+    return float((extreme(signs @ d).sum() + 1) / (_MC_PATTERNS + 1))
+
+
+def _tol(d: np.ndarray) -> float:
+    # a relative tolerance, so that floating-point noise in the sums does not break ties
+    return 1e-12 * max(1.0, float(np.abs(d).sum()))
+
+
 def sign_flip_p(diffs) -> float:
     """Exact two-sided paired sign-flip (permutation) p-value of the mean of ``diffs``.
 
@@ -38,19 +61,55 @@ def sign_flip_p(diffs) -> float:
     two-sided test at 0.05 can succeed. NaNs are dropped; no data gives 1.0.
     """
     d = _clean(diffs)
-    n = d.size
-    if n == 0 or not np.any(d):
+    if d.size == 0 or not np.any(d):
         return 1.0
-    observed = abs(d.sum())
-    # a relative tolerance, so that floating-point noise in the sums does not break ties
-    tol = 1e-12 * max(1.0, float(np.abs(d).sum()))
-    if n <= 20:
-        sums = np.abs(_signs(n) @ d)
-        return float((sums >= observed - tol).mean())
-    rng = np.random.default_rng(0)
-    signs = rng.choice([-1.0, 1.0], size=(200_000, n))
-    hits = (np.abs(signs @ d) >= observed - tol).sum() + 1
-    return float(hits / (200_000 + 1))
+    observed, tol = abs(d.sum()), _tol(d)
+    return _pattern_share(d, lambda sums: np.abs(sums) >= observed - tol)
+
+
+def sign_flip_p_greater(diffs) -> float:
+    """Exact one-sided paired sign-flip p-value of H0 "mean <= 0" against H1 "mean > 0" for ``diffs`` [n]:
+
+        p = #{sign patterns e in {-1, +1}^n : sum_i e_i |d_i| >= sum_i d_i} / 2^n
+
+    the share of the 2^n patterns whose sum is at least the observed sum (ties count as extreme, so the observed
+    pattern always counts and p >= 1/2^n). It is exact at the null's boundary, mean 0 with symmetric differences,
+    the least favourable case of "mean <= 0" (Fisher's randomization test of paired differences, Fisher 1935, *The
+    Design of Experiments*, ch. III); for H0 "mean >= 0", call it on ``-diffs``. Exact for n <= 20, above that the seeded Monte Carlo of
+    :func:`sign_flip_p`. Where the observed sum is not 0, the two-sided p is twice the one-sided p of the observed
+    side. Three diffs +1, +2, +3: sums >= 6 only with no flip, p = 1/8. NaNs dropped; no data gives 1.0.
+    """
+    d = _clean(diffs)
+    if d.size == 0:
+        return 1.0
+    observed, tol = d.sum(), _tol(d)
+    return _pattern_share(d, lambda sums: sums >= observed - tol)
+
+
+def tost_parts(diffs, margin: float) -> tuple[float, float]:
+    """The two one-sided sign-flip tests (TOST) of equivalence within ±``margin`` of the mean paired difference
+    of ``diffs`` [n] (Schuirmann 1987, "A comparison of the two one-sided tests procedure and the power approach
+    for assessing the equivalence of average bioavailability", J. Pharmacokinet. Biopharm. 15(6); here with the
+    exact sign-flip test for each side in place of Schuirmann's t-tests):
+
+        p1 = sign_flip_p_greater(d + margin)    H0: mean <= -margin   (against mean > -margin)
+        p2 = sign_flip_p_greater(margin - d)    H0: mean >= +margin   (against mean < +margin)
+
+    Returns (p1, p2); the equivalence p is their max (:func:`tost_p`). ``margin`` is in the diffs' units, >= 0.
+    """
+    if not (math.isfinite(margin) and margin >= 0):
+        raise ValueError(f"the equivalence margin must be a finite number >= 0, got {margin}")
+    d = _clean(diffs)
+    return sign_flip_p_greater(d + margin), sign_flip_p_greater(margin - d)
+
+
+def tost_p(diffs, margin: float) -> float:
+    """TOST p-value of equivalence within ±``margin`` (:func:`tost_parts`): p = max(p1, p2). Equivalence is
+    shown at level alpha when p < alpha, i.e. both one-sided nulls are rejected at alpha, no correction needed
+    (an intersection-union test, Berger & Hsu 1996, Statist. Sci. 11(4)). Where the means of d ± margin are not
+    0, that is the (1 - 2 alpha) two-sided sign-flip interval lying inside (-margin, +margin) (90 % at 0.05).
+    No data gives 1.0; a margin of 0 gives p >= 0.5 (every pattern's sum is >= or <= the observed one)."""
+    return max(tost_parts(diffs, margin))
 
 
 def holm(pvalues) -> list[float]:

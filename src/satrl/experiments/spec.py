@@ -22,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -120,8 +121,9 @@ ENDPOINTS = ("late_test_avg_at_k", "best_test_avg_at_k", "final_test_avg_at_k", 
 
 class HypothesisSpec(BaseModel):
     """A comparison declared before the runs: ``method`` vs ``base`` at configured ``lag`` on ``endpoint``,
-    expected ``greater`` or ``less``. The report tests the hypotheses of each ``family`` (default: one for the
-    whole grid) as one Holm family.
+    expected ``greater`` or ``less`` (the two-sided sign-flip test), or ``equivalent`` within ±``margin`` (the two
+    one-sided sign-flip tests, ``significance.tost_p``). The report tests the hypotheses of each ``family``
+    (default: one for the whole grid) as one Holm family.
 
     ``base`` may be a list: then the hypothesis is that ``method`` beats *every* listed cell (e.g. "the best
     cell"), tested as an intersection-union test whose p-value is the largest of the pairwise ones (no
@@ -132,13 +134,37 @@ class HypothesisSpec(BaseModel):
     base: str | list[str]
     lag: int
     endpoint: Endpoint = "late_test_avg_at_k"
-    direction: Literal["greater", "less"] = "greater"
+    direction: Literal["greater", "less", "equivalent"] = "greater"
+    # validate_default: an equivalence hypothesis without a margin is refused here, naming the field
+    margin: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, validate_default=True,
+        description="direction: equivalent only: the equivalence margin, in the endpoint's own units (a share for "
+        "avg@k: 0.01 is 1 point); the hypothesis is that |mean(method - base)| < margin",
+    )  # fmt: skip
     description: str = ""
     # hypotheses of one family share a Holm correction; a grid declaring a second question (e.g. a confirmation
     # beside a repair test) names its families, and the report tests each on its own
     family: str = ""
     # test on these seeds only (inclusive range): a staged trial's confirmation on seeds its screen never saw
     seeds: SeedRange | None = None
+
+    @field_validator("margin")
+    @classmethod
+    def _margin_with_equivalent(cls, margin: float | None, info: ValidationInfo) -> float | None:
+        if "direction" not in info.data:  # direction itself was refused: that error is the one to read
+            return margin
+        equivalent = info.data["direction"] == "equivalent"
+        if equivalent and margin is None:
+            raise ValueError("direction: equivalent needs a margin > 0 (in the endpoint's units: 0.01 is 1 point)")
+        if margin is not None and not equivalent:
+            raise ValueError("only an equivalence hypothesis (direction: equivalent) takes a margin")
+        return margin
+
+    @model_validator(mode="after")
+    def _one_base_for_equivalence(self) -> HypothesisSpec:
+        if self.margin is not None and not isinstance(self.base, str):
+            raise ValueError("base: an equivalence hypothesis compares with one base cell, not a list")
+        return self
 
 
 class LeaderboardSpec(BaseModel):

@@ -1,6 +1,7 @@
 """The report's tests in words: a grid's declared hypotheses (one Holm family per section), the repair family, the
 exploratory comparisons, each with its sign-flip interval, its per-seed differences and what the interval rules out.
-Numbers come from :mod:`satrl.experiments.stats`; nothing here computes a statistic of its own."""
+Numbers come from :mod:`satrl.experiments.stats` (an equivalence test's from :mod:`satrl.experiments.equivalence`); nothing
+here computes a statistic of its own."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import math
 
 import pandas as pd
 
-from satrl.experiments.mdtext import PCT, _md_cell, endpoints
+from satrl.experiments.equivalence import (
+    equivalence_cells,
+    equivalence_row,
+    equivalence_sentence,
+    margin_of,
+    margin_text,
+)
+from satrl.experiments.mdtext import PCT, _md_cell, endpoint_units, endpoints
 from satrl.experiments.secondary import bases_of, hypothesis_runs, secondary_md
 from satrl.experiments.stats import (
     NO_DIFFERENCE,
@@ -108,7 +116,8 @@ def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: 
         if len(t) < len(bases):
             rows.append((name, h, None))
             continue
-        rows.append((name, h, iut_row(t, lower)))
+        margin = margin_of(h)
+        rows.append((name, h, iut_row(t, lower) if margin is None else equivalence_row(t, margin)))
     done = [r for _, _, r in rows if r is not None]
     adjusted = holm([r["p"] for r in done])
     rest = ("The sections headed 'Declared' are pre-registered; everything else is exploratory." if several
@@ -125,6 +134,7 @@ def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: 
            "power at this seed count (normal differences with the observed paired SD, simulated), at Holm's "
            "strictest level, 0.05 / the number of hypotheses; for a test over several bases, with all of its "
            f"comparisons rejecting. {rest}", ""]),
+           *([_TOST_NOTE, ""] if any(margin_of(h) is not None for h in hyps.values()) else []),
            f"| hypothesis | comparison | endpoint | n | difference [{ci:.0%} sign-flip interval] | sign-flip p | Holm p | MDE | verdict |",
            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     words, secondary = [], []
@@ -139,6 +149,9 @@ def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: 
             words.append(f"- **{name}** ({comp}): no finished runs on both sides yet.")
             continue
         r["p_holm"] = next(it)
+        if margin_of(h) is not None:
+            _equivalence_lines(res, name, comp, h, r, ci, out, words)
+            continue
         r["verdict"] = verdict_words(r["n"], r["mean"], r["p_holm"], higher_is_better=not lower)
         # the hypotheses' family, not the one compare() saw; an IUT needs all of its comparisons to reject
         r["mde"] = family_mde(r["sd"], r["n"], len(done)) if r["k"] == 1 else iut_mde(r["sds"], r["n"], 0.05 / len(done))
@@ -159,11 +172,46 @@ def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: 
     return out + [""] + secondary_md(res, secondary, ci, brief=bool(how or note)) + words + [""]
 
 
+_TOST_NOTE = ("A hypothesis declared `equivalent` is tested with the two one-sided exact sign-flip tests (TOST, "
+              "Schuirmann 1987): p₁ of H0 mean ≤ −margin on the per-seed differences + margin, p₂ of H0 mean ≥ +margin "
+              "on the differences − margin, all 2^n sign patterns (a seeded Monte Carlo above 20 seeds); its p = "
+              "max(p₁, p₂), in the sign-flip p column, enters the Holm family above. Supported, equivalent within "
+              "±margin, when its Holm p is below 0.05, which needs the 90% sign-flip interval (the one the TOST at "
+              "0.05 inverts) inside the margin; otherwise not shown equivalent, which is no evidence of no difference. "
+              "Its row shows the 90% interval after the report's own and no MDE (—).")  # fmt: skip
+
+
+def _equivalence_lines(res: GridResults, name: str, comp: str, h: dict, r: pd.Series, ci: float,
+                       out: list[str], words: list[str]) -> None:  # fmt: skip
+    """An equivalence hypothesis's table row (into ``out``) and sentences (into ``words``), read with its Holm p."""
+    endpoint = h.get("endpoint", "late_test_avg_at_k")
+    scale, fmt, unit = endpoint_units(endpoint)
+    r["mde"] = float("nan")  # a TOST has no MDE of the two-sided test's kind
+    diff, verdict = equivalence_cells(r, scale, fmt, unit)
+    head = f"{res.label(r['cell'])} vs {res.label(r['base'])} at lag {r['lag']} ({endpoint})"
+    if r["n"] == 0:  # runs on both sides, none of one seed: as a directional hypothesis reads it
+        out.append(f"| {name} | {_md_cell(comp)} | `{endpoint}` | 0 | — | — | — | — | no data |")
+        words.append(f"- **{name}** (two one-sided tests): {head}: no shared seeds.")
+        return
+    r["verdict"] = verdict
+    out.append(f"| {name} | {_md_cell(comp)} | `{endpoint}` | {r['n']} | {diff} | {r['p']:.3g} | {r['p_holm']:.3g} "
+               f"| — | {verdict} |")  # fmt: skip
+    words.append(f"- **{name}** (two one-sided tests): {equivalence_sentence(head, r, scale, fmt, unit, ci)}"
+                 + (f" Claim tested: {h['description']}" if h.get("description") else ""))
+    words.append(f"  Per seed ({res.label(r['cell'])} - {res.label(r['base'])}): "
+                 + _per_seed(r["per_seed"], scale, fmt) + ".")
+
+
 def _comparison_text(res: GridResults, h: dict) -> str:
-    """'VCPO > GRPO at lag 32, seeds 24-33': a declared hypothesis's comparison as its table row names it."""
+    """'VCPO > GRPO at lag 32, seeds 24-33' ('A ≈ B (±1.0 points) at lag 32' for an equivalence): a declared
+    hypothesis's comparison as its table row names it."""
     bases = bases_of(h)
     every = res.label(bases[0]) if len(bases) == 1 else "each of " + ", ".join(res.label(b) for b in bases)
-    comp = f"{res.label(h['method'])} {'<' if h.get('direction', 'greater') == 'less' else '>'} {every} at lag {h['lag']}"
+    op = "<" if h.get("direction", "greater") == "less" else ">"
+    if (margin := margin_of(h)) is not None:
+        scale, _, unit = endpoint_units(h.get("endpoint", "late_test_avg_at_k"))
+        op, every = "≈", f"{every} ({margin_text(margin, scale, unit)})"
+    comp = f"{res.label(h['method'])} {op} {every} at lag {h['lag']}"
     return comp + (f", seeds {h['seeds'][0]}-{h['seeds'][1]}" if h.get("seeds") else "")
 
 
