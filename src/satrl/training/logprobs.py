@@ -174,11 +174,7 @@ def response_logp(
     With ``width`` < T the LM head and the log-softmax run on the first ``width`` response positions only (the
     microbatch's own longest response, not the batch's) and the result is zero-padded back to [B, T]: the
     positions cut are past every row's end, masked out wherever they are read."""
-    L = int(mb.attention_mask.sum(1).max()) if length is None else length
-    full_T = mb.mask.shape[1]
-    T = full_T if width is None else max(1, min(width, full_T))
-    pos = scoring_positions(mb.prompt_len, T, L)  # [B, T]
-    ids, mask = mb.input_ids[:, :L], attention_arg(model, mb.attention_mask[:, :L], padded)
+    L, full_T, T, pos, ids, mask = _scoring_inputs(model, mb, length, padded, width)
     with contextlib.ExitStack() as stack:
         if routing is not None:
             from satrl.models.routing import replay_routing
@@ -206,6 +202,17 @@ def response_logp(
     return _pad_to(logp.gather(-1, resp[..., None]).squeeze(-1), full_T), used
 
 
+def _scoring_inputs(model: torch.nn.Module, mb: Batch, length: int | None, padded: bool | None, width: int | None):
+    """What :func:`response_logp` and :func:`response_probs` score: the rows' length L (``length``, or the
+    microbatch's longest row), the full response width T, the width scored (``width`` capped to [1, T]), the
+    scoring positions [B, T'], and the input ids and attention argument cut to L."""
+    L = int(mb.attention_mask.sum(1).max()) if length is None else length
+    full_T = mb.mask.shape[1]
+    T = full_T if width is None else max(1, min(width, full_T))
+    pos = scoring_positions(mb.prompt_len, T, L)  # [B, T]
+    return L, full_T, T, pos, mb.input_ids[:, :L], attention_arg(model, mb.attention_mask[:, :L], padded)
+
+
 @torch.no_grad()
 def response_probs(
     model: torch.nn.Module, mb: Batch, temperature: float, routing: torch.Tensor | None = None, *,
@@ -218,11 +225,7 @@ def response_probs(
     needs every position's full [V] distribution: a forward without backward, whose [rows, V] fp32 logits are
     taken ``chunk_tokens`` rows at a time as :func:`response_logp`'s chunked path (all at once with 0). Arguments
     as :func:`response_logp`'s."""
-    L = int(mb.attention_mask.sum(1).max()) if length is None else length
-    full_T = mb.mask.shape[1]
-    T = full_T if width is None else max(1, min(width, full_T))
-    pos = scoring_positions(mb.prompt_len, T, L)  # [B, T]
-    ids, mask = mb.input_ids[:, :L], attention_arg(model, mb.attention_mask[:, :L], padded)
+    L, full_T, T, pos, ids, mask = _scoring_inputs(model, mb, length, padded, width)
     with contextlib.ExitStack() as stack:
         if routing is not None:
             from satrl.models.routing import replay_routing
