@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ("train", "eval", "export", "pretrain", "grid", "report", "leaderboard", "demo")  # satrl.cli.COMMANDS
+COMMANDS = ("train", "eval", "export", "convert-gguf", "pretrain", "grid", "report", "leaderboard", "demo")  # satrl.cli.COMMANDS
 
 # (what, argv, exit code it must end with)
 CASES: list[tuple[str, list[str], int]] = [
