@@ -1,14 +1,18 @@
 """Issue 60: Ctrl-C is one line and no traceback in every process and phase. A terminal's Ctrl-C reaches the
 whole foreground process group: the engine process of ``backend=local`` printed a KeyboardInterrupt traceback
-(2 tries in 3), and a Ctrl-C while a command imported its modules was a traceback too."""
+(2 tries in 3), and a Ctrl-C while a command imported its modules was a traceback too. With ``backend=ray`` a Ctrl-C
+while ``ray.init`` started the cluster left the raylet's agents running."""
 
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
+import tomllib
 
 from run_helpers import REPO, TINY
 from satrl import cli
@@ -72,3 +76,128 @@ def test_ctrl_c_to_the_process_group_is_one_line(tmp_path, phase):
     lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert len(lines) == 1 and "interrupted" in lines[0], lines
+
+
+# The `satrl` command as pip writes it from pyproject.toml's [project.scripts]: import the entry, call it.
+ENTRY_MODULE, ENTRY_FUNC = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["satrl"].split(":")
+SCRIPT = f"import sys\nfrom {ENTRY_MODULE} import {ENTRY_FUNC}\nsys.exit({ENTRY_FUNC}())\n"
+# `python -m satrl` once the interpreter has runpy (before that, a SIGINT is the interpreter's own to report)
+AS_MODULE = "runpy.run_module('satrl', run_name='__main__', alter_sys=True)\n"
+# A SIGINT to this process as it starts its k-th import of a module that is not the entry's own: every import a
+# command makes, from the first (satrl.cli's argparse, before main's handler exists) on, is a phase a Ctrl-C can hit.
+FIRE = """import os, runpy, signal, sys
+class Fire:
+    def __init__(self, k, own):
+        self.k, self.own = k, own
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.own:
+            self.k -= 1
+            if self.k == 0:
+                os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Fire({k}, {own!r}))
+"""
+
+
+def _run_code(code: str, out, *, delay: float | None = None) -> tuple[int, str]:
+    """``satrl train`` run by ``code`` (argv after it); with ``delay``, SIGINT to its process group that long after
+    the start; its exit code and stderr."""
+    argv = ["train", *TINY, "steps=40", "backend=local", f"out={out}", "--no-progress"]
+    proc = subprocess.Popen([sys.executable, "-c", code, *argv], env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    if delay is not None:
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("form", ["script", "module"])
+@pytest.mark.parametrize("k", [1, 2, 10, 60, 400])
+def test_ctrl_c_at_any_import_of_the_command_is_one_line(tmp_path, form, k):
+    """Deterministic: the SIGINT lands at the k-th import. Before the fix, the entry (satrl.cli, and __main__
+    importing it) imported __future__, types and argparse outside any handler: k = 1, 2, 10 were tracebacks."""
+    entry = (ENTRY_MODULE if form == "script" else "satrl.__main__")
+    code = FIRE.format(k=k, own=("satrl", entry)) + (SCRIPT if form == "script" else AS_MODULE)
+    rc, err = _run_code(code, tmp_path / "run")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert len(lines) == 1 and "interrupted" in lines[0], lines
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.15, 0.3])
+def test_sigint_right_after_start_is_never_a_traceback_from_satrl(tmp_path, delay):
+    """A terminal's Ctrl-C at the `satrl` command's first milliseconds. Before Python sets its own handler the
+    signal ends the process (-SIGINT, nothing printed: a shell shows status 130); from satrl's first line on, one
+    line and 130. Between the two, the interpreter's own start-up (site and the venv's .pth files, the search of
+    sys.path for the satrl package) reports a KeyboardInterrupt itself: no satrl code has run, and none is in it.
+    Before the fix a traceback through satrl/__main__.py or satrl/cli.py (importing argparse) came at 80-150 ms."""
+    rc, err = _run_code(SCRIPT, tmp_path / "run", delay=delay)
+    ours = [line for line in err.splitlines() if str(REPO / "src" / "satrl") in line]  # a frame in satrl's code
+    assert not ours, err[-3000:]
+    if "Traceback" not in err:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert rc in (130, -signal.SIGINT) and len(lines) <= 1 and all("interrupted" in x for x in lines), err
+
+
+def _ray_ready(phase: str):
+    """When the Ctrl-C comes: while Ray starts its cluster (the raylet's agents up, no worker yet: ray.init not
+    done), while the engine actors start, or once the run trains."""
+    def ready(out, names: list[str]) -> bool:
+        if phase == "cluster":
+            return any("Agent" in name for name in names)
+        if phase == "actors":
+            return any("EngineActor" in name for name in names)
+        return _steps(out) >= 2
+    return ready
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed: pip install '.[ray]'")
+@pytest.mark.parametrize("phase", ["cluster", "actors", "training"])
+def test_ctrl_c_of_a_ray_run_is_one_line_and_leaves_nothing_running(tmp_path, phase):
+    """backend=ray, Ctrl-C to the driver's process group: after it, one line and no worker's traceback; then no
+    process the run started is left. Before the fix a Ctrl-C while ray.init started the cluster left the raylet's
+    agents (ray::DashboardAgent, ray::RuntimeEnvAgent) running for a minute or more."""
+    import ray  # noqa: F401  (Ray ships psutil: importing ray first puts it on the path)
+
+    psutil = importlib.import_module("psutil")
+
+    out, ready = tmp_path / "run", _ray_ready(phase)
+    cmd = [sys.executable, "-m", "satrl", "train", *TINY, "steps=40", "backend=ray", "ray.workers=2", f"out={out}",
+           "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    lines: list[tuple[float, str]] = []  # stderr lines with the time each arrived
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), x) for x in proc.stderr), daemon=True)
+    reader.start()
+    seen: dict[int, object] = {}  # every process of the run (Ray's agents are the raylet's children)
+    deadline = time.monotonic() + 400
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                seen.update((p.pid, p) for p in psutil.Process(proc.pid).children(recursive=True))
+                names = [p.name() for p in seen.values() if p.is_running()]
+            except psutil.Error:
+                continue
+            if ready(out, names):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(x for _, x in lines)[-3000:]
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = "".join(x for _, x in lines)
+    after = [x.strip() for t, x in lines if t >= sent and x.strip()]
+    assert proc.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert len(after) == 1 and "interrupted" in after[0], after
+    _, left = psutil.wait_procs(list(seen.values()), timeout=15)
+    assert not left, [(p.pid, p.name()) for p in left]

@@ -28,6 +28,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +57,33 @@ try:
     from ray.exceptions import GetTimeoutError, RayActorError
 except ImportError as e:  # the extra is optional; say how to get it
     raise ImportError("backend=ray needs Ray: pip install '.[ray]' in a clone of satrl (or pip install ray)") from e
+
+
+@contextmanager
+def stopped_if_cut_short(grace_s: float = 5.0) -> Iterator[None]:
+    """Every process this one starts inside the block is stopped if the block raises (a Ctrl-C included). A
+    ``ray.init`` cut short by a Ctrl-C has started part of a cluster and kept no handle on it: raylet and
+    gcs_server die with this process, but the raylet's agents lingered a minute or more (issue 60). So the new
+    descendants get SIGTERM, then SIGKILL after ``grace_s``; the exception goes on."""
+    import psutil  # after ray: Ray ships it
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    try:
+        yield
+    except BaseException:
+        started = [p for p in me.children(recursive=True) if p.pid not in before]
+        for p in started:
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        for p in psutil.wait_procs(started, timeout=grace_s)[1]:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        raise
 
 
 def split_groups(P: int, n: int) -> list[list[int]]:
@@ -149,11 +178,12 @@ class RayBackend:
             raise ValueError(f"num_workers must be >= 1, got {n} (config ray.workers)")
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
-            if address:
-                ray.init(address=address, logging_level="WARNING")
-            else:  # "local": never join a cluster that merely happens to run on this machine
-                cpus = max(os.cpu_count() or 1, n * spec.threads)
-                ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
+            with stopped_if_cut_short():  # a Ctrl-C while the cluster starts leaves none of it running
+                if address:
+                    ray.init(address=address, logging_level="WARNING")
+                else:  # "local": never join a cluster that merely happens to run on this machine
+                    cpus = max(os.cpu_count() or 1, n * spec.threads)
+                    ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
         actor_cls = ray.remote(EngineActor).options(
             num_cpus=spec.threads, num_gpus=gpus, max_restarts=max_restarts, max_task_retries=0
         )
