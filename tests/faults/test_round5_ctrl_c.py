@@ -158,7 +158,9 @@ def _ray_ready(phase: str):
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed: pip install '.[ray]'")
-@pytest.mark.parametrize("phase", ["cluster", "actors", "training"])
+# "actors" (the engine actors starting) is a phase _ray_ready knows but CI does not run: each phase costs a Ray
+# cluster's start (about a minute here), and the two kept are the one that failed (cluster) and the longest (training).
+@pytest.mark.parametrize("phase", ["cluster", "training"])
 def test_ctrl_c_of_a_ray_run_is_one_line_and_leaves_nothing_running(tmp_path, phase):
     """backend=ray, Ctrl-C to the driver's process group: after it, one line and no worker's traceback; then no
     process the run started is left. Before the fix a Ctrl-C while ray.init started the cluster left the raylet's
