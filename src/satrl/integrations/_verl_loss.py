@@ -46,7 +46,7 @@ from verl.workers.config import PolicyLossConfig
 
 from satrl.integrations._gate import composition, gate_capacity, warn_gate_cannot_fire
 from satrl.integrations._verl_mu import MU_OVERRIDE, MU_VALUES, mu_flag
-from satrl.integrations._verl_variants import VARIANTS
+from satrl.integrations._verl_variants import BODY_NAMES, VARIANTS
 from satrl.objectives import ObjectiveOutput, ObjectiveSpec, resolve_objective
 from satrl.objectives.sat import LAG_FREE_PROXIES
 
@@ -242,18 +242,4 @@ def sat_policy_loss(
     return loss, metrics
 
 
-__all__ = [
-    "DEFAULT_CLIP_RATIO_C",
-    "MU_METRIC",
-    "PPO_KL_CLAMP",
-    "SAT_KEYS",
-    "SAT_METRICS",
-    "VERL_HINT",
-    "VERL_PROXIES",
-    "SatPolicyLossConfig",
-    "composition",
-    "gate_capacity",
-    "objective_from_config",
-    "sat_policy_loss",
-    "verl_metrics",
-]
+__all__ = list(BODY_NAMES)  # one list with the plug-in's lazy re-exports (tests/integrations/test_verl_lazy_names.py)

@@ -1,5 +1,8 @@
 """The loss_modes satrl registers in verl: a leaf both the plug-in (:mod:`satrl.integrations.verl`) and its
-config guards (:mod:`satrl.integrations._verl_mu`) read, so that neither imports the other. Imports no verl."""
+config guards (:mod:`satrl.integrations._verl_mu`) read, so that neither imports the other. Imports no verl.
+
+Also the loss body's public names (:data:`BODY_NAMES`), written once here: the body's ``__all__`` and the
+plug-in's lazy re-exports are both this list, and the plug-in cannot read it from the body without importing it."""
 
 from __future__ import annotations
 
@@ -7,6 +10,24 @@ import functools
 from dataclasses import dataclass
 
 from satrl.registry import Registry
+
+# The public names of the loss body (satrl.integrations._verl_loss): its __all__, and the names the plug-in
+# satrl.integrations.verl re-exports, importing the body on first access.
+BODY_NAMES = (
+    "DEFAULT_CLIP_RATIO_C",
+    "MU_METRIC",
+    "PPO_KL_CLAMP",
+    "SAT_KEYS",
+    "SAT_METRICS",
+    "VERL_HINT",
+    "VERL_PROXIES",
+    "SatPolicyLossConfig",
+    "composition",
+    "gate_capacity",
+    "objective_from_config",
+    "sat_policy_loss",
+    "verl_metrics",
+)
 
 
 @dataclass(frozen=True)

@@ -48,10 +48,10 @@ from satrl.integrations._verl_mu import (
     guard_entry_points,
     register_resolver,
 )
-from satrl.integrations._verl_variants import VARIANTS, Variant
+from satrl.integrations._verl_variants import BODY_NAMES, VARIANTS, Variant
 
-if TYPE_CHECKING:  # the body's names: attributes of this module, imported on first access (__getattr__)
-    from satrl.integrations._verl_loss import (
+if TYPE_CHECKING:  # BODY_NAMES, for editors and type checkers; at run time imported on first access (__getattr__)
+    from satrl.integrations._verl_loss import (  # noqa: F401  (tests/integrations/test_verl_lazy_names.py)
         DEFAULT_CLIP_RATIO_C,
         MU_METRIC,
         PPO_KL_CLAMP,
@@ -69,24 +69,8 @@ if TYPE_CHECKING:  # the body's names: attributes of this module, imported on fi
 
 CORE_ALGOS = "verl.trainer.ppo.core_algos"  # holds POLICY_LOSS_REGISTRY
 BYPASS_HELPER = "verl.trainer.ppo.rollout_corr_helper"  # holds apply_bypass_mode
-# Names of the loss body (satrl.integrations._verl_loss), imported on first access (module __getattr__).
-_LAZY = frozenset(
-    {
-        "DEFAULT_CLIP_RATIO_C",
-        "MU_METRIC",
-        "PPO_KL_CLAMP",
-        "SAT_KEYS",
-        "SAT_METRICS",
-        "VERL_HINT",
-        "VERL_PROXIES",
-        "SatPolicyLossConfig",
-        "composition",
-        "gate_capacity",
-        "objective_from_config",
-        "sat_policy_loss",
-        "verl_metrics",
-    }
-)
+# Names of the loss body (satrl.integrations._verl_loss): its __all__, imported on first access (module __getattr__).
+_LAZY = frozenset(BODY_NAMES)
 
 
 def __getattr__(name: str) -> Any:
@@ -238,25 +222,5 @@ guard_entry_points()  # refusals on verl's driver before Ray starts (the PPO ent
 _after_import.watch(CORE_ALGOS, _register_when_imported)  # the losses, where anything can look them up
 _after_import.watch(BYPASS_HELPER, guard_bypass_helper)  # no silent replacement of SAT by verl
 
-__all__ = [
-    "BYPASS_HELPER",
-    "CORE_ALGOS",
-    "DEFAULT_CLIP_RATIO_C",
-    "LOSS_FNS",
-    "MU_METRIC",
-    "MU_OVERRIDE",
-    "PPO_KL_CLAMP",
-    "SAT_KEYS",
-    "SAT_METRICS",
-    "VARIANTS",
-    "VERL_HINT",
-    "VERL_PROXIES",
-    "SatPolicyLossConfig",
-    "Variant",
-    "composition",
-    "gate_capacity",
-    "objective_from_config",
-    "register",
-    "sat_policy_loss",
-    "verl_metrics",
-]
+__all__ = ["BYPASS_HELPER", "CORE_ALGOS", "LOSS_FNS", "MU_OVERRIDE", "VARIANTS", "Variant", "register"]
+__all__ += BODY_NAMES  # the loss body's names, imported on first access

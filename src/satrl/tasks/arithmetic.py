@@ -4,10 +4,10 @@ Prompt ``"123+456="`` (operands zero-padded to ``digits``), answer the plain int
 ``-`` for negative differences, no leading zeros). The reward is strict: the completion text (EOS already
 removed by the engine) must equal the answer exactly, so ``" 579"``, ``"0579"`` or ``"579\\n"`` score 0.
 
-Splits. Every expression ``(a, op, b)`` belongs to exactly one split, decided by a keyed hash of the
-expression (blake2b, stable across processes and Python versions): a fraction ``eval_fraction`` of the
-finite space is the eval partition, the rest is the train partition. So no expression can ever appear in
-both splits, whatever the seeds.
+Splits (the logic all tasks share: :mod:`satrl.tasks.splits`). Every expression ``(a, op, b)`` belongs to
+exactly one split, decided by a keyed hash of the expression (blake2b, stable across processes and Python
+versions): a fraction ``eval_fraction`` of the finite space is the eval partition, the rest is the train
+partition. So no expression can ever appear in both splits, whatever the seeds.
 - ``eval``: ``n_eval`` distinct problems from the eval partition. By default they are the same for every
   seed (``eval_seed=0``), so that runs with different seeds are scored on the same problems; pass
   ``eval_seed=None`` to draw them from the seed given to :meth:`problems` instead.
@@ -17,11 +17,11 @@ both splits, whatever the seeds.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
+from satrl.tasks.splits import SPLITS, Splits, counted, distinct, excluded_keys, hashed_split
 from satrl.types import Problem
 
 OPS: dict[str, Callable[[int, int], int]] = {
@@ -29,7 +29,7 @@ OPS: dict[str, Callable[[int, int], int]] = {
     "-": lambda a, b: a - b,
     "*": lambda a, b: a * b,
 }
-SPLITS = ("train", "eval")
+__all__ = ["OPS", "SPLITS", "ArithmeticOptions", "ArithmeticTask"]
 
 
 def _triple(prompt: str, digits: int) -> tuple[int, str, int]:
@@ -108,7 +108,7 @@ class ArithmeticTask:
         self.eval_seed = options.eval_seed
         self.split_key = options.split_key
         self.name = f"arithmetic(digits={digits},ops={''.join(ops)})"
-        self._eval_cache: dict[int, list[Problem]] = {}
+        self.splits = Splits(self.eval_seed, self._eval_problems, self._train_stream)
 
     # ----------------------------------------------------------------------------- split membership
     @property
@@ -118,9 +118,7 @@ class ArithmeticTask:
 
     def split_of(self, a: int, op: str, b: int) -> str:
         """``"eval"`` or ``"train"``: the one split that expression ``a op b`` belongs to."""
-        h = hashlib.blake2b(f"{a}{op}{b}".encode(), digest_size=8, key=self.split_key.encode()).digest()
-        u = int.from_bytes(h, "big") / 2.0**64  # uniform in [0, 1)
-        return "eval" if u < self.eval_fraction else "train"
+        return hashed_split(f"{a}{op}{b}", self.split_key, self.eval_fraction)
 
     # ----------------------------------------------------------------------------- problems
     def make_problem(self, pid: str, a: int, op: str, b: int) -> Problem:
@@ -129,11 +127,7 @@ class ArithmeticTask:
 
     def problems(self, split: str, seed: int = 0) -> Iterator[Problem]:
         """Problems of ``split`` (``train`` or ``eval``) for ``seed``; see the module docstring."""
-        if split == "eval":
-            return iter(self._eval_problems(seed if self.eval_seed is None else self.eval_seed))
-        if split == "train":
-            return self._train_stream(seed)
-        raise ValueError(f"unknown split {split!r}; valid choices: {list(SPLITS)}")
+        return self.splits.problems(split, seed)
 
     def reward(self, problem: Problem, completion_text: str) -> float:
         """1.0 iff the completion equals the answer exactly (no whitespace or extra characters)."""
@@ -143,37 +137,32 @@ class ArithmeticTask:
         hi = 10**self.digits
         return rng.randrange(hi), self.ops[rng.randrange(len(self.ops))], rng.randrange(hi)
 
+    def _next(self, rng: random.Random, split: str) -> tuple[int, str, int]:
+        """The next draw that belongs to ``split``."""
+        while True:
+            t = self._draw(rng)
+            if self.split_of(*t) == split:
+                return t
+
     def _train_stream(self, seed: int) -> Iterator[Problem]:
         rng = random.Random(f"train-{seed}")
-        i = 0
-        while self.n_train is None or i < self.n_train:
-            a, op, b = self._draw(rng)
-            if self.split_of(a, op, b) == "train":
-                yield self.make_problem(f"train/{seed}/{i}", a, op, b)
-                i += 1
+        return counted(self.n_train, lambda i: self.make_problem(f"train/{seed}/{i}", *self._next(rng, "train")))
 
     def _eval_problems(self, seed: int) -> list[Problem]:
-        if seed not in self._eval_cache:
-            rng = random.Random(f"eval-{seed}")
-            left_out = self._excluded(seed)
-            if self.space_size <= _ENUMERATE_LIMIT:
-                triples = [t for t in self._eval_partition() if t not in left_out]
-                if len(triples) < self.n_eval:
-                    raise ValueError(
-                        f"the eval partition of {self.name} has only {len(triples)} expressions, fewer than "
-                        f"n_eval={self.n_eval}; lower n_eval or raise eval_fraction (now {self.eval_fraction})"
-                    )
-                chosen = rng.sample(triples, self.n_eval)
-            else:
-                seen: set[tuple[int, str, int]] = set()
-                chosen = []
-                while len(chosen) < self.n_eval:
-                    t = self._draw(rng)
-                    if t not in seen and t not in left_out and self.split_of(*t) == "eval":
-                        seen.add(t)
-                        chosen.append(t)
-            self._eval_cache[seed] = [self.make_problem(f"eval/{i}", *t) for i, t in enumerate(chosen)]
-        return self._eval_cache[seed]
+        """The eval draw of ``seed``: a sample of the enumerated partition of a small space, else draws one by one."""
+        rng = random.Random(f"eval-{seed}")
+        left_out = self._excluded(seed)
+        if self.space_size <= _ENUMERATE_LIMIT:
+            triples = [t for t in self._eval_partition() if t not in left_out]
+            if len(triples) < self.n_eval:
+                raise ValueError(
+                    f"the eval partition of {self.name} has only {len(triples)} expressions, fewer than "
+                    f"n_eval={self.n_eval}; lower n_eval or raise eval_fraction (now {self.eval_fraction})"
+                )
+            chosen = rng.sample(triples, self.n_eval)
+        else:
+            chosen = distinct(self.n_eval, lambda: self._next(rng, "eval"), lambda t: t, left_out)
+        return [self.make_problem(f"eval/{i}", *t) for i, t in enumerate(chosen)]
 
     def _excluded(self, seed: int) -> set[tuple[int, str, int]]:
         """The expressions of the plain eval draws ``exclude_eval_seeds`` (``exclude_n_eval`` each) but ``seed``'s own."""
@@ -181,8 +170,8 @@ class ArithmeticTask:
         if not o.exclude_eval_seeds:
             return set()
         plain = ArithmeticTask(replace(o, exclude_eval_seeds=(), n_eval=o.exclude_n_eval or self.n_eval, eval_seed=None))
-        return {_triple(p.prompt, self.digits) for other in o.exclude_eval_seeds if other != seed
-                for p in plain.problems("eval", other)}  # fmt: skip
+        return excluded_keys(o.exclude_eval_seeds, seed, lambda other: plain.problems("eval", other),
+                             lambda p: _triple(p.prompt, self.digits))  # fmt: skip
 
     def _eval_partition(self) -> list[tuple[int, str, int]]:
         """All eval expressions, in a fixed order (only for small spaces)."""

@@ -13,7 +13,8 @@ the value kept as the target if it lies in ``[min_target, max_target]``, the num
 the solver reaches the target and its trace, EOS included, is at most ``max_trace_tokens`` tokens, so that every
 problem has a reference trace that fits the context (the defaults: prompt <= 16 tokens with BOS, + 240 = 256).
 
-Splits, as the arithmetic task's. Each problem ``(sorted numbers, target)`` belongs to one split by a keyed hash of
+Splits, as the arithmetic task's (the logic all tasks share: :mod:`satrl.tasks.splits`). Each problem
+``(sorted numbers, target)`` belongs to one split by a keyed hash of
 that key (so the same numbers in another order are the same problem, in the same split): a fraction
 ``eval_fraction`` of the space is eval, the rest train, whatever the seeds.
 - ``eval``: ``n_eval`` problems with distinct keys from the eval partition, the same for every seed by default
@@ -26,7 +27,6 @@ that key (so the same numbers in another order are the same problem, in the same
 from __future__ import annotations
 
 import argparse
-import hashlib
 import random
 import re
 import statistics
@@ -34,13 +34,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from satrl.tasks.countdown_solver import check_answer, final_answer, solve
+from satrl.tasks.splits import SPLITS, Splits, counted, distinct, excluded_keys, hashed_split
 from satrl.types import Problem
 
 PROMPT = re.compile(r"^(\d+(?: \d+)+) to (\d+):$")
 # The context the defaults fit: a prompt of at most 16 tokens (BOS included) + max_trace_tokens=240. The recipes
 # tiny-countdown(-moe) of `satrl pretrain` build their models with this many positions.
 CONTEXT = 256
-SPLITS = ("train", "eval")
+__all__ = ["CONTEXT", "SPLITS", "CountdownTraceOptions", "CountdownTraceTask", "parse_prompt", "prompt_of"]
 
 
 def prompt_of(numbers: list[int] | tuple[int, ...], target: int) -> str:
@@ -145,14 +146,12 @@ class CountdownTraceTask:
                      f"targets={min_target}-{max_target})")  # fmt: skip
         # draws rejected, by reason: the diagnostics `python -m satrl.tasks.countdown_trace` prints
         self.n_rejected = {"target_range": 0, "unsolved": 0, "too_long": 0}
-        self._eval_cache: dict[int, list[Problem]] = {}
+        self.splits = Splits(eval_seed, self._eval_problems, self._train_stream)
 
     # ----------------------------------------------------------------------------- split membership
     def split_of(self, numbers: list[int] | tuple[int, ...], target: int) -> str:
         """``"eval"`` or ``"train"``: the one split that problem belongs to (the order of the numbers aside)."""
-        key = f"{','.join(map(str, sorted(numbers)))}>{target}".encode()
-        h = hashlib.blake2b(key, digest_size=8, key=self.split_key.encode()).digest()
-        return "eval" if int.from_bytes(h, "big") / 2.0**64 < self.eval_fraction else "train"
+        return hashed_split(f"{','.join(map(str, sorted(numbers)))}>{target}", self.split_key, self.eval_fraction)
 
     # ----------------------------------------------------------------------------- problems
     def _draw(self, rng: random.Random) -> tuple[list[int], int] | None:
@@ -190,11 +189,7 @@ class CountdownTraceTask:
 
     def problems(self, split: str, seed: int = 0) -> Iterator[Problem]:
         """Problems of ``split`` (``train`` or ``eval``) for ``seed``; see the module docstring."""
-        if split == "eval":
-            return iter(self._eval_problems(seed if self.eval_seed is None else self.eval_seed))
-        if split == "train":
-            return self._train_stream(seed)
-        raise ValueError(f"unknown split {split!r}; valid choices: {list(SPLITS)}")
+        return self.splits.problems(split, seed)
 
     def reward(self, problem: Problem, completion_text: str) -> float:
         """1.0 iff the text after the last ``answer:`` uses every number once and equals the target exactly."""
@@ -203,33 +198,29 @@ class CountdownTraceTask:
 
     def _train_stream(self, seed: int) -> Iterator[Problem]:
         rng = random.Random(f"countdown-train-{seed}")
-        i = 0
-        while self.n_train is None or i < self.n_train:
-            yield self.make_problem(f"train/{seed}/{i}", *self._next(rng, "train"))
-            i += 1
+        return counted(self.n_train, lambda i: self.make_problem(f"train/{seed}/{i}", *self._next(rng, "train")))
 
     def _eval_problems(self, seed: int) -> list[Problem]:
-        if seed not in self._eval_cache:
-            rng = random.Random(f"countdown-eval-{seed}")
-            seen = {key for other in self.exclude_eval_seeds if other != seed for key in self._eval_keys(other)}
-            chosen: list[Problem] = []
-            while len(chosen) < self.n_eval:
-                numbers, target, trace = self._next(rng, "eval")
-                key = (tuple(sorted(numbers)), target)
-                if key not in seen:
-                    seen.add(key)
-                    chosen.append(self.make_problem(f"eval/{len(chosen)}", numbers, target, trace))
-            self._eval_cache[seed] = chosen
-        return self._eval_cache[seed]
+        """The eval draw of ``seed``: ``n_eval`` problems with distinct keys, none of the excluded draws'."""
+        rng = random.Random(f"countdown-eval-{seed}")
+        left_out = excluded_keys(self.exclude_eval_seeds, seed, self._excluded_draw,
+                                 lambda p: _key(*parse_prompt(p.prompt)))  # fmt: skip
+        chosen = distinct(self.n_eval, lambda: self._next(rng, "eval"), lambda d: _key(d[0], d[1]), left_out)
+        return [self.make_problem(f"eval/{i}", *drawn) for i, drawn in enumerate(chosen)]
 
-    def _eval_keys(self, seed: int) -> set[tuple[tuple[int, ...], int]]:
-        """The problems (sorted numbers, target) of the eval draw ``seed`` that ``exclude_eval_seeds`` leaves out:
-        the plain draw, or with ``chain_exclusions`` the draw as a task excluding the seeds listed before it made it."""
+    def _excluded_draw(self, seed: int) -> list[Problem]:
+        """The eval draw ``seed`` that ``exclude_eval_seeds`` leaves out: the plain draw, or with ``chain_exclusions``
+        the draw as a task excluding the seeds listed before it made it."""
         order = list(self.exclude_eval_seeds)
         earlier = tuple(order[: order.index(seed)]) if self.options.chain_exclusions and seed in order else ()
         n_eval = self.options.exclude_n_eval or self.options.n_eval  # the size it was drawn with
         plain = CountdownTraceTask(replace(self.options, exclude_eval_seeds=earlier, eval_seed=None, n_eval=n_eval))
-        return {(tuple(sorted(n)), t) for n, t in (parse_prompt(p.prompt) for p in plain.problems("eval", seed))}
+        return list(plain.problems("eval", seed))
+
+
+def _key(numbers: list[int] | tuple[int, ...], target: int) -> tuple[tuple[int, ...], int]:
+    """A problem's identity: its numbers in any order, and its target."""
+    return tuple(sorted(numbers)), target
 
 
 # ------------------------------------------------------------------------------------------- lengths

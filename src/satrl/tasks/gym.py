@@ -13,7 +13,8 @@ any ``Callable[[str], str | None]`` works too.
 Splits. reasoning-gym draws item ``i`` of a dataset with seed ``s`` from ``Random(s + i)``, so datasets
 with nearby seeds share items. We keep the splits apart twice over: eval items come from seeds at
 ``2**40 + eval_seed`` while train seeds are below ``2**32``, and any train item whose question equals an
-eval question is skipped (counted in :attr:`ReasoningGymTask.n_overlap_skipped`).
+eval question is skipped (counted in :attr:`ReasoningGymTask.n_overlap_skipped`). The choice of split and seed, and
+the eval draws kept per seed, are the logic all tasks share (:mod:`satrl.tasks.splits`).
 - ``eval``: ``n_eval`` items, the same for every seed unless ``eval_seed=None``.
 - ``train``: ``size`` distinct items for the stream's seed (mixed with the task's ``seed``), repeated
   as an endless stream of epochs, each shuffled by ``(seed, epoch)``.
@@ -31,6 +32,7 @@ from typing import Any
 
 from satrl.registry import Registry
 from satrl.tasks import check_template
+from satrl.tasks.splits import Splits
 from satrl.types import Problem
 
 EVAL_SEED_BASE = 2**40
@@ -135,7 +137,7 @@ class ReasoningGymTask:
         self.n_overlap_skipped = 0
         # problem id -> (dataset, entry): what score_answer needs. Bounded by size per seed + n_eval.
         self._entries: dict[str, tuple[Any, dict[str, Any]]] = {}
-        self._eval: dict[int, list[Problem]] = {}
+        self.splits = Splits(eval_seed, self._eval_problems, self._train_stream)
         self._dataset(0, 1)  # fail now, not mid-run, on a bad config
 
     def _dataset(self, ds_seed: int, size: int) -> Any:
@@ -149,11 +151,7 @@ class ReasoningGymTask:
 
     # ----------------------------------------------------------------------------- Task protocol
     def problems(self, split: str, seed: int = 0) -> Iterator[Problem]:
-        if split == "eval":
-            return iter(self._eval_problems(seed if self.eval_seed is None else self.eval_seed))
-        if split == "train":
-            return self._train_stream(seed)
-        raise ValueError(f"unknown split {split!r}; valid choices: ['eval', 'train']")
+        return self.splits.problems(split, seed)
 
     def reward(self, problem: Problem, completion_text: str) -> float:
         """1.0 iff reasoning-gym scores the extracted answer >= 1.0 (partial credit counts as 0)."""
@@ -164,19 +162,15 @@ class ReasoningGymTask:
         return 1.0 if score >= 1.0 else 0.0
 
     def _eval_problems(self, eval_seed: int) -> list[Problem]:
-        if eval_seed not in self._eval:
-            ds_seed = EVAL_SEED_BASE + eval_seed
-            ds = self._dataset(ds_seed, self.n_eval)
-            self._eval[eval_seed] = [
-                self._problem(f"{self.name}/eval/{ds_seed}/{i}", ds, ds[i]) for i in range(self.n_eval)
-            ]
-        return self._eval[eval_seed]
+        ds_seed = EVAL_SEED_BASE + eval_seed
+        ds = self._dataset(ds_seed, self.n_eval)
+        return [self._problem(f"{self.name}/eval/{ds_seed}/{i}", ds, ds[i]) for i in range(self.n_eval)]
 
     def _train_stream(self, seed: int) -> Iterator[Problem]:
         # Train items must not collide with the eval items of any eval seed in use; the fixed eval seed
         # (the default) is the one that matters, so that is the one checked.
-        eval_seed = self.eval_seed if self.eval_seed is not None else seed
-        eval_questions = {self._entries[p.id][1]["question"] for p in self._eval_problems(eval_seed)}
+        eval_problems = self.splits.eval(self.splits.eval_seed_for(seed))
+        eval_questions = {self._entries[p.id][1]["question"] for p in eval_problems}
         mix = hashlib.blake2b(f"{self.seed}-{seed}".encode(), digest_size=4).digest()
         ds_seed = int.from_bytes(mix, "big")  # < 2**32, far below EVAL_SEED_BASE
         ds = self._dataset(ds_seed, self.size)

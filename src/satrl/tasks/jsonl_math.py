@@ -24,7 +24,6 @@ runs are comparable); ``train`` yields an endless stream of epochs over the trai
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -39,6 +38,7 @@ from typing import Any
 from math_verify import parse, verify
 
 from satrl.tasks import TaskError, check_template
+from satrl.tasks.splits import hashed_split
 from satrl.types import Problem, Score, check_messages, prompt_text
 
 DEFAULT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
@@ -274,9 +274,7 @@ class JsonlMathTask:
     def _split_of(self, problem: Problem) -> str:
         if self.eval_fraction >= 1.0:
             return "eval"
-        text = prompt_text(problem.prompt).encode()
-        h = hashlib.blake2b(text, digest_size=8, key=self.split_key.encode()).digest()
-        return "eval" if int.from_bytes(h, "big") / 2.0**64 < self.eval_fraction else "train"
+        return hashed_split(prompt_text(problem.prompt), self.split_key, self.eval_fraction)
 
     def report(self) -> str:
         """One line: rows kept, rows skipped and the first skipped line numbers with reasons."""
