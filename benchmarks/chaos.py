@@ -55,15 +55,21 @@ def _reference(work: Path) -> Path:
     return out
 
 
+def train_args(out: Path) -> list[str]:
+    """The arguments of ``satrl`` that start the run into ``out``, or resume it once it has a config.yaml."""
+    run = ["--resume", str(out)] if (out / "config.yaml").is_file() else [*TINY, *RUN, f"out={out}"]
+    return ["train", *run, "--no-progress"]
+
+
 def _launch(out: Path, fault: str | None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "satrl", "train"]
-    cmd += ["--resume", str(out)] if (out / "config.yaml").is_file() else [*TINY, *RUN, f"out={out}"]
     extra = {"SATRL_FAULT": fault} if fault else {}
-    return subprocess.Popen([*cmd, "--no-progress"], env=env(**extra), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen([sys.executable, "-m", "satrl", *train_args(out)], env=env(**extra),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
 
 
-def kill_anywhere(work: Path, points: int = 10, seed: int = 0, log=print) -> dict:
-    """SIGKILL runs at ``points`` seeded random points; returns counts (see the module docstring)."""
+def kill_anywhere(work: Path, points: int = 10, seed: int = 0, log=print, launch=_launch) -> dict:
+    """SIGKILL runs at ``points`` seeded random points; returns counts (see the module docstring). ``launch(out,
+    fault)``: starts one ``satrl`` process of the chain (a :class:`subprocess.Popen`, or what quacks like one)."""
     rng = random.Random(seed)
     ref = _reference(work)
     want = read_stable(ref / "metrics.jsonl"), read_stable(ref / "eval.jsonl")
@@ -75,7 +81,7 @@ def kill_anywhere(work: Path, points: int = 10, seed: int = 0, log=print) -> dic
             break
         timed = tried % 4 == 3  # every 4th kill comes from outside, at a random time
         fault = None if timed or tried >= points else f"{rng.choice(POINTS)}:{rng.randint(1, 2)}"
-        proc = _launch(out, fault)
+        proc = launch(out, fault)
         if timed and tried < points:
             delay = rng.uniform(1.0, 7.0)
             try:

@@ -130,20 +130,23 @@ def collated_routing(completions, pad_id: int = 0):
     return collate(samples, pad_id).routing
 
 
-def engine_signaller(made: list, sig: int, times: int):
+def engine_signaller(made: list, sig: int | tuple[int, ...], times: int):
     """An ``on_step`` hook that sends ``sig`` to the current engine process ``times`` times, about three steps
     apart, each to a process not signalled before (the parent notices a dead or hung engine only when it next
     needs a batch, which can be a step or two later on a loaded machine), and the list of pids it signalled.
-    ``made``: the backends the run made (the first is the run's)."""
+    ``sig``: one signal, or one per time (a run that suffers a death and a hang). ``made``: the backends the run
+    made (the first is the run's)."""
     import os
 
     hit: list[int] = []
+    sigs = sig if isinstance(sig, tuple) else (sig,) * times
+    assert len(sigs) == times, (sigs, times)
 
     def on_step(step, metrics, result):
         pid = made[0].proc.pid
         if len(hit) < times and step >= 1 + 3 * len(hit) and pid not in hit:
+            os.kill(pid, sigs[len(hit)])
             hit.append(pid)
-            os.kill(pid, sig)
 
     return on_step, hit
 
@@ -176,3 +179,92 @@ def refused_resume(out: Path, *overrides: str) -> str:
     assert rc == 2 and len(lines) == 1, (rc, lines[:5])
     assert folder_tree(out) == before, "a refused resume changed the run folder"
     return lines[0]
+
+
+# -- `satrl ...` in a fresh process without paying the import each time ----------------------------------------
+# `python -m satrl train` spends 4-7 s of CPU on 2 cores importing torch, transformers and the pipeline before its
+# first step. A test that needs a process of its own (to SIGKILL it, say) but not a fresh interpreter forks it
+# from multiprocessing's forkserver instead: a process started once per test process with these modules imported
+# and nothing run (no torch threads, so forking it is safe), each child the state a new `python -m satrl` reaches
+# after its imports.
+CLI_PRELOAD = ["satrl.cli", "satrl.apps.train", "satrl.pipeline.orchestrator"]
+
+
+def _cli_child(argv: list[str], env: dict[str, str | None], err_path: str) -> None:
+    import os
+    import sys
+
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    os.dup2(os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+    save_coverage = _coverage_of_this_fork()
+    from satrl import cli
+
+    try:
+        rc = cli.main(argv)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        save_coverage()
+    sys.exit(rc)
+
+
+def _coverage_of_this_fork():
+    """Under `make coverage` the forkserver measures itself (.ci/coverage.rc's patch=subprocess) and a fork would
+    carry on in its data file, never saved (multiprocessing ends a forked child with os._exit): measure this
+    child in a data file of its own, as coverage's patch=fork does, and return what saves it."""
+    try:
+        from coverage import Coverage
+        from coverage.control import _after_fork_in_child
+    except ImportError:
+        return lambda: None
+    if Coverage.current() is None:
+        return lambda: None
+    _after_fork_in_child()
+    return Coverage.current().save
+
+
+class ForkedCli:
+    """``satrl *argv`` forked from the forkserver (see above), with ``env`` set in it (None: unset). What
+    ``benchmarks.chaos`` uses of :class:`subprocess.Popen`: ``wait``, ``send_signal``, ``pid`` and ``stderr``
+    (its bytes, read after the child has ended)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str | None], err_path: Path) -> None:
+        import io
+        import multiprocessing as mp
+
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(CLI_PRELOAD)  # effective when the server starts (this test process's first fork)
+        self._err = err_path
+        self._proc = ctx.Process(target=_cli_child, args=(argv, env, str(err_path)))
+        self._proc.start()
+        self.pid = self._proc.pid
+        self.stderr = io.BytesIO()
+
+    def wait(self, timeout: float | None = None) -> int:
+        import io
+        import subprocess
+
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            raise subprocess.TimeoutExpired(["satrl"], timeout)
+        self.stderr = io.BytesIO(self._err.read_bytes() if self._err.is_file() else b"")
+        return self._proc.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        import os
+
+        if self._proc.exitcode is None:
+            os.kill(self.pid, sig)
+
+    @staticmethod
+    def stop_server() -> None:
+        """End the forkserver (it holds torch's memory until this test process ends otherwise)."""
+        from multiprocessing import forkserver
+
+        forkserver._forkserver._stop()
+

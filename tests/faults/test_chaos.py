@@ -7,16 +7,30 @@ ones, so this test does not run them again: hostile datasets and configs (benchm
 tests/faults/test_hostile.py, damaged checkpoints in tests/faults/test_bad_input_exit2.py, a killed engine in
 tests/faults/test_defects.py::test_killed_engine_process_is_restarted (three kills, the trained sample ids and
 metrics equal a sequential run's) and a hung one in
-tests/faults/test_engine_hang.py::test_stopped_engine_is_restarted_and_loses_nothing."""
+tests/faults/test_engine_hang.py::test_stopped_engine_is_restarted_and_loses_nothing.
+
+Each run of a chain is a process of its own, SIGKILLed from inside or outside, forked from a process that has
+imported satrl once (run_helpers.ForkedCli) rather than a new `python -m satrl`: the process and its kill are the
+same, and the chain of ~15 runs does not pay ~15 imports of torch (`python -m benchmarks.chaos` still launches
+each with `python -m satrl`)."""
 
 import os
 
-from benchmarks.chaos import kill_anywhere, summary_line
+from benchmarks.chaos import kill_anywhere, summary_line, train_args
+
+from run_helpers import ForkedCli
 
 
 def test_chaos_kill_points(tmp_path, capsys):
     seed = int(os.environ.get("SATRL_CHAOS_SEED", "0"))
-    kill = kill_anywhere(tmp_path / "kill", points=10, seed=seed)
+
+    def launch(out, fault):
+        return ForkedCli(train_args(out), {"SATRL_FAULT": fault}, tmp_path / "stderr.txt")
+
+    try:
+        kill = kill_anywhere(tmp_path / "kill", points=10, seed=seed, launch=launch)
+    finally:
+        ForkedCli.stop_server()
     line = summary_line(kill)
     with capsys.disabled():
         print(f"\n{line} (seed {seed})")

@@ -2,20 +2,22 @@
 killed and restarted, its batches re-issued, with a fresh deadline; an engine that keeps failing ends the run
 with one line and exit 2 (item 7), and the run resumes from its checkpoint."""
 
-import os
 import signal
-import subprocess
-import sys
 
-from run_helpers import REPO, TINY, engine_signaller, read_jsonl, stable
+from run_helpers import TINY, engine_signaller, read_jsonl, stable
 
-ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
 ARGS = ("steps=12", "lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=3")
 
 
-def _cli(*args, env=None, timeout=240):
-    return subprocess.run([sys.executable, "-m", "satrl", *args], env={**ENV, **(env or {})}, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+def _cli(capfd, *args) -> tuple[int, list[str]]:
+    """``satrl train *args`` in this process (the engine processes are its children, as under ``python -m satrl``):
+    its exit code and its stderr lines but the restart notes, the engine children's included."""
+    from satrl import cli
+
+    capfd.readouterr()
+    rc = cli.main(["train", *args, "--no-progress"])
+    err = capfd.readouterr().err.splitlines()
+    return rc, [x for x in err if x.strip() and not x.startswith("satrl: engine process")]
 
 
 def test_stopped_engine_is_restarted_and_loses_nothing(run_tiny, tiny_cfg, monkeypatch, trained_ids, capsys):
@@ -39,27 +41,28 @@ def test_stopped_engine_is_restarted_and_loses_nothing(run_tiny, tiny_cfg, monke
     assert stable(read_jsonl(cfg.run_dir() / "metrics.jsonl")) == stable(read_jsonl(ref / "metrics.jsonl"))
 
 
-def _one_line_exit_2(r) -> str:
-    lines = [x for x in r.stderr.splitlines() if x.strip() and not x.startswith("satrl: engine process")]
-    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+def _one_line_exit_2(rc: int, lines: list[str]) -> str:
+    assert rc == 2 and len(lines) == 1, lines[-20:]
     return lines[0]
 
 
-def test_engine_that_always_hangs_is_one_line_exit_2_and_retried(tmp_path):
+def test_engine_that_always_hangs_is_one_line_exit_2_and_retried(tmp_path, capfd, monkeypatch):
     out = tmp_path / "run"
-    hang = {"SATRL_FAULT": "worker.rollout", "SATRL_FAULT_SIGNAL": "SIGSTOP"}  # every engine stops on its 1st rollout
-    r = _cli("train", *TINY, "steps=2", "backend=local", "engine.timeout_s=2", "engine.max_restarts=1",
-             f"out={out}", "--no-progress", env=hang)  # fmt: skip
-    line = _one_line_exit_2(r)
+    monkeypatch.setenv("SATRL_FAULT", "worker.rollout")  # every engine stops on its 1st rollout
+    monkeypatch.setenv("SATRL_FAULT_SIGNAL", "SIGSTOP")
+    line = _one_line_exit_2(*_cli(capfd, *TINY, "steps=2", "backend=local", "engine.timeout_s=2",
+                                  "engine.max_restarts=1", f"out={out}"))  # fmt: skip
     # it failed before its first step: nothing of it is left, and the same command runs again (issue 60)
     assert "hung" in line and "engine.timeout_s" in line and "run the same command again" in line, line
     assert not out.exists()
-    r = _cli("train", *TINY, "steps=2", "backend=local", f"out={out}", "--no-progress")
-    assert r.returncode == 0, r.stderr[-3000:]
+    monkeypatch.delenv("SATRL_FAULT")
+    monkeypatch.delenv("SATRL_FAULT_SIGNAL")
+    rc, lines = _cli(capfd, *TINY, "steps=2", "backend=local", f"out={out}")
+    assert rc == 0, lines[-20:]
 
 
-def test_engine_that_always_dies_is_one_line_exit_2(tmp_path):
-    r = _cli("train", *TINY, "steps=2", "backend=local", "engine.max_restarts=1", f"out={tmp_path / 'run'}",
-             "--no-progress", env={"SATRL_FAULT": "worker.rollout"})  # fmt: skip
-    line = _one_line_exit_2(r)
+def test_engine_that_always_dies_is_one_line_exit_2(tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("SATRL_FAULT", "worker.rollout")
+    line = _one_line_exit_2(*_cli(capfd, *TINY, "steps=2", "backend=local", "engine.max_restarts=1",
+                                  f"out={tmp_path / 'run'}"))  # fmt: skip
     assert "died" in line and "giving up" in line, line
