@@ -107,7 +107,7 @@ def rl_batch(device: str, quick: bool, seed: int = 0) -> dict:
     (its objective with the KL term, so a reference model; bf16, checkpointing, its log-prob chunk and microbatch
     order), pi_old (the recomputed denominator) and the d split (``decompose``, one snapshot forward): 512 rows of
     the token-efficiency benchmark's RL mix (lognormal responses, median 900, cap 4096) on the Qwen3-0.6B shape;
-    ``quick``: 64 rows of a tenth the length on the tiny shape. After a warm-up step on 8 rows, timed to the
+    ``quick``: 16 rows (one group, still several microbatches) of a tenth the length on the tiny shape. After a warm-up step on 8 rows, timed to the
     device's end. Real tokens / s counts prompt + response tokens; MFU counts 6 FLOPs per matmul parameter per
     token for the training forward and backward and 2 for each no-grad forward (reference, pi_old, snapshot), the
     LM head at every token, plus causal attention, over the dense bf16 peak; recomputation is not useful work."""
@@ -122,7 +122,7 @@ def rl_batch(device: str, quick: bool, seed: int = 0) -> dict:
     t = cfg.train
     set_tf32(t.tf32)  # process-wide, as satrl train sets it where it starts
     shape, vocab = (QUICK_SHAPES["tiny"], 1000) if quick else (SHAPES["0.6B"], VOCAB)
-    rows, budget = (64, 512) if quick else (ROWS, t.microbatch_tokens)
+    rows, budget = (16, 512) if quick else (ROWS, t.microbatch_tokens)  # quick: the paths, not the numbers
     prompts, responses = mix("rl", seed, rows)
     if quick:
         prompts, responses = [max(1, p // 10) for p in prompts], [max(1, r // 10) for r in responses]

@@ -13,7 +13,7 @@ def test_gpu_check_logic_runs_on_cpu(capsys):
     for needle in ("| tiny-arith | 2 |", "| tiny-arith-moe | 2 |", "| 64K |", "| 256K |",
                    "| tiny bf16 + checkpointing + chunked log-probs | 256 | 2 |", "equal within tolerance",
                    "| fp32 | 2 | 0.0e+00 | 0 (bits) | True |", "| bf16 | 2 | 0.0e+00 | 0 (bits) | True |",  # 1-rank DP =
-                   "| tiny, configs/qwen3_gpu.yaml trainer settings | 64 |",  # one process, on CPU bit for bit
+                   "| tiny, configs/qwen3_gpu.yaml trainer settings | 16 |",  # one process, on CPU bit for bit
                    "| tiny on cpu, bf16 buckets of 256 MiB | 2 |"):  # the RL batch and the weight-time rows
         assert needle in out, needle
     assert "| True |" in out and "| False |" not in out  # every loss finite
@@ -42,7 +42,8 @@ def test_sat_parity_can_fail(monkeypatch):
         return real(model, objective, dataclasses.replace(settings, lr=settings.lr * (1.01 if len(made) == 2 else 1.0)))
 
     monkeypatch.setattr(trainer_mod, "Trainer", second_run_skewed)
-    assert not gpu_trainer.sat_parity("cpu")["equal"]
+    p = gpu_trainer.sat_parity("cpu", steps=1)  # one step: the skewed lr already moves the weights apart
+    assert not p["equal"] and p["weight_rel"] > p["rtol"]
 
 
 def test_gpu_check_finds_satrl_without_pythonpath_or_install(tmp_path):

@@ -106,8 +106,21 @@ def bootstrap_curve(
         chunk = max(1, _MAX_BLOCK // (n_resamples * n))
         for a in range(0, v.shape[1], chunk):
             res = np.nanmean(v[:, a : a + chunk][idx], axis=1)  # [R, n, chunk] -> [R, chunk]
-            lo[a : a + chunk], hi[a : a + chunk] = np.nanpercentile(res, [tail, 100.0 - tail], axis=0)
+            lo[a : a + chunk], hi[a : a + chunk] = _percentiles(res, [tail, 100.0 - tail])
     return mean, lo, hi
+
+
+def _percentiles(res: np.ndarray, q: list[float]) -> np.ndarray:
+    """``np.nanpercentile(res, q, axis=0)`` with the same numbers, faster: nanpercentile loops over the columns in
+    Python, so the columns without a NaN (nearly all) go through the vectorized np.percentile, which computes each
+    column's percentile by the same interpolation (tests/experiments/test_stats.py checks the two agree bit for bit)."""
+    full = ~np.isnan(res).any(axis=0)
+    out = np.empty((len(q), res.shape[1]))
+    if full.any():
+        out[:, full] = np.percentile(res[:, full], q, axis=0)
+    if not full.all():
+        out[:, ~full] = np.nanpercentile(res[:, ~full], q, axis=0)
+    return out
 
 
 def studentized_ci(
