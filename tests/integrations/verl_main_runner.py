@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,9 +43,9 @@ class VerlMain:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         line = self.proc.stdout.readline() if ready else ""
         if not line:
+            err = (self.dir / "server.err").read_text()[-3000:]
             self.close()
-            raise RuntimeError(f"verl main server: no answer in {timeout:.0f} s: "
-                               f"{(self.dir / 'server.err').read_text()[-3000:]}")
+            raise RuntimeError(f"verl main server: no answer in {timeout:.0f} s: {err}")
         return json.loads(line)
 
     def __call__(self, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -65,6 +66,7 @@ class VerlMain:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # ---- the server (run as a script) ----
