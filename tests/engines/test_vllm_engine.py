@@ -4,6 +4,9 @@ These tests need vLLM, which pins an older transformers than the main environmen
 own environment: ``make test-vllm`` (CI runs it after ``make test``). Without vLLM they skip with that
 reason printed; with ``SATRL_REQUIRE_VLLM=1`` (set by ``make test-vllm``) a missing vLLM is a failure, and
 ``make test-vllm`` also fails when no test ran, so they can never be skipped silently.
+
+The engines here run vLLM in this process (vllm_helpers.in_process_vllm: no spawned process imports vLLM again), one
+shared by the tests that only need an engine; the R3 refusal starts vLLM as a run does, in its own processes.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import time
 
 import pytest
 import torch
-from vllm_helpers import HAVE_VLLM, REQUIRED, needs_vllm
+from vllm_helpers import HAVE_VLLM, REQUIRED, in_process_vllm, needs_vllm
 
 from satrl.models import build_tiny_model, builtin_path, load_policy
 from satrl.types import GenerationRequest, SamplingParams
@@ -39,7 +42,8 @@ def engine(policy):
 
     _, tok = policy
     t0 = time.perf_counter()
-    eng = VLLMEngine(builtin_path("tiny-arith"), EngineSpec(eos_token_id=tok.eos_token_id, tokenizer=tok, numerics="fp32"))
+    with in_process_vllm() as here:
+        eng = VLLMEngine(builtin_path("tiny-arith"), EngineSpec(eos_token_id=tok.eos_token_id, tokenizer=tok, numerics="fp32"), **here)  # fmt: skip
     print(f"vLLM engine start: {time.perf_counter() - t0:.1f} s")
     yield eng
     eng.close()
@@ -61,6 +65,55 @@ def trainer_logp(model, comps, temperature):
     with torch.no_grad():
         logp, _ = response_logp(model, batch, temperature)
     return logp[batch.mask], batch.behavior_logp[batch.mask]
+
+
+# The tests with an engine of their own come first, before the shared one starts: an in-process engine's shutdown
+# tears down vLLM's process-wide distributed state, which a live in-process engine still uses.
+
+
+@needs_vllm
+def test_raw_logprobs_mode_would_be_wrong_at_temperature_below_one(policy):
+    """Why the engine sets ``processed_logprobs``: vLLM's default ``raw_logprobs`` reports log-softmax of the
+    unscaled logits, so at T = 0.7 it disagrees with the sampling distribution (the trainer's T-scaled
+    log-probs) and agrees instead with the T = 1 ones."""
+    from satrl.engines import EngineSpec
+    from satrl.engines.vllm_engine import VLLMEngine
+
+    model, tok = policy
+    with in_process_vllm() as here:
+        raw = VLLMEngine(builtin_path("tiny-arith"), EngineSpec(eos_token_id=tok.eos_token_id, tokenizer=tok, numerics="fp32"), logprobs_mode="raw_logprobs", **here)  # fmt: skip
+    try:
+        comps = raw.generate(requests(tok), SamplingParams(temperature=0.7, max_new_tokens=8))
+    finally:
+        raw.close()
+    scaled, theirs = trainer_logp(model, comps, 0.7)
+    unscaled, _ = trainer_logp(model, comps, 1.0)
+    wrong, right = (scaled - theirs).abs().mean(), (unscaled - theirs).abs().mean()
+    print(f"raw_logprobs at T=0.7: mean |d| {wrong:.3e} vs the sampling distribution, {right:.3e} vs T=1")
+    assert wrong > 1e-2 and right < 1e-4
+
+
+@needs_vllm
+def test_bf16_weights_are_rounded_from_the_first_batch(policy):
+    """numerics=bf16-weights: the engine's first log-probs are those of the bf16-rounded weights in fp32, as after
+    any later version. Before 2026-12-03 the start-up rounding missed the tied LM head (the checkpoint names it
+    once), and the batches before the first weight sync were off by up to 2e-3."""
+    from satrl.engines import EngineSpec
+    from satrl.engines.vllm_engine import VLLMEngine
+
+    model, tok = policy
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in rounded.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    with in_process_vllm() as here:
+        eng = VLLMEngine(builtin_path("tiny-arith"), EngineSpec(eos_token_id=tok.eos_token_id, tokenizer=tok, numerics="bf16-weights"), **here)  # fmt: skip
+    try:
+        comps = eng.generate(requests(tok, n=16), SamplingParams(temperature=1.0, max_new_tokens=6))
+    finally:
+        eng.close()
+    ours, theirs = trainer_logp(rounded, comps, 1.0)
+    assert (ours - theirs).abs().max().item() < 1e-4
 
 
 @needs_vllm
@@ -100,27 +153,6 @@ def test_chat_rendered_prompts_reach_vllm_as_encoded(engine, policy):
     ours, theirs = trainer_logp(model, comps, 1.0)
     d = (ours.double() - theirs.double()).abs()
     assert d.numel() > 16 and d.mean() < 1e-4 and d.max() < 1e-3
-
-
-@needs_vllm
-def test_raw_logprobs_mode_would_be_wrong_at_temperature_below_one(policy):
-    """Why the engine sets ``processed_logprobs``: vLLM's default ``raw_logprobs`` reports log-softmax of the
-    unscaled logits, so at T = 0.7 it disagrees with the sampling distribution (the trainer's T-scaled
-    log-probs) and agrees instead with the T = 1 ones."""
-    from satrl.engines import EngineSpec
-    from satrl.engines.vllm_engine import VLLMEngine
-
-    model, tok = policy
-    raw = VLLMEngine(builtin_path("tiny-arith"), EngineSpec(eos_token_id=tok.eos_token_id, tokenizer=tok, numerics="fp32"), logprobs_mode="raw_logprobs")  # fmt: skip
-    try:
-        comps = raw.generate(requests(tok), SamplingParams(temperature=0.7, max_new_tokens=8))
-    finally:
-        raw.close()
-    scaled, theirs = trainer_logp(model, comps, 0.7)
-    unscaled, _ = trainer_logp(model, comps, 1.0)
-    wrong, right = (scaled - theirs).abs().mean(), (unscaled - theirs).abs().mean()
-    print(f"raw_logprobs at T=0.7: mean |d| {wrong:.3e} vs the sampling distribution, {right:.3e} vs T=1")
-    assert wrong > 1e-2 and right < 1e-4
 
 
 @needs_vllm
@@ -207,28 +239,6 @@ def test_inflight_blocks_follow_the_schedule(engine, policy):
         assert b.token_versions.tolist() == [min(t // K, cap) for t in range(n)] and b.version == 0
         assert len(b.behavior_logp) == n and b.finish_reason in ("stop", "length")
         assert b.finish_reason == "length" or b.response_ids[-1] == tok.eos_token_id
-
-
-@needs_vllm
-def test_bf16_weights_are_rounded_from_the_first_batch(policy):
-    """numerics=bf16-weights: the engine's first log-probs are those of the bf16-rounded weights in fp32, as after
-    any later version. Before 2026-12-03 the start-up rounding missed the tied LM head (the checkpoint names it
-    once), and the batches before the first weight sync were off by up to 2e-3."""
-    from satrl.engines import EngineSpec
-    from satrl.engines.vllm_engine import VLLMEngine
-
-    model, tok = policy
-    rounded = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in rounded.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
-    eng = VLLMEngine(builtin_path("tiny-arith"), EngineSpec(eos_token_id=tok.eos_token_id, tokenizer=tok, numerics="bf16-weights"))
-    try:
-        comps = eng.generate(requests(tok, n=16), SamplingParams(temperature=1.0, max_new_tokens=6))
-    finally:
-        eng.close()
-    ours, theirs = trainer_logp(rounded, comps, 1.0)
-    assert (ours - theirs).abs().max().item() < 1e-4
 
 
 @needs_vllm

@@ -4,6 +4,7 @@ have a conftest.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from pathlib import Path
@@ -29,3 +30,27 @@ def vllm_pids(tag: str | None = None) -> set[int]:
         except OSError:
             pass
     return pids
+
+
+@contextlib.contextmanager
+def in_process_vllm():
+    """Keyword arguments for ``VLLMEngine`` that start vLLM's engine core and its worker in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` while it starts, the ``uni`` executor): no spawned process imports torch and
+    vLLM again, which is most of an engine's start on 2 cores (two spawned processes; about 5x the wall time of an
+    in-process start under load). For the tests of what the engine computes; the processes vLLM runs in a real run,
+    and their shutdown, are what the end-to-end runs check (test_vllm_train.py, test_vllm_runs.py). This process's
+    environment, vLLM's cache of it, and the CPU affinity are restored afterwards, so a later subprocess or engine
+    starts as it would have."""
+    import vllm.envs
+
+    before, affinity = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"), os.sched_getaffinity(0)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        yield {"distributed_executor_backend": "uni"}
+    finally:
+        if before is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+        vllm.envs.disable_envs_cache()  # the in-process engine core cached the environment as it was at its start
+        os.sched_setaffinity(0, affinity)

@@ -2,8 +2,9 @@
 driver and in every Ray worker, so it must import almost nothing, and register its losses all the same.
 
 Each check runs a fresh ``python -c "import verl"`` twice, with verl's plug-in discovery off
-(``VERL_USE_EXTERNAL_PLUGINS=none``) and on (the plug-in named through a temporary entry point, as in
-``test_verl.py::test_plugin_is_loaded_by_a_fresh_import_verl``), and compares the modules each has imported.
+(``VERL_USE_EXTERNAL_PLUGINS=none``) and on (the plug-in named through a temporary entry point: verl's own
+discovery, the test of that path; ``test_verl.py::test_plugin_is_loaded_by_a_fresh_import_verl`` tests verl's other
+hook, VERL_USE_EXTERNAL_MODULES), and compares the modules each has imported.
 Skips without verl, never under ``SATRL_REQUIRE_VERL=1`` (``make test-verl``). docs/benchmarks.md has the times.
 """
 

@@ -1,7 +1,7 @@
 """verl's entry points as installed, run as docs/integrations.md prints them, up to satrl's config-time decision.
 
-Each command runs in a fresh process, from a scratch working directory (no chdir into verl's source tree),
-through verl's own Hydra ``main``: Hydra composes the installed verl's YAML from the command line, and the
+Each command runs in a process of its own (forked from one that imported verl once: verl_main_runner.py), from
+a scratch working directory (no chdir into verl's source tree), through verl's own Hydra ``main``: Hydra composes the installed verl's YAML from the command line, and the
 entry point's first call on the driver (``auto_set_device``) runs satrl's check. ``ray.init`` is replaced
 by an error and ``verl.trainer.main_ppo.run_ppo`` by what verl's TaskRunner does first (``OmegaConf.resolve``),
 so no cluster starts: an accepted command prints the ``sat_mu`` the resolver chose, a refused one exits
@@ -20,10 +20,10 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from verl_main_runner import VerlMain
 
 from run_helpers import Extra
 
@@ -50,36 +50,6 @@ RECIPE_MODULES = {"one_step_off": "verl.experimental.one_step_off_policy.main_pp
 BYPASS_OFF = "algorithm.rollout_correction.bypass_mode=false"
 SAT_MU = "+actor_rollout_ref.actor.policy_loss.sat_mu=${satrl_mu:}"
 
-# Runs `python -m MODULE ARGS` as verl's Hydra main, with no cluster: see the module docstring.
-RUNNER = r"""
-import json, runpy, sys
-
-import ray
-
-
-def no_cluster(*args, **kwargs):
-    raise RuntimeError("satrl test: ray.init reached")
-
-
-ray.init = no_cluster
-from omegaconf import OmegaConf
-
-import verl.trainer.main_ppo as main_ppo
-
-
-def run_ppo(config, task_runner_class):  # what verl's TaskRunner.run does first, on the driver's config
-    OmegaConf.resolve(config)
-    print("SATRL_ACCEPTED " + json.dumps({"sat_mu": config.actor_rollout_ref.actor.policy_loss.get("sat_mu")}))
-
-
-main_ppo.run_ppo = run_ppo
-sys.argv = sys.argv[1:]
-if sys.argv[0] == "verl.trainer.main_ppo":  # its Hydra main, called: run as __main__ it would redefine run_ppo
-    main_ppo.main()
-else:  # the recipes' mains call main_ppo.run_ppo
-    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-"""
-
 
 @pytest.fixture(autouse=True)
 def _no_reprint():
@@ -103,11 +73,18 @@ def doc_commands() -> dict[str, list[str]]:
     return out
 
 
-def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
-    env.update(OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="0", PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.run([sys.executable, "-c", RUNNER, *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+# What the verl extra must make importable (verl's v1 and legacy trainers, both recipes): the server imports them
+# once, so each command pays none of it (test_the_verl_extra_brings_what_verls_trainers_and_recipes_import).
+PRELOAD = ["verl.trainer.ppo.v1", "verl.trainer.main_ppo_v0", *RECIPE_MODULES.values()]
+
+
+@pytest.fixture(scope="module")
+def run():
+    """``run(argv, cwd)``: ``python -m *argv`` as verl's Hydra main with no cluster, each command in a process
+    of its own forked from one that imported verl once (verl_main_runner.py)."""
+    server = VerlMain(PRELOAD)
+    yield server
+    server.close()
 
 
 def accepted(out: subprocess.CompletedProcess) -> dict:
@@ -127,7 +104,7 @@ def refused(out: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPE_MODULES))
-def test_recipe_command_as_the_docs_print_it_is_accepted_in_decoupled_mode(tmp_path, recipe):
+def test_recipe_command_as_the_docs_print_it_is_accepted_in_decoupled_mode(run, tmp_path, recipe):
     argv = doc_commands()[recipe]
     assert BYPASS_OFF in argv and SAT_MU in argv
     assert accepted(run(argv, tmp_path)) == {"sat_mu": "old_policy"}
@@ -135,7 +112,7 @@ def test_recipe_command_as_the_docs_print_it_is_accepted_in_decoupled_mode(tmp_p
 
 @pytest.mark.parametrize("recipe,drop", [("one_step_off", (BYPASS_OFF,)), ("fully_async", (BYPASS_OFF,)),
                                          ("one_step_off", (BYPASS_OFF, SAT_MU))])
-def test_recipe_in_bypass_mode_is_refused_before_ray_with_the_recipe_fix(tmp_path, recipe, drop):
+def test_recipe_in_bypass_mode_is_refused_before_ray_with_the_recipe_fix(run, tmp_path, recipe, drop):
     """The recipes' default, bypass mode, with or without sat_mu declared: refused on the driver, with the
     fix for a recipe (verl's v1 trainer; trainer.use_v1 means nothing to a recipe)."""
     line = refused(run([a for a in doc_commands()[recipe] if a not in drop], tmp_path))
@@ -143,7 +120,7 @@ def test_recipe_in_bypass_mode_is_refused_before_ray_with_the_recipe_fix(tmp_pat
     assert "set trainer.use_v1=true" not in line and "bypass_mode=false" in line
 
 
-def test_legacy_trainer_in_bypass_mode_is_refused_before_ray_with_the_legacy_fix(tmp_path):
+def test_legacy_trainer_in_bypass_mode_is_refused_before_ray_with_the_legacy_fix(run, tmp_path):
     argv = [a for a in doc_commands()["one_step_off"] if a != BYPASS_OFF and not a.startswith("hydra.")]
     argv = ["verl.trainer.main_ppo", *argv[1:], "trainer.use_v1=false", "algorithm.rollout_correction.bypass_mode=true"]
     line = refused(run(argv, tmp_path))
@@ -189,7 +166,7 @@ def assert_engine_mu(cfg) -> None:
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPE_MODULES))
-def test_recipe_refusals_first_way_out_as_printed_keeps_mu_the_engines(tmp_path, recipe):
+def test_recipe_refusals_first_way_out_as_printed_keeps_mu_the_engines(run, tmp_path, recipe):
     """The recipe refusal's first way out, copied off the printed line (verl's v1 trainer, separate_async) with the
     docs' SAT flags: verl's ppo_trainer YAML composes to bypass mode with calculate_log_probs, and verl's own
     main_ppo accepts it with sat_mu resolved to ``rollout``. Without the printed bypass override the same command
@@ -207,7 +184,7 @@ def test_recipe_refusals_first_way_out_as_printed_keeps_mu_the_engines(tmp_path,
         assert accepted(run([module, *without, *sat], tmp_path)) == {"sat_mu": "old_policy"}
 
 
-def test_legacy_refusals_way_out_as_printed_keeps_mu_the_engines(tmp_path):
+def test_legacy_refusals_way_out_as_printed_keeps_mu_the_engines(run, tmp_path):
     """The legacy trainer's way out, appended as printed to the refused command, even one that had switched the
     engine's log-probs off: verl's config has bypass mode and calculate_log_probs on, and main_ppo accepts it
     with sat_mu ``rollout`` (run without the printed calculate_log_probs, the command is refused instead)."""
@@ -223,7 +200,7 @@ def test_legacy_refusals_way_out_as_printed_keeps_mu_the_engines(tmp_path):
     assert _verl_mu.CALC_LOG_PROBS in refused(run([*argv, *partial], tmp_path))
 
 
-def test_bypass_mode_without_calculate_log_probs_is_refused_before_ray(tmp_path):
+def test_bypass_mode_without_calculate_log_probs_is_refused_before_ray(run, tmp_path):
     """verl's v1 trainer in bypass mode reads rollout_log_probs, which the engine produces only with
     calculate_log_probs: without it, satrl refuses on the driver with one line naming the key (decoupled
     mode, which does not need them, is accepted)."""
@@ -238,7 +215,7 @@ def test_bypass_mode_without_calculate_log_probs_is_refused_before_ray(tmp_path)
     assert accepted(run(["verl.trainer.main_ppo", *sat, SAT_MU, BYPASS_OFF, off], tmp_path)) == {"sat_mu": "old_policy"}
 
 
-def test_missing_target_override_is_explained_before_verls_type_error(tmp_path):
+def test_missing_target_override_is_explained_before_verls_type_error(run, tmp_path):
     """SAT's keys without the _target_ override: verl's PolicyLossConfig would reject them with a TypeError
     that names no fix; satrl's line names the override, on the driver, before verl builds the config."""
     argv = [a for a in doc_commands()["fully_async"] if "._target_=" not in a]
@@ -307,18 +284,18 @@ def test_the_entry_points_check_runs_in_verls_auto_set_device():
         assert main.index("auto_set_device(config)") < main.index("run_ppo(config"), module
 
 
-def test_the_verl_extra_brings_what_verls_trainers_and_recipes_import():
+def test_the_verl_extra_brings_what_verls_trainers_and_recipes_import(run):
     """verl's v1 trainer (its default), the legacy trainer and both recipes import TransferQueue, cachetools,
-    fastapi and uvicorn beyond verl's own requirements: the verl extra declares them, and they import."""
+    fastapi and uvicorn beyond verl's own requirements: the verl extra declares them, and they import (in the
+    process that imported verl's main_ppo afresh, with the installed satrl's entry point: verl's registry holds
+    SAT's losses from the plug-in, loaded with nothing imported by hand)."""
     from packaging.requirements import Requirement
 
     reqs = [Requirement(r) for r in importlib.metadata.requires("satrl-async") or []]
     extra = {r.name.lower() for r in reqs if r.marker is not None and r.marker.evaluate({"extra": "verl"})}
     assert {"verl", "transferqueue", "cachetools", "fastapi", "uvicorn"} <= extra, extra
-    modules = ["verl.trainer.ppo.v1", "verl.trainer.main_ppo_v0", *RECIPE_MODULES.values()]
-    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint('ok')"
-    out = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if out.returncode != 0 and "ModuleNotFoundError" in out.stderr and os.environ.get("SATRL_REQUIRE_VERL") != "1":
-        pytest.skip(f"this environment was not built with the verl extra ({out.stderr.strip().splitlines()[-1]})")
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    failed = {m: why for m, why in run.imports.items() if m in PRELOAD and why != "ok"}
+    if any("ModuleNotFoundError" in why for why in failed.values()) and os.environ.get("SATRL_REQUIRE_VERL") != "1":
+        pytest.skip(f"this environment was not built with the verl extra ({failed})")
+    assert not failed and set(run.imports) >= set(PRELOAD), failed
+    assert run.imports["sat_loss_modules"] == "satrl.integrations.verl satrl.integrations.verl"

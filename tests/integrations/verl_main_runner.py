@@ -1,0 +1,169 @@
+"""verl's Hydra mains run with no cluster, each command in a process of its own, verl imported once.
+
+Run as a script, this file is a small fork server: it imports Ray, verl's ``main_ppo`` and the modules named on its
+command line once (what every ``python -m verl...`` command pays first: about 10 s of CPU on 2 cores), prints one
+JSON line saying what imported, then reads one command per line on stdin and runs each in a child forked from that
+state, as ``python -m MODULE ARGS`` would run it: its own working directory, stdout and stderr, exit code and exit
+hooks (satrl's refusal line is printed by one). ``ray.init`` is replaced by an error and
+``verl.trainer.main_ppo.run_ppo`` by what verl's TaskRunner does first (``OmegaConf.resolve``), so no cluster
+starts: an accepted command prints the ``sat_mu`` the resolver chose. Nothing a command does reaches the next one
+(each child starts from the server's state after the imports, and the server runs no command itself).
+
+:class:`VerlMain` is the test side (tests/integrations/test_verl_recipes.py): one server per test module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+class VerlMain:
+    """Runs commands through one server process; ``self(argv, cwd)`` returns a CompletedProcess like
+    ``subprocess.run([python, "-m", *argv], cwd=cwd, capture_output=True, text=True)`` would."""
+
+    def __init__(self, preload: list[str], timeout: float = 300.0, start_timeout: float = 900.0) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
+        env.update(OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="0", PYTHONPATH=os.pathsep.join(sys.path))
+        self.dir = Path(tempfile.mkdtemp(prefix="verl_main_"))
+        self.log = (self.dir / "server.err").open("w")
+        self.timeout, self.n = timeout, 0
+        self.proc = subprocess.Popen([sys.executable, __file__, *preload], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=self.dir)
+        # module -> "ok" or the error its import raised; several imports of verl's trainers: minutes on a busy machine
+        self.imports: dict[str, str] = self._reply(start_timeout)
+
+    def _reply(self, timeout: float) -> dict:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            err = (self.dir / "server.err").read_text()[-3000:]
+            self.close()
+            raise RuntimeError(f"verl main server: no answer in {timeout:.0f} s: {err}")
+        return json.loads(line)
+
+    def __call__(self, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+        self.n += 1
+        out, err = self.dir / f"{self.n}.out", self.dir / f"{self.n}.err"
+        case = {"argv": list(argv), "cwd": str(cwd), "stdout": str(out), "stderr": str(err), "timeout": self.timeout}
+        self.proc.stdin.write(json.dumps(case) + "\n")
+        self.proc.stdin.flush()
+        code = self._reply(self.timeout + 60)["returncode"]  # the command's own alarm comes first
+        return subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()  # the server leaves its loop and exits
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # stuck (e.g. a command past its timeout): ours to stop
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# ---- the server (run as a script) ----
+
+
+def _run_ppo(config, task_runner_class):  # what verl's TaskRunner.run does first, on the driver's config
+    from omegaconf import OmegaConf
+
+    OmegaConf.resolve(config)
+    print("SATRL_ACCEPTED " + json.dumps({"sat_mu": config.actor_rollout_ref.actor.policy_loss.get("sat_mu")}))
+
+
+def _no_cluster(*args, **kwargs):
+    raise RuntimeError("satrl test: ray.init reached")
+
+
+def _command(argv: list[str]) -> None:
+    """``python -m argv[0] argv[1:]``, in this (forked) process."""
+    import runpy
+
+    import verl.trainer.main_ppo as main_ppo
+
+    sys.argv = list(argv)
+    if argv[0] == "verl.trainer.main_ppo":  # its Hydra main, called: run as __main__ it would redefine run_ppo
+        main_ppo.main()
+    else:  # the recipes' mains call main_ppo.run_ppo
+        runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+
+
+def _child(case: dict) -> None:
+    """Runs one command and exits as its interpreter would: exit code, then the exit hooks. Never returns."""
+    import atexit
+    import signal
+    import traceback
+
+    signal.alarm(int(case["timeout"]))  # a command that hangs dies (SIGALRM), as subprocess.run's timeout kills it
+    if "coverage" in sys.modules:  # under `make coverage`: this child's lines to a data file of its own (its patch=fork)
+        restart = getattr(sys.modules["coverage"].control, "_after_fork_in_child", None)
+        if restart is not None:
+            restart()
+    os.chdir(case["cwd"])
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, case["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                            (2, case["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+        os.dup2(os.open(path, flags), fd)
+    code = 0
+    try:
+        _command(case["argv"])
+    except SystemExit as e:
+        code = e.code
+        if code is not None and not isinstance(code, int):  # as the interpreter does with sys.exit("message")
+            print(code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code or 0)
+
+
+def _serve(preload: list[str]) -> None:
+    import importlib
+
+    import ray
+
+    ray.init = _no_cluster
+    import verl.trainer.main_ppo as main_ppo
+
+    main_ppo.run_ppo = _run_ppo
+    imports = {}
+    for name in preload:  # their imports stay loaded; the module itself runs afresh in each command (runpy)
+        try:
+            importlib.import_module(name)
+            imports[name] = "ok"
+        except Exception as e:  # reported to the test, which decides
+            imports[name] = f"{type(e).__name__}: {e}"
+        if name != "verl.trainer.main_ppo":
+            sys.modules.pop(name, None)
+    try:  # which module verl's registry holds SAT's losses from: the plug-in's entry point, loaded by import verl
+        from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+        imports["sat_loss_modules"] = " ".join(get_policy_loss_fn(m).__module__ for m in ("sat", "sat_gspo"))
+    except Exception as e:
+        imports["sat_loss_modules"] = f"{type(e).__name__}: {e}"
+    print(json.dumps(imports), flush=True)
+    for line in sys.stdin:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(json.loads(line))
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1:])
