@@ -96,7 +96,7 @@ def main(out: str) -> None:
     refused = mismatched_architecture(ctx, model)
     if ctx.leader:
         Path(out).write_text(json.dumps({"cases": results, "refused": refused, "scaled": scaled, "scores": scores}))
-    dp.shutdown()
+    dp.shutdown(ctx)
 
 
 def scaled_step(ctx, model, batch, adv) -> dict | None:

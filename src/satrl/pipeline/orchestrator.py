@@ -39,33 +39,40 @@ from satrl.pipeline.schedules import Schedule, inflight_versions, make_schedule
 from satrl.provenance import record_session
 from satrl.tasks import make_task
 from satrl.training import checkpoint as ckpt
+from satrl.training.dp import DataParallel
 from satrl.types import Batch, SkipsRows, TrainerLike
 from satrl.weights.snapshot import Snapshot
 
 
-def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, dict | None], None] | None = None) -> dict:
-    """Run (or resume) one training run; returns its summary (also written to ``summary.json``). The run
-    directory is locked against other processes until this returns or raises; a fresh run that fails before its
-    first step leaves nothing in it (:meth:`RunDir.abandon`)."""
-    run = build_run_dir(cfg, resume=resume)
+def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, dict | None], None] | None = None,
+          ctx: DataParallel | None = None) -> dict:  # fmt: skip
+    """Run (or resume) one training run; returns its summary (also written to ``summary.json``). ``ctx``: under
+    data parallel, this process's place in the job (rank 0's: the others follow, :mod:`~satrl.pipeline.launch.data_parallel`).
+    The run directory is locked against other processes until this returns or raises; a fresh run that fails before
+    its first step leaves nothing in it (:meth:`RunDir.abandon`)."""
+    run = build_run_dir(cfg, resume=resume, data_parallel=ctx is not None)
+    followers = following(ctx)  # data parallel: the other ranks, which mirror this loop's collectives; none on one process
     try:
-        return _train(cfg, run, resume, on_step)
-    except Exception:
-        if not resume and not run.stepped:  # failed at start-up: a retry with the same out= starts over
+        summary = _train(cfg, run, resume, on_step, followers)
+    except BaseException as err:
+        followers.release()  # refused before its plan: the others exit quietly (else torchrun ends them)
+        if isinstance(err, Exception) and not resume and not run.stepped:  # failed at start-up: a retry starts over
             run.abandon()
         raise
     finally:
         run.release()
+    followers.end()  # the others stop waiting for the next batch
+    return summary
 
 
-def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step) -> dict:
+def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step, followers: Followers) -> dict:
     torch.set_num_threads(cfg.trainer_threads)  # a grid caps it with train.max_threads (W x threads <= cores)
     set_tf32(cfg.train.tf32)  # process-wide, so here where the program starts (each data-parallel rank: follow)
     torch.manual_seed(cfg.seed)
     task = make_task(cfg.task.name, **cfg.task_kwargs)  # here too, so bad data fails before any engine starts
     run.skipped_rows = len(task.skipped) if isinstance(task, SkipsRows) else 0
-    trainer, tokenizer = build_trainer(cfg)
-    followers = following()  # data parallel: the other ranks, which mirror this loop's collectives; none on one process
+    trainer, tokenizer = build_trainer(cfg, followers.ctx)
+    followers.built()  # every rank built its trainer in the same collectives: the others wait for the plan
     S, P = cfg.steps_per_batch, cfg.train.prompts_per_batch
     n_batches = math.ceil(cfg.steps / S)
     sched = make_schedule(cfg.lag.schedule, S, cfg.lag.n, cfg.lag.max_staleness, cfg.seed, cfg.lag.on_stale)

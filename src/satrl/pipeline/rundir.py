@@ -28,7 +28,6 @@ from satrl.jsonl import append_jsonl, dumps, numbered_rows, read_jsonl, strict, 
 from satrl.pipeline.errors import RunDirError
 from satrl.pipeline.run_config import RunConfig, load_config
 from satrl.training import checkpoint as ckpt
-from satrl.training import dp
 from satrl.types import Sample
 
 
@@ -154,6 +153,7 @@ class RunDir:
         collapse: the collapse rules of the end-of-run summary.
         warmup_steps: optimizer steps the summary's collapse rule skips (one rollout batch).
         resume: continue the run in ``path`` instead of refusing a directory that holds one.
+        data_parallel: the run trains under torchrun (its checkpoints keep the model and optimizer in shards).
 
     A fresh run refuses a folder that holds anything of the user's or any file of a run (:func:`_check_new`),
     leaving it byte-identical, and any run folder whose files are links out of it (:func:`satrl.folders.linked`);
@@ -163,9 +163,11 @@ class RunDir:
     """
 
     def __init__(
-        self, path: Path, config: dict, *, collapse: CollapseConfig, warmup_steps: int, resume: bool = False
+        self, path: Path, config: dict, *, collapse: CollapseConfig, warmup_steps: int, resume: bool = False,
+        data_parallel: bool = False,
     ) -> None:
         self.path, self.collapse, self.warmup_steps = Path(path), collapse, warmup_steps
+        self.data_parallel = data_parallel
         self.ckpt_dir, self.config = self.path / "checkpoints", config
         why = linked(self.path)  # before anything is written: the lock file included
         if why:
@@ -252,7 +254,7 @@ class RunDir:
             return None
         weights, state = ckpt.load_checkpoint(path, {"RunState": RunState, "Sample": Sample})
         with ckpt.applying(path):
-            ckpt.check_layout(path, state["trainer"], dp.current() is not None)
+            ckpt.check_layout(path, state["trainer"], self.data_parallel)
             config = state.get("config")
             if config is not None and not isinstance(config, dict):
                 raise TypeError(f"config is a {type(config).__name__}, not a mapping")

@@ -51,14 +51,6 @@ class DataParallel:
         return self.rank == 0
 
 
-_CURRENT: DataParallel | None = None
-
-
-def current() -> DataParallel | None:
-    """The data-parallel context of this process, or None on one device."""
-    return _CURRENT
-
-
 def launched() -> bool:
     """Whether torchrun (or an equivalent launcher) started this process: its environment protocol."""
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
@@ -148,8 +140,8 @@ class Watchdog:
 def init(device: str, rank_timeout_s: float = 120.0, run_dir: str | os.PathLike | None = None) -> DataParallel:
     """Join the job torchrun started: the process group (NCCL on CUDA, gloo on CPU), the control group,
     the 1-D device mesh FSDP shards over, and the :class:`Watchdog` of the ranks (``rank_timeout_s``; its
-    one-line exits name ``run_dir``'s resume)."""
-    global _CURRENT
+    one-line exits name ``run_dir``'s resume). The caller passes what it returns to whatever needs it: no module
+    keeps it."""
     from torch.distributed.device_mesh import init_device_mesh
 
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
@@ -162,17 +154,15 @@ def init(device: str, rank_timeout_s: float = 120.0, run_dir: str | os.PathLike 
     mesh = init_device_mesh(dev.type, (world,))
     store = dist.PrefixStore("satrl/ranks/", dist.distributed_c10d._get_default_store())
     watchdog = Watchdog(store, rank, world, rank_timeout_s, run_dir)  # one rank too: it watches its launcher
-    _CURRENT = DataParallel(rank, world, local, dev, dist.group.WORLD, control, mesh, watchdog=watchdog)
-    return _CURRENT
+    return DataParallel(rank, world, local, dev, dist.group.WORLD, control, mesh, watchdog=watchdog)
 
 
-def shutdown() -> None:
-    global _CURRENT
-    if _CURRENT is not None and _CURRENT.watchdog is not None:
-        _CURRENT.watchdog.stop()
+def shutdown(ctx: DataParallel | None) -> None:
+    """Leave the job ``ctx`` (from :func:`init`): this rank's watchdog says it ended normally, the groups go."""
+    if ctx is not None and ctx.watchdog is not None:
+        ctx.watchdog.stop()
     if dist.is_initialized():
         dist.destroy_process_group()
-    _CURRENT = None
 
 
 # -- rank 0's broadcasts: ints and tensors over the control group, never pickles ----------------------

@@ -44,7 +44,6 @@ from satrl.training import dp
 from satrl.training.trainer import Trainer
 from satrl.types import Batch
 
-_leader: Leader | None = None  # rank 0's, once its trainer is built (following)
 GATHER, SHARDS = 1, 2  # a sync point's flags: every rank gathers the weights; every rank writes its shards
 GO, REFUSED = 1, 0  # the plan
 BATCH, END = 1, 0  # what rank 0 sends where the others wait for the next batch
@@ -60,28 +59,22 @@ def check_supported(cfg: RunConfig) -> None:
         raise ConfigError(f"train.device={cfg.train.device}: data parallel runs on cpu (gloo) or cuda (NCCL)")
 
 
-def run(cfg: RunConfig, leader_run: Callable[[], object]) -> object:
-    """Run this process's part of a data-parallel job: ``leader_run()`` (the training loop) on rank 0,
-    :func:`follow` elsewhere. Returns the leader's result (None elsewhere)."""
+def run(cfg: RunConfig, train: Callable[[dp.DataParallel], object]) -> object:
+    """Run this process's part of a data-parallel job: ``train(ctx)`` (the training loop, given this process's
+    place in the job) on rank 0, :func:`follow` elsewhere. Returns the loop's result (None elsewhere)."""
     check_supported(cfg)
     ctx = dp.init(cfg.train.device, cfg.train.rank_timeout_s, cfg.run_dir())
     try:
         if not ctx.leader:
-            follow(cfg)
+            follow(cfg, ctx)
             return None
-        try:
-            result = leader_run()
-        except BaseException:
-            release()  # refused before its plan: the others exit quietly (else torchrun ends them)
-            raise
-        finish()
-        return result
+        return train(ctx)
     finally:
         sys.stdout.flush()
-        dp.shutdown()
+        dp.shutdown(ctx)
 
 
-def follow(cfg: RunConfig) -> None:
+def follow(cfg: RunConfig, ctx: dp.DataParallel) -> None:
     """Ranks > 0: build the same trainer as rank 0 (inside the same collectives), then run its loop
     (``orchestrator._train``) without the I/O: the plan (rank 0's refusal ends it here), the checkpoint's shards if
     the run resumes, the start's sync point, and for each batch rank 0 sends the same ``train_batch``, with a sync
@@ -90,8 +83,8 @@ def follow(cfg: RunConfig) -> None:
     torch.set_num_threads(cfg.trainer_threads)
     set_tf32(cfg.train.tf32)
     torch.manual_seed(cfg.seed)
-    trainer, _ = build_trainer(cfg)
-    leader = Follower(dp.current())
+    trainer, _ = build_trainer(cfg, ctx)
+    leader = Follower(ctx)
     resume = leader.plan()
     if resume is None:
         return  # rank 0 refused the run before training
@@ -105,35 +98,14 @@ def follow(cfg: RunConfig) -> None:
         leader.sync(trainer)  # the batch's end: its checkpoint
 
 
-def following() -> OneProcess | Leader:
-    """The other ranks as rank 0's loop sees them once its trainer is built (every rank built its own in the
-    same collectives, and the others now wait for the plan): a :class:`Leader`, or :data:`ONE_PROCESS`."""
-    global _leader
-    ctx = dp.current()
+def following(ctx: dp.DataParallel | None) -> OneProcess | Leader:
+    """The other ranks as rank 0's loop sees them (``ctx``: this process's place in the job, None on one
+    process): a :class:`Leader`, or :data:`ONE_PROCESS`."""
     if ctx is None:
         return ONE_PROCESS
     if not ctx.leader:
         raise RuntimeError("data parallel: only rank 0 runs the training loop; the others follow it")
-    _leader = Leader(ctx)
-    return _leader
-
-
-def release() -> None:
-    """Rank 0's loop failed: if the others wait for the plan, they exit quietly (:meth:`Leader.refuse`). Anywhere
-    else they are in a collective or a broadcast this process will never reach: it exits non-zero, and torchrun
-    ends them."""
-    global _leader
-    if _leader is not None:
-        _leader.refuse()
-    _leader = None
-
-
-def finish() -> None:
-    """Rank 0's loop ended: the others stop waiting for the next batch."""
-    global _leader
-    if _leader is not None:
-        _leader.end()
-    _leader = None
+    return Leader(ctx)
 
 
 def gather_weights(trainer: Trainer) -> None:
@@ -146,6 +118,11 @@ def gather_weights(trainer: Trainer) -> None:
 class OneProcess:
     """No other ranks: the loop tells nobody anything, and pays nothing for it."""
 
+    ctx = None  # no data-parallel context
+
+    def built(self) -> None:
+        pass
+
     def start(self, resume: bool) -> None:
         pass
 
@@ -153,6 +130,12 @@ class OneProcess:
         pass
 
     def sync(self, trainer: Trainer, gather: bool, shards: bool = False) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+    def end(self) -> None:
         pass
 
 
@@ -164,16 +147,23 @@ class Leader:
 
     def __init__(self, ctx: dp.DataParallel) -> None:
         self.ctx = ctx
-        self.planned = False  # the others wait for the plan until it is sent (or rank 0 refuses the run)
+        self.waiting = False  # the others wait for the plan: every rank's trainer is built (built)
+        self.planned = False  # ... until it is sent (or rank 0 refuses the run)
+
+    def built(self) -> None:
+        """Every rank's trainer is built, in the same collectives: the others now wait for the plan."""
+        self.waiting = True
 
     def start(self, resume: bool) -> None:
         """The plan: the run goes on from the checkpoint rank 0 loads next (``resume``), or from scratch."""
         dp.broadcast_ints(self.ctx, [GO, int(resume)], 2)
         self.planned = True
 
-    def refuse(self) -> None:
-        """Rank 0 refused the run before its plan: the others, waiting for it, exit quietly."""
-        if not self.planned:
+    def release(self) -> None:
+        """Rank 0's loop failed. If the others wait for the plan (it refused the run), they exit quietly. Anywhere
+        else they are in a collective or a broadcast this process will never reach (building the trainer, or
+        training): it exits non-zero, and torchrun ends them."""
+        if self.waiting and not self.planned:
             dp.broadcast_ints(self.ctx, [REFUSED, 0], 2)
             self.planned = True
 
