@@ -135,4 +135,4 @@ def test_a_failure_while_the_trainer_is_built_ends_the_job(monkeypatch, tmp_path
     leader = ranks.following(ctx)
     leader.built()  # rank 0's trainer is built: the others wait for its plan
     leader.release()
-    assert sent == [[ranks.REFUSED, 0]]
+    assert sent == [[ranks.REFUSED, 0, 0]]

@@ -27,6 +27,7 @@ from satrl.folders import release as release_lock
 from satrl.jsonl import append_jsonl, dumps, numbered_rows, read_jsonl, strict, write_jsonl
 from satrl.pipeline.errors import RunDirError
 from satrl.pipeline.run_config import RunConfig, load_config
+from satrl.provenance import record_session
 from satrl.training import checkpoint as ckpt
 from satrl.types import Sample
 
@@ -332,6 +333,11 @@ class RunDir:
         return kept, torn
 
     # -- during ------------------------------------------------------------------------------------
+    def record_session(self, version: int, threads: int) -> None:
+        """This session in ``environment.json``: the step it starts from, the code and the machine, the config
+        changes a resume made (:func:`satrl.provenance.record_session`)."""
+        record_session(self.path, version, threads, self.changes)
+
     def wall(self) -> float:
         return self.wall_before + time.perf_counter() - self.t0
 

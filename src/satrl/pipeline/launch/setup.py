@@ -11,6 +11,8 @@ from satrl.config_base import ConfigError
 from satrl.diagnostics.summary import late_window_start
 from satrl.pipeline.engine_side.worker import WorkerSpec
 from satrl.pipeline.evaluator import EvalEngineSpec, EvalPlan, Evaluator
+from satrl.pipeline.launch.data_parallel import OneProcess, Ranks
+from satrl.pipeline.launch.stand_ins import NoEvaluator, NoRunDir
 from satrl.pipeline.run_config import RunConfig
 from satrl.pipeline.rundir import RunDir
 from satrl.training import dp
@@ -45,14 +47,18 @@ def worker_spec(cfg: RunConfig) -> WorkerSpec:
     )
 
 
-def build_run_dir(cfg: RunConfig, resume: bool = False, data_parallel: bool = False) -> RunDir:
+def build_run_dir(cfg: RunConfig, resume: bool = False, ranks: Ranks | None = None) -> RunDir | NoRunDir:
+    """The run directory: rank 0's (or the one process's), a stand-in on the other data-parallel ranks."""
+    ranks = OneProcess() if ranks is None else ranks
+    if not ranks.rank0:
+        return NoRunDir(ranks)
     return RunDir(
         cfg.run_dir(),
         cfg.model_dump(mode="json"),
         collapse=cfg.collapse,
         warmup_steps=cfg.steps_per_batch,
         resume=resume,
-        data_parallel=data_parallel,
+        data_parallel=ranks.ctx is not None,
     )
 
 
@@ -64,7 +70,10 @@ def eval_engine_kwargs(cfg: RunConfig) -> dict:
     return dict(cfg.engine.kwargs) if (cfg.eval.engine or cfg.engine.name) == cfg.engine.name else {}
 
 
-def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
+def build_evaluator(cfg: RunConfig, tokenizer, task, ranks: Ranks | None = None) -> Evaluator | NoEvaluator:
+    """The evaluator: rank 0's (or the one process's), a stand-in on the other data-parallel ranks."""
+    if ranks is not None and not ranks.rank0:
+        return NoEvaluator()
     e = cfg.eval
     engine = EvalEngineSpec(e.engine or cfg.engine.name, eval_engine_kwargs(cfg), cfg.model.source, cfg.engine.numerics)
     plan = EvalPlan(sampling=sampling_params(cfg), k=e.k, seed=cfg.seed, every=e.every, at_start=e.at_start,
