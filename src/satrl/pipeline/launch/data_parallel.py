@@ -121,7 +121,6 @@ class OneProcess:
         pass
 
 
-
 class Leader(OneProcess):
     """Rank 0: tells the others (:class:`Follower`) what only it knows, where they wait for it (module docstring)."""
 
@@ -195,7 +194,7 @@ class Follower(OneProcess):
         return Received(Batch(**dict(zip(BATCH_FIELDS, fields))), index, set(rest[0].tolist()))
 
     def sync(self, trainer: Trainer, gather: bool) -> None:
-        """A sync point: do what rank 0 says (:meth:`Leader.sync`; this rank's ``gather`` is not known here). Its
+        """A sync point: do what rank 0 says (:meth:`Leader.sync`; ``gather``, which only rank 0 knows, is unused). Its
         version first, so that every rank's trainer keeps its gathered copy (``{}`` here) under the same version,
         and steps at the same lag."""
         flags, trainer.version = dp.broadcast_ints(self.ctx, None, 2)
