@@ -73,7 +73,7 @@ def worker(mode: str, quick: bool, out: Path) -> None:
         trainer = Trainer(policy, objective, settings, Sharded(ctx, template=lambda: None))
     row = {"mode": mode, "rank": ctx.rank, "peak": mem.peak, "kept": kept_bytes(trainer), "full_fp32": full}
     (out / f"{mode}-{ctx.rank}.json").write_text(json.dumps(row))
-    dp.shutdown()
+    dp.shutdown(ctx)
 
 
 def launch(mode: str, ranks: int, quick: bool, out: Path) -> list[dict]:

@@ -22,7 +22,7 @@ class FakeTTY(io.StringIO):
 
 
 def _fake_train(first: int):
-    def train(cfg, resume=False, on_step=None):
+    def train(cfg, resume=False, on_step=None, ctx=None):
         for step in range(first, cfg.steps + 1):
             on_step(step, ROW, {"test_avg_at_k": 0.43} if step == first else None)
         return {}

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from run_helpers import SAMPLE_KEYS, TINY, engine_signaller, read_jsonl, stable
 from satrl.config import ConfigError, load_config
-from satrl.pipeline import orchestrator
+from satrl.pipeline import orchestrator, rollouts
 from satrl.pipeline.buffer import collate
 from satrl.pipeline.orchestrator import train
 from satrl.pipeline.rundir import RunDir
@@ -35,7 +35,7 @@ def _run(tmp_path, name, *overrides, on_step=None):
 def traced(tmp_path_factory):
     """A sequential in-flight run, with every collated batch and the rows and metrics of every step."""
     batches, steps = [], []
-    collate, metrics = orchestrator.collate, orchestrator._batch_metrics
+    collate, metrics = rollouts.collate, orchestrator._batch_metrics
 
     def keep_batch(samples, pad):
         batches.append(collate(samples, pad))
@@ -47,7 +47,7 @@ def traced(tmp_path_factory):
 
     logged = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(orchestrator, "collate", keep_batch)
+        mp.setattr(rollouts, "collate", keep_batch)  # Rollouts.take collates each batch
         mp.setattr(orchestrator, "_batch_metrics", keep_rows)
         _, rows = _run(tmp_path_factory.mktemp("inflight"), "sequential",
                        on_step=lambda v, m, r: logged.append((v, m)))  # fmt: skip

@@ -73,7 +73,7 @@ def test_bar_only_on_a_terminal(monkeypatch, stream_cls, bar):
 
     seen = {}
 
-    def fake_train(cfg, resume=False, on_step=None):
+    def fake_train(cfg, resume=False, on_step=None, ctx=None):
         seen["quiet"] = not hf_logging.is_progress_bar_enabled()
         for step in range(1, cfg.steps + 1):
             on_step(step, ROW, None)

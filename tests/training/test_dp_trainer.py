@@ -106,7 +106,7 @@ def test_a_failure_while_the_trainer_is_built_ends_the_job(monkeypatch, tmp_path
     rest), never broadcast the others a refusal they would take for the build's next collective: that deadlocked
     every torchrun job once (a transformers upgrade made rank 0 fail while placing the policy; the watchdog sees live
     heartbeats and never fires). Only once the trainers are built do the others wait for the plan, and only there
-    does a refusal release them (`pipeline.launch.data_parallel.run` calls `ranks.release`)."""
+    does a refusal release them (`orchestrator.train` calls `Leader.release`)."""
     from types import SimpleNamespace
 
     import torch
@@ -119,7 +119,6 @@ def test_a_failure_while_the_trainer_is_built_ends_the_job(monkeypatch, tmp_path
 
     sent = []
     ctx = SimpleNamespace(leader=True, device=torch.device("cpu"))
-    monkeypatch.setattr(dp, "current", lambda: ctx)
     monkeypatch.setattr(dp, "broadcast_ints", lambda _, values, n: sent.append(values) or values)
 
     def fail(self, model, uses_ref, device, dtype):
@@ -129,11 +128,11 @@ def test_a_failure_while_the_trainer_is_built_ends_the_job(monkeypatch, tmp_path
     threads = torch.get_num_threads()
     try:  # rank 0's loop, as under torchrun, up to its trainer
         with pytest.raises(RuntimeError, match="placing"):
-            orchestrator.train(load_config(None, ["train.threads=1", f"out={tmp_path / 'run'}"]))
+            orchestrator.train(load_config(None, ["train.threads=1", f"out={tmp_path / 'run'}"]), ctx=ctx)
     finally:
         torch.set_num_threads(threads)
-    ranks.release()
     assert sent == []  # the others are in the build's collectives: this process exits, torchrun ends them
-    ranks.following()  # rank 0's trainer is built: the others wait for its plan
-    ranks.release()
-    assert sent == [[ranks.REFUSED, 0]]
+    leader = ranks.following(ctx)
+    leader.built()  # rank 0's trainer is built: the others wait for its plan
+    leader.release()
+    assert sent == [[ranks.REFUSED, 0, 0]]

@@ -48,7 +48,7 @@ def main(out: str) -> None:
     outside = [refused(trainer.export.weights), refused(lambda: list(trainer.export.buckets(None, 4096)))]
     gather_weights(trainer)  # every rank, together
     if not ctx.leader:
-        dp.shutdown()
+        dp.shutdown(ctx)
         return
     one = Trainer(copy.deepcopy(model), obj, TrainerSettings(**kw))
     one.step(batch, adv)
@@ -66,7 +66,7 @@ def main(out: str) -> None:
         "outside_sync": outside,
     }
     Path(out).write_text(json.dumps(report))
-    dp.shutdown()
+    dp.shutdown(ctx)
 
 
 if __name__ == "__main__":

@@ -150,7 +150,10 @@ def _too_large(cfg, filename: str | None) -> int:
 def _train(cfg, args: argparse.Namespace, train_with_progress) -> dict | None:
     """The run on one process, or this process's part of a data-parallel one when torchrun launched it
     (its WORLD_SIZE/RANK protocol, read here at the edge; None on ranks other than 0)."""
-    run = lambda: train_with_progress(cfg, resume=bool(args.resume), progress=not args.no_progress)  # noqa: E731
+    def run(ctx=None):  # every data-parallel rank runs the loop; rank 0 shows its progress
+        shown = not args.no_progress and (ctx is None or ctx.leader)
+        return train_with_progress(cfg, resume=bool(args.resume), progress=shown, ctx=ctx)
+
     from satrl.training.dp import launched
 
     if not launched():

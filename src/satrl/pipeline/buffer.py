@@ -1,14 +1,27 @@
-"""From samples to padded batches; the snapshot store that keeps the weights future batches need."""
+"""From samples to padded batches (and the batch the loop takes); the snapshot store that keeps the weights future
+batches need."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from satrl.tensors import scoring_slice
 from satrl.types import Batch, Sample
 from satrl.weights.snapshot import Snapshot
+
+
+@dataclass
+class Taken:
+    """The batch that trains next (its samples collated), and what the loop logs about getting them."""
+
+    batch: Batch
+    waited_s: float  # the trainer's wait for them
+    dropped: int  # samples discarded for exceeding lag.max_staleness (on_stale=drop)
+    held: int  # samples whose generation waited for fresher weights (on_stale=hold)
+    timeouts: int  # samples whose grading hit the task's time limit (reward 0)
 
 
 def collate(samples: list[Sample], pad_id: int) -> Batch:

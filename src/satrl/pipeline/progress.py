@@ -20,6 +20,7 @@ from satrl.jsonl import read_jsonl
 from satrl.models.loading import quiet_progress_bars
 from satrl.pipeline.orchestrator import train
 from satrl.pipeline.run_config import RunConfig
+from satrl.training.dp import DataParallel
 
 LOG_FRACTION = 10  # plain-line mode: a line every steps // LOG_FRACTION steps
 BAR_WIDTH = (5, 40)  # the live bar's drawn bar, in columns: width // 8 within these
@@ -156,7 +157,7 @@ def fitted(width: int, name: str, total: int, info: str) -> tuple[str, int, str]
     return name, bar, info
 
 
-def _with_bar(cfg: RunConfig, resume: bool, stream: TextIO) -> dict:
+def _with_bar(cfg: RunConfig, resume: bool, stream: TextIO, ctx: DataParallel | None) -> dict:
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -188,20 +189,20 @@ def _with_bar(cfg: RunConfig, resume: bool, stream: TextIO) -> dict:
             shown, drawn.bar_width, info = fitted(bar.console.width, name, cfg.steps, step_info(row, last_eval))
             bar.update(task, completed=step, description=shown, info=info)
 
-        return train(cfg, resume=resume, on_step=on_step)
+        return train(cfg, resume=resume, on_step=on_step, ctx=ctx)
 
 
-def train_with_progress(
-    cfg: RunConfig, resume: bool = False, progress: bool = True, stream: TextIO | None = None
-) -> dict:
+def train_with_progress(cfg: RunConfig, resume: bool = False, progress: bool = True, stream: TextIO | None = None,
+                        ctx: DataParallel | None = None) -> dict:  # fmt: skip
     """``train(cfg)`` reporting progress on ``stream`` (default stdout): a live bar if it is a terminal,
-    plain periodic lines otherwise, nothing if ``progress`` is False. Returns the run's summary."""
+    plain periodic lines otherwise, nothing if ``progress`` is False. Returns the run's summary. ``ctx``: under
+    data parallel, this process's place in the job (:func:`~satrl.pipeline.orchestrator.train`)."""
     stream = sys.stdout if stream is None else stream
     with quiet_progress_bars():
         if not progress:
-            return train(cfg, resume=resume)
+            return train(cfg, resume=resume, ctx=ctx)
         if stream.isatty():
-            return _with_bar(cfg, resume, stream)
+            return _with_bar(cfg, resume, stream, ctx)
         prior = prior_step_s(cfg.run_dir() / "metrics.jsonl") if resume else None
         log = LineLog(str(cfg.run_dir()), cfg.steps, stream, eval_every=cfg.eval.every, prior_step_s=prior)
-        return train(cfg, resume=resume, on_step=log)
+        return train(cfg, resume=resume, on_step=log, ctx=ctx)

@@ -11,26 +11,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
-from satrl.pipeline.buffer import SnapshotStore
+from satrl.pipeline.buffer import SnapshotStore, Taken, collate
 from satrl.pipeline.engine_side.backends import Backend
 from satrl.pipeline.engine_side.worker import RolloutRequest
 from satrl.pipeline.rundir import Loaded, RunDirError, RunState
 from satrl.pipeline.schedules import Schedule
 from satrl.types import Sample
 from satrl.weights.snapshot import Snapshot
-
-
-@dataclass
-class Taken:
-    """The samples that train one batch, and what the loop logs about getting them."""
-
-    samples: list[Sample]
-    waited_s: float  # the trainer's wait for them
-    dropped: int  # samples discarded for exceeding lag.max_staleness (on_stale=drop)
-    held: int  # samples whose generation waited for fresher weights (on_stale=hold)
-    timeouts: int  # samples whose grading hit the task's time limit (reward 0)
 
 
 def horizon(sched: Schedule) -> int:
@@ -51,10 +39,10 @@ class Rollouts:
     weights an extension needs (``satrl train --resume DIR steps=<more>``); the runs themselves are unchanged.
     """
 
-    def __init__(
-        self, sched: Schedule, needed: Callable[[int], set[int]], prompts: int, n_batches: int, inflight_every: int = 0
-    ) -> None:
+    def __init__(self, sched: Schedule, needed: Callable[[int], set[int]], prompts: int, n_batches: int,
+                 inflight_every: int = 0, pad_id: int = 0) -> None:  # fmt: skip
         self.sched, self.P, self.n_batches, self.inflight_every = sched, prompts, n_batches, inflight_every
+        self.pad_id = pad_id  # the tokenizer's, which pads a collated batch
         self.horizon = horizon(sched)
         self.store = SnapshotStore(needed, self.horizon)
         self.state = RunState()
@@ -96,8 +84,9 @@ class Rollouts:
 
     # -- during --------------------------------------------------------------------------------------------
     @contextmanager
-    def running(self, backend: Backend) -> Iterator[Rollouts]:
-        """Generate on ``backend`` inside the block; it is closed however the block ends."""
+    def running(self, make_backend: Callable[[], Backend]) -> Iterator[Rollouts]:
+        """Generate on the backend ``make_backend()`` builds inside the block; it is closed however the block ends."""
+        backend = make_backend()
         self.backend, self.pushed = backend, set()
         try:
             yield self
@@ -158,7 +147,7 @@ class Rollouts:
         self.pushed |= versions
 
     def take(self, b: int) -> Taken:
-        """Batch ``b``'s samples (waiting for the backend if they are not in yet), stale ones dropped."""
+        """Batch ``b``'s samples (waiting for the backend if they are not in yet), stale ones dropped, collated."""
         t0 = time.perf_counter()
         samples = self.state.ready.pop(b) if b in self.state.ready else self.backend.result(b)
         waited = time.perf_counter() - t0
@@ -166,7 +155,7 @@ class Rollouts:
         G = len(samples) // self.P if self.P else 0
         held = G * sum(self.sched.held(b, g) for g in range(self.P))
         timeouts = sum(bool(s.meta.get("reward_timeout")) for s in kept)
-        return Taken(kept, waited, len(samples) - len(kept), held, timeouts)
+        return Taken(collate(kept, self.pad_id), waited, len(samples) - len(kept), held, timeouts)
 
     def collect(self) -> None:
         """Keep every batch the backend has finished, so a checkpoint saves it instead of redoing it."""

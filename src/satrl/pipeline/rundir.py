@@ -27,8 +27,8 @@ from satrl.folders import release as release_lock
 from satrl.jsonl import append_jsonl, dumps, numbered_rows, read_jsonl, strict, write_jsonl
 from satrl.pipeline.errors import RunDirError
 from satrl.pipeline.run_config import RunConfig, load_config
+from satrl.provenance import record_session
 from satrl.training import checkpoint as ckpt
-from satrl.training import dp
 from satrl.types import Sample
 
 
@@ -154,6 +154,7 @@ class RunDir:
         collapse: the collapse rules of the end-of-run summary.
         warmup_steps: optimizer steps the summary's collapse rule skips (one rollout batch).
         resume: continue the run in ``path`` instead of refusing a directory that holds one.
+        data_parallel: the run trains under torchrun (its checkpoints keep the model and optimizer in shards).
 
     A fresh run refuses a folder that holds anything of the user's or any file of a run (:func:`_check_new`),
     leaving it byte-identical, and any run folder whose files are links out of it (:func:`satrl.folders.linked`);
@@ -163,9 +164,11 @@ class RunDir:
     """
 
     def __init__(
-        self, path: Path, config: dict, *, collapse: CollapseConfig, warmup_steps: int, resume: bool = False
+        self, path: Path, config: dict, *, collapse: CollapseConfig, warmup_steps: int, resume: bool = False,
+        data_parallel: bool = False,
     ) -> None:
         self.path, self.collapse, self.warmup_steps = Path(path), collapse, warmup_steps
+        self.data_parallel = data_parallel
         self.ckpt_dir, self.config = self.path / "checkpoints", config
         why = linked(self.path)  # before anything is written: the lock file included
         if why:
@@ -252,7 +255,7 @@ class RunDir:
             return None
         weights, state = ckpt.load_checkpoint(path, {"RunState": RunState, "Sample": Sample})
         with ckpt.applying(path):
-            ckpt.check_layout(path, state["trainer"], dp.current() is not None)
+            ckpt.check_layout(path, state["trainer"], self.data_parallel)
             config = state.get("config")
             if config is not None and not isinstance(config, dict):
                 raise TypeError(f"config is a {type(config).__name__}, not a mapping")
@@ -330,6 +333,11 @@ class RunDir:
         return kept, torn
 
     # -- during ------------------------------------------------------------------------------------
+    def record_session(self, version: int, threads: int) -> None:
+        """This session in ``environment.json``: the step it starts from, the code and the machine, the config
+        changes a resume made (:func:`satrl.provenance.record_session`)."""
+        record_session(self.path, version, threads, self.changes)
+
     def wall(self) -> float:
         return self.wall_before + time.perf_counter() - self.t0
 

@@ -3,12 +3,12 @@ process's place in the job (:class:`DataParallel`), the process groups, what ran
 (:func:`broadcast_ints`, :func:`broadcast_tensors`), the ranks' :class:`Watchdog`, FSDP2's sharding. Which ranks do
 what for a run config is :mod:`satrl.pipeline.launch.data_parallel`.
 
-Design (docs/design.md, "Data parallel"): every rank runs the same batch loop on a plain
-:class:`~satrl.training.trainer.Trainer` over the :class:`~satrl.training.sharded.Sharded` placement (SPMD). Rank 0
-alone runs the loop's I/O (:func:`satrl.pipeline.orchestrator.train`): the rollout backend and its engine, the run
-directory, the evaluator, the snapshot store. It broadcasts each collated batch and, at each sync point,
-whether every rank gathers the weights now (:mod:`satrl.pipeline.launch.data_parallel`); the other ranks mirror
-its collectives.
+Design (docs/design.md, "Data parallel"): every rank runs the same training loop
+(:func:`satrl.pipeline.orchestrator.train`, given the :class:`DataParallel` that :func:`init` returns; no module
+keeps it) on a plain :class:`~satrl.training.trainer.Trainer` over the :class:`~satrl.training.sharded.Sharded`
+placement (SPMD). Rank 0 alone does the loop's I/O: the rollout backend and its engine, the run directory, the
+evaluator, the snapshot store (stand-ins elsewhere). It broadcasts each collated batch and, at each sync point,
+whether every rank gathers the weights now (:mod:`satrl.pipeline.launch.data_parallel`).
 
 The process group is gloo on CPU and NCCL on CUDA; rank 0's broadcasts go over a gloo group on CPU (``control``)
 with a long timeout, because the other ranks wait there while rank 0 generates and evaluates. So that a stopped or
@@ -49,14 +49,6 @@ class DataParallel:
     @property
     def leader(self) -> bool:
         return self.rank == 0
-
-
-_CURRENT: DataParallel | None = None
-
-
-def current() -> DataParallel | None:
-    """The data-parallel context of this process, or None on one device."""
-    return _CURRENT
 
 
 def launched() -> bool:
@@ -148,8 +140,8 @@ class Watchdog:
 def init(device: str, rank_timeout_s: float = 120.0, run_dir: str | os.PathLike | None = None) -> DataParallel:
     """Join the job torchrun started: the process group (NCCL on CUDA, gloo on CPU), the control group,
     the 1-D device mesh FSDP shards over, and the :class:`Watchdog` of the ranks (``rank_timeout_s``; its
-    one-line exits name ``run_dir``'s resume)."""
-    global _CURRENT
+    one-line exits name ``run_dir``'s resume). The caller passes what it returns to whatever needs it: no module
+    keeps it."""
     from torch.distributed.device_mesh import init_device_mesh
 
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
@@ -162,17 +154,15 @@ def init(device: str, rank_timeout_s: float = 120.0, run_dir: str | os.PathLike 
     mesh = init_device_mesh(dev.type, (world,))
     store = dist.PrefixStore("satrl/ranks/", dist.distributed_c10d._get_default_store())
     watchdog = Watchdog(store, rank, world, rank_timeout_s, run_dir)  # one rank too: it watches its launcher
-    _CURRENT = DataParallel(rank, world, local, dev, dist.group.WORLD, control, mesh, watchdog=watchdog)
-    return _CURRENT
+    return DataParallel(rank, world, local, dev, dist.group.WORLD, control, mesh, watchdog=watchdog)
 
 
-def shutdown() -> None:
-    global _CURRENT
-    if _CURRENT is not None and _CURRENT.watchdog is not None:
-        _CURRENT.watchdog.stop()
+def shutdown(ctx: DataParallel | None) -> None:
+    """Leave the job ``ctx`` (from :func:`init`): this rank's watchdog says it ended normally, the groups go."""
+    if ctx is not None and ctx.watchdog is not None:
+        ctx.watchdog.stop()
     if dist.is_initialized():
         dist.destroy_process_group()
-    _CURRENT = None
 
 
 # -- rank 0's broadcasts: ints and tensors over the control group, never pickles ----------------------

@@ -11,6 +11,8 @@ from satrl.config_base import ConfigError
 from satrl.diagnostics.summary import late_window_start
 from satrl.pipeline.engine_side.worker import WorkerSpec
 from satrl.pipeline.evaluator import EvalEngineSpec, EvalPlan, Evaluator
+from satrl.pipeline.launch.data_parallel import OneProcess, Ranks
+from satrl.pipeline.launch.stand_ins import NoEvaluator, NoRunDir
 from satrl.pipeline.run_config import RunConfig
 from satrl.pipeline.rundir import RunDir
 from satrl.training import dp
@@ -45,13 +47,18 @@ def worker_spec(cfg: RunConfig) -> WorkerSpec:
     )
 
 
-def build_run_dir(cfg: RunConfig, resume: bool = False) -> RunDir:
+def build_run_dir(cfg: RunConfig, resume: bool = False, ranks: Ranks | None = None) -> RunDir | NoRunDir:
+    """The run directory: rank 0's (or the one process's), a stand-in on the other data-parallel ranks."""
+    ranks = OneProcess() if ranks is None else ranks
+    if not ranks.rank0:
+        return NoRunDir(ranks)
     return RunDir(
         cfg.run_dir(),
         cfg.model_dump(mode="json"),
         collapse=cfg.collapse,
         warmup_steps=cfg.steps_per_batch,
         resume=resume,
+        data_parallel=ranks.ctx is not None,
     )
 
 
@@ -63,7 +70,10 @@ def eval_engine_kwargs(cfg: RunConfig) -> dict:
     return dict(cfg.engine.kwargs) if (cfg.eval.engine or cfg.engine.name) == cfg.engine.name else {}
 
 
-def build_evaluator(cfg: RunConfig, tokenizer, task) -> Evaluator:
+def build_evaluator(cfg: RunConfig, tokenizer, task, ranks: Ranks | None = None) -> Evaluator | NoEvaluator:
+    """The evaluator: rank 0's (or the one process's), a stand-in on the other data-parallel ranks."""
+    if ranks is not None and not ranks.rank0:
+        return NoEvaluator()
     e = cfg.eval
     engine = EvalEngineSpec(e.engine or cfg.engine.name, eval_engine_kwargs(cfg), cfg.model.source, cfg.engine.numerics)
     plan = EvalPlan(sampling=sampling_params(cfg), k=e.k, seed=cfg.seed, every=e.every, at_start=e.at_start,
@@ -135,25 +145,24 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
                                        r3=cfg.r3, decompose=cfg.diagnostics.decompose, seed=cfg.seed)  # fmt: skip
 
 
-def build_trainer(cfg: RunConfig) -> tuple[Trainer, object]:
-    """The policy (fp32 master weights) and its trainer; returns ``(trainer, tokenizer)``. Under data parallel every
-    rank builds it, together (its placement shards the policy over the ranks: :func:`placement_here`); only rank 0
-    reads the weights (:func:`load_policy_here`)."""
-    model, tokenizer = load_policy_here(cfg)
+def build_trainer(cfg: RunConfig, ctx: dp.DataParallel | None = None) -> tuple[Trainer, object]:
+    """The policy (fp32 master weights) and its trainer; returns ``(trainer, tokenizer)``. Under data parallel
+    (``ctx``: this process's place in the job) every rank builds it, together (its placement shards the policy over
+    the ranks: :func:`placement_here`); only rank 0 reads the weights (:func:`load_policy_here`)."""
+    model, tokenizer = load_policy_here(cfg, ctx)
     if cfg.r3:
         from satrl.models.routing import moe_num_layers
 
         if moe_num_layers(model) == 0:
             raise ValueError(f"r3=true needs an MoE policy; {cfg.model.source!r} is dense (try model.name=tiny-arith-moe)")
-    settings, placement = placement_here(cfg, trainer_settings(cfg))
+    settings, placement = placement_here(cfg, trainer_settings(cfg), ctx)
     return Trainer(model, cfg.objective, settings, placement), tokenizer
 
 
-def placement_here(cfg: RunConfig, settings: TrainerSettings) -> tuple[TrainerSettings, object]:
+def placement_here(cfg: RunConfig, settings: TrainerSettings, ctx: dp.DataParallel | None) -> tuple[TrainerSettings, object]:
     """Where this process's trainer keeps the weights: the whole policy on ``train.device`` (None: the trainer's
     default), or, under data parallel, FSDP2 shards on this rank's device, with a way to build an unsharded copy
     of the policy for an engine (:class:`~satrl.training.sharded.Sharded`)."""
-    ctx = dp.current()
     if ctx is None:
         return settings, None
     from satrl.models import load_policy
@@ -162,13 +171,12 @@ def placement_here(cfg: RunConfig, settings: TrainerSettings) -> tuple[TrainerSe
     return replace(settings, device=ctx.device), Sharded(ctx, lambda: load_policy(cfg.model.source)[0])
 
 
-def load_policy_here(cfg: RunConfig):
+def load_policy_here(cfg: RunConfig, ctx: dp.DataParallel | None):
     """``(model, tokenizer)`` for this process: the loaded policy on one device and on rank 0; on the other
     ranks of a data-parallel job, the architecture on the meta device (no weights read: the trainer fills
     their shards from rank 0's, so only rank 0's host ever holds the full weights)."""
     from satrl.models import empty_model, load_policy, load_tokenizer
 
-    ctx = dp.current()
     if ctx is None or ctx.leader:
         return load_policy(cfg.model.source)
     return empty_model(cfg.model.source), load_tokenizer(cfg.model.source)
