@@ -212,20 +212,46 @@ def test_train_tiny_smollm2_with_its_chat_template(tiny, tok, run_tiny):
     assert all("prompt_tokens" in e for e in evals) and len(evals) == 3  # steps 0, 1, 2
     saved = (run / "config.yaml").read_text()
     assert "template: true" in saved and "system_prompt: Answer with the number." in saved
+    _exported_generates_as_the_docs_say(run, tok, fmt)
 
 
-def test_smollm2_sketch_config_loads():
+def _exported_generates_as_the_docs_say(run, tok, fmt):
+    """docs/real-models.md's snippet on an export of the run: the folder keeps the chat template and the tied
+    embeddings, its template renders what the run trained on, and plain transformers generates from it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from satrl.apps.export import export
+    from satrl.apps.runs import checkpoint_weights
+
+    ckpt, _ = export(run, run.parent / "exported")
+    out = run.parent / "exported"
+    tok2, model = AutoTokenizer.from_pretrained(out), AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.tie_word_embeddings and model.lm_head.weight is model.get_input_embeddings().weight
+    trained = checkpoint_weights(ckpt)  # the trained weights, not the base folder's
+    assert torch.equal(model.get_input_embeddings().weight, trained["model.embed_tokens.weight"])
+    messages = [{"role": "system", "content": fmt.system_prompt}, {"role": "user", "content": "Calculate 38 + 47."}]
+    inputs = tok2.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, return_tensors="pt")
+    assert inputs["input_ids"][0].tolist() == encode_prompt(tok, messages, fmt)
+    gen = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    assert gen.shape[1] > inputs["input_ids"].shape[1]
+
+
+def test_smollm2_arith_config_loads():
+    """configs/real/smollm2_arith.yaml (the measured run of docs/real-models.md): the model folder, template, task
+    and correction the docs name, and a held-out draw as big as the config asks for."""
     from run_helpers import REPO
     from satrl.config import load_config
 
-    cfg = load_config(REPO / "configs" / "real" / "smollm2_sketch.yaml")
+    cfg = load_config(REPO / "configs" / "real" / "smollm2_arith.yaml")
     assert cfg.model.path == "models/smollm2" and cfg.model.chat_format() == ChatFormat(
         True, "Reply with the number only.", True)
+    assert cfg.objective.name == "vcpo" and cfg.objective.correction.baseline == "opob"
+    assert cfg.objective.correction.ess_step is False and cfg.objective.kl.coef == 0.0  # OPOB, no reference model
     from satrl.tasks import make_task
     from satrl.tasks.evaluate import split_val_test
 
     task = make_task(cfg.task.name, **cfg.task_kwargs)  # the task the docs measured, its held-out draw big enough
     _, val, test = split_val_test(task.problems("eval", 0), cfg.eval.val_problems, cfg.eval.test_problems)
-    assert (len(val), len(test)) == (40, 40)
+    assert (len(val), len(test)) == (cfg.eval.val_problems, cfg.eval.test_problems) == (16, 48)
     first = next(task.problems("eval", 0))
     assert task.reward(first, f"The answer is {first.answer}.") == 1.0
