@@ -4,6 +4,7 @@ the load average and the pip cache's state; the median over ``--runs`` clones.
 
     python -m benchmarks.ci_time                  # 2 clean clones, one after the other; rewrites "CI time"
     python -m benchmarks.ci_time --runs 1 --no-write
+    python -m benchmarks.ci_time --logs ci-logs     # keeps each target's log, its 25 slowest tests among it
 
 A clean clone builds every environment from nothing (`.venv`, `.venv-core`, `.venv-verl`, `.venv-vllm`), as CI does;
 pip's download cache is shared, as on the CI machine. Run it on a quiet machine: about half an hour a clone.
@@ -15,6 +16,7 @@ import argparse
 import os
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=2, help="clean clones, timed one after the other (median reported)")
     p.add_argument("--no-write", action="store_true", help="print the table; leave docs/benchmarks.md as it is")
+    p.add_argument("--logs", type=Path, help="keep each target's log (its 25 slowest tests among it) in this folder")
     a = p.parse_args(argv)
     if ci_targets((ROOT / ".ci" / "run").read_text()) != TARGETS:
         sys.exit(f".ci/run's targets are {ci_targets((ROOT / '.ci' / 'run').read_text())}, not {TARGETS}: update TARGETS")
@@ -95,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="satrl-ci-") as tmp:
         for i in range(a.runs):
             results, load = one_clone(Path(tmp), i + 1)
+            if a.logs:  # the clone's folder goes with the temporary one; its logs say where the time went
+                a.logs.mkdir(parents=True, exist_ok=True)
+                for log in Path(tmp).glob(f"clone{i + 1}-*.log"):
+                    shutil.copy(log, a.logs / log.name)
             runs.append(results)
             loads.append(load)
             failed = report(runs, loads, commit.strip(), cache, write=not a.no_write)  # after each clone: none lost
