@@ -79,21 +79,27 @@ def satrl_overrides(work: Work, row: str, out: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def run_satrl(work: Work, row: str) -> dict:
+def run_satrl(work: Work, row: str, result: Path) -> None:
     from satrl.config import load_config
     from satrl.jsonl import read_jsonl
     from satrl.pipeline.orchestrator import train
 
     cpu: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(REPO / work.config, satrl_overrides(work, row, Path(tmp) / "run"))
-        train(cfg, on_step=lambda *_: cpu.append(tree_cpu_s()))
-        rows = read_jsonl(Path(tmp) / "run" / "metrics.jsonl")
-    return {"step_end_s": [r["wall_s"] for r in rows], "cpu_s": cpu, "reward": [r["train/reward"] for r in rows],
-            "response_tokens": [r["train/tokens"] for r in rows],
-            # where a step's time goes: waiting for rollouts (at lag 0 the whole generation), then training
-            "gen_wait_s": [r["perf/trainer_wait_s"] for r in rows],
-            "train_s": [r["train/tokens"] / r["perf/trainer_tok_s"] for r in rows]}  # fmt: skip
+        out = Path(tmp) / "run"
+
+        def on_step(version: int, *_) -> None:
+            cpu.append(tree_cpu_s())
+            if version == work.steps:  # written before the run's final checkpoint, whose memory peak the machine's
+                rows = read_jsonl(out / "metrics.jsonl")  # other tenants may not leave room for (an OOM kill)
+                result.write_text(json.dumps({
+                    "step_end_s": [r["wall_s"] for r in rows], "cpu_s": cpu, "reward": [r["train/reward"] for r in rows],
+                    "response_tokens": [r["train/tokens"] for r in rows],
+                    # where a step's time goes: waiting for rollouts (at lag 0 the whole generation), then training
+                    "gen_wait_s": [r["perf/trainer_wait_s"] for r in rows],
+                    "train_s": [r["train/tokens"] / r["perf/trainer_tok_s"] for r in rows]}))  # fmt: skip
+
+        train(load_config(REPO / work.config, satrl_overrides(work, row, out)), on_step=on_step)
 
 
 def trl_dataset(work: Work, n: int) -> tuple[list[dict], dict]:
@@ -170,8 +176,10 @@ def run_trl(work: Work) -> dict:
 
 
 def child(row: str, work: Work, result: Path) -> None:
-    out = run_trl(work) if row == "trl" else run_satrl(work, row)
-    result.write_text(json.dumps(out))
+    if row == "trl":
+        result.write_text(json.dumps(run_trl(work)))
+    else:
+        run_satrl(work, row, result)
 
 
 def run_child(row: str, work: Work) -> dict:
@@ -180,15 +188,38 @@ def run_child(row: str, work: Work) -> dict:
         result = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", "benchmarks.trl_side_by_side", "--child", row, "--result", str(result),
                "--work", json.dumps(asdict(work))]  # fmt: skip
+        load = os.getloadavg()[0]
         before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if done.returncode != 0:
+        if done.returncode != 0 and not result.exists():
             raise RuntimeError(f"{row} failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
         log = json.loads(result.read_text())
+    if done.returncode != 0:  # killed after its last step was recorded (the OOM killer, at the final checkpoint)
+        log["exit"] = done.returncode
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"row": row, "run_wall_s": wall, "run_cpu_s": cpu, **log}
+    return {"row": row, "run_wall_s": wall, "run_cpu_s": cpu, "load_1min": [load, os.getloadavg()[0]], **log}
+
+
+def profile(row: str, work: Work, top: int = 25) -> str:
+    """One run of ``row`` under cProfile (all of it: start-up, ``work.steps`` steps, the end): the functions with
+    the most cumulative and the most own time. The local backend's engine process is not in it: profile lag 0."""
+    import io
+    import pstats
+
+    with tempfile.TemporaryDirectory() as tmp:
+        prof, result = Path(tmp) / "run.prof", Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "benchmarks.trl_side_by_side", "--child", row,
+               "--result", str(result), "--work", json.dumps(asdict(work))]  # fmt: skip
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{row} failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+        out = io.StringIO()
+        stats = pstats.Stats(str(prof), stream=out)
+        stats.sort_stats("cumulative").print_stats(top)
+        stats.sort_stats("tottime").print_stats(top)
+    return out.getvalue()
 
 
 def steady(run: dict) -> dict:
@@ -298,8 +329,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--write", action="store_true", help="write docs/benchmarks.md's section and the JSON record")
     ap.add_argument("--json", type=Path, default=REPO / "docs" / "results" / "trl_side_by_side" / "smollm2.json")
+    ap.add_argument("--rows", default=",".join(ROWS), help="the rows, in the order each repeat runs them")
     ap.add_argument("--log", type=Path, help="append each finished run to this JSONL file")
     ap.add_argument("--from-log", type=Path, help="summarize the runs of a --log file instead of measuring")
+    ap.add_argument("--profile", choices=ROWS, help="run this row once under cProfile and print its top functions")
     ap.add_argument("--child", choices=ROWS, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
@@ -307,28 +340,29 @@ def main(argv: list[str] | None = None) -> None:
     if a.child:
         return child(a.child, Work(**json.loads(a.work)), a.result)
     work = Work(str(Path(a.model).resolve()), a.steps, a.prompts, a.group, a.tokens, a.lr)
-    load = os.getloadavg()
+    if a.profile:
+        return print(profile(a.profile, work))
     if a.from_log:
         runs = [json.loads(x) for x in a.from_log.read_text().splitlines() if x.strip()]
         a.repeats = max(sum(r["row"] == row for r in runs) for row in ROWS)
     else:
-        runs = measure(work, a.repeats, log=a.log)
+        runs = measure(work, a.repeats, tuple(a.rows.split(",")), log=a.log)
     summary = summarize(runs)
-    load_after = os.getloadavg()
+    loads = [x for r in runs for x in r.get("load_1min", [])]
+    said = (f"Load average (1 min) {min(loads):.1f}-{max(loads):.1f} at the runs' starts and ends (a shared machine)."
+            if loads else "Load average not recorded in the runs.")  # fmt: skip
     body = (f"{a.prompts} prompts x {a.group} samples per step, responses of at most {a.tokens} tokens, lr {a.lr:g}, "
             f"{a.steps} steps per run, {a.repeats} runs per row alternated; medians (min-max) over the runs, "
-            f"rates over steps 2..{a.steps}. Load average (1 min) {load[0]:.1f} before, {load_after[0]:.1f} after "
-            "(a shared machine).\n\n" + table(summary) + "\n\nWhere a step's time goes:\n\n" + split(summary) + "\n\n"
+            f"rates over steps 2..{a.steps}. {said}\n\n" + table(summary) + "\n\nWhere a step's time goes:\n\n" + split(summary) + "\n\n"
             + rewards(summary))  # fmt: skip
     print(body)
     if a.write:
         from benchmarks._report import machine, write_section
 
         cmd = (f"python -m benchmarks.trl_side_by_side --model {a.model} --steps {a.steps} --repeats {a.repeats} "
-               f"--prompts {a.prompts} --group {a.group} --tokens {a.tokens} --lr {a.lr:g} --write")  # fmt: skip
+               f"--prompts {a.prompts} --group {a.group} --tokens {a.tokens} --lr {a.lr:g} --rows {a.rows} --write")  # fmt: skip
         write_section(SECTION, cmd, body)
-        record = {"command": cmd, "machine": machine(), "date": time.strftime("%Y-%m-%d"), "load_avg": [load, load_after],
-                  "work": {**asdict(work), "model": a.model}, "summary": summary, "runs": runs}  # fmt: skip
+        record = {"command": cmd, "machine": machine(), "date": time.strftime("%Y-%m-%d"), "work": {**asdict(work), "model": a.model}, "summary": summary, "runs": runs}  # fmt: skip
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(record, indent=1) + "\n")
 
