@@ -349,8 +349,9 @@ def main(argv: list[str] | None = None) -> None:
         runs = measure(work, a.repeats, tuple(a.rows.split(",")), log=a.log)
     summary = summarize(runs)
     loads = [x for r in runs for x in r.get("load_1min", [])]
-    said = (f"Load average (1 min) {min(loads):.1f}-{max(loads):.1f} at the runs' starts and ends (a shared machine)."
-            if loads else "Load average not recorded in the runs.")  # fmt: skip
+    kept = sum("load_1min" in r for r in runs)
+    said = (f"Load average (1 min) {min(loads):.1f}-{max(loads):.1f} at the starts and ends of the {kept} of "
+            f"{len(runs)} runs that recorded it (a shared machine)." if loads else "The runs recorded no load average.")  # fmt: skip
     body = (f"{a.prompts} prompts x {a.group} samples per step, responses of at most {a.tokens} tokens, lr {a.lr:g}, "
             f"{a.steps} steps per run, {a.repeats} runs per row alternated; medians (min-max) over the runs, "
             f"rates over steps 2..{a.steps}. {said}\n\n" + table(summary) + "\n\nWhere a step's time goes:\n\n" + split(summary) + "\n\n"
@@ -359,8 +360,13 @@ def main(argv: list[str] | None = None) -> None:
     if a.write:
         from benchmarks._report import machine, write_section
 
-        cmd = (f"python -m benchmarks.trl_side_by_side --model {a.model} --steps {a.steps} --repeats {a.repeats} "
-               f"--prompts {a.prompts} --group {a.group} --tokens {a.tokens} --lr {a.lr:g} --rows {a.rows} --write")  # fmt: skip
+        size = (f"--model {a.model} --steps {a.steps} --prompts {a.prompts} --group {a.group} --tokens {a.tokens} "
+                f"--lr {a.lr:g}")  # fmt: skip
+        cmd = f"python -m benchmarks.trl_side_by_side {size} --repeats {a.repeats} --rows {a.rows}"
+        if a.from_log:  # measured into a log (perhaps in several invocations), then summarized
+            cmd += f" --log runs.jsonl; python -m benchmarks.trl_side_by_side {size} --from-log runs.jsonl --write"
+        else:
+            cmd += " --write"
         write_section(SECTION, cmd, body)
         record = {"command": cmd, "machine": machine(), "date": time.strftime("%Y-%m-%d"), "work": {**asdict(work), "model": a.model}, "summary": summary, "runs": runs}  # fmt: skip
         a.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,17 +1,20 @@
 """benchmarks/trl_side_by_side.py: satrl and TRL's GRPOTrainer on the same work.
 
-The summary and table are checked on runs made up here (hand-worked numbers); the benchmark's own runs (each row in
+The summary and table are checked on runs made up here (hand-worked numbers); the committed record is checked to
+be what the docs section prints; and the benchmark's own runs (each row in
 its fresh process: satrl lag 0, lag 1, TRL) go once, for 2 steps, on the tiny SmolLM2 of tests/gguf_tiny.py (its architecture, tokenizer kind and chat
 template, random weights) with configs/real/smollm2_sketch.yaml's task, as the real measurement runs them. Without
 TRL that test skips with the reason (and fails under ``SATRL_REQUIRE_TRL=1``, as test_trl.py says)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 from benchmarks.trl_side_by_side import (
     ROWS,
+    SECTION,
     Work,
     measure,
     parse_table,
@@ -21,11 +24,12 @@ from benchmarks.trl_side_by_side import (
     table,
 )
 
-from run_helpers import Extra
+from run_helpers import REPO, Extra
 
 with Extra("TRL") as trl_extra:
     import trl  # noqa: F401
 TRL_MISSING = trl_extra.missing
+RECORD = REPO / "docs" / "results" / "trl_side_by_side" / "smollm2.json"
 
 
 def _run(row: str, ends: list[float], cpu: list[float], tokens: list[float], wall: float = 100.0) -> dict:
@@ -54,6 +58,16 @@ def test_table_prints_medians_ranges_and_the_ratio_to_trl():
     parsed = parse_table(text)
     assert parsed["satrl-lag0"]["tok/s vs TRL"] == 4.0 and parsed["trl"]["wall s/step"] == 20.0
     assert "satrl-lag0 #3: 0.000 0.000" in rewards(summary)
+
+
+def test_the_committed_section_is_its_record():
+    """docs/benchmarks.md's section prints what summarize() and table() make of the committed runs."""
+    record = json.loads(RECORD.read_text())
+    doc = (REPO / "docs" / "benchmarks.md").read_text()
+    section = doc.split(f"<!-- BEGIN {SECTION} -->")[1].split(f"<!-- END {SECTION} -->")[0]
+    summary = summarize(record["runs"])
+    assert table(summary) in section and record["command"] in section
+    assert {r["row"] for r in record["runs"]} == set(ROWS)
 
 
 @pytest.mark.slow
