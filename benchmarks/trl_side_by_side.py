@@ -202,7 +202,7 @@ def run_child(row: str, work: Work) -> dict:
     return {"row": row, "run_wall_s": wall, "run_cpu_s": cpu, "load_1min": [load, os.getloadavg()[0]], **log}
 
 
-def profile(row: str, work: Work, top: int = 25) -> str:
+def profile(row: str, work: Work, top: int = 40) -> str:
     """One run of ``row`` under cProfile (all of it: start-up, ``work.steps`` steps, the end): the functions with
     the most cumulative and the most own time. The local backend's engine process is not in it: profile lag 0."""
     import io
