@@ -2,7 +2,7 @@
 
     python -m benchmarks.trl_side_by_side --model models/smollm2 --steps 5 --repeats 3 [--write]
 
-The same model, task (configs/real/smollm2_sketch.yaml's: reasoning-gym 1-2-digit addition through the chat template,
+The same model, task (configs/real/smollm2_side_by_side.yaml's: reasoning-gym 1-2-digit addition through the chat template,
 "Reply with the number only."), reward (satrl's task scoring, called from TRL's reward function), the same prompts
 in the same order (TRL's dataset is satrl's train stream, unshuffled), prompts per step, group size, response
 length, lr (constant, AdamW betas (0.9, 0.98), grad clip 1.0, no weight decay), temperature 1, no KL (satrl
@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROWS = ("satrl-lag0", "satrl-lag1", "trl")
 REPO = Path(__file__).resolve().parent.parent
-CONFIG = "configs/real/smollm2_sketch.yaml"  # the task, prompt format and seed both sides use
+CONFIG = "configs/real/smollm2_side_by_side.yaml"  # the task, prompt format and seed both sides use
 SECTION = "TRL GRPOTrainer side by side"
 
 

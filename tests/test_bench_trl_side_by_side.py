@@ -3,7 +3,7 @@
 The summary and table are checked on runs made up here (hand-worked numbers); the committed record is checked to
 be what the docs section prints; and the benchmark's own runs (each row in
 its fresh process: satrl lag 0, lag 1, TRL) go once, for 2 steps, on the tiny SmolLM2 of tests/gguf_tiny.py (its architecture, tokenizer kind and chat
-template, random weights) with configs/real/smollm2_sketch.yaml's task, as the real measurement runs them. Without
+template, random weights) with configs/real/smollm2_side_by_side.yaml's task, as the real measurement runs them. Without
 TRL that test skips with the reason (and fails under ``SATRL_REQUIRE_TRL=1``, as test_trl.py says)."""
 
 from __future__ import annotations

@@ -29,6 +29,13 @@ def test_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capsys):
     assert capsys.readouterr().err.strip().splitlines() == ["satrl: interrupted"]
 
 
+def _terminal_sigint() -> None:
+    """In the child before it runs: SIGINT's default action, as under a terminal. A shell starts a background job
+    (`make test &`, nohup, some CI runners) with SIGINT ignored, every child inherits that, and Python then never
+    installs its handler: the Ctrl-C these tests send would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupted(tmp_path, ready) -> tuple[int, str]:
     """``satrl train`` (local engine process) in a session of its own; once ``ready(out)``, SIGINT to its whole
     process group, as a terminal's Ctrl-C; its exit code and stderr."""
@@ -45,7 +52,7 @@ def _interrupted(tmp_path, ready) -> tuple[int, str]:
         "--no-progress",
     ]
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, preexec_fn=_terminal_sigint)  # fmt: skip
     deadline = time.monotonic() + 240
     while not ready(out) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -104,7 +111,7 @@ def _run_code(code: str, out, *, delay: float | None = None) -> tuple[int, str]:
     the start; its exit code and stderr."""
     argv = ["train", *TINY, "steps=40", "backend=local", f"out={out}", "--no-progress"]
     proc = subprocess.Popen([sys.executable, "-c", code, *argv], env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_terminal_sigint)  # fmt: skip
     if delay is not None:
         time.sleep(delay)
         os.killpg(proc.pid, signal.SIGINT)
@@ -173,7 +180,7 @@ def test_ctrl_c_of_a_ray_run_is_one_line_and_leaves_nothing_running(tmp_path, ph
     cmd = [sys.executable, "-m", "satrl", "train", *TINY, "steps=40", "backend=ray", "ray.workers=2", f"out={out}",
            "--no-progress"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, preexec_fn=_terminal_sigint)  # fmt: skip
     lines: list[tuple[float, str]] = []  # stderr lines with the time each arrived
     reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), x) for x in proc.stderr), daemon=True)
     reader.start()
