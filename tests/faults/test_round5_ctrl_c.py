@@ -57,9 +57,16 @@ def _interrupted(tmp_path, ready) -> tuple[int, str]:
     while not ready(out) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert proc.poll() is None, proc.stderr.read()[-3000:]
-    os.killpg(proc.pid, signal.SIGINT)
+    return _finish(proc, 120, interrupt=True)
+
+
+def _finish(proc, timeout: float, *, interrupt: bool) -> tuple[int, str]:
+    """With ``interrupt``, SIGINT to ``proc``'s process group (a terminal's Ctrl-C); then its exit code and stderr
+    (SIGKILL to the group if it outlives ``timeout``)."""
+    if interrupt:
+        os.killpg(proc.pid, signal.SIGINT)
     try:
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -114,13 +121,7 @@ def _run_code(code: str, out, *, delay: float | None = None) -> tuple[int, str]:
                             stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_terminal_sigint)  # fmt: skip
     if delay is not None:
         time.sleep(delay)
-        os.killpg(proc.pid, signal.SIGINT)
-    try:
-        _, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    return proc.returncode, err
+    return _finish(proc, 240, interrupt=delay is not None)
 
 
 @pytest.mark.parametrize("form", ["script", "module"])
