@@ -71,6 +71,22 @@ def test_two_dp2_runs_are_bit_identical(runs):
     assert read_jsonl(again / "eval.jsonl") == read_jsonl(runs["dp"] / "eval.jsonl")
 
 
+def _holder_gone(out: Path, timeout: float = 60.0) -> None:
+    """Wait until no process holds ``out``'s run lock. A rank that outlived the kill (torchrun may start its workers
+    in sessions of their own; the launcher-death watchdog then ends them) releases the lock as it exits, unlinking
+    the file: a copy of the folder taken meanwhile fails on the vanished file (seen once in a clean-clone CI run)."""
+    lock, deadline = out / ".satrl.lock", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid = int(lock.read_text().split()[0])
+            state = Path(f"/proc/{pid}/status").read_text()
+        except (OSError, ValueError, IndexError):  # no lock file, no pid in it, or no such process
+            return
+        if "State:\tZ" in state:  # ended, not yet reaped
+            return
+        time.sleep(0.05)
+
+
 def test_killed_dp2_run_resumes_exactly(runs):
     out = runs["root"] / "killed"
     proc = subprocess.Popen(torchrun(str(CONFIG), *ARGS, out=out), env=ENV, start_new_session=True,
@@ -86,6 +102,7 @@ def test_killed_dp2_run_resumes_exactly(runs):
     assert not (out / "summary.json").exists()
     import shutil
 
+    _holder_gone(out)
     shutil.copytree(out, runs["root"] / "killed-1")  # for the resume on one rank, below
     resumed = subprocess.run(torchrun("--resume", str(out)), env=ENV, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
