@@ -14,7 +14,7 @@ from pathlib import Path
 
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 SPAN = re.compile(r"`[^`\n]*`")
-END = re.compile(r"(?<=[.!?])\s+")
+END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?]\*\*)\s+")  # also after a bold lead-in's end
 
 
 def units(text: str) -> list[str]:
