@@ -48,7 +48,7 @@ POINTS = ("checkpoint.weights", "checkpoint.state", "metrics.write", "eval.start
 
 def _reference(work: Path) -> Path:
     from satrl.config import load_config
-    from satrl.pipeline.orchestrator import train
+    from satrl.loop.orchestrator import train
 
     out = work / "reference"
     train(load_config(None, [*TINY, *RUN, f"out={out}"]))
@@ -110,7 +110,7 @@ def engine_kills(work: Path, kills: tuple[int, ...] = (1, 4, 7), sig: int = sign
     of ``kills`` on where it is one not signalled before (a replaced engine shows up only when the trainer next
     waits for a batch); lost/duplicated samples against a sequential run. ``extra``: more overrides."""
     from satrl.config import load_config
-    from satrl.pipeline import orchestrator
+    from satrl.loop import orchestrator
     from satrl.training import trainer as trainer_mod
 
     seen: list[str] = []
@@ -158,7 +158,7 @@ def bad_checkpoints(work: Path) -> dict:
     (tried, clean) where clean is exit 2 with one line naming the checkpoint."""
     from benchmarks.hostile import BAD_CHECKPOINTS, check_checkpoint
     from satrl.config import load_config
-    from satrl.pipeline.orchestrator import train
+    from satrl.loop.orchestrator import train
 
     finished = work / "finished"
     train(load_config(None, [*TINY, "steps=2", f"out={finished}"]))

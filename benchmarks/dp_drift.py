@@ -56,7 +56,7 @@ def drift(one: list[dict], dp: list[dict]) -> list[dict]:
 def measure() -> list[dict]:
     """Run both trainings in this process's environment (its ATEN_CPU_CAPABILITY) and return :func:`drift`."""
     from satrl.config import load_config
-    from satrl.pipeline.orchestrator import train
+    from satrl.loop.orchestrator import train
 
     config = REPO / "configs" / "sat_grpo.yaml"
     root = Path(tempfile.mkdtemp(prefix="dp_drift-"))

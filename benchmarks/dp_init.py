@@ -7,7 +7,7 @@ initialised Qwen3-0.6B-shaped policy (local config, no hub; tied embeddings), st
 loads. The other ranks build either the same loaded policy (row "loaded": what every rank did before
 2026-12-03) or the architecture on the meta device (row "meta": what ``satrl train`` under torchrun does
 since, through ``satrl.models.empty_model``). Then every rank builds its trainer over FSDP2 shards (``Trainer`` on
-``Sharded``, as ``satrl.pipeline.launch.setup.build_trainer`` does) with a KL term (so that it holds a reference
+``Sharded``, as ``satrl.launch.setup.build_trainer`` does) with a KL term (so that it holds a reference
 model) and ``dtype=bf16``: the policy's fp32 shards and the reference's bf16 shards, filled
 from rank 0's weights one parameter at a time. Peak host memory is each rank's largest resident-set growth
 from before the policy is built to after the trainer is (the kernel's high-water mark, VmHWM, reset first; a

@@ -35,8 +35,8 @@ def score(config: str, overrides: list[str], problems: int, seeds: int, run: str
     from satrl.apps.runs import checkpoint_of, checkpoint_step, checkpoint_weights
     from satrl.config import load_config
     from satrl.engines.registry import engine_for
+    from satrl.launch.setup import sampling_params
     from satrl.models import load_tokenizer
-    from satrl.pipeline.launch.setup import sampling_params
     from satrl.tasks import make_task
     from satrl.tasks.evaluate import evaluate, split_val_test
 

@@ -213,7 +213,7 @@ CASES: dict[str, Callable[[Path], str | None]] = {
 def folder_faults(work: Path, log=print) -> dict:
     """Every case of :data:`CASES` on its own copy of one finished run: ``{"tried": n, "clean": m}``."""
     from satrl.config import load_config
-    from satrl.pipeline.orchestrator import train
+    from satrl.loop.orchestrator import train
 
     ref = work / "finished"
     train(load_config(None, [*TINY, *RUN, f"out={ref}"]))

@@ -93,7 +93,7 @@ QUICK_RUN = [*RUN, "train.prompts_per_batch=4", "eval.val_problems=2", "eval.tes
 
 def train_check(device: str, model: str, steps: int, out: Path, run: list[str] = RUN) -> dict:
     from satrl.config import load_config
-    from satrl.pipeline.orchestrator import train
+    from satrl.loop.orchestrator import train
 
     overrides = [*run, f"model.name={model}", f"steps={steps}", f"train.device={device}", f"out={out}"]
     cfg = load_config(None, overrides)
@@ -118,7 +118,7 @@ def vllm_transport_lines(steps: int, root: Path, run: list[str] = RUN) -> list[s
         print("part 5 skipped: vLLM is not installed here")
         return ["", "weights.transport=vllm on the GPU: not run (vLLM is not installed on this machine)."]
     from satrl.config import load_config
-    from satrl.pipeline.orchestrator import train
+    from satrl.loop.orchestrator import train
 
     rows, walls = {}, {}
     for transport in ("inproc", "vllm"):

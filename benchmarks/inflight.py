@@ -21,7 +21,7 @@ from pathlib import Path
 from benchmarks._report import write_section
 from benchmarks.pipeline import COMMON
 from satrl.config import load_config
-from satrl.pipeline.orchestrator import train
+from satrl.loop.orchestrator import train
 
 NOTE = (
     "\nThe engine waits at a switch to a version not yet trained (broadcast lag 1: every switch, hence the idle "

@@ -26,7 +26,7 @@ import torch
 
 from benchmarks._report import write_section
 from satrl.config import load_config
-from satrl.pipeline.orchestrator import train
+from satrl.loop.orchestrator import train
 
 BALANCED = ["train.prompts_per_batch=4", "train.group_size=4", "objective.kl_coef=0"]
 COMMON = [

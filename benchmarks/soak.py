@@ -32,7 +32,7 @@ def rss_mb(pid: int | str = "self") -> float:
 
 def soak(steps: int) -> dict:
     from satrl.config import load_config
-    from satrl.pipeline import orchestrator
+    from satrl.loop import orchestrator
     from satrl.pipeline.buffer import SnapshotStore
 
     made, sizes, extra = [], [], []

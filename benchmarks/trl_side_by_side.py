@@ -82,7 +82,7 @@ def satrl_overrides(work: Work, row: str, out: Path) -> list[str]:
 def run_satrl(work: Work, row: str, result: Path) -> None:
     from satrl.config import load_config
     from satrl.jsonl import read_jsonl
-    from satrl.pipeline.orchestrator import train
+    from satrl.loop.orchestrator import train
 
     cpu: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,7 +13,7 @@ forward and one backward per response (here for comparison only; the shipped pat
 Shapes:
 
 - **trial**: the repair trial's trainer (``configs/grids/repair_trial.yaml``: the tiny MoE, lr 5e-5, one
-  optimizer step per batch, 1 thread; ``satrl.pipeline.launch.setup.trainer_settings`` of that config), on a
+  optimizer step per batch, 1 thread; ``satrl.launch.setup.trainer_settings`` of that config), on a
   batch of its size, 16 prompts x 8 responses, arithmetic prompts, responses of 4-24 tokens, behaviour
   log-probs = the trainer's + N(0, 0.05) per token (stale rollouts);
 - **qwen3-0.6b**: random weights in Qwen3-0.6B's shape (hidden 1024, 16/8 heads of 128, MLP 3072, vocabulary
@@ -100,8 +100,8 @@ def paired_ratio(a: list[float], b: list[float]) -> float:
 
 def trial_case(repeats: int) -> dict[str, list[float]]:
     from satrl.config import load_config
+    from satrl.launch.setup import trainer_settings
     from satrl.models import load_policy
-    from satrl.pipeline.launch.setup import trainer_settings
 
     torch.set_num_threads(1)
     model, tok = load_policy("tiny-arith-moe")

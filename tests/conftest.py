@@ -31,7 +31,7 @@ def tiny_cfg(tmp_path):
 def run_tiny(tiny_cfg):
     """``run_tiny(*overrides, name="run", config=None, resume=False)``: train the tiny config in this process into
     a run folder of this test's own and return it."""
-    from satrl.pipeline.orchestrator import train
+    from satrl.loop.orchestrator import train
 
     def run(*overrides: str, name: str = "run", config: str | None = None, resume: bool = False) -> Path:
         cfg = tiny_cfg(*overrides, name=name, config=config)
@@ -53,7 +53,7 @@ def shared_tiny(tmp_path_factory):
 
     def shared(*overrides: str) -> Path:
         from satrl.config import load_config
-        from satrl.pipeline.orchestrator import train
+        from satrl.loop.orchestrator import train
 
         key = hashlib.sha256(json.dumps([*TINY, *overrides]).encode()).hexdigest()[:16]
         out, done = root / key / "run", root / key / "done"

@@ -187,7 +187,7 @@ def refused_resume(out: Path, *overrides: str) -> str:
 # from multiprocessing's forkserver instead: a process started once per test process with these modules imported
 # and nothing run (no torch threads, so forking it is safe), each child the state a new `python -m satrl` reaches
 # after its imports.
-CLI_PRELOAD = ["satrl.cli", "satrl.apps.train", "satrl.pipeline.orchestrator"]
+CLI_PRELOAD = ["satrl.cli", "satrl.apps.train", "satrl.loop.orchestrator"]
 
 
 def _cli_child(argv: list[str], env: dict[str, str | None], err_path: str) -> None:

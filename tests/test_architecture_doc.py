@@ -3,7 +3,7 @@
 The format of a hop, the only one this file reads (docs/architecture.md, "How to read a hop"): a backticked
 ``path:line`` relative to the repository root, one space, then a backticked identifier, e.g.
 
-    `src/satrl/pipeline/orchestrator.py:46` `train`
+    `src/satrl/loop/orchestrator.py:46` `train`
 
 It holds when the file exists, has that line, and the line has the identifier (its last dotted part) as a whole
 word. A backticked ``path:line`` with no identifier beside it is refused too, so every quoted line says what it
@@ -73,7 +73,7 @@ def floor_rows(text: str) -> dict[int, list[str]]:
 
 
 def _module(name: str, modules: dict) -> str | None:
-    """The module a name of the table stands for (``pipeline/launch/`` is ``satrl.pipeline.launch``)."""
+    """The module a name of the table stands for (``launch/`` is ``satrl.launch``)."""
     dotted = name.strip("/").removesuffix(".py").replace("/", ".")
     return next((m for m in (dotted, f"satrl.{dotted}", f"satrl.pipeline.{dotted}") if m in modules), None)
 

@@ -166,6 +166,6 @@ def test_eval_help_names_every_builtin_task_and_numerics(capsys):
     out = " ".join(capsys.readouterr().out.split()).replace("- ", "-")  # argparse wraps lines, at hyphens too
     for name in [*BUILTINS.names(), *TASKS.names(), *NUMERICS.names()]:
         assert name in out, name
-    from satrl.pipeline.run_config import MAX_EVAL_K
+    from satrl.config.run import MAX_EVAL_K
 
     assert f"--k K samples per problem for avg@k, in [1, {MAX_EVAL_K}]" in out  # the help's bound is the config's

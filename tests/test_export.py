@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from run_helpers import REPO, TINY, read_jsonl
 from satrl import cli
 from satrl.config import load_config
-from satrl.pipeline.orchestrator import train
+from satrl.loop.orchestrator import train
 
 # 2 batches of 2 steps; evaluations at steps 0, 2 and 4 on 6 val + 6 test problems, k=4. At seed 0 the val-best
 # evaluation is step 0, so the next checkpoint (step 2) is kept beside the latest (step 4): two to choose from.

@@ -16,7 +16,7 @@ from satrl.config import load_config
 from satrl.diagnostics import CollapseConfig
 from satrl.diagnostics.collapse import skipped_collapse
 from satrl.jsonl import write_jsonl
-from satrl.pipeline.rundir import RunDir
+from satrl.rundir.files import RunDir
 
 
 # -- the rule -------------------------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ def _canonical(rows: list[dict]) -> list[dict]:
 
 def replay(config: str, out: Path) -> dict:
     from satrl.config import load_config
-    from satrl.pipeline.orchestrator import train
+    from satrl.loop.orchestrator import train
 
     cfg = load_config(REPO / "configs" / config, [*TINY, *OVERRIDES, f"out={out}"])
     train(cfg)

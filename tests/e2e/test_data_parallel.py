@@ -14,7 +14,7 @@ import pytest
 
 from run_helpers import DP_IMPL_RTOL, DP_RTOL, REPO, TINY, read_jsonl, row_diff, stable
 from satrl.config import load_config
-from satrl.pipeline.orchestrator import train
+from satrl.loop.orchestrator import train
 
 pytestmark = pytest.mark.slow  # minutes on 2 cores: six runs, five of them under torchrun
 

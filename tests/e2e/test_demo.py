@@ -96,7 +96,7 @@ def test_the_demos_eval_and_diagnostics_changes_do_not_change_what_is_trained(tm
     from satrl.apps.demo import CHANGES
     from satrl.config import load_config
     from satrl.jsonl import read_jsonl
-    from satrl.pipeline.orchestrator import train
+    from satrl.loop.orchestrator import train
 
     demo = [f"{k}={str(v).lower()}" for k, v in CHANGES.items() if k.startswith(("eval.", "diagnostics."))]
     trial = ["eval.every=1", "eval.val_problems=4", "eval.test_problems=4", "diagnostics.decompose=true"]

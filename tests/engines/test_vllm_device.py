@@ -7,7 +7,7 @@ import pytest
 
 from satrl.config import load_config
 from satrl.engines.vllm_engine import pin_visible_device
-from satrl.pipeline.launch.setup import eval_engine_kwargs
+from satrl.launch.setup import eval_engine_kwargs
 
 
 @pytest.mark.parametrize(

@@ -123,7 +123,7 @@ def test_a_fresh_start_leaves_a_folder_satrl_train_accepts(tmp_path):
     """A run without a checkpoint starts over: every file of the earlier attempt goes (satrl train refuses a
     folder holding any run file), the grid's stdout.log stays."""
     from satrl.config import load_config
-    from satrl.pipeline.rundir import _check_new
+    from satrl.rundir.files import _check_new
 
     run = tmp_path / "run"
     (run / "tb").mkdir(parents=True)

@@ -80,7 +80,7 @@ def test_a_prompt_longer_than_the_context_says_so():
     from types import SimpleNamespace
 
     from satrl.config import ConfigError, load_config
-    from satrl.pipeline.launch.setup import check_context
+    from satrl.launch.setup import check_context
 
     cfg = load_config(None, ["engine.max_new_tokens=8"])
     model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64))

@@ -143,9 +143,9 @@ def test_bad_dataset_is_one_line_exit_2(tmp_path, backend):
 
 def test_local_backend_surfaces_a_failed_engine_child(tiny_cfg):
     """An engine child that dies at start-up is an error in the parent within seconds, never a hang."""
+    from satrl.launch.setup import worker_spec
     from satrl.pipeline.engine_side.local_backends import ProcessBackend
     from satrl.pipeline.engine_side.worker import RolloutRequest
-    from satrl.pipeline.launch.setup import worker_spec
 
     spec = worker_spec(tiny_cfg("engine.kwargs={bogus: 1}"))
     backend = ProcessBackend(spec, timeout_s=60)
@@ -176,7 +176,7 @@ ARGS4 = ("steps=10", "lag.schedule=broadcast", "lag.n=2", "objective.name=sat_gr
 def test_killed_engine_process_is_restarted(run_tiny, tiny_cfg, monkeypatch, trained_ids):
     import signal
 
-    from satrl.pipeline.orchestrator import train
+    from satrl.loop.orchestrator import train
 
     ref = run_tiny(*ARGS4, name="ref")
     ref_ids = list(trained_ids)
@@ -193,7 +193,7 @@ def test_killed_engine_process_is_restarted(run_tiny, tiny_cfg, monkeypatch, tra
 
 
 def test_engine_that_keeps_dying_is_one_error(tiny_cfg, monkeypatch):
-    from satrl.pipeline.orchestrator import train
+    from satrl.loop.orchestrator import train
 
     monkeypatch.setenv("SATRL_FAULT", "worker.rollout")  # every engine child SIGKILLs itself on its first rollout
     cfg = tiny_cfg("steps=2", "backend=local")

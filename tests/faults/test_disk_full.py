@@ -10,7 +10,7 @@ import time
 import pytest
 
 from run_helpers import REPO, TINY, read_jsonl, stable
-from satrl.pipeline.rundir import RunState
+from satrl.rundir.files import RunState
 from satrl.training.checkpoint import latest_checkpoint, load_checkpoint
 from satrl.types import Sample
 

@@ -10,8 +10,8 @@ import pytest
 
 from run_helpers import TINY, folder_tree, read_jsonl, refused_resume, resume_lines, stable
 from satrl.config import load_config
-from satrl.pipeline.orchestrator import train
-from satrl.pipeline.rundir import RunDir
+from satrl.loop.orchestrator import train
+from satrl.rundir.files import RunDir
 
 RUN = ("steps=4", "lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=7", "eval.every=2")
 

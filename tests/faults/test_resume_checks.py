@@ -9,9 +9,9 @@ import shutil
 import pytest
 
 from run_helpers import folder_tree, read_jsonl, refused_resume, stable
-from satrl.pipeline.orchestrator import train
-from satrl.pipeline.rundir import RunDir
+from satrl.loop.orchestrator import train
 from satrl.provenance import read_sessions
+from satrl.rundir.files import RunDir
 
 LAGGED = ("lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=5")
 

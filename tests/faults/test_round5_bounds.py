@@ -9,8 +9,8 @@ import pytest
 
 from satrl.cli import main
 from satrl.config import ConfigError, load_config
+from satrl.config.run import MAX_EVAL_K
 from satrl.experiments.spec import MAX_SEEDS, load_grid
-from satrl.pipeline.run_config import MAX_EVAL_K
 from satrl.pipeline.schedules import MAX_LAG
 from satrl.training.pretrain import PretrainSettings
 

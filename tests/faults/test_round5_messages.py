@@ -13,7 +13,7 @@ import yaml
 from run_helpers import REPO
 from satrl.cli import main
 from satrl.experiments.store import load_runs
-from satrl.pipeline.launch import data_parallel
+from satrl.launch import data_parallel
 from satrl.training import dp
 
 

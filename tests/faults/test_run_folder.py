@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from run_helpers import REPO, TINY, read_jsonl, stable
-from satrl.pipeline.orchestrator import train
-from satrl.pipeline.rundir import RunDir, RunDirError
+from satrl.loop.orchestrator import train
+from satrl.rundir.files import RunDir, RunDirError
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
 LAGGED = ("lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=5")

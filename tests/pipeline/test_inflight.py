@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from run_helpers import SAMPLE_KEYS, TINY, engine_signaller, read_jsonl, stable
 from satrl.config import ConfigError, load_config
+from satrl.loop.orchestrator import train
 from satrl.pipeline import orchestrator, rollouts
 from satrl.pipeline.buffer import collate
-from satrl.pipeline.orchestrator import train
-from satrl.pipeline.rundir import RunDir
 from satrl.pipeline.schedules import inflight_version, inflight_versions
+from satrl.rundir.files import RunDir
 from satrl.training.trainer import Trainer
 from satrl.types import Sample
 

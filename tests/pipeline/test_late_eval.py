@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from satrl.config_base import ConfigError
+from satrl.config.base import ConfigError
 from satrl.diagnostics.summary import late_window_start
-from satrl.pipeline.launch.setup import build_evaluator
+from satrl.launch.setup import build_evaluator
 from satrl.tasks import make_task
 
 

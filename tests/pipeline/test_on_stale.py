@@ -6,9 +6,9 @@ from hypothesis import strategies as st
 
 from run_helpers import TINY, read_jsonl, stable
 from satrl.config import ConfigError, load_config
-from satrl.pipeline.orchestrator import train
-from satrl.pipeline.rundir import RunDir
+from satrl.loop.orchestrator import train
 from satrl.pipeline.schedules import make_schedule
+from satrl.rundir.files import RunDir
 
 ASYNC = ["lag.schedule=async", "lag.max_staleness=2", "seed=5"]  # S = 2 (TINY): lags up to k + S before any drop
 

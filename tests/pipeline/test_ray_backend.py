@@ -17,8 +17,8 @@ import pytest
 
 from run_helpers import TINY, read_jsonl, same_samples_diff
 from satrl.config import load_config
+from satrl.loop.orchestrator import train
 from satrl.pipeline.engine_side import backends
-from satrl.pipeline.orchestrator import train
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed: pip install '.[ray]'")

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from satrl.pipeline.launch.data_parallel import Leader, OneProcess, Plan, Received, following
-from satrl.pipeline.launch.setup import build_evaluator, build_run_dir
-from satrl.pipeline.launch.stand_ins import NoEvaluator, NoRunDir, ReceivedRollouts
+from satrl.launch.data_parallel import Leader, OneProcess, Plan, Received, following
+from satrl.launch.setup import build_evaluator, build_run_dir
+from satrl.launch.stand_ins import NoEvaluator, NoRunDir, ReceivedRollouts
 from satrl.types import Batch
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "satrl"
@@ -71,7 +71,7 @@ def test_no_module_keeps_rank_or_data_parallel_state():
                for p in sorted((SRC / folder).rglob("*.py")) for n in ast.walk(ast.parse(p.read_text()))
                if isinstance(n, ast.Global)]  # fmt: skip
     assert rebound == []
-    from satrl.pipeline.launch import data_parallel
+    from satrl.launch import data_parallel
     from satrl.training import dp
 
     assert not hasattr(dp, "current") and not hasattr(data_parallel, "follow")

@@ -7,9 +7,9 @@ import torch
 
 from run_helpers import TINY, read_jsonl, stable
 from satrl.config import load_config
+from satrl.loop.rollouts import horizon
 from satrl.pipeline import orchestrator
 from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
-from satrl.pipeline.rollouts import horizon
 from satrl.pipeline.schedules import make_schedule
 from satrl.weights.held import InMemory
 from satrl.weights.snapshot import Snapshot

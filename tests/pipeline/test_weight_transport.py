@@ -52,7 +52,7 @@ def test_dist_with_a_bf16_moe_engine_and_engine_dtype_snapshots(tmp_path):
     inproc = _run(tmp_path, "inproc", *common)
     dist = _run(tmp_path, "dist", *common, "weights.transport=dist")
     assert dist == inproc
-    from satrl.pipeline.rundir import RunState
+    from satrl.rundir.files import RunState
     from satrl.training.checkpoint import load_checkpoint
     from satrl.types import Sample
 
@@ -80,9 +80,9 @@ def test_killed_and_stopped_engines_rejoin_and_are_fed_again(tmp_path, monkeypat
 
 
 def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32():
+    from satrl.launch.setup import snapshot_weights
     from satrl.models import load_policy
     from satrl.objectives import resolve_objective
-    from satrl.pipeline.launch.setup import snapshot_weights
     from satrl.training.settings import TrainerSettings
     from satrl.training.trainer import Trainer
 
@@ -107,7 +107,7 @@ def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32(
 
 
 def test_resuming_the_split_from_engine_dtype_snapshots_is_refused():
-    from satrl.pipeline.launch.setup import check_snapshots
+    from satrl.launch.setup import check_snapshots
 
     bf16 = {3: {"w": torch.zeros(2, dtype=torch.bfloat16)}}
     check_snapshots(bf16, decompose=False)
@@ -175,9 +175,9 @@ def test_data_parallel_dist_equals_one_process(tmp_path):
 def test_an_engine_that_fails_to_start_is_an_error_not_a_hang(tmp_path):
     """Under dist the first push waits for the engine process to join: one that fails at start-up is its
     error in the parent (read from the results pipe), never a wait for the group."""
+    from satrl.launch.setup import worker_spec
     from satrl.pipeline.engine_side.local_backends import ProcessBackend
     from satrl.pipeline.engine_side.worker import RolloutRequest
-    from satrl.pipeline.launch.setup import worker_spec
 
     spec = worker_spec(load_config(None, [*TINY, "engine.kwargs={bogus: 1}", f"out={tmp_path / 'run'}"]))
     backend = ProcessBackend(spec, timeout_s=60, start_timeout_s=120, transport="dist")
@@ -193,7 +193,7 @@ def test_an_engine_that_fails_to_start_is_an_error_not_a_hang(tmp_path):
 def test_resume_from_engine_dtype_snapshots_equals_uninterrupted(tmp_path):
     """A dist run without the split checkpoints its kept versions as bf16 copies; extending it from its last
     checkpoint (those copies pushed again) gives the uninterrupted inproc run's metrics."""
-    from satrl.pipeline.rundir import RunDir
+    from satrl.rundir.files import RunDir
 
     off = ("diagnostics.decompose=false",)
     ref, _ = _run(tmp_path, "ref", *off, "steps=8")

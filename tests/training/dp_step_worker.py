@@ -1,6 +1,6 @@
 """Run by test_dp_trainer.py under torchrun: one optimizer step of the data-parallel trainer against the
 one-device trainer, on the same tiny policy and batch. Every rank runs the same code on its own trainer (SPMD, as
-`satrl train` under torchrun does: pipeline.launch.data_parallel); rank 0 sends the batch, checks against one
+`satrl train` under torchrun does: launch.data_parallel); rank 0 sends the batch, checks against one
 device and writes what it saw to the JSON file argv[1]."""
 
 import copy
@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # make_batch, the op r
 from test_trainer import make_batch  # noqa: E402
 from test_trainer_no_host_sync import SYNCING, OrderedRecorder  # noqa: E402
 
+from satrl.launch.data_parallel import BATCH_FIELDS, Follower, Leader, gather_weights  # noqa: E402
 from satrl.models import build_char_tokenizer, build_tiny_model, meta_copy  # noqa: E402
 from satrl.objectives import resolve_objective  # noqa: E402
-from satrl.pipeline.launch.data_parallel import BATCH_FIELDS, Follower, Leader, gather_weights  # noqa: E402
 from satrl.training import dp  # noqa: E402
 from satrl.training.microbatches import plan_microbatches  # noqa: E402
 from satrl.training.placement import cpu_copy  # noqa: E402
@@ -30,7 +30,7 @@ CASES = [40, 60, 1 << 20]  # microbatch token budgets: 3+ microbatches (odd: pad
 
 
 def sharded_trainer(ctx, model, obj, kw: dict) -> Trainer:
-    """This rank's trainer over FSDP2 shards, built as `satrl train` builds it (pipeline.launch.setup.build_trainer).
+    """This rank's trainer over FSDP2 shards, built as `satrl train` builds it (launch.setup.build_trainer).
     The other ranks start from the architecture on the meta device: every weight they train with comes from rank 0."""
     mine = copy.deepcopy(model) if ctx.leader else meta_copy(model)
     return Trainer(mine, obj, replace(TrainerSettings(**kw), device=ctx.device), Sharded(ctx, template=lambda: None))

@@ -246,7 +246,7 @@ def test_runs_reads_both_formats_through_the_manifest_check(tmp_path):
 def finished(tmp_path_factory):
     """A finished 2-step tiny run (one batch, checkpoint step-000002)."""
     from satrl.config import load_config
-    from satrl.pipeline.orchestrator import train
+    from satrl.loop.orchestrator import train
 
     out = tmp_path_factory.mktemp("manifest") / "run"
     train(load_config(None, [*TINY, "steps=2", f"out={out}"]))
@@ -310,8 +310,8 @@ def test_resume_refuses_in_one_line_and_leaves_the_folder(finished, tmp_path, ca
 
 def test_an_old_format_run_resumes_as_the_unbroken_run(finished, tmp_path, run_tiny_steps4):
     """A run whose checkpoints were written before the manifest, extended from 2 to 4 steps, equals a 4-step run."""
-    from satrl.pipeline.orchestrator import train
-    from satrl.pipeline.rundir import RunDir
+    from satrl.loop.orchestrator import train
+    from satrl.rundir.files import RunDir
 
     out = tmp_path / "run"
     shutil.copytree(finished, out)

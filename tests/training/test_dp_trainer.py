@@ -92,7 +92,7 @@ def test_vcpo_baseline_equals_one_device(worker, kind):
 
 def test_unsupported_settings_are_refused_in_one_line():
     from satrl.config import ConfigError, load_config
-    from satrl.pipeline.launch.data_parallel import check_supported
+    from satrl.launch.data_parallel import check_supported
 
     check_supported(load_config(None, []))  # the defaults run
     check_supported(load_config(None, ["objective.name=vcpo"]))  # VCPO's baseline too (issue 45)
@@ -112,8 +112,8 @@ def test_a_failure_while_the_trainer_is_built_ends_the_job(monkeypatch, tmp_path
     import torch
 
     from satrl.config import load_config
+    from satrl.launch import data_parallel as ranks
     from satrl.pipeline import orchestrator
-    from satrl.pipeline.launch import data_parallel as ranks
     from satrl.training import dp
     from satrl.training.sharded import Sharded
 

@@ -158,7 +158,7 @@ def test_no_snapshot_forward_when_decompose_is_off(tiny):
 
 def test_config_fields_reach_the_trainer():
     from satrl.config import load_config
-    from satrl.pipeline.launch.setup import build_trainer
+    from satrl.launch.setup import build_trainer
 
     over = ["train.dtype=bf16", "train.activation_checkpointing=true", "train.logprob_chunk_tokens=64",
             "objective.name=sat_grpo", "objective.kl_coef=0", "diagnostics.decompose=false"]  # fmt: skip

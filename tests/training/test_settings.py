@@ -79,8 +79,8 @@ def test_from_config_copies_every_option():
 
 
 def test_run_settings_are_the_configs():
-    from satrl.pipeline.launch.setup import trainer_settings
-    from satrl.pipeline.run_config import RunConfig
+    from satrl.config.run import RunConfig
+    from satrl.launch.setup import trainer_settings
 
     cfg = RunConfig()
     s = trainer_settings(cfg)

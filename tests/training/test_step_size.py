@@ -278,7 +278,7 @@ def test_data_parallel_accepts_every_vcpo_baseline():
     """Issue 45: data parallel no longer refuses the per-sequence baseline (its equality with one device is
     tests/training/test_dp_trainer.py::test_vcpo_baseline_equals_one_device)."""
     from satrl.config import load_config
-    from satrl.pipeline.launch.data_parallel import check_supported
+    from satrl.launch.data_parallel import check_supported
 
     for baseline in ("group_mean", "opob", "opob_unweighted"):
         check_supported(load_config(None, ["objective.name=vcpo", f"objective.baseline={baseline}"]))

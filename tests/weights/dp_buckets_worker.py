@@ -1,6 +1,6 @@
 """Run by test_weights.py under torchrun (2 ranks, gloo): after one optimizer step of the data-parallel trainer
 (so FSDP may hold its root gathered), every rank gathers the weights at a sync point, as `satrl train` does
-(pipeline.launch.data_parallel), and rank 0's ``WeightExport.buckets`` (cut from that copy) gives the full
+(launch.data_parallel), and rank 0's ``WeightExport.buckets`` (cut from that copy) gives the full
 weights, equal to the one-device trainer's after the same step to the rounding of the gradient sum's order.
 Before the sync point, asking for them is refused on every rank (a gather the others did not enter would hang).
 Rank 0 writes what it saw to the JSON file argv[1]."""
@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # mak
 from dp_step_worker import sharded_trainer  # noqa: E402
 from test_trainer import make_batch  # noqa: E402
 
+from satrl.launch.data_parallel import gather_weights  # noqa: E402
 from satrl.models import build_char_tokenizer, build_tiny_model  # noqa: E402
 from satrl.objectives import resolve_objective  # noqa: E402
-from satrl.pipeline.launch.data_parallel import gather_weights  # noqa: E402
 from satrl.training import dp  # noqa: E402
 from satrl.training.settings import TrainerSettings  # noqa: E402
 from satrl.training.trainer import Trainer  # noqa: E402

@@ -62,9 +62,9 @@ class EvalSettings:
 
     @classmethod
     def of_run(cls, cfg) -> EvalSettings:
-        """The settings of a run's evaluator (:func:`satrl.pipeline.launch.setup.build_evaluator`): it runs in
+        """The settings of a run's evaluator (:func:`satrl.launch.setup.build_evaluator`): it runs in
         the trainer's process, so at the trainer's thread count, with the rollout engine's numerics."""
-        from satrl.pipeline.launch.setup import eval_engine_kwargs
+        from satrl.launch.setup import eval_engine_kwargs
 
         kwargs, e = eval_engine_kwargs(cfg), cfg.engine
         return cls(task=cfg.task.name, task_kwargs=cfg.task_kwargs, k=cfg.eval.k, seed=cfg.seed, numerics=e.numerics,
@@ -258,7 +258,7 @@ def _evaluate(t: _Target) -> tuple[EvalResult, dict[str, list[int]]]:
     import torch
 
     from satrl.apps.runs import checkpoint_step, checkpoint_weights
-    from satrl.config_base import check_device_here
+    from satrl.config.base import check_device_here
     from satrl.engines import resolve_numerics
     from satrl.engines.registry import engine_for
     from satrl.models import load_tokenizer

@@ -45,12 +45,12 @@ def is_run_dir(path: str | Path) -> bool:
 def run_config(run_dir: str | Path, step: int | None = None) -> RunConfig:
     """The resolved config a run saved (``config.yaml``), validated as ``satrl train --resume`` would: it must be
     the config the checkpoint at ``step`` (None: the latest) was trained with, complete and unedited but where
-    resume allows a change (:func:`satrl.pipeline.resume_check.check`); an emptied or edited one is refused."""
+    resume allows a change (:func:`satrl.rundir.resume_check.check`); an emptied or edited one is refused."""
     import yaml
 
     from satrl.config import ConfigError, load_config
     from satrl.pipeline.errors import RunDirError
-    from satrl.pipeline.resume_check import check
+    from satrl.rundir.resume_check import check
 
     run = Path(run_dir)
     if not run.is_dir():

@@ -64,7 +64,7 @@ def run_train(args: argparse.Namespace) -> int:
     overrides = [*legacy_env_overrides(), *overrides]
     try:
         if args.resume:
-            from satrl.pipeline.rundir import RunDir
+            from satrl.rundir.files import RunDir
 
             cfg = RunDir.config_of(args.resume, overrides)
         else:
@@ -95,9 +95,9 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _run_train(cfg, args: argparse.Namespace) -> int:
     from satrl.config import ConfigError
+    from satrl.loop.progress import train_with_progress
     from satrl.models.loading import PolicyLoadError
     from satrl.pipeline.errors import EngineError, RunDirError
-    from satrl.pipeline.progress import train_with_progress
     from satrl.tasks import TaskError
     from satrl.training.checkpoint import CheckpointError
     from satrl.types import ContextLengthError
@@ -158,7 +158,7 @@ def _train(cfg, args: argparse.Namespace, train_with_progress) -> dict | None:
 
     if not launched():
         return run()
-    from satrl.pipeline.launch.data_parallel import run as run_data_parallel
+    from satrl.launch.data_parallel import run as run_data_parallel
 
     return run_data_parallel(cfg, run)
 

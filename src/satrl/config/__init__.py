@@ -5,68 +5,64 @@ allowed), turned into plain arguments at the edge of each component, and saved r
 that names a choice (an engine, a task, a schedule, ...) is checked against that choice's registry
 (:mod:`satrl.registry`), the one list of valid names: a newly registered engine or task is valid here at once.
 
-This module is the public face, at the top beside the command line: each section lives with its component
-(``satrl/<component>/config.py``; ``LagConfig`` with the lag schedules, ``RayConfig`` in
-:mod:`satrl.pipeline.backend_config`), :class:`ConfigError` and the section base in the leaf
-:mod:`satrl.config_base`, and the run config is assembled from them in :mod:`satrl.pipeline.run_config`, which
-the pipeline imports. No library module imports this one (docs/design.md, "Layers and the rules between them").
+The package holds the config's own code: :mod:`satrl.config.base` (a leaf, floor 0: :class:`ConfigError`, the
+strict section base, the device names, which every component's section imports) and :mod:`satrl.config.run` (the
+run config assembled from the sections, which the pipeline imports). Each section lives with its component
+(``satrl/<component>/config.py``; ``LagConfig`` with the lag schedules, ``RayConfig`` with the engine side in
+:mod:`satrl.pipeline.backend_config`). This module is the public face: it re-exports them all, each name imported
+when first asked for, so that importing :mod:`satrl.config.base` loads nothing else. The programs and users import
+the face; no library module does, directly or through another (``tests/test_layers.py``; docs/design.md, "Layers
+and the rules between them").
 """
 
-from __future__ import annotations
+from types import ModuleType
 
-from satrl.config_base import DEVICES, ConfigError, Device, Section, check_device_here, check_device_name
-from satrl.diagnostics.collapse import CollapseConfig
-from satrl.diagnostics.config import DiagnosticsConfig
-from satrl.engines.config import EngineConfig, EngineName, NumericsName
-from satrl.models.config import ModelConfig
-from satrl.objectives.config import FLOAT32_MAX, AggregationName, ObjectiveConfig
-from satrl.pipeline.backend_config import RayConfig
-from satrl.pipeline.run_config import (
-    BackendName,
-    CheckpointConfig,
-    EvalConfig,
-    RunConfig,
-    apply_override,
-    build_config,
-    check_before_run,
-    load_config,
-)
-from satrl.pipeline.schedules import LagConfig, ScheduleName
-from satrl.tasks.config import TaskConfig, TaskName
-from satrl.training.config import MAX_BATCH_SAMPLES, TrainConfig
-from satrl.weights.config import TransportName, WeightsConfig
+from satrl.lazy import names_from
 
-__all__ = [
-    "DEVICES",
-    "FLOAT32_MAX",
-    "MAX_BATCH_SAMPLES",
-    "AggregationName",
-    "BackendName",
-    "CheckpointConfig",
-    "CollapseConfig",
-    "ConfigError",
-    "Device",
-    "DiagnosticsConfig",
-    "EngineConfig",
-    "EngineName",
-    "EvalConfig",
-    "LagConfig",
-    "ModelConfig",
-    "NumericsName",
-    "ObjectiveConfig",
-    "RayConfig",
-    "RunConfig",
-    "ScheduleName",
-    "Section",
-    "TaskConfig",
-    "TaskName",
-    "TrainConfig",
-    "TransportName",
-    "WeightsConfig",
-    "apply_override",
-    "build_config",
-    "check_before_run",
-    "check_device_here",
-    "check_device_name",
-    "load_config",
-]
+
+def _module(name: str) -> ModuleType:
+    """The module ``name`` of the config, imported when one of its names is first asked for (import statements,
+    so the import graph sees each)."""
+    match name:
+        case "base":
+            from satrl.config import base as module
+        case "collapse":
+            from satrl.diagnostics import collapse as module
+        case "diagnostics":
+            from satrl.diagnostics import config as module
+        case "engines":
+            from satrl.engines import config as module
+        case "models":
+            from satrl.models import config as module
+        case "objectives":
+            from satrl.objectives import config as module
+        case "backend":
+            from satrl.pipeline import backend_config as module
+        case "schedules":
+            from satrl.pipeline import schedules as module
+        case "tasks":
+            from satrl.tasks import config as module
+        case "training":
+            from satrl.training import config as module
+        case "weights":
+            from satrl.weights import config as module
+        case _:
+            from satrl.config import run as module
+    return module
+
+
+_WHERE = {
+    "DEVICES": "base", "ConfigError": "base", "Device": "base", "Section": "base", "check_device_here": "base",
+    "check_device_name": "base", "CollapseConfig": "collapse", "DiagnosticsConfig": "diagnostics",
+    "EngineConfig": "engines", "EngineName": "engines", "NumericsName": "engines", "ModelConfig": "models",
+    "FLOAT32_MAX": "objectives", "AggregationName": "objectives", "ObjectiveConfig": "objectives",
+    "RayConfig": "backend", "BackendName": "run", "CheckpointConfig": "run", "EvalConfig": "run", "RunConfig": "run",
+    "apply_override": "run", "build_config": "run", "check_before_run": "run", "load_config": "run",
+    "LagConfig": "schedules", "ScheduleName": "schedules", "TaskConfig": "tasks", "TaskName": "tasks",
+    "MAX_BATCH_SAMPLES": "training", "TrainConfig": "training", "TransportName": "weights",
+    "WeightsConfig": "weights",
+}  # fmt: skip
+__all__ = sorted(_WHERE)
+
+
+__getattr__ = names_from(__name__, _WHERE, _module)

@@ -4,7 +4,7 @@
 A leaf (it imports nothing of satrl): each component declares its own section next to its code
 (``satrl/engines/config.py``, ``satrl/tasks/config.py``, ...) on this base, and a field naming a choice is
 checked against that choice's registry, imported plainly (``Annotated[str, AfterValidator(ENGINES.check)]``).
-:mod:`satrl.pipeline.run_config` assembles the run config from them, and :mod:`satrl.config` is its public face
+:mod:`satrl.config.run` assembles the run config from them, and :mod:`satrl.config` is its public face
 (docs/design.md, "Layers and the rules between them").
 """
 

@@ -44,7 +44,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 @dataclass(frozen=True)
 class GridRun:
     """Where one run of a grid lies: ``<out>/<cell>/lag<lag>/seed<seed>`` (a live grid folder or packed results).
-    Not :class:`satrl.pipeline.rundir.RunDir`, which writes a run's files while it trains."""
+    Not :class:`satrl.rundir.files.RunDir`, which writes a run's files while it trains."""
 
     cell: str
     lag: int

@@ -1,11 +1,11 @@
 """Which rank does what in a data-parallel run (``torchrun --nproc_per_node=N -m satrl train ...``), and what
 rank 0 tells the others (SPMD; nothing at all on one process).
 
-Every rank runs the same training loop (:func:`satrl.pipeline.orchestrator.train`) on the same trainer (a plain
+Every rank runs the same training loop (:func:`satrl.loop.orchestrator.train`) on the same trainer (a plain
 :class:`~satrl.training.trainer.Trainer` over the :class:`~satrl.training.sharded.Sharded` placement), so its
 steps, forwards and checkpoint shards are collectives that line up by construction. What only rank 0 does (the
 run directory's files, the engine, the evaluator, the snapshot store) sits behind the objects the loop calls,
-which on the other ranks are stand-ins (:mod:`satrl.pipeline.launch.stand_ins`) that do nothing or receive what
+which on the other ranks are stand-ins (:mod:`satrl.launch.stand_ins`) that do nothing or receive what
 rank 0 broadcasts. The loop holds the channel (:func:`following`: :class:`Leader` on rank 0, :class:`Follower`
 elsewhere, :class:`OneProcess` on one process), which goes over the control group, whose long timeout covers the
 others' wait while rank 0 generates and evaluates (docs/design.md "Data parallel"):
@@ -37,8 +37,8 @@ from typing import NamedTuple
 
 import torch
 
-from satrl.config_base import ConfigError
-from satrl.pipeline.run_config import RunConfig
+from satrl.config.base import ConfigError
+from satrl.config.run import RunConfig
 from satrl.training import dp
 from satrl.training.trainer import Trainer
 from satrl.types import Batch
@@ -171,7 +171,7 @@ class Received(NamedTuple):
 
 class Follower(OneProcess):
     """Ranks > 0: wait for rank 0 where only it knows what comes next (module docstring); the loop's stand-ins
-    (:mod:`satrl.pipeline.launch.stand_ins`) read the plan and the batches from here."""
+    (:mod:`satrl.launch.stand_ins`) read the plan and the batches from here."""
 
     rank0 = False
 

@@ -7,14 +7,14 @@ from dataclasses import replace
 
 import torch
 
-from satrl.config_base import ConfigError
+from satrl.config.base import ConfigError
+from satrl.config.run import RunConfig
 from satrl.diagnostics.summary import late_window_start
+from satrl.launch.data_parallel import OneProcess, Ranks
+from satrl.launch.stand_ins import NoEvaluator, NoRunDir
 from satrl.pipeline.engine_side.worker import WorkerSpec
 from satrl.pipeline.evaluator import EvalEngineSpec, EvalPlan, Evaluator
-from satrl.pipeline.launch.data_parallel import OneProcess, Ranks
-from satrl.pipeline.launch.stand_ins import NoEvaluator, NoRunDir
-from satrl.pipeline.run_config import RunConfig
-from satrl.pipeline.rundir import RunDir
+from satrl.rundir.files import RunDir
 from satrl.training import dp
 from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer
@@ -89,7 +89,7 @@ def snapshot_weights(cfg: RunConfig, trainer) -> Callable[[], Snapshot]:
     otherwise the trainer's bucket stream (``WeightExport.buckets``) in the engine's dtype, kept as it came
     (a broadcast sends those very buckets; a checkpoint unpacks them, once), never an fp32 copy on one device
     (under data parallel the buckets are cut from the fp32 copy every rank gathered at the sync point before:
-    ``satrl.pipeline.launch.data_parallel``). The engine rounds to that dtype anyway, so it generates with the
+    ``satrl.launch.data_parallel``). The engine rounds to that dtype anyway, so it generates with the
     same weights either way."""
     from satrl.engines.numerics import resolve_numerics
 

@@ -1,8 +1,8 @@
 """What a data-parallel rank other than 0 holds where rank 0 holds the run directory, the engine and the
-evaluator: stand-ins with the methods the training loop calls (:func:`satrl.pipeline.orchestrator.train`), which
+evaluator: stand-ins with the methods the training loop calls (:func:`satrl.loop.orchestrator.train`), which
 do nothing, or give what rank 0 broadcast (the plan and each batch, through the rank's
-:class:`~satrl.pipeline.launch.data_parallel.Follower`). Every rank runs the same loop; only rank 0 reads and
-writes the run's files, generates and evaluates. The builders (:mod:`satrl.pipeline.launch.setup`) choose them.
+:class:`~satrl.launch.data_parallel.Follower`). Every rank runs the same loop; only rank 0 reads and
+writes the run's files, generates and evaluates. The builders (:mod:`satrl.launch.setup`) choose them.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from contextlib import contextmanager
 
 import torch
 
+from satrl.launch.data_parallel import Follower
 from satrl.pipeline.buffer import Taken
-from satrl.pipeline.launch.data_parallel import Follower
-from satrl.pipeline.rundir import Loaded, RunState
+from satrl.rundir.files import Loaded, RunState
 
 
 class NoRunDir:

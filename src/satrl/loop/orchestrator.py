@@ -1,12 +1,12 @@
 """The training loop, top to bottom: generate with a (stale) policy, train, broadcast, evaluate, checkpoint.
 
 Read :func:`train` first; everything else is a helper it calls. The lag schedule says which version
-generates each batch; :class:`~satrl.pipeline.rollouts.Rollouts` submits a batch to the backend as soon as that
+generates each batch; :class:`~satrl.loop.rollouts.Rollouts` submits a batch to the backend as soon as that
 version exists, so the engine works while the trainer trains, and a concurrent run equals a sequential one.
-The run directory (:class:`~satrl.pipeline.rundir.RunDir`) only reads and writes files; the loop applies what
-it reads. Under data parallel every rank runs this loop: ``ranks`` (:mod:`satrl.pipeline.launch.data_parallel`)
+The run directory (:class:`~satrl.rundir.files.RunDir`) only reads and writes files; the loop applies what
+it reads. Under data parallel every rank runs this loop: ``ranks`` (:mod:`satrl.launch.data_parallel`)
 carries what only rank 0 knows to the others, whose run directory, rollouts and evaluator are stand-ins
-(:mod:`satrl.pipeline.launch.stand_ins`); on one process it does nothing.
+(:mod:`satrl.launch.stand_ins`); on one process it does nothing.
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ from collections.abc import Callable
 
 import torch
 
+from satrl.config.run import RunConfig
 from satrl.diagnostics.lag import multi_version
 from satrl.dtypes import set_tf32
 from satrl.engines.registry import pad_id
-from satrl.pipeline.buffer import Taken
-from satrl.pipeline.engine_side.backends import backend_options, make_backend
-from satrl.pipeline.launch.data_parallel import Ranks, following
-from satrl.pipeline.launch.setup import (
+from satrl.launch.data_parallel import Ranks, following
+from satrl.launch.setup import (
     build_evaluator,
     build_run_dir,
     build_trainer,
@@ -33,11 +32,12 @@ from satrl.pipeline.launch.setup import (
     snapshot_weights,
     worker_spec,
 )
-from satrl.pipeline.launch.stand_ins import ReceivedRollouts
-from satrl.pipeline.rollouts import Rollouts
-from satrl.pipeline.run_config import RunConfig
-from satrl.pipeline.rundir import RunDir, RunState
+from satrl.launch.stand_ins import ReceivedRollouts
+from satrl.loop.rollouts import Rollouts
+from satrl.pipeline.buffer import Taken
+from satrl.pipeline.engine_side.backends import backend_options, make_backend
 from satrl.pipeline.schedules import Schedule, inflight_versions, make_schedule
+from satrl.rundir.files import RunDir, RunState
 from satrl.tasks import make_task
 from satrl.training import checkpoint as ckpt
 from satrl.training.dp import DataParallel
@@ -49,7 +49,7 @@ def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, di
           ctx: DataParallel | None = None) -> dict | None:  # fmt: skip
     """Run (or resume) one training run; returns its summary (also written to ``summary.json``). ``ctx``: under
     data parallel, this process's place in the job: every rank runs this loop, and what only rank 0 does sits
-    behind stand-ins elsewhere (:mod:`~satrl.pipeline.launch.data_parallel`), which return None. The run directory
+    behind stand-ins elsewhere (:mod:`~satrl.launch.data_parallel`), which return None. The run directory
     is locked against other processes until this returns or raises; a fresh run that fails before its first step
     leaves nothing in it (:meth:`RunDir.abandon`)."""
     ranks = following(ctx)  # the other data-parallel ranks as this one sees them; nobody on one process

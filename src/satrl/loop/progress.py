@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
+from satrl.config.run import RunConfig
 from satrl.jsonl import read_jsonl
+from satrl.loop.orchestrator import train
 from satrl.models.loading import quiet_progress_bars
-from satrl.pipeline.orchestrator import train
-from satrl.pipeline.run_config import RunConfig
 from satrl.training.dp import DataParallel
 
 LOG_FRACTION = 10  # plain-line mode: a line every steps // LOG_FRACTION steps
@@ -196,7 +196,7 @@ def train_with_progress(cfg: RunConfig, resume: bool = False, progress: bool = T
                         ctx: DataParallel | None = None) -> dict:  # fmt: skip
     """``train(cfg)`` reporting progress on ``stream`` (default stdout): a live bar if it is a terminal,
     plain periodic lines otherwise, nothing if ``progress`` is False. Returns the run's summary. ``ctx``: under
-    data parallel, this process's place in the job (:func:`~satrl.pipeline.orchestrator.train`)."""
+    data parallel, this process's place in the job (:func:`~satrl.loop.orchestrator.train`)."""
     stream = sys.stdout if stream is None else stream
     with quiet_progress_bars():
         if not progress:

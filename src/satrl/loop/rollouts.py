@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from satrl.pipeline.buffer import SnapshotStore, Taken, collate
 from satrl.pipeline.engine_side.backends import Backend
 from satrl.pipeline.engine_side.worker import RolloutRequest
-from satrl.pipeline.rundir import Loaded, RunDirError, RunState
 from satrl.pipeline.schedules import Schedule
+from satrl.rundir.files import Loaded, RunDirError, RunState
 from satrl.types import Sample
 from satrl.weights.snapshot import Snapshot
 

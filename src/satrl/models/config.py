@@ -1,5 +1,5 @@
 """The ``model:`` section of the run config: which policy to train and how its prompts are encoded (docs/design.md,
-"Layers and the rules between them": each component owns its section; :mod:`satrl.pipeline.run_config` assembles
+"Layers and the rules between them": each component owns its section; :mod:`satrl.config.run` assembles
 them). The name is checked when the policy loads (:func:`satrl.models.loading.resolve_policy_path`), since it may
 also be a path; ``model.chat`` becomes :class:`satrl.models.chat.ChatFormat` at the edge."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from satrl.config_base import Section
+from satrl.config.base import Section
 from satrl.models.chat import ChatFormat  # light: no torch, no transformers
 
 

@@ -1,0 +1,8 @@
+"""The loop's leaves (floor 4): the one-line errors (:mod:`.errors`), the lag schedules and ``lag:`` section
+(:mod:`.schedules`), what a backend reads of the run config (:mod:`.backend_config`), the snapshot store
+(:mod:`.buffer`) and the evaluator (:mod:`.evaluator`); and, a floor up, the engine side (:mod:`.engine_side`),
+which imports of them only the errors, the schedules and the backend's config.
+
+The run config, the run directory, the launch wiring and the loop have folders of their own (:mod:`satrl.config`,
+:mod:`satrl.rundir`, :mod:`satrl.launch`, :mod:`satrl.loop`; issue 61); their old paths here are aliases that warn
+once (:mod:`satrl.moved`)."""

@@ -3,7 +3,7 @@
 (:class:`BackendSections`, which the run config is).
 
 A leaf of the pipeline, beside ``schedules`` and ``errors``: the engine side declares here what it needs of the
-config, and :class:`satrl.pipeline.run_config.RunConfig`, which validates ``backend`` against the engine side's
+config, and :class:`satrl.config.run.RunConfig`, which validates ``backend`` against the engine side's
 registry, sits above it (docs/design.md, "Layers and the rules between them")."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Protocol
 
 from pydantic import Field
 
-from satrl.config_base import Section
+from satrl.config.base import Section
 from satrl.engines.config import EngineConfig
 from satrl.weights.config import WeightsConfig
 

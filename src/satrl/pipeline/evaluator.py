@@ -56,7 +56,7 @@ class EvalPlan:
 class Evaluator:
     """avg@k and greedy accuracy of the trainer's current weights, with the engine's numerics, on the
     val and test parts of the eval problems (one generation pass over both; scores per part and pooled).
-    :func:`satrl.pipeline.launch.setup.build_evaluator` builds it from the config.
+    :func:`satrl.launch.setup.build_evaluator` builds it from the config.
 
     Args:
         tokenizer, task: the run's tokenizer and task (its ``eval`` split is scored).

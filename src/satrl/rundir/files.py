@@ -18,7 +18,8 @@ import torch
 import yaml
 
 from satrl import faults
-from satrl.config_base import ConfigError
+from satrl.config.base import ConfigError
+from satrl.config.run import RunConfig, load_config
 from satrl.diagnostics import summarize_run
 from satrl.diagnostics.collapse import CollapseConfig, skipped_collapse
 from satrl.diagnostics.summary import score_problem
@@ -26,7 +27,6 @@ from satrl.folders import LOCK, RUN_FILES, InUse, hold, linked, run_files
 from satrl.folders import release as release_lock
 from satrl.jsonl import append_jsonl, dumps, numbered_rows, read_jsonl, strict, write_jsonl
 from satrl.pipeline.errors import RunDirError
-from satrl.pipeline.run_config import RunConfig, load_config
 from satrl.provenance import record_session
 from satrl.training import checkpoint as ckpt
 from satrl.types import Sample
@@ -146,7 +146,7 @@ def _finite_or_none(x: float) -> float | None:
 
 
 class RunDir:
-    """One run's directory. Plain arguments (:func:`satrl.pipeline.launch.setup.build_run_dir` builds them from the config):
+    """One run's directory. Plain arguments (:func:`satrl.launch.setup.build_run_dir` builds them from the config):
 
     Args:
         path: the directory.
@@ -264,17 +264,17 @@ class RunDir:
 
     def check_config(self, loaded: Loaded) -> int:
         """Check config.yaml and the resumed run's config against the config ``loaded`` was trained with
-        (:mod:`satrl.pipeline.resume_check`); keep the changes resume allows in :attr:`changes` and return the
+        (:mod:`satrl.rundir.resume_check`); keep the changes resume allows in :attr:`changes` and return the
         steps the run was trained for. Reads only."""
-        from satrl.pipeline.resume_check import check
+        from satrl.rundir.resume_check import check
 
         self.changes, planned = check(self.path, loaded.path, loaded.config, self._raw_config(), self.config)
         return planned
 
     def check_unstarted(self) -> None:
         """A resume of a run killed before its first checkpoint starts over, and may change only what any
-        resume may (:mod:`satrl.pipeline.resume_check`): config.yaml is what it is checked against. Reads only."""
-        from satrl.pipeline.resume_check import check_unstarted
+        resume may (:mod:`satrl.rundir.resume_check`): config.yaml is what it is checked against. Reads only."""
+        from satrl.rundir.resume_check import check_unstarted
 
         self.changes = check_unstarted(self.path, self._raw_config(), self.config)
         print(f"satrl: no complete checkpoint in {self.ckpt_dir}; starting from step 0", file=sys.stderr)

@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from satrl.config_base import ConfigError
+from satrl.config.base import ConfigError
+from satrl.config.run import build_config
 from satrl.pipeline.errors import RunDirError
-from satrl.pipeline.run_config import build_config
 
 RESUMABLE = ("steps", "eval.every", "checkpoint.every", "train.max_threads", "engine.timeout_s",
              "engine.start_timeout_s", "engine.max_restarts")  # fmt: skip

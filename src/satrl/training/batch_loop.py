@@ -5,7 +5,7 @@ These are functions of any :class:`Steps` (:class:`~satrl.training.trainer.Train
 trainer's step so that the loop over a rollout batch reads in one place. Under data parallel every rank runs
 this same loop on its own trainer (SPMD), so its steps' and forwards' collectives line up by construction; what
 rank 0 alone knows (the batch, which weight versions its snapshot store holds) it broadcasts first
-(:mod:`satrl.pipeline.launch.data_parallel`).
+(:mod:`satrl.launch.data_parallel`).
 """
 
 from __future__ import annotations

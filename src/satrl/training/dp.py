@@ -1,14 +1,14 @@
 """Data parallel training with FSDP2, launched by ``torchrun --nproc_per_node=N -m satrl train ...``: this
 process's place in the job (:class:`DataParallel`), the process groups, what rank 0 broadcasts to the others
 (:func:`broadcast_ints`, :func:`broadcast_tensors`), the ranks' :class:`Watchdog`, FSDP2's sharding. Which ranks do
-what for a run config is :mod:`satrl.pipeline.launch.data_parallel`.
+what for a run config is :mod:`satrl.launch.data_parallel`.
 
 Design (docs/design.md, "Data parallel"): every rank runs the same training loop
-(:func:`satrl.pipeline.orchestrator.train`, given the :class:`DataParallel` that :func:`init` returns; no module
+(:func:`satrl.loop.orchestrator.train`, given the :class:`DataParallel` that :func:`init` returns; no module
 keeps it) on a plain :class:`~satrl.training.trainer.Trainer` over the :class:`~satrl.training.sharded.Sharded`
 placement (SPMD). Rank 0 alone does the loop's I/O: the rollout backend and its engine, the run directory, the
 evaluator, the snapshot store (stand-ins elsewhere). It broadcasts each collated batch and, at each sync point,
-whether every rank gathers the weights now (:mod:`satrl.pipeline.launch.data_parallel`).
+whether every rank gathers the weights now (:mod:`satrl.launch.data_parallel`).
 
 The process group is gloo on CPU and NCCL on CUDA; rank 0's broadcasts go over a gloo group on CPU (``control``)
 with a long timeout, because the other ranks wait there while rank 0 generates and evaluates. So that a stopped or

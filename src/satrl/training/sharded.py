@@ -13,7 +13,7 @@ tensors that are zero where another rank owns the value), and reduce exactly as 
 Every method here is a collective: every rank calls it together. Every rank runs the same batch loop on its own
 trainer, so a step's and a forward's collectives line up by construction; the others, whose need depends on what
 rank 0 alone does (reading the weights for the snapshot store, an evaluation or a checkpoint), run at the sync
-points where rank 0 says so (:mod:`satrl.pipeline.launch.data_parallel`). Gathering the weights anywhere else is
+points where rank 0 says so (:mod:`satrl.launch.data_parallel`). Gathering the weights anywhere else is
 refused (:meth:`Sharded.weights`): a gather only rank 0 entered would wait forever.
 """
 
@@ -150,7 +150,7 @@ class Sharded:
     @contextlib.contextmanager
     def gathering(self):
         """Around a gather that every rank makes at the same sync point
-        (:mod:`satrl.pipeline.launch.data_parallel`): only inside it may :meth:`weights` run."""
+        (:mod:`satrl.launch.data_parallel`): only inside it may :meth:`weights` run."""
         self._synced = True
         try:
             yield
@@ -167,7 +167,7 @@ class Sharded:
             raise RuntimeError(
                 f"data parallel: rank {self.dp.rank} asked for the full weights outside a sync point, so the other "
                 "ranks would not join the gather; rank 0 must say at the sync point before it that it reads them "
-                "(satrl.pipeline.launch.data_parallel)"
+                "(satrl.launch.data_parallel)"
             )
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         # On one CPU rank the "gathered" tensors are the live parameters, and a tied weight comes back as one
