@@ -5,14 +5,16 @@ imports neither the pipeline nor the engines, and no library module reaches the 
 counts: those inside functions and under ``TYPE_CHECKING`` (a lazy import is still a dependency),
 ``importlib.import_module``/``__import__`` calls, which satrl does not use on its own packages (a name in a string
 is a dependency the graph could not otherwise see), and strings that name a module of the project (a Hydra
-``_target_``, vLLM's ``worker_extension_cls``), which must name something that is there. An old path kept for
-users (:mod:`satrl.moved`) counts as the module it names, and nothing of the project imports one."""
+``_target_``, vLLM's ``worker_extension_cls``), which must name something that is there. An old name kept for
+users (:data:`satrl.moved.MOVED`) counts as the module it names, and nothing of the project imports one."""
 
 import ast
 import re
 from pathlib import Path
 
 import pytest
+
+from satrl.moved import MOVED, new_name
 
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = {"satrl": REPO / "src" / "satrl", "benchmarks": REPO / "benchmarks"}
@@ -22,7 +24,7 @@ ROOTS = {"satrl": REPO / "src" / "satrl", "benchmarks": REPO / "benchmarks"}
 # folder, but two leaves that the code needs low: the config's base (every section imports it) and the engine side.
 FLOORS = {
     # 0, leaves: the shared vocabulary, the registry class, the config sections' base (ConfigError), files, and
-    # the old paths' aliases' helper.
+    # the table of old names (which imports the new module an old name asks for, by its name).
     "satrl": 0, "satrl.types": 0, "satrl.registry": 0, "satrl.tensors": 0, "satrl.dtypes": 0, "satrl.faults": 0,
     "satrl.folders": 0, "satrl.jsonl": 0, "satrl.provenance": 0, "satrl.config.base": 0, "satrl.lazy": 0,
     "satrl.moved": 0,
@@ -57,6 +59,7 @@ FACE = "satrl.config"
 # Library modules that still import an old path because another branch owns their file (issue 61: the weight
 # path is rewritten beside this move); the lead empties this at the merge.
 WAITING = {"satrl.weights.config": ["satrl.config_base"]}
+TABLE = "satrl.moved"  # the old names' table: its strings are names, not imports (test_the_old_names_are_a_table)
 
 
 def _modules() -> dict[str, Path]:
@@ -104,18 +107,19 @@ def imports(source: str, modules: dict[str, Path], here: str = "", strings: bool
     package = here if here in modules and modules[here].name == "__init__.py" else here.rpartition(".")[0]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            names = [new_name(a.name) or a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: from the module's package, one level up per dot beyond the first
                 up = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*up, *([base] if base else [])])
+            base = new_name(base) or base
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         elif isinstance(node, ast.Call) and (target := _dynamic_target(node)) is not None:
             if target == "?" or target.split(".")[0] in ROOTS:
                 dynamic.append(target)
             names = [resolved] if target != "?" and (resolved := _resolve(target, modules)) else []
-        elif strings and (target := _string_target(node, modules)) is not None:
+        elif strings and here != TABLE and (target := _string_target(node, modules)) is not None:
             names = [target[0]]
         else:
             continue
@@ -138,26 +142,11 @@ def string_targets(source: str, modules: dict[str, Path]) -> list[tuple[str, str
     return [t for node in ast.walk(ast.parse(source)) if (t := _string_target(node, modules)) is not None]
 
 
-def aliases(modules: dict[str, Path] | None = None) -> dict[str, str]:
-    """The old paths kept (:mod:`satrl.moved`): each module that imports ``satrl.moved``, by the one module it
-    names (what its old path now gives)."""
-    modules = modules or _modules()
-    out = {}
-    for name, path in modules.items():
-        found = imports(path.read_text(), modules, name)[0] - {name}
-        if name != "satrl.moved" and "satrl.moved" in found:
-            out[name] = " ".join(sorted(found - {"satrl.moved"}))
-    return out
-
-
 def graph(strings: bool = True) -> dict[str, set[str]]:
-    """Each module's imports (and with ``strings`` the modules its string targets name), an old path counted as the
-    module it names; the old paths themselves are no nodes (:func:`test_an_old_path_names_one_new_module_alone`)."""
+    """Each module's imports (and with ``strings`` the modules its string targets name), an old name counted as the
+    module it now is."""
     modules = _modules()
-    old = aliases(modules)
-    edges = {name: imports(path.read_text(), modules, name, strings)[0] - {name} for name, path in modules.items()
-             if name not in old}  # fmt: skip
-    return {name: {old.get(w, w) for w in ws} for name, ws in edges.items()}
+    return {name: imports(path.read_text(), modules, name, strings)[0] - {name} for name, path in modules.items()}
 
 
 def reached(edges: dict[str, set[str]], start: str) -> set[str]:
@@ -174,7 +163,7 @@ def reached(edges: dict[str, set[str]], start: str) -> set[str]:
 def dynamic_imports() -> dict[str, list[str]]:
     """Each module's ``import_module``/``__import__`` calls that name the project or a name not in the source."""
     modules = _modules()
-    found = {name: imports(path.read_text(), modules, name)[1] for name, path in modules.items()}
+    found = {name: imports(path.read_text(), modules, name)[1] for name, path in modules.items() if name != TABLE}
     return {name: calls for name, calls in found.items() if calls}
 
 
@@ -236,8 +225,7 @@ def test_no_import_cycle_between_files():
 
 
 def test_every_module_has_a_declared_floor():
-    old = aliases()  # an old path has no floor: it counts as the module it names
-    undeclared = sorted(m for m in _modules() if floor_key(m) in ("", "satrl") and m != "satrl" and m not in old)
+    undeclared = sorted(m for m in _modules() if floor_key(m) in ("", "satrl") and m != "satrl")
     assert not undeclared, f"add them to FLOORS (and to docs/design.md's layers): {undeclared}"
 
 
@@ -342,7 +330,7 @@ def test_every_string_target_names_a_name_that_is_there():
     of :func:`graph` (so the floors hold for it) and names a module that defines that name."""
     modules, found = _modules(), {}
     for name, path in modules.items():
-        for module, rest in string_targets(path.read_text(), modules):
+        for module, rest in string_targets(path.read_text(), modules) if name != TABLE else ():
             defined = _defined(modules[module].read_text())
             if rest and rest.split(".")[0] not in defined:
                 found[name] = [*found.get(name, []), f"{module}.{rest}"]
@@ -374,18 +362,35 @@ def _defined(source: str) -> set[str]:
     return out
 
 
-def test_an_old_path_names_one_new_module_alone():
-    """An old path (:mod:`satrl.moved`) imports the helper and the one module it now is, which is no old path."""
-    old = aliases()
-    assert {"satrl.config_base", "satrl.pipeline.run_config", "satrl.pipeline.orchestrator",
-            "satrl.pipeline.launch.setup"} <= set(old)  # fmt: skip
-    assert {k: v for k, v in old.items() if not v or " " in v or v in old} == {}
-
-
-def test_no_module_imports_an_old_path():
-    """The library and the benchmarks import the new paths; the old ones are for users and peers' configs."""
+def test_the_old_names_are_a_table():
+    """Each old name (:data:`satrl.moved.MOVED`) has no file, and names a module that is there and did not move;
+    the table's one dynamic import is the new module an old name asks for, and it imports nothing else of satrl."""
     modules = _modules()
-    old = aliases(modules)
-    found = {name: sorted(set(old) & imports(path.read_text(), modules, name)[0]) for name, path in modules.items()
-             if name not in old}  # fmt: skip
+    assert {"satrl.config_base", "satrl.pipeline.run_config", "satrl.pipeline.orchestrator",
+            "satrl.pipeline.launch"} <= set(MOVED)  # fmt: skip
+    assert [old for old in MOVED if old in modules] == []
+    assert [new for new in MOVED.values() if new not in modules or new_name(new)] == []
+    assert imports(modules[TABLE].read_text(), modules, TABLE) == (set(), ["?"])
+    assert new_name("satrl.pipeline.launch.setup") == "satrl.launch.setup" and new_name("satrl.pipeline.buffer") is None
+
+
+def old_names(source: str) -> list[str]:
+    """The old names (:data:`satrl.moved.MOVED`) ``source`` imports or names in a string."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found += [node.module] if new_name(node.module) else [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and DOTTED.fullmatch(node.value):
+            found.append(node.value)
+    return sorted({name for name in found if new_name(name) is not None})
+
+
+def test_no_module_imports_an_old_name():
+    """The library and the benchmarks import the new paths; the old ones are for users and peers' configs."""
+    found = {name: old_names(path.read_text()) for name, path in _modules().items() if name != TABLE}
     assert {name: ws for name, ws in found.items() if ws} == WAITING
+    planted = ("from satrl.pipeline.launch import setup\nfrom satrl.pipeline import buffer, rundir\n"
+               "import satrl.pipeline.errors\nT = 'satrl.config_base.X'\n")  # fmt: skip
+    assert old_names(planted) == ["satrl.config_base.X", "satrl.pipeline.launch", "satrl.pipeline.rundir"]

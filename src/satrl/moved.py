@@ -1,41 +1,80 @@
-"""Old import paths kept (issue 61): a module that moved leaves at its old path a file of three lines that calls
-:func:`alias`, so ``import satrl.pipeline.orchestrator`` still gives the module, now ``satrl.loop.orchestrator``,
-with one :class:`DeprecationWarning` per old path and process. The library imports the new paths
-(``tests/test_layers.py`` checks it); an old path is for users and peers' configs. Imports nothing of satrl."""
+"""Old import paths kept (issue 61): a module that moved is still importable by its old name, which gives the
+very module at the new path (so its objects are the same, and a patch through either name patches both), with one
+:class:`DeprecationWarning` per old name and process. No file stands at an old path: a finder on ``sys.meta_path``
+(:func:`install`, which ``satrl/__init__.py`` calls) answers for the names in :data:`MOVED`, so a merge still sees
+each move as a rename. The library imports the new paths (``tests/test_layers.py`` checks it); an old one is for
+users, docs and peers' configs. Imports nothing of satrl but, on first use of an old name, the module it names."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 import warnings
+from importlib.abc import Loader, MetaPathFinder
+from importlib.machinery import ModuleSpec
 from types import ModuleType
 
+# old name -> new name; a package's old name also stands for every module under it.
+MOVED = {
+    "satrl.config_base": "satrl.config.base",
+    "satrl.pipeline.run_config": "satrl.config.run",
+    "satrl.pipeline.orchestrator": "satrl.loop.orchestrator",
+    "satrl.pipeline.progress": "satrl.loop.progress",
+    "satrl.pipeline.rollouts": "satrl.loop.rollouts",
+    "satrl.pipeline.rundir": "satrl.rundir.files",
+    "satrl.pipeline.resume_check": "satrl.rundir.resume_check",
+    "satrl.pipeline.launch": "satrl.launch",
+}
 _WARNED: set[str] = set()
 
 
+def new_name(old: str) -> str | None:
+    """What the old module name ``old`` is now called (``satrl.pipeline.launch.setup``: ``satrl.launch.setup``);
+    None when it did not move."""
+    for before, after in MOVED.items():
+        if old == before or old.startswith(before + "."):
+            return after + old[len(before) :]
+    return None
+
+
+class _OldNames(MetaPathFinder, Loader):
+    """Finds an old name and loads it as the module it now is: no code runs twice, no second copy exists."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        return ModuleSpec(fullname, self) if new_name(fullname) is not None else None
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
+        new = new_name(spec.name)
+        assert new is not None  # find_spec answered for this name only
+        module = importlib.import_module(new)
+        if spec.name not in _WARNED:
+            _WARNED.add(spec.name)
+            warnings.warn(f"{spec.name} moved to {new}: import that (the old name will go)", DeprecationWarning,
+                          stacklevel=_caller_level())  # fmt: skip
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Nothing: the module ran under its new name."""
+
+
 def _caller_level() -> int:
-    """The ``stacklevel`` of the first frame outside the alias file and the import machinery (``import x``'s
-    frozen frames, ``importlib.import_module``), so the warning names the line that imported the old path and
-    shows by default when that line is in ``__main__``. :func:`warnings.warn` skips the frozen frames itself."""
-    frame, level = sys._getframe(2).f_back, 2  # 1: alias(), 2: the alias file's body
-    while frame is not None and frame.f_back is not None:
+    """The ``stacklevel`` of the first frame outside the import machinery (``import x``'s frozen frames, which
+    :func:`warnings.warn` skips itself, and ``importlib.import_module``), so the warning names the line that
+    imported the old name and shows by default when that line is in ``__main__``."""
+    frame, level = sys._getframe(2), 2  # 1: create_module
+    while frame.f_back is not None:
         frozen = frame.f_code.co_filename.startswith("<frozen importlib._bootstrap")
         if not frozen and frame.f_globals.get("__name__") != "importlib":
-            return level + 1
+            return level
         frame, level = frame.f_back, level + (not frozen)
-    return level + 1
+    return level
 
 
-def alias(old: str, new: ModuleType) -> None:
-    """Make the old module path ``old`` name the module ``new``; warn the first time in this process.
+_FINDER = _OldNames()
 
-    A module's old path becomes the very module (``sys.modules``), so its objects are the same and a patch through
-    either name patches both. A package's old path keeps its own folder, whose files are the aliases of its old
-    submodules; its other names are taken from ``new``."""
-    if old not in _WARNED:
-        _WARNED.add(old)
-        warnings.warn(f"{old} moved to {new.__name__}: import that (the old path will go)", DeprecationWarning,
-                      stacklevel=_caller_level())  # fmt: skip
-    if hasattr(new, "__path__"):
-        sys.modules[old].__getattr__ = lambda name: getattr(new, name)  # type: ignore[method-assign]
-    else:
-        sys.modules[old] = new
+
+def install() -> None:
+    """Put the finder first on ``sys.meta_path`` (once): before the path finder, which would otherwise load a module
+    under a moved package's old name a second time."""
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
