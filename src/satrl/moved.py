@@ -1,8 +1,11 @@
-"""Old import paths kept (issue 61): a module that moved is still importable by its old name, which gives the
-very module at the new path (so its objects are the same, and a patch through either name patches both), with one
-:class:`DeprecationWarning` per old name and process. No file stands at an old path: a finder on ``sys.meta_path``
-(:func:`install`, which ``satrl/__init__.py`` calls) answers for the names in :data:`MOVED`, so a merge still sees
-each move as a rename. The library imports the new paths (``tests/test_layers.py`` checks it); an old one is for
+"""Old import paths kept working after a module moved (issue 61: public paths kept): the old path warns once per
+process (:func:`moved`), with a ``DeprecationWarning`` naming the new path, and hands out the new module's objects.
+
+A module that moved is still importable by its old name, which gives the very module at the new path (so its
+objects are the same, and a patch through either name patches both). No file stands at an old path: a finder on
+``sys.meta_path`` (:func:`install`, which ``satrl/__init__.py`` calls) answers for the names in :data:`MOVED`, so
+a merge still sees each move as a rename. A name that left a module that stays calls :func:`moved` from that
+module's ``__getattr__``. The library imports the new paths (``tests/test_layers.py`` checks it); an old one is for
 users, docs and peers' configs. Imports nothing of satrl but, on first use of an old name, the module it names."""
 
 from __future__ import annotations
@@ -25,7 +28,15 @@ MOVED = {
     "satrl.pipeline.resume_check": "satrl.rundir.resume_check",
     "satrl.pipeline.launch": "satrl.launch",
 }
-_WARNED: set[str] = set()
+_WARNED: set[str] = set()  # old paths already warned about in this process
+
+
+def moved(old: str, new: str, stacklevel: int = 3) -> None:
+    """Warn once per process that ``old`` (a module path or ``module.name``) is now ``new``."""
+    if old in _WARNED:
+        return
+    _WARNED.add(old)
+    warnings.warn(f"{old} moved to {new}; the old path will be removed", DeprecationWarning, stacklevel=stacklevel)
 
 
 def new_name(old: str) -> str | None:
@@ -47,10 +58,7 @@ class _OldNames(MetaPathFinder, Loader):
         new = new_name(spec.name)
         assert new is not None  # find_spec answered for this name only
         module = importlib.import_module(new)
-        if spec.name not in _WARNED:
-            _WARNED.add(spec.name)
-            warnings.warn(f"{spec.name} moved to {new}: import that (the old name will go)", DeprecationWarning,
-                          stacklevel=_caller_level())  # fmt: skip
+        moved(spec.name, new, stacklevel=_caller_level() + 1)
         return module
 
     def exec_module(self, module: ModuleType) -> None:

@@ -71,7 +71,7 @@ def test_each_old_name_is_the_new_module_and_warns_once():
     # satrl.config_base first: its first import is the probe's, not satrl.weights.config's (tests/test_layers.py:
     # WAITING), so every warning names the probe's line
     assert found["warned"] == {
-        old: [["<string>", f"{old} moved to {new}: import that (the old name will go)"]] for old, new in moved.items()}
+        old: [["<string>", f"{old} moved to {new}; the old path will be removed"]] for old, new in moved.items()}
 
 
 def test_the_config_face_keeps_its_names():
