@@ -20,13 +20,13 @@ REPO = Path(__file__).resolve().parents[1]
 ROOTS = {"satrl": REPO / "src" / "satrl", "benchmarks": REPO / "benchmarks"}
 
 # The floors, bottom (0) up: a module may import its own floor and those below, never one above. A module's floor
-# is that of the longest key it is or lies under (``satrl`` itself only for the package's ``__init__``). One key per
-# folder, but two leaves that the code needs low: the config's base (every section imports it) and the engine side.
+# is that of the longest key it is or lies under (``satrl`` itself only for the package's ``__init__``). From floor 4 up,
+# one key per folder: the engine side (pipeline/engine_side/, 5) sits above the loop's leaves it imports.
 FLOORS = {
     # 0, leaves: the shared vocabulary, the registry class, the config sections' base (ConfigError), files, and
     # the table of old names (which imports the new module an old name asks for, by its name).
     "satrl": 0, "satrl.types": 0, "satrl.registry": 0, "satrl.tensors": 0, "satrl.dtypes": 0, "satrl.faults": 0,
-    "satrl.folders": 0, "satrl.jsonl": 0, "satrl.provenance": 0, "satrl.config.base": 0, "satrl.lazy": 0,
+    "satrl.folders": 0, "satrl.jsonl": 0, "satrl.provenance": 0, "satrl.config_base": 0, "satrl.lazy": 0,
     "satrl.moved": 0,
     # 1-3, the components, each with its config section (<component>/config.py)
     "satrl.models": 1, "satrl.objectives": 1, "satrl.weights": 1,
@@ -54,11 +54,8 @@ PROGRAMS = ("satrl.apps", "satrl.cli", "satrl.__main__")
 DYNAMIC = ("import_module", "__import__")  # importlib.import_module(...), import_module(...), __import__(...)
 DOTTED = re.compile(r"(satrl|benchmarks)(\.[A-Za-z_]\w*)+")  # a string naming a module (and a name in it)
 # The config's public face re-exports every section and the run config: the programs, benchmarks and users import
-# it; a library module imports the module it needs (satrl.config.base, satrl.config.run).
+# it; a library module imports the module it needs (satrl.config_base, satrl.config.run).
 FACE = "satrl.config"
-# Library modules that still import an old path because another branch owns their file (issue 61: the weight
-# path is rewritten beside this move); the lead empties this at the merge.
-WAITING = {"satrl.weights.config": ["satrl.config_base"]}
 TABLE = "satrl.moved"  # the old names' table: its strings are names, not imports (test_the_old_names_are_a_table)
 
 
@@ -366,8 +363,7 @@ def test_the_old_names_are_a_table():
     """Each old name (:data:`satrl.moved.MOVED`) has no file, and names a module that is there and did not move;
     the table's one dynamic import is the new module an old name asks for, and it imports nothing else of satrl."""
     modules = _modules()
-    assert {"satrl.config_base", "satrl.pipeline.run_config", "satrl.pipeline.orchestrator",
-            "satrl.pipeline.launch"} <= set(MOVED)  # fmt: skip
+    assert {"satrl.pipeline.run_config", "satrl.pipeline.orchestrator", "satrl.pipeline.launch"} <= set(MOVED)
     assert [old for old in MOVED if old in modules] == []
     assert [new for new in MOVED.values() if new not in modules or new_name(new)] == []
     assert imports(modules[TABLE].read_text(), modules, TABLE) == (set(), ["?"])
@@ -390,7 +386,7 @@ def old_names(source: str) -> list[str]:
 def test_no_module_imports_an_old_name():
     """The library and the benchmarks import the new paths; the old ones are for users and peers' configs."""
     found = {name: old_names(path.read_text()) for name, path in _modules().items() if name != TABLE}
-    assert {name: ws for name, ws in found.items() if ws} == WAITING
+    assert {name: ws for name, ws in found.items() if ws} == {}
     planted = ("from satrl.pipeline.launch import setup\nfrom satrl.pipeline import buffer, rundir\n"
-               "import satrl.pipeline.errors\nT = 'satrl.config_base.X'\n")  # fmt: skip
-    assert old_names(planted) == ["satrl.config_base.X", "satrl.pipeline.launch", "satrl.pipeline.rundir"]
+               "import satrl.pipeline.errors\nT = 'satrl.pipeline.run_config.X'\n")  # fmt: skip
+    assert old_names(planted) == ["satrl.pipeline.launch", "satrl.pipeline.run_config.X", "satrl.pipeline.rundir"]

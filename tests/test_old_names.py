@@ -16,7 +16,6 @@ from satrl.moved import MOVED
 # The names the folders' move (issue 61) left behind, which users, docs and peers' configs name, and the moved
 # package's modules.
 OLD = {
-    "satrl.config_base": "satrl.config.base",
     "satrl.pipeline.run_config": "satrl.config.run",
     "satrl.pipeline.orchestrator": "satrl.loop.orchestrator",
     "satrl.pipeline.progress": "satrl.loop.progress",
@@ -68,16 +67,15 @@ def test_each_old_name_is_the_new_module_and_warns_once():
     assert r.returncode == 0, r.stderr
     found = json.loads(r.stdout.strip().splitlines()[-1])
     assert found["same"] == dict.fromkeys(moved, True) and found["train"]
-    # satrl.config_base first: its first import is the probe's, not satrl.weights.config's (tests/test_layers.py:
-    # WAITING), so every warning names the probe's line
     assert found["warned"] == {
         old: [["<string>", f"{old} moved to {new}; the old path will be removed"]] for old, new in moved.items()}
 
 
 def test_the_config_face_keeps_its_names():
     import satrl.config
-    from satrl.config import base, run
+    from satrl import config_base
+    from satrl.config import run
 
     assert satrl.config.__all__ == sorted(FACE)
-    assert satrl.config.RunConfig is run.RunConfig and satrl.config.ConfigError is base.ConfigError
+    assert satrl.config.RunConfig is run.RunConfig and satrl.config.ConfigError is config_base.ConfigError
     assert all(getattr(satrl.config, name) is not None for name in FACE)

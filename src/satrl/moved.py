@@ -19,7 +19,6 @@ from types import ModuleType
 
 # old name -> new name; a package's old name also stands for every module under it.
 MOVED = {
-    "satrl.config_base": "satrl.config.base",
     "satrl.pipeline.run_config": "satrl.config.run",
     "satrl.pipeline.orchestrator": "satrl.loop.orchestrator",
     "satrl.pipeline.progress": "satrl.loop.progress",

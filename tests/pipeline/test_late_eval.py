@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from satrl.config.base import ConfigError
+from satrl.config_base import ConfigError
 from satrl.diagnostics.summary import late_window_start
 from satrl.launch.setup import build_evaluator
 from satrl.tasks import make_task

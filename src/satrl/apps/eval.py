@@ -258,7 +258,7 @@ def _evaluate(t: _Target) -> tuple[EvalResult, dict[str, list[int]]]:
     import torch
 
     from satrl.apps.runs import checkpoint_step, checkpoint_weights
-    from satrl.config.base import check_device_here
+    from satrl.config_base import check_device_here
     from satrl.engines import resolve_numerics
     from satrl.engines.registry import engine_for
     from satrl.models import load_tokenizer

@@ -5,14 +5,14 @@ allowed), turned into plain arguments at the edge of each component, and saved r
 that names a choice (an engine, a task, a schedule, ...) is checked against that choice's registry
 (:mod:`satrl.registry`), the one list of valid names: a newly registered engine or task is valid here at once.
 
-The package holds the config's own code: :mod:`satrl.config.base` (a leaf, floor 0: :class:`ConfigError`, the
-strict section base, the device names, which every component's section imports) and :mod:`satrl.config.run` (the
-run config assembled from the sections, which the pipeline imports). Each section lives with its component
+The package holds the run config (:mod:`satrl.config.run`: assembled from the sections, which the pipeline
+imports) and this module, its public face. The sections stand on the leaf :mod:`satrl.config_base` (floor 0:
+:class:`ConfigError`, the strict section base, the device names), and each lives with its component
 (``satrl/<component>/config.py``; ``LagConfig`` with the lag schedules, ``RayConfig`` with the engine side in
-:mod:`satrl.pipeline.backend_config`). This module is the public face: it re-exports them all, each name imported
-when first asked for, so that importing :mod:`satrl.config.base` loads nothing else. The programs and users import
-the face; no library module does, directly or through another (``tests/test_layers.py``; docs/design.md, "Layers
-and the rules between them").
+:mod:`satrl.pipeline.backend_config`). The face re-exports them all, each name imported when first asked for, so
+that importing :mod:`satrl.config.run` runs nothing more than it needs. The programs and users import the face; no
+library module does, directly or through another (``tests/test_layers.py``; docs/design.md, "Layers and the rules
+between them").
 """
 
 from types import ModuleType
@@ -25,7 +25,7 @@ def _module(name: str) -> ModuleType:
     so the import graph sees each)."""
     match name:
         case "base":
-            from satrl.config import base as module
+            from satrl import config_base as module
         case "collapse":
             from satrl.diagnostics import collapse as module
         case "diagnostics":

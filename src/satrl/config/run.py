@@ -1,7 +1,7 @@
 """The run config, assembled from the components' own sections: one pydantic model per component, YAML loading,
 ``key=value`` overrides, and the checks across sections and before a run.
 
-The config is validated up front (a bad key or value is a :class:`~satrl.config.base.ConfigError` naming the field
+The config is validated up front (a bad key or value is a :class:`~satrl.config_base.ConfigError` naming the field
 and what is allowed), turned into plain arguments at the edge of each component (:mod:`satrl.launch.setup`),
 and saved resolved with every run. Each section lives with its component (``satrl/<component>/config.py``,
 ``LagConfig`` with the schedules, ``RayConfig`` in :mod:`satrl.pipeline.backend_config`) and checks a field that
@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, model_validator
 
-from satrl.config.base import ConfigError, Section, check_device_here, load_yaml, show
+from satrl.config_base import ConfigError, Section, check_device_here, load_yaml, show
 from satrl.diagnostics.collapse import CollapseConfig
 from satrl.diagnostics.config import DiagnosticsConfig
 from satrl.engines.config import EngineConfig, EngineName
@@ -154,7 +154,7 @@ class RunConfig(Section):
 
 def _parse_scalar(text: str, key: str = "override") -> Any:
     """Parse an override value as YAML (so `true`, `8`, `1e-4`, `[1, 2]` work), keeping bare strings; anchors and
-    aliases are refused (:func:`~satrl.config.base.load_yaml`)."""
+    aliases are refused (:func:`~satrl.config_base.load_yaml`)."""
     try:
         return load_yaml(text, f"override {key}")
     except yaml.YAMLError:

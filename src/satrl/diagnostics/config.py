@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from satrl.config.base import Section
+from satrl.config_base import Section
 
 
 class DiagnosticsConfig(Section):

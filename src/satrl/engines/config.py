@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 
-from satrl.config.base import Section
+from satrl.config_base import Section
 from satrl.engines.numerics import DEFAULT_NUMERICS, NUMERICS
 from satrl.engines.registry import ENGINES
 from satrl.types import ENGINE_TIMEOUT_S

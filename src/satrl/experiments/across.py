@@ -27,7 +27,7 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from satrl.config.base import ConfigError
+from satrl.config_base import ConfigError
 from satrl.experiments import N_RESAMPLES  # the repaired fraction's bootstrap resamples (seed 0)
 from satrl.folders import replacing
 

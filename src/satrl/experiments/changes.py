@@ -80,8 +80,8 @@ def _diff(before: Run, now: Run, raw_base: str) -> list[str]:
 def _resolved_diff(now: Run, recorded: dict[str, Any]) -> list[str]:
     """The keys config.yaml records differently from the config the grid now resolves for the run (its base
     file included); none when that config does not resolve (the grid's own check of it names the problem)."""
-    from satrl.config.base import ConfigError
     from satrl.config.run import load_config
+    from satrl.config_base import ConfigError
 
     try:
         resolved = _flatten(load_config(now.base, [*now.overrides, f"seed={now.seed}"]).model_dump(mode="json"))

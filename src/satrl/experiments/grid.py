@@ -111,8 +111,8 @@ class GridConfigError(ValueError):
 def config_problems(runs: list[Run]) -> dict[str, str]:
     """``{run name: why}`` for each run whose config ``satrl train`` would refuse (its base file and overrides
     loaded as the child loads them), one line each. Runs that differ only by seed and folder share one check."""
-    from satrl.config.base import ConfigError
     from satrl.config.run import load_config  # the config loader alone: pydantic, no torch
+    from satrl.config_base import ConfigError
 
     problems, seen = {}, {}
     for r in runs:

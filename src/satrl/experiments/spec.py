@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from satrl.config.base import ConfigError, load_yaml
+from satrl.config_base import ConfigError, load_yaml
 
 # Keys the grid itself controls; a cell or `extra:` setting them would silently fight the grid.
 _RESERVED = {"seed": "--seeds / seeds:", "out": "--out", "lag.n": "lags:", "lag.schedule": "lag_schedule:",

@@ -37,8 +37,8 @@ from typing import NamedTuple
 
 import torch
 
-from satrl.config.base import ConfigError
 from satrl.config.run import RunConfig
+from satrl.config_base import ConfigError
 from satrl.training import dp
 from satrl.training.trainer import Trainer
 from satrl.types import Batch

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import torch
 
-from satrl.config.base import ConfigError
 from satrl.config.run import RunConfig
+from satrl.config_base import ConfigError
 from satrl.diagnostics.summary import late_window_start
 from satrl.launch.data_parallel import OneProcess, Ranks
 from satrl.launch.stand_ins import NoEvaluator, NoRunDir

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from satrl.config.base import Section
+from satrl.config_base import Section
 from satrl.models.chat import ChatFormat  # light: no torch, no transformers
 
 

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from pydantic import Field
 
-from satrl.config.base import Section
+from satrl.config_base import Section
 from satrl.engines.config import EngineConfig
 from satrl.weights.config import WeightsConfig
 

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
 
-from satrl.config.base import ConfigError, Section
+from satrl.config_base import ConfigError, Section
 from satrl.registry import Registry
 
 

@@ -18,8 +18,8 @@ import torch
 import yaml
 
 from satrl import faults
-from satrl.config.base import ConfigError
 from satrl.config.run import RunConfig, load_config
+from satrl.config_base import ConfigError
 from satrl.diagnostics import summarize_run
 from satrl.diagnostics.collapse import CollapseConfig, skipped_collapse
 from satrl.diagnostics.summary import score_problem

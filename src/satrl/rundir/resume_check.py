@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from satrl.config.base import ConfigError
 from satrl.config.run import build_config
+from satrl.config_base import ConfigError
 from satrl.pipeline.errors import RunDirError
 
 RESUMABLE = ("steps", "eval.every", "checkpoint.every", "train.max_threads", "engine.timeout_s",

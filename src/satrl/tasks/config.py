@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 
-from satrl.config.base import Section
+from satrl.config_base import Section
 from satrl.tasks import TASKS
 
 TaskName = Annotated[str, AfterValidator(TASKS.check)]  # a name in the registry, the one list of valid names

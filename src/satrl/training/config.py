@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, SerializeAsAny, field_validator, model_validator
 
-from satrl.config.base import Device, Section
+from satrl.config_base import Device, Section
 from satrl.objectives.registry import Params
 from satrl.training.baselines import ADVANTAGES, DEFAULT_ADVANTAGE, resolve_advantage
 
