@@ -79,3 +79,13 @@ def test_the_config_face_keeps_its_names():
     assert satrl.config.__all__ == sorted(FACE)
     assert satrl.config.RunConfig is run.RunConfig and satrl.config.ConfigError is config_base.ConfigError
     assert all(getattr(satrl.config, name) is not None for name in FACE)
+
+
+def test_the_tests_use_the_new_names():
+    """Only the two tests of the old names name them: the others patch and import the modules where they live."""
+    from test_layers import old_names
+
+    here = REPO / "tests"
+    found = {str(p.relative_to(here)): old_names(p.read_text()) for p in sorted(here.rglob("*.py"))
+             if p.name not in ("test_layers.py", "test_old_names.py")}  # fmt: skip
+    assert {name: old for name, old in found.items() if old} == {}

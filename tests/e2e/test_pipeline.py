@@ -64,7 +64,7 @@ def test_r3_removes_routing_disagreement(run_tiny):
 
 
 def test_metrics_reach_tensorboard_when_installed(run_tiny, monkeypatch):
-    from satrl.pipeline import rundir
+    from satrl.rundir import files as rundir
 
     class FakeWriter:
         def __init__(self):

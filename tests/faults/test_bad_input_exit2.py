@@ -50,7 +50,7 @@ def test_prompt_beyond_the_model_context_is_one_line_exit_2(tmp_path, capsys):
 def test_a_later_prompt_beyond_the_context_is_one_line_exit_2(tmp_path, capsys, monkeypatch, backend):
     """A prompt longer than those checked up front (here: the check is skipped) meets the engine's own check,
     in this process or in the engine process: one line, exit 2."""
-    from satrl.pipeline import orchestrator
+    from satrl.loop import orchestrator
 
     monkeypatch.setattr(orchestrator, "check_context", lambda *a: None)
     line = _one_line_exit_2(capsys, "train", *TINY, "steps=2", "engine.max_new_tokens=60", "eval.at_start=false",

@@ -157,7 +157,7 @@ def test_local_backend_surfaces_a_failed_engine_child(tiny_cfg):
 
 # -- defect 4: a SIGKILLed engine process is restarted, its work re-issued, no sample lost or doubled ----
 def _capture_backend(monkeypatch):
-    from satrl.pipeline import orchestrator
+    from satrl.loop import orchestrator
 
     made = []
     original = orchestrator.make_backend

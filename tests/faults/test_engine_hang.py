@@ -21,7 +21,7 @@ def _cli(capfd, *args) -> tuple[int, list[str]]:
 
 
 def test_stopped_engine_is_restarted_and_loses_nothing(run_tiny, tiny_cfg, monkeypatch, trained_ids, capsys):
-    from satrl.pipeline import orchestrator
+    from satrl.loop import orchestrator
 
     ref = run_tiny(*ARGS, name="ref")
     ref_ids = list(trained_ids)

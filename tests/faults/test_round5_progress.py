@@ -11,7 +11,7 @@ import re
 import pytest
 
 from satrl.config import load_config
-from satrl.pipeline import progress
+from satrl.loop import progress
 
 ROW = {"train/reward": 0.512, "lag/mean": 3.5, "mismatch/d_pi": 0.0123, "obj/gate_rate": 0.01}
 

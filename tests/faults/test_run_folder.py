@@ -98,7 +98,7 @@ def test_refused_extension_leaves_config_yaml(run_tiny):
 
 def test_extension_without_the_weights_it_needs_is_refused(run_tiny, monkeypatch):
     """A run made before its last checkpoint kept the weights of later batches: one line, config.yaml kept."""
-    from satrl.pipeline import orchestrator
+    from satrl.loop import orchestrator
 
     versions = orchestrator._versions
     monkeypatch.setattr(orchestrator, "_versions", lambda sched, b, P, *rest: versions(sched, b, P, *rest) if b < 2 else set())
@@ -179,7 +179,7 @@ def test_a_lock_file_unlinked_under_a_waiting_opener_is_not_a_lock(tmp_path, mon
     """A clean release unlinks the lock file while holding it; a process that opened the old file just before
     must not count its flock on that orphan as holding the folder: it locks the file now at the path."""
     from satrl import folders
-    from satrl.pipeline import rundir
+    from satrl.rundir import files as rundir
 
     real_open, opened = open, []
 

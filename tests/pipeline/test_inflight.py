@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from run_helpers import SAMPLE_KEYS, TINY, engine_signaller, read_jsonl, stable
 from satrl.config import ConfigError, load_config
+from satrl.loop import orchestrator, rollouts
 from satrl.loop.orchestrator import train
-from satrl.pipeline import orchestrator, rollouts
 from satrl.pipeline.buffer import collate
 from satrl.pipeline.schedules import inflight_version, inflight_versions
 from satrl.rundir.files import RunDir

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from satrl.config import load_config
-from satrl.pipeline import progress
+from satrl.loop import progress
 
 
 class Clock:

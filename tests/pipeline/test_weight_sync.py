@@ -7,8 +7,8 @@ import torch
 
 from run_helpers import TINY, read_jsonl, stable
 from satrl.config import load_config
+from satrl.loop import orchestrator
 from satrl.loop.rollouts import horizon
-from satrl.pipeline import orchestrator
 from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
 from satrl.pipeline.schedules import make_schedule
 from satrl.weights.held import InMemory

@@ -9,7 +9,7 @@ import torch
 
 from run_helpers import TINY, engine_signaller, read_jsonl, stable
 from satrl.config import ConfigError, load_config
-from satrl.pipeline import orchestrator
+from satrl.loop import orchestrator
 from satrl.weights.snapshot import Snapshot
 
 ARGS = ["steps=6", "lag.schedule=broadcast", "lag.n=3", "seed=2", "backend=local"]

@@ -113,7 +113,7 @@ def test_a_failure_while_the_trainer_is_built_ends_the_job(monkeypatch, tmp_path
 
     from satrl.config import load_config
     from satrl.launch import data_parallel as ranks
-    from satrl.pipeline import orchestrator
+    from satrl.loop import orchestrator
     from satrl.training import dp
     from satrl.training.sharded import Sharded
 

@@ -195,7 +195,7 @@ def test_tf32_is_set_where_the_program_starts_never_by_a_trainer(tiny, tmp_path,
 
     from satrl.config import load_config
     from satrl.dtypes import set_tf32
-    from satrl.pipeline import orchestrator
+    from satrl.loop import orchestrator
 
     model, _ = tiny
     before = torch.backends.cuda.matmul.allow_tf32
