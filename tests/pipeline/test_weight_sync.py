@@ -8,7 +8,7 @@ import torch
 from run_helpers import TINY, read_jsonl, stable
 from satrl.config import load_config
 from satrl.pipeline import orchestrator
-from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
+from satrl.pipeline.engines_host.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
 from satrl.pipeline.rollouts import horizon
 from satrl.pipeline.schedules import make_schedule
 from satrl.weights.held import InMemory
@@ -128,7 +128,7 @@ def test_an_engine_that_holds_one_version_moves_forward_and_refuses_to_go_back()
 def test_a_restarted_engine_gets_each_version_just_before_the_first_request_that_needs_it():
     """The refeed after a restart: an engine that holds one version at a time only moves forward, so versions and
     re-issued requests go out interleaved, in order."""
-    from satrl.pipeline.engine_side.local_backends import ProcessBackend
+    from satrl.pipeline.engines_host.local_backends import ProcessBackend
     from satrl.weights.trainer_sides import InprocTransport
 
     sent: list[tuple] = []
@@ -138,7 +138,7 @@ def test_a_restarted_engine_gets_each_version_just_before_the_first_request_that
     backend.transport.held = {v: Snapshot.of_state({}) for v in (3, 5, 6, 9)}
     backend.in_flight = {11: RolloutRequest(11, [5, 5]), 10: RolloutRequest(10, [3, 5]), 12: RolloutRequest(12, [6, 6])}
     backend._refeed()
-    from satrl.pipeline.engine_side.engine_process import Rollout
+    from satrl.pipeline.engines_host.engine_process import Rollout
     from satrl.weights.messages import Put
 
     assert [("weights", m.version) if isinstance(m, Put) else ("rollout", m.request.b) for m in sent] == [
@@ -153,7 +153,7 @@ def test_a_push_restarts_the_engine_deadline():
     than engine.timeout_s must not read as an engine hang once the version arrives."""
     import time
 
-    from satrl.pipeline.engine_side.local_backends import ProcessBackend
+    from satrl.pipeline.engines_host.local_backends import ProcessBackend
     from satrl.weights.trainer_sides import InprocTransport
 
     backend = ProcessBackend.__new__(ProcessBackend)

@@ -1,6 +1,6 @@
 """The weight-sync layer: how each version's weights travel from the trainer to the engine side, once.
 
-A rollout request never carries weights (``satrl.pipeline.engine_side.worker.RolloutRequest``): the loop pushes a version's
+A rollout request never carries weights (``satrl.pipeline.engines_host.worker.RolloutRequest``): the loop pushes a version's
 weights to the backend once, when the snapshot store keeps it, and tells it which versions it still keeps when
 it forgets one; the engine side holds exactly those, and a batch whose version it does not hold fails
 (``WeightsMissing``), never silently runs on other weights. The path of a version, all inside this package

@@ -4,7 +4,7 @@ A receiver crosses to the engine process with the worker's spec (it is a small f
 :class:`~satrl.weights.link.Link` at most), is started before the engine is built (``dist`` joins the trainer's
 group then, so the first version arrives while the engine loads), attached to the worker once it exists, and
 then applies each :mod:`weight message <satrl.weights.messages>` in queue order. What it applies them to is a
-:class:`Holder`: the rollout worker (``satrl.pipeline.engine_side.worker.RolloutWorker``), which this layer never imports.
+:class:`Holder`: the rollout worker (``satrl.pipeline.engines_host.worker.RolloutWorker``), which this layer never imports.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ it declares, without importing torch.
 Each registry entry (:class:`TransportKind`) declares what it needs, so no caller compares transport names:
 whether the engine must have a weight-transfer API of its own, what the engine must be built with, and whether
 the snapshot store must keep full fp32 copies. Which backends carry it, each backend declares
-(``satrl.pipeline.engine_side.backends.BackendKind.transports``; this layer never imports the pipeline).
+(``satrl.pipeline.engines_host.backends.BackendKind.transports``; this layer never imports the pipeline).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``sequential`` (in this process) and ``local`` (in a child process) are :mod:`.local_backends`, ``ray`` (Ray actors,
 an optional extra) :mod:`.ray_backend`: each is imported where it is built, so that the config checks a backend's
 name, and the transports it carries, without importing torch. Every backend takes the same
-:class:`~satrl.pipeline.engine_side.worker.RolloutRequest` objects and returns the same samples.
+:class:`~satrl.pipeline.engines_host.worker.RolloutRequest` objects and returns the same samples.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from satrl.registry import Registry
 
 if TYPE_CHECKING:
     from satrl.pipeline.backend_config import BackendSections as RunConfig
-    from satrl.pipeline.engine_side.worker import RolloutRequest, WorkerSpec
+    from satrl.pipeline.engines_host.worker import RolloutRequest, WorkerSpec
     from satrl.types import Sample
     from satrl.weights.snapshot import Snapshot
 
@@ -45,19 +45,19 @@ class Backend(Protocol):
 
 
 def _sequential(spec: WorkerSpec, **options) -> Backend:
-    from satrl.pipeline.engine_side.local_backends import SequentialBackend
+    from satrl.pipeline.engines_host.local_backends import SequentialBackend
 
     return SequentialBackend(spec, **options)
 
 
 def _local(spec: WorkerSpec, **options) -> Backend:
-    from satrl.pipeline.engine_side.local_backends import ProcessBackend
+    from satrl.pipeline.engines_host.local_backends import ProcessBackend
 
     return ProcessBackend(spec, **options)
 
 
 def _ray(spec: WorkerSpec, **options) -> Backend:
-    from satrl.pipeline.engine_side.ray_backend import RayBackend, RayOptions  # optional extra: ray
+    from satrl.pipeline.engines_host.ray_backend import RayBackend, RayOptions  # optional extra: ray
 
     return RayBackend(spec, RayOptions(**options))
 

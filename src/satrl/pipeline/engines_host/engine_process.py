@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection
 
 from satrl import faults
 from satrl.models.loading import PolicyLoadError
-from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutResult, RolloutWorker, WorkerSpec
+from satrl.pipeline.engines_host.worker import RolloutRequest, RolloutResult, RolloutWorker, WorkerSpec
 from satrl.tasks import TaskError
 from satrl.types import ContextLengthError
 from satrl.weights.messages import WeightMessage

@@ -1,10 +1,10 @@
 """The two backends on this machine: ``sequential`` (the worker in the caller's process, no overlap) and ``local``
 (the engine in a child process, generating while the trainer trains).
 
-Both take the same :class:`~satrl.pipeline.engine_side.worker.RolloutRequest` objects and return the same samples,
+Both take the same :class:`~satrl.pipeline.engines_host.worker.RolloutRequest` objects and return the same samples,
 because sampling depends only on per-request seeds and the requested weights. The trainer stays in the
 main process, where ``breakpoint()`` works. The registry that names them (and ``ray``) is
-:mod:`satrl.pipeline.engine_side.backends`, which imports this module where a backend is built, so that the config
+:mod:`satrl.pipeline.engines_host.backends`, which imports this module where a backend is built, so that the config
 checks ``backend`` without importing torch.
 """
 
@@ -22,8 +22,8 @@ from dataclasses import replace
 
 import torch
 
-from satrl.pipeline.engine_side.engine_process import Done, Failed, Request, Rollout, Started, Stop, serve
-from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutWorker, WorkerSpec
+from satrl.pipeline.engines_host.engine_process import Done, Failed, Request, Rollout, Started, Stop, serve
+from satrl.pipeline.engines_host.worker import RolloutRequest, RolloutWorker, WorkerSpec
 from satrl.pipeline.errors import EngineError
 from satrl.types import ENGINE_TIMEOUT_S, Sample
 from satrl.weights.link import LinkDown

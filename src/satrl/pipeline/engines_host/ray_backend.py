@@ -1,7 +1,7 @@
 """Ray backend: the rollout worker as Ray actors, sharing each batch's prompt groups (extra ``ray``).
 
 The orchestration loop and the trainer stay in the driver process (``breakpoint()`` still works there); each
-engine worker is a Ray actor wrapping the same :class:`~satrl.pipeline.engine_side.worker.RolloutWorker` the local
+engine worker is a Ray actor wrapping the same :class:`~satrl.pipeline.engines_host.worker.RolloutWorker` the local
 backends use, with the same rollout body (``RolloutWorker.rollout`` given the actor's groups). A batch's P
 prompt groups are split into contiguous shards, one per actor, and the shards' samples are merged sorted by
 sample id. Samples equal the local backend's because sampling depends only on
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from satrl.engines.numerics import resolve_numerics
-from satrl.pipeline.engine_side.worker import (
+from satrl.pipeline.engines_host.worker import (
     RolloutRequest,
     RolloutResult,
     RolloutWorker,
@@ -144,7 +144,7 @@ class RayOptions:
         timeout_s: how long :meth:`RayBackend.result` waits for a batch (config ``engine.timeout_s``) before the
             actors that owe it count as hung: they are killed and restarted by Ray, their shards re-issued, with a
             fresh deadline (plus ``restart_timeout_s`` for the restart).
-        max_hang_restarts: hangs in a row for one batch before :class:`~satrl.pipeline.engine_side.backends.EngineError`,
+        max_hang_restarts: hangs in a row for one batch before :class:`~satrl.pipeline.engines_host.backends.EngineError`,
             one line (config ``engine.max_restarts``).
         transport: ``weights.transport``, a name in :data:`~satrl.weights.transports.TRANSPORTS` that this backend
             carries (``BACKENDS``' declaration; the config checks it).
@@ -162,7 +162,7 @@ class RayOptions:
 
 class RayBackend:
     """Rollouts on ``options.num_workers`` Ray engine actors (implements
-    :class:`~satrl.pipeline.engine_side.backends.Backend`).
+    :class:`~satrl.pipeline.engines_host.backends.Backend`).
 
     Args:
         spec: how each actor builds its rollout worker.
