@@ -26,8 +26,9 @@ from satrl.models.loading import PolicyLoadError
 from satrl.pipeline.engines_host.worker import RolloutRequest, RolloutResult, RolloutWorker, WorkerSpec
 from satrl.tasks import TaskError
 from satrl.types import ContextLengthError
+from satrl.weights.link import Inbox, Link
 from satrl.weights.messages import WeightMessage
-from satrl.weights.receivers import Receiver
+from satrl.weights.transports import TRANSPORTS
 
 
 @dataclass(frozen=True)
@@ -66,27 +67,31 @@ Request = WeightMessage | Rollout | Stop
 Result = Started | Done | Failed
 
 
-def serve(spec: WorkerSpec, requests: mp.Queue, results: Connection, receiver: Receiver) -> None:
+def serve(spec: WorkerSpec, requests: mp.Queue, results: Connection, transport: str, link: Link | None) -> None:
     """Child-process main. Results go back over a pipe whose only writer is this process, so the parent sees its
     death as EOF (even mid-message) instead of waiting forever; a sender thread keeps generation from waiting on
-    the parent to read. ``receiver`` is the transport's engine side: started before the engine is built (``dist``
-    receives the first version while the engine loads), attached to the worker once it exists."""
-    receiver.start()
+    the parent to read. ``transport`` names ``weights.transport``; ``link``: where its broadcasts come from
+    (``dist``, ``vllm``), None for ``inproc``, whose messages carry the weights."""
+    kind = TRANSPORTS.get(transport)
+    # dist: join the trainer's group before the engine is built, so the first version arrives while it loads
+    inbox = Inbox(link) if link is not None and not kind.own_engine_transfer else None
     outbox, sender = sender_thread(results)
-    inbox = _Requests(requests, receiver)
+    requests_in = _Requests(requests)
     try:
-        try:
-            worker = RolloutWorker(spec, wait=inbox.take)  # an in-flight rollout reads weights pushed after it started
+        try:  # an in-flight rollout reads weights pushed after it started (wait)
+            worker = RolloutWorker(spec, wait=requests_in.take, inbox=inbox)
         except (TaskError, PolicyLoadError) as e:  # bad user input: the parent raises it as it is (one line)
             outbox.put(pickle.dumps(Failed(e)))
             return
         except Exception:  # e.g. an engine that refuses its config: the parent raises it with this traceback
             outbox.put(pickle.dumps(Failed(RuntimeError(f"the engine process could not start:\n{traceback.format_exc()}"))))
             return
-        receiver.attach(worker)
+        if link is not None and kind.own_engine_transfer:  # vllm: the engine's own workers join the group
+            worker.open_transfer(link)
+        requests_in.worker = worker
         outbox.put(pickle.dumps(Started()))
         try:
-            _serve_loop(worker, inbox, outbox)
+            _serve_loop(worker, requests_in, outbox)
         finally:  # a child process skips atexit handlers: stop the engine's own processes (vLLM) here
             worker.close()
     finally:
@@ -127,12 +132,14 @@ class _Stopped(Exception):
 
 
 class _Requests:
-    """The request queue as the engine process reads it: weight messages apply at once (through the receiver),
-    rollouts queue up in order. The worker's ``wait`` is :meth:`take`, so an in-flight rollout that needs a version
-    not yet held reads on, queueing the requests behind it."""
+    """The request queue as the engine process reads it: weight messages apply at once (the worker's
+    :meth:`~satrl.pipeline.engines_host.worker.RolloutWorker.receive`), rollouts queue up in order. The worker's
+    ``wait`` is :meth:`take`, so an in-flight rollout that needs a version not yet held reads on, queueing the
+    requests behind it."""
 
-    def __init__(self, requests: mp.Queue, receiver: Receiver) -> None:
-        self.requests, self.receiver = requests, receiver
+    def __init__(self, requests: mp.Queue) -> None:
+        self.requests = requests
+        self.worker: RolloutWorker | None = None  # set once built: no message is read before
         self.pending: collections.deque[RolloutRequest] = collections.deque()
 
     def take(self) -> None:
@@ -143,7 +150,7 @@ class _Requests:
             case Rollout(req):
                 self.pending.append(req)
             case message:
-                self.receiver.receive(message)
+                self.worker.receive(message)
 
     def next_rollout(self) -> RolloutRequest:
         while not self.pending:

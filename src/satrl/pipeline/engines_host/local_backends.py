@@ -26,40 +26,32 @@ from satrl.pipeline.engines_host.engine_process import Done, Failed, Request, Ro
 from satrl.pipeline.engines_host.worker import RolloutRequest, RolloutWorker, WorkerSpec
 from satrl.pipeline.errors import EngineError
 from satrl.types import ENGINE_TIMEOUT_S, Sample
-from satrl.weights.link import LinkDown
-from satrl.weights.messages import WeightMessage
+from satrl.weights.buckets import DEFAULT_BUCKET_BYTES
+from satrl.weights.link import LinkDown, TrainerLink, cause, send
+from satrl.weights.messages import Keep, Load, Put, Take
 from satrl.weights.snapshot import Snapshot
-from satrl.weights.trainer_sides import TrainerSide, Wiring
 from satrl.weights.transports import TRANSPORTS, TransportKind
 
 
 class SequentialBackend:
     """Generation happens in the caller's process when the result is asked for: no overlap.
 
-    ``transport``: ``weights.transport``, built from :data:`~satrl.weights.transports.TRANSPORTS` as the other
-    backends build theirs; its messages are calls into the receiver here (``inproc``, the one this backend
-    declares it carries: :data:`BACKENDS`).
+    ``transport``: ``weights.transport``; ``inproc``, the one this backend declares it carries (:data:`BACKENDS`):
+    a version is a call into the worker.
     """
 
     def __init__(self, spec: WorkerSpec, transport: str = "inproc") -> None:
-        kind = TRANSPORTS.get(transport)
-        self.worker = RolloutWorker(_for_transport(spec, kind))
-        self.transport = kind.build(Wiring(self._send, _weight_dtype(spec)))
-        self.receiver = self.transport.open(lambda: True)  # the engine runs in this process
-        self.receiver.start()
-        self.receiver.attach(self.worker)
+        self.worker = RolloutWorker(_for_transport(spec, TRANSPORTS.get(transport)))
         self.pending: dict[int, RolloutRequest] = {}
         self.restarts = 0  # the engine runs in this process, which cannot restart itself
         self._busy = 0.0
 
-    def _send(self, message: WeightMessage) -> None:
-        self.receiver.receive(message)
-
     def push(self, version: int, weights: Snapshot) -> None:
-        self.transport.push(version, weights)
+        """The trainer side of ``inproc`` here: the worker holds the snapshot's state dict (no copy)."""
+        self.worker.receive(Put(version, weights.state()))
 
     def keep(self, versions: set[int]) -> None:
-        self.transport.keep(versions)
+        self.worker.receive(Keep(tuple(sorted(versions))))
 
     def submit(self, req: RolloutRequest) -> None:
         self.pending[req.b] = req
@@ -123,9 +115,9 @@ class ProcessBackend:
     def __init__(
         self, spec: WorkerSpec, timeout_s: float = ENGINE_TIMEOUT_S, max_restarts: int = 3,
         start_timeout_s: float = ENGINE_TIMEOUT_S,
-        transport: str = "inproc", bucket_bytes: int = 256 * 2**20,
+        transport: str = "inproc", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     ) -> None:
-        self.spec, self.timeout_s, self.max_restarts = spec, timeout_s, max_restarts
+        self.timeout_s, self.max_restarts = timeout_s, max_restarts
         self.start_timeout_s = start_timeout_s
         self.ctx = mp.get_context("spawn")  # fork after torch has started threads can deadlock
         self.done: dict[int, list[Sample]] = {}
@@ -133,28 +125,47 @@ class ProcessBackend:
         self.restarts = 0  # engine processes started after a death or hang, over the run
         self._deaths = 0  # faults since the last result
         self._busy = 0.0
-        self.transport = self._transport(transport, bucket_bytes)
+        self.transport, self.kind = transport, TRANSPORTS.get(transport)
+        self.spec = _for_transport(spec, self.kind)
+        self.dtype, self.bucket_bytes = _weight_dtype(self.spec), bucket_bytes  # a broadcast's buckets
+        self.held: dict[int, Snapshot] = {}  # what the engine side holds, mirrored: a restarted engine gets it again
+        self.link = TrainerLink(timeout_s, start_timeout_s) if self.kind.broadcast else None
         self._start()
-
-    def _transport(self, name: str, bucket_bytes: int) -> TrainerSide:
-        kind = TRANSPORTS.get(name)
-        self.spec = _for_transport(self.spec, kind)
-        return kind.build(Wiring(self._send, _weight_dtype(self.spec), bucket_bytes, self.timeout_s, self.start_timeout_s))
 
     def _send(self, message: Request) -> None:
         self.requests.put(pickle.dumps(message))
 
     def push(self, version: int, weights: Snapshot) -> None:
+        """The trainer side of every transport on this backend: hand the engine process ``version``, once."""
+        self.held[version] = weights
         try:
-            self.transport.push(version, weights)
+            self._send_weights(version)
         except LinkDown:  # dist: the engine died or hung; the restart feeds the new one this version too
             self._link_down()
             return
         if self.in_flight:  # an in-flight rollout may have waited for this version: the wait was the trainer's
             self._since = time.monotonic()
 
+    def _send_weights(self, version: int) -> None:
+        """Send the engine process the held ``version`` (a push, or the refeed of a restarted engine)."""
+        weights = self.held[version]
+        if self.link is None:  # inproc: the state dict itself, pickled onto the queue among the requests
+            self._send(Put(version, weights.state()))
+            return
+        group = self.link.connected()  # dist, vllm: the engine's own group, joined while it started
+        self._send(Load(version) if self.kind.own_engine_transfer else Take(version))  # its place among requests
+        try:  # the kept buckets as they are (the trainer's, in the engine's dtype), or cut from a kept fp32 copy
+            stream, tied = weights.stream(self.dtype, self.bucket_bytes)
+            send(version, stream, tied, group=group)  # the engine receives it on its inbox's thread
+        except (RuntimeError, ValueError) as e:  # gloo: the peer closed (died) or the send timed out (hung)
+            # Under torchrun (a default group exists) torch's c10d logger, failing to name this group (it is not in
+            # the world's map), turns gloo's RuntimeError into "ValueError: Process group ... is not initialized
+            # in the world group map": the same lost engine.
+            raise LinkDown(f"broadcast of version {version} to the engine process failed: {cause(e)}") from e
+
     def keep(self, versions: set[int]) -> None:
-        self.transport.keep(versions)
+        self.held = {v: s for v, s in self.held.items() if v in versions}
+        self._send(Keep(tuple(sorted(versions))))
 
     def _link_down(self) -> None:
         """A broadcast failed: raise what a dead engine reported (bad input), else restart it (dead or hung)."""
@@ -170,10 +181,11 @@ class ProcessBackend:
     def _spawn(self) -> None:
         self.requests = self.ctx.Queue()
         self.results, child_end = self.ctx.Pipe(duplex=False)
-        receiver = self.transport.open(lambda: self.proc.is_alive())  # the engine side, sent to the child
+        link = None if self.link is None else self.link.open(lambda: self.proc.is_alive())  # where the child joins
         # Not a daemon: daemonic processes may not have children, and vLLM starts its own. The child exits
         # when told (close), or by itself when this process is gone.
-        self.proc = self.ctx.Process(target=serve, args=(self.spec, self.requests, child_end, receiver), daemon=False)
+        args = (self.spec, self.requests, child_end, self.transport, link)
+        self.proc = self.ctx.Process(target=serve, args=args, daemon=False)
         self.proc.start()
         child_end.close()  # the child now holds the only write end: its death reads as EOF here
         self._started, self._since = False, time.monotonic()  # the deadline's clock: start-up first
@@ -208,11 +220,13 @@ class ProcessBackend:
         fed: set[int] = set()
         for b in sorted(self.in_flight):
             req = self.in_flight[b]
-            due = sorted(v for v in self.transport.held if v <= max(req.versions) and v not in fed)
-            self.transport.replay(due)
+            due = sorted(v for v in self.held if v <= max(req.versions) and v not in fed)
+            for v in due:
+                self._send_weights(v)
             fed.update(due)
             self._send(Rollout(req))
-        self.transport.replay(sorted(set(self.transport.held) - fed))
+        for v in sorted(set(self.held) - fed):
+            self._send_weights(v)
 
     def submit(self, req: RolloutRequest) -> None:
         if not self.in_flight and self._started:  # an idle engine: this request's deadline starts now
@@ -279,7 +293,8 @@ class ProcessBackend:
         self.requests.cancel_join_thread()
         self.requests.close()
         self.results.close()
-        self.transport.close()
+        if self.link is not None:
+            self.link.close()
 
     def close(self) -> None:
         self._stop()

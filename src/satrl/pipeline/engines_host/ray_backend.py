@@ -9,13 +9,11 @@ sample id. Samples equal the local backend's because sampling depends only on
 request (the torch engine's rows do not depend on the other rows of the call;
 ``tests/pipeline/test_ray_backend.py`` checks the whole run bit for bit). Settings: the ``ray:`` config section.
 
-Weights travel through the weight layer like every backend's: the transport (``weights.transport``, built from
-:data:`~satrl.weights.transports.TRANSPORTS`; ``inproc``, the one this backend carries) puts each version's state
-dict into Ray's object store once, when the loop pushes it (:meth:`RayBackend.push`,
-:func:`satrl.weights.held.in_object_store`), and each shard's call carries the :class:`~satrl.weights.messages.Put`
-of every version it needs (a ref, :class:`~satrl.weights.held.InObjectStore`), which the actor's receiver hands to
-its worker; an actor fetches a version only when its engine is not already on it, and forgets the refs after the
-call. Requests themselves name versions only.
+Weights travel as ``inproc`` (``weights.transport``, the one this backend carries): :meth:`RayBackend.push` puts
+each version's state dict into Ray's object store once, and each shard's call carries the
+:class:`~satrl.weights.messages.Put` of every version it needs (a ref), which the actor's worker receives
+(``RolloutWorker.receive``); an actor fetches a version only when its engine is not already on it, and forgets
+the refs after the call. Requests themselves name versions only.
 
 Fault tolerance: actors are created with ``max_restarts``; a shard whose actor died (crash, OOM kill,
 ``ray.kill(actor, no_restart=False)``) is re-issued to the restarted actor. A shard is merged at most once,
@@ -35,7 +33,6 @@ from typing import Any
 
 import torch
 
-from satrl.engines.numerics import resolve_numerics
 from satrl.pipeline.engines_host.worker import (
     RolloutRequest,
     RolloutResult,
@@ -45,12 +42,8 @@ from satrl.pipeline.engines_host.worker import (
 )
 from satrl.pipeline.errors import EngineError
 from satrl.types import Sample
-from satrl.weights.held import in_object_store
-from satrl.weights.messages import Keep, Put, WeightMessage
-from satrl.weights.receivers import Receiver
+from satrl.weights.messages import Keep, Put
 from satrl.weights.snapshot import Snapshot
-from satrl.weights.trainer_sides import Wiring
-from satrl.weights.transports import TRANSPORTS
 
 try:
     import ray
@@ -95,12 +88,9 @@ def split_groups(P: int, n: int) -> list[list[int]]:
 class EngineActor:
     """The body of one engine actor (wrapped with ``ray.remote`` by :class:`RayBackend`)."""
 
-    def __init__(self, spec: WorkerSpec, receiver: Receiver) -> None:
+    def __init__(self, spec: WorkerSpec) -> None:
         torch.set_num_threads(spec.threads)
         self.worker = RolloutWorker(spec)
-        self.receiver = receiver  # the transport's engine side (inproc: the weights arrive in the messages)
-        receiver.start()
-        receiver.attach(self.worker)
 
     def pid(self) -> int:
         return os.getpid()
@@ -110,11 +100,11 @@ class EngineActor:
         fetched only when the engine is not on that version). The driver owns the refs; the actor holds none
         between calls (the closing ``Keep`` forgets them)."""
         for message in puts:
-            self.receiver.receive(message)
+            self.worker.receive(message)
         try:
             return self.worker.timed_rollout(RolloutRequest(b, versions), groups)
         finally:
-            self.receiver.receive(Keep(()))
+            self.worker.receive(Keep(()))
 
 
 @dataclass
@@ -187,11 +177,8 @@ class RayBackend:
         actor_cls = ray.remote(EngineActor).options(
             num_cpus=spec.threads, num_gpus=gpus, max_restarts=max_restarts, max_task_retries=0
         )
-        self._puts: dict[int, Put] = {}  # version -> its message, as the transport sent it (a ref)
-        wiring = Wiring(self._post, resolve_numerics(spec.numerics).weights, stash=in_object_store)
-        self.transport = TRANSPORTS.get(options.transport).build(wiring)
-        receiver = self.transport.open(lambda: True)  # every actor's engine side, fed at each call
-        self.actors = [actor_cls.remote(spec, receiver) for _ in range(n)]
+        self._puts: dict[int, Put] = {}  # version -> its message (a ref into the object store)
+        self.actors = [actor_cls.remote(spec) for _ in range(n)]
         self.restart_timeout_s, self.timeout_s, self.max_hang_restarts = restart_timeout_s, timeout_s, max_hang_restarts
         self.reissued = 0  # shards sent again after their actor died
         self.restarts = 0  # Ray restarts dead actors itself; perf/engine_restarts stays 0 here (reissued counts)
@@ -203,23 +190,13 @@ class RayBackend:
 
     # ------------------------------------------------------------------ Backend protocol
     def push(self, version: int, weights: Snapshot) -> None:
-        """The transport puts the weights of ``version`` into the object store once; shards pass its ref."""
-        self.transport.push(version, weights)
+        """The trainer side of ``inproc`` here: the state dict goes into the object store once; the actors hold
+        nothing between calls, so each shard's call carries the ``Put`` (its ref) of every version it needs."""
+        self._puts[version] = Put(version, ray.put(weights.state()))
 
     def keep(self, versions: set[int]) -> None:
         """Drop the driver's refs to other versions; shards in flight keep their own refs alive."""
-        self.transport.keep(versions)
-
-    def _post(self, message: WeightMessage) -> None:
-        """The transport's channel to the actors. They hold nothing between calls, so it ends here: each shard's
-        call carries the ``Put`` of every version it needs, and a ``Keep`` drops the others."""
-        match message:
-            case Put(version, _):
-                self._puts[version] = message
-            case Keep(versions):
-                self._puts = {v: m for v, m in self._puts.items() if v in versions}
-            case _:
-                raise TypeError(f"the Ray backend carries no {type(message).__name__} messages (weights.transport)")
+        self._puts = {v: m for v, m in self._puts.items() if v in versions}
 
     def submit(self, req: RolloutRequest) -> None:
         if req.b in self._expected:
@@ -271,7 +248,6 @@ class RayBackend:
         for actor in self.actors if ray.is_initialized() else []:
             ray.kill(actor)  # no_restart=True: closing is not a crash
         self.actors, self._pending, self._puts = [], {}, {}
-        self.transport.close()
         if self.owns_ray and ray.is_initialized():
             ray.shutdown()
         self.owns_ray = False

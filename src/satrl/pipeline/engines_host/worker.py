@@ -32,7 +32,8 @@ from satrl.types import (
     TransferEngine,
     request_seed,
 )
-from satrl.weights.held import Held, InEngine
+from satrl.weights.link import Inbox, Link
+from satrl.weights.messages import Keep, Load, Put, Take, WeightMessage
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class WorkerSpec:
 @dataclass
 class RolloutRequest:
     """Generate batch ``b``; group ``g`` starting with the weights of version ``versions[g]``. A request names
-    versions only: the weights reach the worker once per version (:meth:`RolloutWorker.put`, :mod:`satrl.weights`),
+    versions only: the weights reach the worker once per version (:meth:`RolloutWorker.receive`, :mod:`satrl.weights`),
     under in-flight updates possibly after the request (the worker then waits for them, :attr:`RolloutWorker.wait`)."""
 
     b: int
@@ -78,6 +79,9 @@ class RolloutResult:
     busy_s: float
 
 
+IN_ENGINE = "in the engine"  # what the worker holds of a version the engine loaded through its own API (vllm)
+
+
 class WeightsMissing(RuntimeError):
     """A batch needs a version the engine side does not hold: a bug in who pushes or forgets weights, never
     something to paper over by generating with other weights."""
@@ -92,7 +96,7 @@ class RolloutWorker:
     one is :class:`WeightsMissing` at once instead of a wait that nothing would end.
     """
 
-    def __init__(self, spec: WorkerSpec, wait: Callable[[], None] | None = None) -> None:
+    def __init__(self, spec: WorkerSpec, wait: Callable[[], None] | None = None, inbox: Inbox | None = None) -> None:
         from satrl.engines.registry import engine_for
         from satrl.models import load_tokenizer
         from satrl.tasks import make_task
@@ -112,30 +116,35 @@ class RolloutWorker:
             self.task = make_task(spec.task, **spec.task_kwargs)
         self._stream = self.task.problems("train", spec.seed)
         self._cursor = 0  # index of the next batch the stream will serve
-        self.weights: dict[int, Held] = {}  # version -> its weights, as the transport delivered them
+        # version -> its weights as the transport delivered them: a state dict, a ref into Ray's object store (ray),
+        # or IN_ENGINE (vllm: the engine loaded it itself)
+        self.weights: dict[int, Any] = {}
         self.wait = wait
+        self.inbox = inbox  # dist: where the trainer's broadcasts arrive, on a thread of their own
 
-    def put(self, version: int, weights: Held) -> None:
-        """Hold the weights of ``version`` until :meth:`keep` no longer lists it."""
-        self.weights[version] = weights
-
-    def keep(self, versions: set[int]) -> None:
-        """Forget every held version not in ``versions`` (no pending batch is generated with it)."""
-        self.weights = {v: w for v, w in self.weights.items() if v in versions}
+    def receive(self, message: WeightMessage) -> None:
+        """The engine side of every transport: what happens to a version once its message comes off the queue (in
+        queue order, so before the first request that needs it)."""
+        match message:
+            case Put(version, weights):  # inproc: the message carries the state dict (ray: its object-store ref)
+                self.weights[version] = weights
+            case Take(version):  # dist: the version was broadcast; its buckets arrived on the inbox's thread
+                self.weights[version] = self.inbox.take(version)
+            case Load(version):  # vllm: the engine loads it through its own API, and then holds that one only
+                self._transfer_engine().receive_weights(version)
+                self.weights = {version: IN_ENGINE}  # a batch that still needs the one before is WeightsMissing
+            case Keep(versions):  # no pending batch is generated with any other version
+                self.weights = {v: w for v, w in self.weights.items() if v in versions}
+            case _:
+                raise TypeError(f"the rollout worker takes no {type(message).__name__} messages")
 
     def held(self) -> list[int]:
         """The versions this worker can generate with, in order."""
         return sorted(self.weights)
 
-    def open_transfer(self, link) -> None:
-        """``weights.transport=vllm``: the engine's own workers join the trainer's group (a ``Link``)."""
+    def open_transfer(self, link: Link) -> None:
+        """``weights.transport=vllm``: the engine's own workers join the trainer's group."""
         self._transfer_engine().open_transfer(link.port, link.prefix, link.host)
-
-    def load_in_engine(self, version: int) -> None:
-        """``weights.transport=vllm``: the engine loads ``version`` through its own API. It holds that one
-        only, so the version it held before is gone (a batch that still needs it is WeightsMissing)."""
-        self._transfer_engine().receive_weights(version)
-        self.weights = {version: InEngine()}  # under this transport the engine is the only holder
 
     def _transfer_engine(self) -> TransferEngine:
         if not isinstance(self.engine, TransferEngine):
@@ -164,9 +173,8 @@ class RolloutWorker:
 
         The one rollout body of every backend. ``groups``: only these prompt groups (a Ray actor's shard;
         default all). The worker still reads the whole batch's problems from its stream, since group g's
-        prompt is the g-th problem of batch b. A held version is loaded (:meth:`Held.load
-        <satrl.weights.held.Held.load>`: Ray fetches it from the object store then) only when the engine is not
-        on it yet.
+        prompt is the g-th problem of batch b. A held version is loaded (:meth:`_use`: Ray fetches it from the object
+        store then) only when the engine is not on it yet.
         """
         faults.point("worker.rollout")
         problems = self._problems(req.b)
@@ -190,12 +198,18 @@ class RolloutWorker:
         return RolloutResult(req.b, samples, time.perf_counter() - t0)
 
     def _use(self, b: int, version: int, wait: bool = False) -> None:
-        """Put the engine on ``version`` (a no-op if it is on it already)."""
-        if self.engine.version != version:
-            faults.point("engine.load_weights")
-            held = self._held(b, version, wait)
-            if self.engine.version != version:  # vllm: the engine may have loaded it while the rollout waited
-                held.load(self.engine, version)
+        """Put the engine on ``version`` (a no-op if it is on it already): load the held weights into it (Ray
+        fetches them from its object store only now, so an actor whose engine is on it never copies them)."""
+        if self.engine.version == version:
+            return
+        faults.point("engine.load_weights")
+        held = self._held(b, version, wait)
+        if self.engine.version == version:  # vllm: the engine loaded it itself while the rollout waited
+            return
+        if held is IN_ENGINE:  # it loaded a later one since: that forgot this one
+            raise RuntimeError(f"the engine is on version {self.engine.version}, not {version}, which it loaded itself")
+        state = held if isinstance(held, dict) else _from_object_store(held)
+        self.engine.load_weights(state, version)
 
     def _switch(self, req: RolloutRequest, start: int) -> Switch:
         """The engine's hook for in-flight updates: before decode step t, the version the schedule fixes for it
@@ -205,7 +219,7 @@ class RolloutWorker:
 
         return Switch(req.inflight_every, use)
 
-    def _held(self, b: int, version: int, wait: bool = False) -> Held:
+    def _held(self, b: int, version: int, wait: bool = False) -> Any:
         while wait and self.wait is not None and version not in self.weights:
             self.wait()  # in flight: the trainer pushes this version once it has made it
         if version in self.weights:
@@ -245,3 +259,10 @@ class RolloutWorker:
         if isinstance(self.task, ScoringTask):
             return self.task.score(problem, text)
         return Score(float(self.task.reward(problem, text)))
+
+
+def _from_object_store(ref: Any) -> dict[str, torch.Tensor]:
+    """A version's state dict fetched from Ray's object store (ray is an optional extra: imported only here)."""
+    import ray
+
+    return ray.get(ref)
