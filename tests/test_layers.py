@@ -19,6 +19,7 @@ FLOORS = {
     # 0, leaves: the shared vocabulary, the registry class, the config sections' base (ConfigError), files.
     "satrl": 0, "satrl.types": 0, "satrl.registry": 0, "satrl.tensors": 0, "satrl.dtypes": 0, "satrl.faults": 0,
     "satrl.folders": 0, "satrl.jsonl": 0, "satrl.provenance": 0, "satrl.config_base": 0, "satrl.lazy": 0,
+    "satrl.moved": 0,
     # 1-3, the components, each with its config section (<component>/config.py)
     "satrl.models": 1, "satrl.objectives": 1, "satrl.weights": 1,
     "satrl.diagnostics": 2, "satrl.tasks": 2, "satrl.engines": 2,
@@ -27,7 +28,7 @@ FLOORS = {
     # directory, the launch wiring, the loop
     "satrl.pipeline.errors": 4, "satrl.pipeline.schedules": 4, "satrl.pipeline.backend_config": 4,
     "satrl.pipeline.buffer": 4, "satrl.pipeline.evaluator": 4,
-    "satrl.pipeline.engine_side": 5,
+    "satrl.pipeline.engines_host": 5,
     "satrl.pipeline.run_config": 6,
     "satrl.pipeline.rundir": 7, "satrl.pipeline.resume_check": 7,
     "satrl.pipeline.launch": 8,
@@ -255,11 +256,11 @@ def _pipeline_imports(package: str) -> dict[str, list[str]]:
 LEAVES = ("satrl.pipeline.errors", "satrl.pipeline.schedules", "satrl.pipeline.backend_config")
 
 
-def test_the_engine_side_imports_only_the_loops_leaves():
+def test_the_engines_host_imports_only_the_loops_leaves():
     """The engine-process side (workers, backends, the child's loop) knows the lag schedules, the one-line errors
     and what a backend reads of the run config, nothing else of the loop and nothing of the launch wiring."""
-    imported = _pipeline_imports("engine_side")
-    assert imported, "no engine_side modules found"
+    imported = _pipeline_imports("engines_host")
+    assert imported, "no engines_host modules found"
     bad = {v: [w for w in ws if w not in LEAVES] for v, ws in imported.items()}
     assert not any(bad.values()), bad
 

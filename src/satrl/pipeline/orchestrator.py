@@ -22,7 +22,7 @@ from satrl.diagnostics.lag import multi_version
 from satrl.dtypes import set_tf32
 from satrl.engines.registry import pad_id
 from satrl.pipeline.buffer import Taken
-from satrl.pipeline.engine_side.backends import backend_options, make_backend
+from satrl.pipeline.engines_host.backends import backend_options, make_backend
 from satrl.pipeline.launch.data_parallel import Ranks, following
 from satrl.pipeline.launch.setup import (
     build_evaluator,

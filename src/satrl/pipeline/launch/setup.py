@@ -9,7 +9,7 @@ import torch
 
 from satrl.config_base import ConfigError
 from satrl.diagnostics.summary import late_window_start
-from satrl.pipeline.engine_side.worker import WorkerSpec
+from satrl.pipeline.engines_host.worker import WorkerSpec
 from satrl.pipeline.evaluator import EvalEngineSpec, EvalPlan, Evaluator
 from satrl.pipeline.launch.data_parallel import OneProcess, Ranks
 from satrl.pipeline.launch.stand_ins import NoEvaluator, NoRunDir
