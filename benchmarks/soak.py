@@ -33,7 +33,7 @@ def rss_mb(pid: int | str = "self") -> float:
 def soak(steps: int) -> dict:
     from satrl.config import load_config
     from satrl.loop import orchestrator
-    from satrl.pipeline.buffer import SnapshotStore
+    from satrl.weights.snapshot import SnapshotStore
 
     made, sizes, extra = [], [], []
     make_fn, update_fn = orchestrator.make_backend, SnapshotStore.update

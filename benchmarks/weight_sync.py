@@ -11,7 +11,7 @@ trainer's policy and a second one for the engine's. Two paths, each timed over `
   copy (up to lag + 1 pickles per version under the broadcast schedule, one copy per queued request); since then
   the local backend pickles each version once.
 - **dist** (`weights.transport=dist`, the local backend's real path): per version, the copy the snapshot store
-  keeps, then `DistTransport.push` (bf16 buckets of 256 MiB over the trainer's own two-process gloo group) to an
+  keeps, then `ProcessBackend.push` (bf16 buckets of 256 MiB over the trainer's own two-process gloo group) to an
   engine process that receives on its inbox thread and loads it. With `diagnostics.decompose` off the store keeps
   the trainer's bucket stream in bf16 (`WeightExport.buckets`, each parameter cast straight into its bucket) as
   a `Snapshot`, and the push sends those very buckets (since 2026-12-03 without a copy; now without the unpack and
@@ -142,19 +142,20 @@ def _engine(link, shape: dict, vocab: int, versions: int, loaded) -> None:
 def dist_path(shape: dict, vocab: int, versions: int, keep: str = "bf16", device: str = "cpu") -> dict:
     """The real ``dist`` path of the local backend, per version: what the snapshot store keeps (``keep="bf16"``:
     the trainer's bucket stream in bf16 as it came, ``WeightExport.buckets``, when the split is off;
-    ``"fp32"``: ``WeightExport.weights``' fp32 copy, when it is on), then ``DistTransport.push`` (bf16 buckets over
+    ``"fp32"``: ``WeightExport.weights``' fp32 copy, when it is on), then ``ProcessBackend.push`` (bf16 buckets over
     a standalone gloo group) to an engine process that loads it. Timed to the engine's "loaded". ``device``: where
     the trainer's weights live (cuda: each bucket is copied off the GPU on the way, as a GPU trainer's are)."""
     from satrl.training.placement import cpu_copy
+    from satrl.types import ENGINE_TIMEOUT_S
     from satrl.weights.buckets import DEFAULT_BUCKET_BYTES, aliases, buckets
+    from satrl.weights.link import TrainerLink, send
     from satrl.weights.snapshot import Snapshot
-    from satrl.weights.trainer_sides import DistTransport, Wiring
 
     ctx = torch.multiprocessing.get_context("spawn")
     loaded = ctx.Queue()
     trainer = random_qwen3(shape, shape["num_hidden_layers"], vocab).to(device)
-    transport = DistTransport(Wiring(lambda message: None, torch.bfloat16))  # markers order the queue: none here
-    link = transport.open(lambda: proc.is_alive()).link  # the engine side's receiver says where to join
+    trainer_link = TrainerLink(ENGINE_TIMEOUT_S, ENGINE_TIMEOUT_S)  # no queue here: no markers to order
+    link = trainer_link.open(lambda: proc.is_alive())  # where the engine process joins
     proc = ctx.Process(target=_engine, args=(link, shape, vocab, versions + 1, loaded))
     proc.start()
     times, peaks = [], []
@@ -163,10 +164,9 @@ def dist_path(shape: dict, vocab: int, versions: int, keep: str = "bf16", device
             t0 = time.perf_counter()
             kept = (Snapshot.of_state(cpu_copy(trainer)) if keep == "fp32" else Snapshot.of_buckets(
                 buckets(trainer, torch.bfloat16), aliases(trainer), torch.bfloat16, DEFAULT_BUCKET_BYTES))
-            transport.push(v, kept)
+            send(v, *kept.stream(torch.bfloat16, DEFAULT_BUCKET_BYTES), group=trainer_link.connected())
             assert loaded.get(timeout=1800) == v
             times.append(time.perf_counter() - t0)
-            transport.keep(set())
             del kept
         peaks.append(mem.peak)
     times, peaks = times[1:], peaks[1:]

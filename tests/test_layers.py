@@ -21,7 +21,7 @@ ROOTS = {"satrl": REPO / "src" / "satrl", "benchmarks": REPO / "benchmarks"}
 
 # The floors, bottom (0) up: a module may import its own floor and those below, never one above. A module's floor
 # is that of the longest key it is or lies under (``satrl`` itself only for the package's ``__init__``). From floor 4 up,
-# one key per folder: the engine side (pipeline/engine_side/, 5) sits above the loop's leaves it imports.
+# one key per folder: the engines' host (pipeline/engines_host/, 5) sits above the loop's leaves it imports.
 FLOORS = {
     # 0, leaves: the shared vocabulary, the registry class, the config sections' base (ConfigError), files, and
     # the table of old names (which imports the new module an old name asks for, by its name).
@@ -33,10 +33,10 @@ FLOORS = {
     "satrl.diagnostics": 2, "satrl.tasks": 2, "satrl.engines": 2,
     "satrl.training": 3, "satrl.integrations": 3,
     # 4-9, the pipeline, a folder a floor: its leaves (errors, lag schedules, the backend's config, the snapshot
-    # store, the evaluator), the engine side, the config (the run config assembled from the sections, and the
-    # face that re-exports them), the run directory, the launch wiring, the loop
+    # store, the evaluator), the engines' host (and its old name's alias package), the config (the run config
+    # assembled from the sections, and the face that re-exports them), the run directory, the launch wiring, the loop
     "satrl.pipeline": 4,
-    "satrl.pipeline.engine_side": 5,
+    "satrl.pipeline.engines_host": 5, "satrl.pipeline.engine_side": 5,
     "satrl.config": 6,
     "satrl.rundir": 7,
     "satrl.launch": 8,
@@ -303,11 +303,11 @@ LEAVES = ("satrl.pipeline.errors", "satrl.pipeline.schedules", "satrl.pipeline.b
 # The launch wiring never imports the loop: the floors say it (satrl.launch, 8, under satrl.loop, 9).
 
 
-def test_the_engine_side_imports_only_the_loops_leaves():
+def test_the_engines_host_imports_only_the_loops_leaves():
     """The engine-process side (workers, backends, the child's loop) knows the lag schedules, the one-line errors
     and what a backend reads of the run config, nothing else of the loop and nothing of the launch wiring."""
-    imported = _pipeline_imports("engine_side")
-    assert imported, "no engine_side modules found"
+    imported = _pipeline_imports("engines_host")
+    assert imported, "no engines_host modules found"
     bad = {v: [w for w in ws if w not in LEAVES] for v, ws in imported.items()}
     assert not any(bad.values()), bad
 

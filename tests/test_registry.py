@@ -78,7 +78,7 @@ def test_there_is_one_registry_class():
     from satrl.objectives import AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, PRESETS, RATIO_LEVELS
     from satrl.objectives.components import TRUST_REGIONS
     from satrl.objectives.sat import SAT_PROXIES
-    from satrl.pipeline.engine_side.backends import BACKENDS
+    from satrl.pipeline.engines_host.backends import BACKENDS
     from satrl.pipeline.schedules import SCHEDULES
     from satrl.tasks import TASKS
     from satrl.tasks.gym import EXTRACTORS
@@ -164,7 +164,7 @@ def test_typed_params_are_frozen():
 def _registries():
     from satrl.engines import ENGINES, NUMERICS
     from satrl.objectives import AGGREGATIONS, PRESETS
-    from satrl.pipeline.engine_side.backends import BACKENDS
+    from satrl.pipeline.engines_host.backends import BACKENDS
     from satrl.pipeline.schedules import SCHEDULES
     from satrl.tasks import TASKS
 

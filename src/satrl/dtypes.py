@@ -1,6 +1,6 @@
 """The one table of dtypes satrl names: how a dtype is spelled on a wire or in a header, and in the config.
 
-A dtype crosses a process boundary by name (the weight wire's JSON headers, ``satrl.weights.dist``; rank 0's
+A dtype crosses a process boundary by name (the weight wire's JSON headers, ``satrl.weights.link``; rank 0's
 broadcasts to the other data-parallel ranks, ``satrl.training.dp.broadcast_tensors``, by its index in
 :data:`WIRE`) and reaches vLLM by name; the config spells the trainer's compute dtype ``fp32`` / ``bf16``.
 Imports nothing of satrl.

@@ -86,8 +86,8 @@ def test_engine_process_start_failure_is_reported_with_its_cause():
     """An engine that cannot start in the local backend's child process (here: an unknown task) surfaces the
     child's own error in the trainer process, not just an exit code. A bad-input error (TaskError) comes back
     as itself, so the command line can print it as one line."""
-    from satrl.pipeline.engine_side.local_backends import ProcessBackend
-    from satrl.pipeline.engine_side.worker import RolloutRequest, WorkerSpec
+    from satrl.pipeline.engines_host.local_backends import ProcessBackend
+    from satrl.pipeline.engines_host.worker import RolloutRequest, WorkerSpec
     from satrl.tasks import TaskError
 
     backend = ProcessBackend(WorkerSpec(model="tiny-arith", task="no-such-task"), timeout_s=120)

@@ -122,7 +122,7 @@ def test_the_skipped_rows_warning_is_printed_once(tmp_path):
     process on the local backend) builds it again and must not print the same warning a second time."""
     import warnings
 
-    from satrl.pipeline.engine_side.worker import RolloutWorker, WorkerSpec
+    from satrl.pipeline.engines_host.worker import RolloutWorker, WorkerSpec
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(f'{{"problem": "{i}+1", "answer": "{i + 1}"}}\n' for i in range(40)) + "not json\n")

@@ -144,8 +144,8 @@ def test_bad_dataset_is_one_line_exit_2(tmp_path, backend):
 def test_local_backend_surfaces_a_failed_engine_child(tiny_cfg):
     """An engine child that dies at start-up is an error in the parent within seconds, never a hang."""
     from satrl.launch.setup import worker_spec
-    from satrl.pipeline.engine_side.local_backends import ProcessBackend
-    from satrl.pipeline.engine_side.worker import RolloutRequest
+    from satrl.pipeline.engines_host.local_backends import ProcessBackend
+    from satrl.pipeline.engines_host.worker import RolloutRequest
 
     spec = worker_spec(tiny_cfg("engine.kwargs={bogus: 1}"))
     backend = ProcessBackend(spec, timeout_s=60)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from satrl import faults
-from satrl.pipeline.engine_side.engine_process import sender_thread as _sender
+from satrl.pipeline.engines_host.engine_process import sender_thread as _sender
 
 
 class _SlowConnection:

@@ -18,7 +18,7 @@ import pytest
 from run_helpers import TINY, read_jsonl, same_samples_diff
 from satrl.config import load_config
 from satrl.loop.orchestrator import train
-from satrl.pipeline.engine_side import backends
+from satrl.pipeline.engines_host import backends
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed: pip install '.[ray]'")
@@ -58,7 +58,7 @@ def sequential(tmp_path_factory):
 
 @needs_ray
 def test_split_groups_covers_every_group_once():
-    from satrl.pipeline.engine_side.ray_backend import split_groups
+    from satrl.pipeline.engines_host.ray_backend import split_groups
 
     assert split_groups(4, 2) == [[0, 1], [2, 3]]
     assert split_groups(5, 2) == [[0, 1], [2, 3, 4]]
@@ -113,7 +113,7 @@ class FaultingRayBackend:
         self.faults = faults
 
     def __call__(self, spec, **options):
-        from satrl.pipeline.engine_side.ray_backend import RayBackend, RayOptions
+        from satrl.pipeline.engines_host.ray_backend import RayBackend, RayOptions
 
         hook = self
 

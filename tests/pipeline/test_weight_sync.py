@@ -9,9 +9,9 @@ from run_helpers import TINY, read_jsonl, stable
 from satrl.config import load_config
 from satrl.loop import orchestrator
 from satrl.loop.rollouts import horizon
-from satrl.pipeline.engine_side.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
+from satrl.pipeline.engines_host.worker import RolloutRequest, RolloutWorker, WeightsMissing, WorkerSpec
 from satrl.pipeline.schedules import make_schedule
-from satrl.weights.held import InMemory
+from satrl.weights.messages import Keep, Put
 from satrl.weights.snapshot import Snapshot
 
 ARGS = ["steps=8", "lag.schedule=broadcast", "lag.n=3", "seed=2"]
@@ -75,8 +75,8 @@ def test_local_backend_equals_sequential(tmp_path):
 
 def test_a_version_the_engine_does_not_hold_is_a_clear_error():
     worker = RolloutWorker(WorkerSpec(model="tiny-arith", task="arithmetic", prompts_per_batch=2, group_size=2))
-    worker.put(0, InMemory({}))
-    worker.keep({0})
+    worker.receive(Put(0, {}))
+    worker.receive(Keep((0,)))
     with pytest.raises(WeightsMissing, match=r"batch 1 is generated with version 4, whose weights the engine does not hold"):
         worker.rollout(RolloutRequest(1, [4, 4]))
     worker.close()
@@ -106,40 +106,35 @@ class _TransferEngine:
 def test_an_engine_that_holds_one_version_moves_forward_and_refuses_to_go_back():
     from satrl.weights.link import Link
     from satrl.weights.messages import Load
-    from satrl.weights.receivers import EngineReceiver
 
     worker = RolloutWorker(WorkerSpec(model="tiny-arith", task="arithmetic", prompts_per_batch=2, group_size=2))
     worker.engine = engine = _TransferEngine(worker.engine)
-    receiver = EngineReceiver(Link(1234, "engine1/"))
-    receiver.attach(worker)  # the engine's own workers join the trainer's group
+    worker.open_transfer(Link(1234, "engine1/"))  # the engine's own workers join the trainer's group
     assert engine.link == (1234, "engine1/", "127.0.0.1")
-    receiver.receive(Load(0))
-    receiver.receive(Load(2))
+    worker.receive(Load(0))
+    worker.receive(Load(2))
     assert engine.loaded == [0, 2] and worker.held() == [2]  # version 0 left with the engine
     assert len(worker.rollout(RolloutRequest(0, [2, 2]))) == 4  # on version 2 already: nothing loaded
     with pytest.raises(WeightsMissing, match=r"version 0, whose weights the engine does not hold \(it holds \[2\]"):
         worker.rollout(RolloutRequest(1, [0, 0]))
     worker.engine = engine.inner
     with pytest.raises(TypeError, match="weights.transport=vllm needs an engine with its own weight transfer"):
-        receiver.receive(Load(3))
+        worker.receive(Load(3))
     worker.close()
 
 
 def test_a_restarted_engine_gets_each_version_just_before_the_first_request_that_needs_it():
     """The refeed after a restart: an engine that holds one version at a time only moves forward, so versions and
     re-issued requests go out interleaved, in order."""
-    from satrl.pipeline.engine_side.local_backends import ProcessBackend
-    from satrl.weights.trainer_sides import InprocTransport
+    from satrl.pipeline.engines_host.local_backends import ProcessBackend
 
     sent: list[tuple] = []
     backend = ProcessBackend.__new__(ProcessBackend)  # the refeed alone: no engine process
-    backend._send = sent.append
-    backend.transport = InprocTransport(sent.append)
-    backend.transport.held = {v: Snapshot.of_state({}) for v in (3, 5, 6, 9)}
+    backend._send, backend.link = sent.append, None  # inproc
+    backend.held = {v: Snapshot.of_state({}) for v in (3, 5, 6, 9)}
     backend.in_flight = {11: RolloutRequest(11, [5, 5]), 10: RolloutRequest(10, [3, 5]), 12: RolloutRequest(12, [6, 6])}
     backend._refeed()
-    from satrl.pipeline.engine_side.engine_process import Rollout
-    from satrl.weights.messages import Put
+    from satrl.pipeline.engines_host.engine_process import Rollout
 
     assert [("weights", m.version) if isinstance(m, Put) else ("rollout", m.request.b) for m in sent] == [
         ("weights", 3), ("weights", 5), ("rollout", 10), ("rollout", 11), ("weights", 6), ("rollout", 12),
@@ -153,11 +148,10 @@ def test_a_push_restarts_the_engine_deadline():
     than engine.timeout_s must not read as an engine hang once the version arrives."""
     import time
 
-    from satrl.pipeline.engine_side.local_backends import ProcessBackend
-    from satrl.weights.trainer_sides import InprocTransport
+    from satrl.pipeline.engines_host.local_backends import ProcessBackend
 
     backend = ProcessBackend.__new__(ProcessBackend)
-    backend.transport = InprocTransport(lambda message: None)
+    backend._send, backend.link, backend.held = (lambda message: None), None, {}  # inproc
     backend.timeout_s, backend._started = 5.0, True
     backend.in_flight = {4: RolloutRequest(4, [3, 3])}
     backend._since = time.monotonic() - 60  # the trainer trained for a minute since the last result

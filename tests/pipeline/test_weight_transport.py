@@ -176,8 +176,8 @@ def test_an_engine_that_fails_to_start_is_an_error_not_a_hang(tmp_path):
     """Under dist the first push waits for the engine process to join: one that fails at start-up is its
     error in the parent (read from the results pipe), never a wait for the group."""
     from satrl.launch.setup import worker_spec
-    from satrl.pipeline.engine_side.local_backends import ProcessBackend
-    from satrl.pipeline.engine_side.worker import RolloutRequest
+    from satrl.pipeline.engines_host.local_backends import ProcessBackend
+    from satrl.pipeline.engines_host.worker import RolloutRequest
 
     spec = worker_spec(load_config(None, [*TINY, "engine.kwargs={bogus: 1}", f"out={tmp_path / 'run'}"]))
     backend = ProcessBackend(spec, timeout_s=60, start_timeout_s=120, transport="dist")

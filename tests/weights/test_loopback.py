@@ -99,23 +99,23 @@ def _engine(link, out, done) -> None:
 def test_trainer_and_engine_listen_on_loopback_only():
     """A live link (one version broadcast over it): every LISTEN socket of the trainer process (the store, the
     gloo listener of rank 0) and of the engine process (rank 1's gloo listener) is bound to 127.0.0.1."""
-    from satrl.weights.snapshot import Snapshot
-    from satrl.weights.trainer_sides import DistTransport, Wiring
+    from satrl.weights.buckets import state_buckets
+    from satrl.weights.link import TrainerLink, send
 
     ctx = torch.multiprocessing.get_context("spawn")
     out, done = ctx.Queue(), ctx.Event()
     before = set(listening())
-    transport = DistTransport(Wiring(lambda message: None, torch.float32, timeout_s=60, start_timeout_s=60))
-    link = transport.open(lambda: proc.is_alive()).link
+    trainer = TrainerLink(timeout_s=60, start_timeout_s=60)
+    link = trainer.open(lambda: proc.is_alive())
     assert link.host == "127.0.0.1"
     proc = ctx.Process(target=_engine, args=(link, out, done))
     proc.start()
     try:
-        transport.push(0, Snapshot.of_state({"w": torch.ones(4)}))
+        send(0, state_buckets({"w": torch.ones(4)}, torch.float32), {}, group=trainer.connected())
         total, engine_sockets = out.get(timeout=60)
         trainer_sockets = [s for s in listening() if s not in before]
         assert total == 4.0
-        assert ("127.0.0.1", transport.store.port) in trainer_sockets
+        assert ("127.0.0.1", trainer.store.port) in trainer_sockets
         assert len(trainer_sockets) >= 2, trainer_sockets  # the store and rank 0's gloo listener
         assert engine_sockets, "the engine process holds no listener: gloo's would be one"
         assert _loopback_only(trainer_sockets), trainer_sockets

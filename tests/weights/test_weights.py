@@ -119,7 +119,7 @@ def _spawn(fn) -> None:
 
 
 def _broadcast_one_version(rank: int) -> None:
-    from satrl.weights.dist import receive, send
+    from satrl.weights.link import receive, send
 
     model = tiny_qwen3(seed=3)  # both ranks build the same weights: the receiver checks against its own copy
     if rank == 0:

@@ -29,7 +29,7 @@ from satrl.models.config import ModelConfig
 from satrl.objectives.config import ObjectiveConfig
 from satrl.objectives.presets import PRESETS, SLOTS
 from satrl.pipeline.backend_config import RayConfig
-from satrl.pipeline.engine_side.backends import BACKENDS
+from satrl.pipeline.engines_host.backends import BACKENDS
 from satrl.pipeline.schedules import LagConfig
 from satrl.registry import did_you_mean
 from satrl.tasks.config import TaskConfig

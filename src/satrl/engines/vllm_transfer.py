@@ -11,7 +11,7 @@ built-in wires (NCCL, CUDA IPC) exist only on GPUs; this module registers a wire
 - ``init_transfer_engine`` joins the trainer's two-process gloo group (:class:`satrl.weights.link.Link`,
   exactly as the ``dist`` transport's engine process does) and receives every version the trainer broadcasts
   on a thread of its own (:class:`~satrl.weights.link.Inbox`): the trainer's push never waits for a
-  generation, and nothing is pickled (:mod:`satrl.weights.dist`: raw bytes, JSON headers);
+  generation, and nothing is pickled (:mod:`satrl.weights.link`: raw bytes, JSON headers);
 - ``receive_weights`` takes the version named by the update info (waiting for its broadcast if needed) and
   loads it into the model in the model's device.
 

@@ -12,7 +12,7 @@ from satrl.config_base import ConfigError
 from satrl.diagnostics.summary import late_window_start
 from satrl.launch.data_parallel import OneProcess, Ranks
 from satrl.launch.stand_ins import NoEvaluator, NoRunDir
-from satrl.pipeline.engine_side.worker import WorkerSpec
+from satrl.pipeline.engines_host.worker import WorkerSpec
 from satrl.pipeline.evaluator import EvalEngineSpec, EvalPlan, Evaluator
 from satrl.rundir.files import RunDir
 from satrl.training import dp

@@ -35,7 +35,7 @@ from satrl.launch.setup import (
 from satrl.launch.stand_ins import ReceivedRollouts
 from satrl.loop.rollouts import Rollouts
 from satrl.pipeline.buffer import Taken
-from satrl.pipeline.engine_side.backends import backend_options, make_backend
+from satrl.pipeline.engines_host.backends import backend_options, make_backend
 from satrl.pipeline.schedules import Schedule, inflight_versions, make_schedule
 from satrl.rundir.files import RunDir, RunState
 from satrl.tasks import make_task

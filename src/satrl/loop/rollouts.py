@@ -12,13 +12,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from satrl.pipeline.buffer import SnapshotStore, Taken, collate
-from satrl.pipeline.engine_side.backends import Backend
-from satrl.pipeline.engine_side.worker import RolloutRequest
+from satrl.pipeline.buffer import Taken, collate
+from satrl.pipeline.engines_host.backends import Backend
+from satrl.pipeline.engines_host.worker import RolloutRequest
 from satrl.pipeline.schedules import Schedule
 from satrl.rundir.files import Loaded, RunDirError, RunState
 from satrl.types import Sample
-from satrl.weights.snapshot import Snapshot
+from satrl.weights.snapshot import Snapshot, SnapshotStore
 
 
 def horizon(sched: Schedule) -> int:

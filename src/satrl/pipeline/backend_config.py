@@ -1,5 +1,5 @@
 """What a backend reads of the run config: the ``ray:`` section (:class:`RayConfig`) and, for a backend's
-``options(cfg)`` (``satrl.pipeline.engine_side.backends.BackendKind``), the sections it takes its settings from
+``options(cfg)`` (``satrl.pipeline.engines_host.backends.BackendKind``), the sections it takes its settings from
 (:class:`BackendSections`, which the run config is).
 
 A leaf of the pipeline, beside ``schedules`` and ``errors``: the engine side declares here what it needs of the

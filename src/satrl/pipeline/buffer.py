@@ -1,16 +1,15 @@
-"""From samples to padded batches (and the batch the loop takes); the snapshot store that keeps the weights future
-batches need."""
+"""From samples to padded batches, and the batch the loop takes. (The snapshot store that keeps the weights future
+batches need is :mod:`satrl.weights.snapshot`, beside the snapshots it holds; ``buffer.SnapshotStore`` still works, warning once.)"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from satrl.tensors import scoring_slice
 from satrl.types import Batch, Sample
-from satrl.weights.snapshot import Snapshot
 
 
 @dataclass
@@ -69,42 +68,11 @@ def collate(samples: list[Sample], pad_id: int) -> Batch:
     )
 
 
-class SnapshotStore:
-    """Weights by version, kept while some batch not yet finished training needs them, each as its source made it
-    (a :class:`~satrl.weights.snapshot.Snapshot`: the trainer's buckets or a full state dict).
+def __getattr__(name: str) -> Any:
+    if name == "SnapshotStore":  # its old home (issue 61): the alias warns once per process
+        from satrl.moved import moved
+        from satrl.weights.snapshot import SnapshotStore
 
-    ``needed(b)`` gives the versions batch ``b`` is generated with; the store keeps a version while any batch
-    from the one in training up to ``horizon`` batches ahead needs it.
-    """
-
-    def __init__(self, needed: Callable[[int], set[int]], horizon: int) -> None:
-        self.needed, self.horizon = needed, horizon
-        self.states: dict[int, Snapshot] = {}
-
-    def wanted(self, b_training: int) -> set[int]:
-        return set().union(*(self.needed(b) for b in range(b_training, b_training + self.horizon + 1)))
-
-    def wants(self, version: int, b_training: int) -> bool:
-        """Whether the store reads the weights of ``version`` now (:meth:`update`, ``Rollouts.restore``): a
-        pending batch needs them and they are not kept yet. Data parallel gathers them only then."""
-        return version in self.wanted(b_training) and version not in self.states
-
-    def update(self, version: int, weights: Callable[[], Snapshot], b_training: int) -> None:
-        """Store the weights of ``version`` (just trained) if a pending batch needs them; forget versions no one
-        needs any more."""
-        if self.wants(version, b_training):
-            self.states[version] = weights()
-        wanted = self.wanted(b_training)
-        self.states = {v: s for v, s in self.states.items() if v in wanted}
-
-    def get(self, version: int) -> Snapshot | None:
-        return self.states.get(version)
-
-    def state(self, version: int) -> dict[str, torch.Tensor] | None:
-        """The full state dict of ``version`` (the Δπ/Δimpl split's forward), None if it is not kept."""
-        kept = self.states.get(version)
-        return None if kept is None else kept.state()
-
-    def saved(self) -> dict[int, dict[str, torch.Tensor]]:
-        """What a checkpoint saves of the kept versions: their state dicts, as they are."""
-        return {v: s.state() for v, s in self.states.items()}
+        moved("satrl.pipeline.buffer.SnapshotStore", "satrl.weights.snapshot.SnapshotStore")
+        return SnapshotStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

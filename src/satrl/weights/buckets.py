@@ -5,7 +5,7 @@ rank gathered together at a sync point (:func:`copy_buckets`; docs/design.md, "D
 
 A **bucket** is one flat 1-D tensor plus the names and shapes of the tensors packed into it, in order. Tied
 parameters (Qwen3's shared input embedding and LM head) travel once: the stream's end names the aliases and the
-receiver points them at the one copy. The stream is what a transport sends (`satrl.weights.dist`); an engine
+receiver points them at the one copy. The stream is what a transport sends (`satrl.weights.link`); an engine
 rebuilds the state dict with :func:`unpack`.
 
 Under FSDP2 every parameter is a ``DTensor``; ``full_tensor()`` all-gathers it, so *every* rank must walk the

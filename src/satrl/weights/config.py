@@ -1,6 +1,6 @@
 """The ``weights:`` section of the run config: how each version's weights reach the engine side, a name in
 :data:`satrl.weights.transports.TRANSPORTS` checked when the config loads. Which backends carry which transport,
-the backends declare (the run config checks it: :mod:`satrl.pipeline.run_config`)."""
+the backends declare (the run config checks it: :mod:`satrl.config.run`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""What the trainer side of a transport tells the engine side, in queue order: typed, frozen messages.
+"""What the trainer side tells the engine side about a version, in queue order: typed, frozen messages.
 
 The request queue of the ``local`` backend carries these between rollout requests, so a version is put, taken
 or loaded before the first request that needs it and forgotten only after the last one. The engine side
-(:mod:`satrl.weights.receivers`) dispatches on the type with ``match``; a message a receiver does not expect
-is a ``TypeError``, never a silent no-op.
+(``satrl.pipeline.engines_host.worker.RolloutWorker.receive``) applies them with one ``match``; a message it does
+not expect is a ``TypeError``, never a silent no-op.
 
 Which messages a transport sends:
 
@@ -17,17 +17,18 @@ Which messages a transport sends:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from satrl.weights.held import Held
+import torch
 
 
 @dataclass(frozen=True)
 class Put:
-    """Hold ``weights``, those of ``version`` (``inproc``: the message carries them, in memory or as a ref into
-    Ray's object store)."""
+    """Hold ``weights``, those of ``version`` (``inproc``): the state dict itself, or on the ``ray`` backend a ref
+    into Ray's object store (a ``ray.ObjectRef``; ray is an optional extra, so not named in the annotation)."""
 
     version: int
-    weights: Held
+    weights: dict[str, torch.Tensor] | Any
 
 
 @dataclass(frozen=True)

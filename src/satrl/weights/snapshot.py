@@ -1,4 +1,5 @@
-"""One version's weights as the trainer side keeps them (the snapshot store, a transport's mirror), in the form its
+"""One version's weights as the trainer side keeps them (:class:`SnapshotStore`, the store of those that pending
+batches need, beside them here; a transport's mirror), in the form its
 source made them: the trainer's bucket stream (``WeightExport.buckets``, in the engine's dtype), or a full state
 dict (the trainer's fp32 copy, ``WeightExport.weights``, or one read from a checkpoint).
 
@@ -9,7 +10,7 @@ has them unpacked, once (:meth:`Snapshot.state`: views into the buckets, no copy
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -57,3 +58,44 @@ class Snapshot:
             return self.packed, self.tied
         state = self.state()
         return state_buckets(state, dtype, bucket_bytes), state_aliases(state)
+
+
+class SnapshotStore:
+    """Weights by version, kept while some batch not yet finished training needs them, each as its source made it
+    (a :class:`Snapshot`: the trainer's buckets or a full state dict).
+
+    ``needed(b)`` gives the versions batch ``b`` is generated with; the store keeps a version while any batch
+    from the one in training up to ``horizon`` batches ahead needs it.
+    """
+
+    def __init__(self, needed: Callable[[int], set[int]], horizon: int) -> None:
+        self.needed, self.horizon = needed, horizon
+        self.states: dict[int, Snapshot] = {}
+
+    def wanted(self, b_training: int) -> set[int]:
+        return set().union(*(self.needed(b) for b in range(b_training, b_training + self.horizon + 1)))
+
+    def wants(self, version: int, b_training: int) -> bool:
+        """Whether the store reads the weights of ``version`` now (:meth:`update`, ``Rollouts.restore``): a
+        pending batch needs them and they are not kept yet. Data parallel gathers them only then."""
+        return version in self.wanted(b_training) and version not in self.states
+
+    def update(self, version: int, weights: Callable[[], Snapshot], b_training: int) -> None:
+        """Store the weights of ``version`` (just trained) if a pending batch needs them; forget versions no one
+        needs any more."""
+        if self.wants(version, b_training):
+            self.states[version] = weights()
+        wanted = self.wanted(b_training)
+        self.states = {v: s for v, s in self.states.items() if v in wanted}
+
+    def get(self, version: int) -> Snapshot | None:
+        return self.states.get(version)
+
+    def state(self, version: int) -> dict[str, torch.Tensor] | None:
+        """The full state dict of ``version`` (the Δπ/Δimpl split's forward), None if it is not kept."""
+        kept = self.states.get(version)
+        return None if kept is None else kept.state()
+
+    def saved(self) -> dict[int, dict[str, torch.Tensor]]:
+        """What a checkpoint saves of the kept versions: their state dicts, as they are."""
+        return {v: s.state() for v, s in self.states.items()}
