@@ -1,7 +1,7 @@
 """One training step of a real config, in process, split by phase: wall seconds, CPU seconds and peak resident
 memory of each (docs/real-models.md, "Where a training step's time goes").
 
-    python -m benchmarks.real_step configs/real/smollm2_arith.yaml [key=value ...] [--steps 2] [--json OUT]
+    python -m benchmarks.real_step configs/real/smollm2_arith.yaml [key=value ...] [--steps 2] [--threads N] [--trim] [--json OUT]
 
 The trainer is the run's own (``build_trainer``), the batch the run's shape: ``prompts_per_batch`` of the task's
 training prompts through the run's chat format, ``group_size`` samples each, responses of ``max_new_tokens`` - 1
@@ -74,7 +74,7 @@ def make_batch(cfg, tokenizer, version: int):
     from satrl.tasks import make_task
     from satrl.types import Sample
 
-    task = make_task(cfg.task.name, **cfg.task.kwargs)
+    task = make_task(cfg.task.name, **cfg.task_kwargs)
     fmt, g = cfg.model.chat_format(), torch.Generator().manual_seed(0)
     problems = iter(task.problems("train", cfg.seed))
     samples, T = [], cfg.engine.max_new_tokens - 1
@@ -107,12 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: train.threads)")
     ap.add_argument("--trim", action="store_true", help="malloc_trim after every phase")
     ap.add_argument("--json", default=None, help="write the rows here")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # key=value overrides before or after the options
     from satrl.config import load_config
     from satrl.pipeline.launch.setup import build_trainer
 
     cfg = load_config(args.config, args.overrides)
-    torch.set_num_threads(args.threads or cfg.train.threads or torch.get_num_threads())
+    torch.set_num_threads(args.threads or cfg.trainer_threads)
     setup = Phases()
     trainer, tokenizer = setup.run("build_trainer", lambda: build_trainer(cfg))
     # the previous version's fp32 copy, which only the d = dpi + dimpl split reads (else the store keeps buckets)
