@@ -136,22 +136,31 @@ def vllm_transport_lines(steps: int, root: Path, run: list[str] = RUN) -> list[s
 
 
 def dp_lines(device: str, steps: int, root: Path, run: list[str] = RUN) -> list[str]:
-    """Part 6: ``satrl train`` under torchrun with one rank against one process, fp32 and bf16."""
+    """Part 6: ``satrl train`` under torchrun with one rank against one process, fp32 and bf16. The one-process
+    run is ``train`` in this process (what ``satrl train`` calls; it sets the trainer's thread count itself): a
+    second interpreter importing satrl again would only add its start-up."""
+    from satrl.config import load_config
+    from satrl.loop.orchestrator import train
+
     base = [*run, "model.name=tiny-arith", f"steps={steps}", f"train.device={device}", f"engine.kwargs.device={device}",
-            f"checkpoint.every={steps}", "--no-progress"]  # fmt: skip
+            f"checkpoint.every={steps}"]  # fmt: skip
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]  # = torchrun
     lines = ["", "| satrl train, tiny policy | steps | largest relative metric difference, 1-rank DP vs one process "
              "| expected here | within |", "| --- | ---: | ---: | ---: | --- |"]  # fmt: skip
     for dtype in ("fp32", "bf16"):
         rows = {}
-        for how, launcher in (("one", [sys.executable]), ("dp", torchrun)):
+        for how in ("one", "dp"):
             out = root / f"dp-{dtype}-{how}"
-            cmd = [*launcher, "-m", "satrl", "train", *base, f"train.dtype={dtype}", f"out={out}"]
-            path = os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])  # satrl, uninstalled
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise RuntimeError(f"{' '.join(cmd[:6])} ... failed: {done.stderr[-2000:]}")
+            overrides = [*base, f"train.dtype={dtype}", f"out={out}"]
+            if how == "one":
+                train(load_config(None, overrides))
+            else:
+                cmd = [*torchrun, "-m", "satrl", "train", *overrides, "--no-progress"]
+                path = os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])  # uninstalled
+                env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+                done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise RuntimeError(f"{' '.join(cmd[:6])} ... failed: {done.stderr[-2000:]}")
             rows[how] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         worst = max(abs(a[k] - b[k]) / max(abs(b[k]), 1e-6) for a, b in zip(rows["dp"], rows["one"])
                     for k in b if k != "wall_s" and not k.startswith("perf/") and isinstance(b[k], float))  # fmt: skip

@@ -183,6 +183,11 @@ def test_switching_the_preset_of_a_resolved_config_switches_its_components():
     obj = build_config(data).objective
     assert (obj.ratio.name, obj.trust_region.name, obj.correction.name) == ("sequence", "sat", "tis")
     assert (obj.trust_region.eps_high, obj.trust_region.alpha) == (0.28, 0.9)
+    # a flat key of the old preset's component goes with it (vcpo's ess_step, as configs/real/smollm2_arith.yaml
+    # gives it), one the new preset's components declare stays
+    obj = load_config(None, ["objective=vcpo", "objective.ess_step=false", "objective.eps_high=0.3",
+                             "objective.name=grpo"]).objective  # fmt: skip
+    assert obj.correction.name == "none" and obj.trust_region.eps_high == 0.3
     # and through load_config, as for a resumed run's saved config.yaml
     assert load_config(None, ["objective=sat_grpo", "objective=grpo"]).objective.trust_region.name == "ppo"
 

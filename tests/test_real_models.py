@@ -247,6 +247,12 @@ def test_smollm2_arith_config_loads():
         True, "Reply with the number only.", True)
     assert cfg.objective.name == "vcpo" and cfg.objective.correction.baseline == "opob"
     assert cfg.objective.correction.ess_step is False and cfg.objective.kl.coef == 0.0  # OPOB, no reference model
+    # what the profile of its training step asked for (docs/real-models.md, "Where a training step's time goes"):
+    # one trainer thread beside the engine's, the LM head on response positions only, smaller microbatches, no
+    # per-version forward
+    assert (cfg.train.threads, cfg.engine.threads, cfg.train.logprob_chunk_tokens) == (1, 1, "auto")
+    assert cfg.train.microbatch_tokens == 512  # of the batch's 8 x 4 rows of ~45 tokens, 3 microbatches
+    assert cfg.diagnostics.decompose is False
     from satrl.tasks import make_task
     from satrl.tasks.evaluate import split_val_test
 

@@ -185,12 +185,16 @@ def _switch_preset(section: dict[str, Any], new: Any) -> None:
     old, new = PRESETS.get(section.get("name", "grpo"), None), PRESETS.get(new, None) if isinstance(new, str) else None
     if old is None or new is None:
         return  # validation names the bad preset
+    kept = {k for slot, registry in SLOTS.items() for k in registry.get(getattr(new, slot)).defaults}
     for slot, registry in SLOTS.items():
         given = section.get(slot)
         chosen = given.get("name") if isinstance(given, dict) else given
         if chosen == getattr(old, slot):
             keep = registry.get(getattr(new, slot)).defaults
             section[slot] = {k: v for k, v in given.items() if k in keep} if isinstance(given, dict) else {}
+        if given is None or chosen == getattr(old, slot):  # a flat key of the old component (vcpo's ess_step):
+            for k in set(registry.get(getattr(old, slot)).defaults) & section.keys() - kept:  # dropped with it
+                del section[k]
 
 
 def _one_line(err: BaseException) -> str:
