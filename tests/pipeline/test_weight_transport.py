@@ -70,12 +70,12 @@ def test_dist_with_a_bf16_moe_engine_and_engine_dtype_snapshots(tmp_path):
 def test_killed_and_stopped_engines_rejoin_and_resume_from_engine_dtype_snapshots(tmp_path, monkeypatch):
     """A dist run on the default numerics (bf16 buckets of 1 MB) without the Δπ/Δimpl split, so its snapshot store
     keeps bf16 copies built from the bucket stream. Its engine process is SIGKILLed in its first 4 steps; the run
-    is then extended to 8 steps from its last checkpoint (the kept versions' bf16 copies pushed again), and the
+    is then extended to 12 steps from its last checkpoint (the kept versions' bf16 copies pushed again), and the
     extension's engine SIGSTOPped: the stopped one neither rolls out nor receives; past engine.timeout_s (a
     rollout's deadline, or a broadcast's send timeout) it is killed, and each new process joins its own group and
     gets the held versions. The whole equals the uninterrupted inproc run: samples and every metric."""
     off = ("diagnostics.decompose=false",)
-    reference = _run(tmp_path, "ref", *off, "steps=8")
+    reference = _run(tmp_path, "ref", *off, "steps=12")
     made = []
     make = orchestrator.make_backend
     monkeypatch.setattr(orchestrator, "make_backend", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
@@ -86,7 +86,8 @@ def test_killed_and_stopped_engines_rejoin_and_resume_from_engine_dtype_snapshot
     assert len(killed) == 1 and made[0].restarts >= 1
     made.clear()
     on_step, stopped = engine_signaller(made, signal.SIGSTOP, 1)
-    rest = _run(tmp_path, "hit", "steps=8", on_step=on_step, resume=True)
+    # 12 steps: the engine cannot have generated every batch left before the stop at step 5 (it then went unnoticed)
+    rest = _run(tmp_path, "hit", "steps=12", on_step=on_step, resume=True)
     assert len(stopped) == 1 and made[0].restarts >= 1 and stopped[0] not in killed
     assert rest[0] == reference[0] and first[1] + rest[1] == reference[1] and len(rest[1]) > 0
 
