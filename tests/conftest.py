@@ -1,17 +1,19 @@
 """Test-suite root. Its presence puts tests/ on sys.path (pytest's default import mode), so every test
 folder can import the shared helpers in tests/run_helpers.py. The tiny-run fixtures live here, once: ``tiny_cfg``
-and ``run_tiny`` (a fresh run per test) and ``shared_tiny`` (a reference run trained once per test session)."""
+and ``run_tiny`` (a fresh run per test), ``shared_tiny`` and ``shared_dp`` (reference runs, one process and data
+parallel, trained once per test session)."""
 
 import hashlib
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
-from run_helpers import REPO, TINY
+from run_helpers import REPO, TINY, dp_env, torchrun
 
 
 @pytest.fixture
@@ -41,28 +43,52 @@ def run_tiny(tiny_cfg):
     return run
 
 
+def _once(tmp_path_factory, folder: str, what: list[str], make) -> Path:
+    """The run folder ``make(out)`` trains for the settings ``what``, made once per test session. Under
+    pytest-xdist the workers (separate processes) share one folder beside their own, and a file lock per key lets
+    one worker train a run while the others wait for it."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / folder
+    root.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
+    out, done = root / key / "run", root / key / "done"
+    with FileLock(str(root / f"{key}.lock")):
+        if not done.is_file():
+            shutil.rmtree(out, ignore_errors=True)  # a worker that died mid-run left it half written
+            make(out)
+            done.write_text(json.dumps(what))
+    return out
+
+
 @pytest.fixture(scope="session")
 def shared_tiny(tmp_path_factory):
     """``shared_tiny(*overrides)``: the tiny config's finished run with ``overrides``, trained once per test session
     and shared by every test that asks for the same overrides (read it, never write into it: copy it with
-    ``shutil.copytree`` to change it). Under pytest-xdist the workers share one folder, and a file lock per key lets
-    one worker train a run while the others wait for it."""
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-tiny-runs"
-    root.mkdir(parents=True, exist_ok=True)
+    ``shutil.copytree`` to change it)."""
 
     def shared(*overrides: str) -> Path:
         from satrl.config import load_config
         from satrl.loop.orchestrator import train
 
-        key = hashlib.sha256(json.dumps([*TINY, *overrides]).encode()).hexdigest()[:16]
-        out, done = root / key / "run", root / key / "done"
-        with FileLock(str(root / f"{key}.lock")):
-            if not done.is_file():
-                shutil.rmtree(out, ignore_errors=True)  # a worker that died mid-run left it half written
-                train(load_config(None, [*TINY, *overrides, f"out={out}"]))
-                done.write_text(json.dumps(overrides))
-        return out
+        return _once(tmp_path_factory, "shared-tiny-runs", [*TINY, *overrides],
+                     lambda out: train(load_config(None, [*TINY, *overrides, f"out={out}"])))  # fmt: skip
+
+    return shared
+
+
+@pytest.fixture(scope="session")
+def shared_dp(tmp_path_factory):
+    """``shared_dp(*args)``: the finished run of ``torchrun --nproc_per_node=2 -m satrl train *args`` (a config
+    file, then overrides: run_helpers.DP_ARGS / DP_DIST_ARGS), trained once per test session and shared as
+    ``shared_tiny`` shares its runs (read it, never write into it)."""
+
+    def make(args: list[str], out: Path) -> None:
+        done = subprocess.run(torchrun(*args, out=out), env=dp_env(), capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    def shared(*args: str) -> Path:
+        what = [str(a) for a in args]
+        return _once(tmp_path_factory, "shared-dp-runs", what, lambda out: make(what, out))
 
     return shared
 

@@ -21,6 +21,33 @@ TINY = [
     "backend=sequential",
 ]
 
+# The data-parallel reference run (`torchrun --nproc_per_node=2`) several files compare against, trained once per
+# test session (conftest's ``shared_dp``): 3 batches of 2 steps at broadcast lag 2, several microbatches per step,
+# evaluation at steps 0, 3 and 6, the decomposition's forwards under snapshot weights (on by default) too.
+DP_CONFIG = REPO / "configs" / "sat_grpo.yaml"
+DP_ARGS = [*TINY, "steps=6", "lag.n=2", "seed=5", "eval.every=3", "train.microbatch_tokens=40"]
+# The same under the local backend, rank 0's engine process fed over `dist` (the split off, so the store keeps
+# engine-dtype copies), versions switched in flight every 2 tokens.
+DP_DIST_ARGS = [*DP_ARGS, "backend=local", "weights.transport=dist", "diagnostics.decompose=false",
+                "lag.inflight_every=2"]  # fmt: skip
+
+
+def torchrun(*args: str, out: Path | None = None, nproc: int = 2) -> list[str]:
+    """The command of ``torchrun --standalone --nproc_per_node=<nproc> -m satrl train *args [out=<out>]``."""
+    import sys
+
+    tail = [f"out={out}"] if out is not None else []
+    return [str(Path(sys.executable).with_name("torchrun")), "--standalone", f"--nproc_per_node={nproc}", "-m",
+            "satrl", "train", *map(str, args), *tail, "--no-progress"]  # fmt: skip
+
+
+def dp_env(**extra: str) -> dict[str, str]:
+    """The environment of a torchrun job: this checkout's src/ first, one thread per rank."""
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", **extra}
+
+
 class Extra:
     """The imports of an optional extra (verl, TRL), one guard for every test file that needs one::
 

@@ -3,36 +3,29 @@ error of the broadcast to the dead engine reached rank 0 as torch's ValueError "
 group map", which the transport did not take for a lost engine). Every engine process now dies at its second
 rollout (``SATRL_FAULT=worker.rollout:2``), or hangs there (``SATRL_FAULT_SIGNAL=SIGSTOP``): the run restarts
 each one, as on one process, and ends with the metrics and evaluations of the uninterrupted data-parallel run
-(the SIGKILL case failed before the fix: exit 1)."""
+(the SIGKILL case failed before the fix: exit 1). The run is run_helpers.DP_DIST_ARGS's: evaluations at steps
+0, 3 and 6, versions switched in flight."""
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from run_helpers import REPO, TINY, read_jsonl, stable
+from run_helpers import DP_CONFIG, DP_DIST_ARGS, dp_env, read_jsonl, stable, torchrun
 
-pytestmark = pytest.mark.slow  # three torchrun jobs of 2 ranks and an engine: minutes on 2 cores
-
-TORCHRUN = Path(sys.executable).with_name("torchrun")
-ARGS = [*TINY, "steps=6", "lag.n=2", "seed=5", "backend=local", "weights.transport=dist", "lag.inflight_every=2"]
-ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+pytestmark = pytest.mark.slow  # two torchrun jobs of 2 ranks and an engine, and the shared reference: minutes
 
 
 def _dp(out: Path, *extra: str, **env: str) -> subprocess.CompletedProcess:
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "-m", "satrl", "train", *ARGS, *extra, f"out={out}",
-           "--no-progress"]  # fmt: skip
-    return subprocess.run(cmd, env={**ENV, **env}, capture_output=True, text=True, timeout=600)
+    return subprocess.run(torchrun(DP_CONFIG, *DP_DIST_ARGS, *extra, out=out), env=dp_env(**env), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dp") / "ref"
-    ref = _dp(out)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    return out
+@pytest.fixture
+def reference(shared_dp):
+    """The uninterrupted data-parallel run (shared with tests/pipeline/test_weight_transport.py, which compares it
+    with one process)."""
+    return shared_dp(DP_CONFIG, *DP_DIST_ARGS)
 
 
 @pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])

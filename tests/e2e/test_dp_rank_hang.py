@@ -6,23 +6,16 @@ exactly the uninterrupted run (failed before the fix: the job never ended, the t
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from run_helpers import REPO, TINY, read_jsonl, stable
+from run_helpers import DP_ARGS, DP_CONFIG, dp_env, read_jsonl, stable, torchrun
 
-pytestmark = pytest.mark.slow  # three torchrun jobs of 2 ranks: minutes on 2 cores
+pytestmark = pytest.mark.slow  # two torchrun jobs of 2 ranks and the shared reference: minutes on 2 cores
 
-TORCHRUN = Path(sys.executable).with_name("torchrun")
-ARGS = [*TINY, "steps=6", "lag.n=2", "seed=5", "train.rank_timeout_s=5"]
-ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-
-
-def _cmd(*args: str) -> list[str]:
-    return [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "-m", "satrl", "train", *args, "--no-progress"]
+ENV = dp_env()
 
 
 def _rank_pid(root: int, rank: int) -> int | None:
@@ -47,12 +40,12 @@ def _ended(pid: int) -> bool:
         return True
 
 
-def test_a_stopped_rank_is_named_and_the_run_resumes_exactly(tmp_path):
-    ref = subprocess.run(_cmd(*ARGS, f"out={tmp_path / 'ref'}"), env=ENV, capture_output=True, text=True, timeout=600)
-    assert ref.returncode == 0, ref.stderr[-3000:]
+def test_a_stopped_rank_is_named_and_the_run_resumes_exactly(tmp_path, shared_dp):
+    # the uninterrupted reference is tests/e2e/test_data_parallel.py's 2-rank run: the rank timeout changes no number
+    ref = shared_dp(DP_CONFIG, *DP_ARGS)
     out = tmp_path / "hung"
-    proc = subprocess.Popen(_cmd(*ARGS, f"out={out}"), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(torchrun(DP_CONFIG, *DP_ARGS, "train.rank_timeout_s=5", out=out), env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     deadline, stopped = time.monotonic() + 300, None
     try:
         while time.monotonic() < deadline and proc.poll() is None and stopped is None:
@@ -81,7 +74,7 @@ def test_a_stopped_rank_is_named_and_the_run_resumes_exactly(tmp_path):
     assert proc.returncode != 0
     named = [x for x in err.splitlines() if x.startswith("satrl train: ")]
     assert len(named) == 1 and "rank 1" in named[0] and f"pid {stopped}" in named[0] and "rank_timeout_s" in named[0], err[-3000:]
-    resumed = subprocess.run(_cmd("--resume", str(out)), env=ENV, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(torchrun("--resume", out), env=ENV, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert stable(read_jsonl(out / "metrics.jsonl")) == stable(read_jsonl(tmp_path / "ref" / "metrics.jsonl"))
-    assert read_jsonl(out / "eval.jsonl") == read_jsonl(tmp_path / "ref" / "eval.jsonl")
+    assert stable(read_jsonl(out / "metrics.jsonl")) == stable(read_jsonl(ref / "metrics.jsonl"))
+    assert read_jsonl(out / "eval.jsonl") == read_jsonl(ref / "eval.jsonl")

@@ -3,7 +3,6 @@ the exported weights equal the checkpoint's DCP shards bit for bit (read back wi
 the run directory and the exported folder score what the run's evaluator logged at the last step."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,31 +11,26 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from run_helpers import REPO, TINY, read_jsonl
+from run_helpers import DP_ARGS, DP_CONFIG, dp_env, read_jsonl
 
-pytestmark = pytest.mark.slow  # one 2-rank run of 2 steps: about 30 s on 2 cores
+pytestmark = pytest.mark.slow  # the shared 2-rank run (run_helpers.DP_ARGS), then satrl export and eval processes
 
-TORCHRUN = Path(sys.executable).with_name("torchrun")
-ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-ARGS = [*TINY, "steps=2", "seed=0", "eval.val_problems=6", "eval.test_problems=6", "eval.k=4"]
+LAST = "step-000006"  # DP_ARGS' last step: evaluated (eval.every=3), and its scores differ from step 0's
 SCORES = ("avg_at_k", "greedy_acc", "val_avg_at_k", "val_greedy_acc", "test_avg_at_k", "test_greedy_acc", "k")
 
 
 def _satrl(*argv) -> str:
-    done = subprocess.run([sys.executable, "-m", "satrl", *map(str, argv)], env=ENV, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "satrl", *map(str, argv)], env=dp_env(), capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
 
-@pytest.fixture(scope="module")
-def dp_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("export-dp") / "dp"
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "-m", "satrl", "train",
-           str(REPO / "configs" / "sat_grpo.yaml"), *ARGS, f"out={out}", "--no-progress"]  # fmt: skip
-    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert (out / "checkpoints" / "step-000002" / "shards").is_dir()  # a sharded checkpoint
+@pytest.fixture
+def dp_run(shared_dp) -> Path:
+    """The 2-rank run tests/e2e/test_data_parallel.py compares with one process (read only)."""
+    out = shared_dp(DP_CONFIG, *DP_ARGS)
+    assert (out / "checkpoints" / LAST / "shards").is_dir()  # a sharded checkpoint
     return out
 
 
@@ -59,7 +53,7 @@ def test_export_of_a_sharded_checkpoint_equals_its_shards(dp_run, tmp_path):
     out = tmp_path / "hf"
     _satrl("export", dp_run, out)
     got = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).state_dict()
-    ckpt = dp_run / "checkpoints" / "step-000002"
+    ckpt = dp_run / "checkpoints" / LAST
     full = load_file(ckpt / "model.safetensors")
     shards = _shard_weights(ckpt, full)
     assert set(got) == set(full) and set(full) - set(shards) <= {"lm_head.weight"}  # the tied head once
@@ -69,7 +63,7 @@ def test_export_of_a_sharded_checkpoint_equals_its_shards(dp_run, tmp_path):
 
 def test_eval_of_a_dp_run_and_its_export_equal_its_last_eval(dp_run, tmp_path):
     logged = read_jsonl(dp_run / "eval.jsonl")[-1]
-    assert logged["step"] == 2
+    assert logged["step"] == 6
     from_run = json.loads(_satrl("eval", dp_run, "--json").splitlines()[-1])
     assert {k: from_run[k] for k in SCORES} == {k: logged[k] for k in SCORES}
     out = tmp_path / "hf"

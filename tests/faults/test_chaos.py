@@ -4,10 +4,9 @@ of the summary line docs/benchmarks.md ("Chaos") quotes.
 
 The benchmark's other parts are checked case by case elsewhere, with the same cases and the same checks or stronger
 ones, so this test does not run them again: hostile datasets and configs (benchmarks.hostile's lists) in
-tests/faults/test_hostile.py, damaged checkpoints in tests/faults/test_bad_input_exit2.py, a killed engine in
-tests/faults/test_defects.py::test_killed_engine_process_is_restarted (three kills, the trained sample ids and
-metrics equal a sequential run's) and a hung one in
-tests/faults/test_engine_hang.py::test_stopped_engine_is_restarted_and_loses_nothing.
+tests/faults/test_hostile.py, damaged checkpoints in tests/faults/test_bad_input_exit2.py, killed and hung engines in
+tests/faults/test_engine_hang.py::test_killed_and_stopped_engines_are_restarted_and_lose_nothing (three kills and
+two hangs in one run, the trained sample ids and metrics equal a sequential run's).
 
 Each run of a chain is a process of its own, SIGKILLed from inside or outside, forked from a process that has
 imported satrl once (run_helpers.ForkedCli) rather than a new `python -m satrl`: the process and its kill are the

@@ -1,5 +1,6 @@
 """One test per defect of issue 12 (each failed before its fix): torn logs, NaN in metrics, resume without
-a checkpoint, pickled checkpoints, bad data on both backends, a killed engine process."""
+a checkpoint, pickled checkpoints, bad data on both backends, an engine process that keeps dying (a killed one that is restarted:
+tests/faults/test_engine_hang.py)."""
 
 import json
 import os
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from run_helpers import REPO, TINY, engine_signaller, read_jsonl, stable
+from run_helpers import REPO, TINY, read_jsonl, stable
 from satrl.jsonl import read_jsonl as tolerant_read
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
@@ -88,8 +89,8 @@ class _Evil:
         return (os.system, (f"touch {self.marker}",))
 
 
-def test_checkpoint_has_no_pickle_and_round_trips(run_tiny):
-    out = run_tiny("steps=2")
+def test_checkpoint_has_no_pickle_and_round_trips(shared_tiny):
+    out = shared_tiny("steps=2")
     step = out / "checkpoints" / "step-000002"
     names = sorted(p.name for p in step.iterdir())
     assert not [n for n in names if n.endswith((".pt", ".pkl", ".bin"))], names
@@ -98,8 +99,11 @@ def test_checkpoint_has_no_pickle_and_round_trips(run_tiny):
         assert not data.startswith(b"\x80"), f"{name} is a pickle"  # pickle protocol 2+ header
 
 
-def test_planted_pickle_is_refused_not_executed(run_tiny, tmp_path):
-    out = run_tiny("steps=2")
+def test_planted_pickle_is_refused_not_executed(shared_tiny, tmp_path):
+    from satrl.loop.orchestrator import train
+    from satrl.rundir.files import RunDir
+
+    out = shutil.copytree(shared_tiny("steps=2"), tmp_path / "run")
     (out / "summary.json").unlink()
     marker = tmp_path / "pwned"
     step = out / "checkpoints" / "step-000002"
@@ -108,7 +112,7 @@ def test_planted_pickle_is_refused_not_executed(run_tiny, tmp_path):
             f.unlink()
     (step / "state.pt").write_bytes(pickle.dumps({"run": _Evil(marker)}))
     with pytest.raises(Exception, match="pickle"):
-        run_tiny("steps=2", resume=True)
+        train(RunDir.config_of(str(out), []), resume=True)
     assert not marker.exists(), "loading the checkpoint executed code from it"
 
 
@@ -155,41 +159,8 @@ def test_local_backend_surfaces_a_failed_engine_child(tiny_cfg):
     backend.close()
 
 
-# -- defect 4: a SIGKILLed engine process is restarted, its work re-issued, no sample lost or doubled ----
-def _capture_backend(monkeypatch):
-    from satrl.loop import orchestrator
-
-    made = []
-    original = orchestrator.make_backend
-
-    def spy(name, spec, **options):
-        made.append(original(name, spec, **options))
-        return made[-1]
-
-    monkeypatch.setattr(orchestrator, "make_backend", spy)
-    return made
-
-
-ARGS4 = ("steps=10", "lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=3")
-
-
-def test_killed_engine_process_is_restarted(run_tiny, tiny_cfg, monkeypatch, trained_ids):
-    import signal
-
-    from satrl.loop.orchestrator import train
-
-    ref = run_tiny(*ARGS4, name="ref")
-    ref_ids = list(trained_ids)
-    trained_ids.clear()
-    made = _capture_backend(monkeypatch)
-    # three kills, with batches in flight, between and during generation
-    on_step, killed = engine_signaller(made, signal.SIGKILL, 3)
-
-    cfg = tiny_cfg(*ARGS4, "backend=local", name="killed")
-    train(cfg, on_step=on_step)
-    assert len(set(killed)) == 3, "the engine process was not replaced after a kill"
-    assert trained_ids == ref_ids, "samples lost, duplicated or reordered"
-    assert stable(read_jsonl(cfg.run_dir() / "metrics.jsonl")) == stable(read_jsonl(ref / "metrics.jsonl"))
+# -- defect 4: a SIGKILLed engine process is restarted, its work re-issued, no sample lost or doubled: with the
+# hung engines of issue 26 in one run, tests/faults/test_engine_hang.py::test_killed_and_stopped_engines_are_restarted
 
 
 def test_engine_that_keeps_dying_is_one_error(tiny_cfg, monkeypatch):

@@ -80,22 +80,22 @@ def test_per_token_lag_in_metrics_matches_token_versions(traced):
             assert metrics[f"bylag/{k}/frac_tokens"] == pytest.approx(float((lag == k).double().mean()))
 
 
-def test_concurrent_run_equals_sequential_replay(tmp_path, traced):
-    _, local = _run(tmp_path, "local", "backend=local")
-    assert stable(local) == stable(traced[3])
-
-
-def test_killed_engine_waiting_mid_rollout_redoes_the_same_samples(tmp_path, traced, monkeypatch):
-    """SIGKILL the engine child (often while it waits for a version mid-response): the new one is fed the held
-    versions again, redoes the batch and waits the same way; nothing changes."""
+def test_killed_concurrent_run_resumed_mid_run_equals_sequential_replay(tmp_path, traced, monkeypatch):
+    """The local backend's concurrent run equals the sequential replay when its engine child is SIGKILLed (often
+    while it waits for a version mid-response: the new one is fed the held versions again, redoes the batch and
+    waits the same way) and the run is resumed mid-way (finished batches saved with their versions), its new
+    engine killed too."""
     import signal
 
     made, original = [], orchestrator.make_backend
     monkeypatch.setattr(orchestrator, "make_backend", lambda *a, **kw: made.append(original(*a, **kw)) or made[-1])
-    on_step, killed = engine_signaller(made, signal.SIGKILL, 2)
-    _, local = _run(tmp_path, "killed", "backend=local", on_step=on_step)
-    assert len(set(killed)) == 2
-    assert stable(local) == stable(traced[3])
+    on_step, killed = engine_signaller(made, signal.SIGKILL, 1)
+    out, _ = _run(tmp_path, "killed", "steps=4", "backend=local", on_step=on_step)
+    made.clear()
+    on_step, killed_too = engine_signaller(made, signal.SIGKILL, 1)
+    train(RunDir.config_of(out, ["steps=8"]), resume=True, on_step=on_step)
+    assert len(set(killed + killed_too)) == 2
+    assert stable(read_jsonl(out / "metrics.jsonl")) == stable(traced[3])
 
 
 def test_async_hold_with_inflight_updates_replays_too(tmp_path):
@@ -119,9 +119,9 @@ def test_rule_is_monotone_bounded_and_one_version_per_period(start, ahead, every
     assert inflight_versions(start, cap, every, tokens) == set(v)
 
 
-@pytest.mark.parametrize("backend", ["sequential", "local"])  # local: finished batches saved with their versions
-def test_resume_mid_run_is_exact(tmp_path, traced, backend):
-    out, _ = _run(tmp_path, "extended", "steps=4", f"backend={backend}")
+def test_resume_mid_run_is_exact(tmp_path, traced):
+    """Sequential; the local backend's resume is test_killed_concurrent_run_resumed_mid_run_equals_sequential_replay."""
+    out, _ = _run(tmp_path, "extended", "steps=4")
     train(RunDir.config_of(out, ["steps=8"]), resume=True)
     assert stable(read_jsonl(out / "metrics.jsonl")) == stable(traced[3])
 

@@ -15,8 +15,10 @@ from satrl.weights.snapshot import Snapshot
 ARGS = ["steps=6", "lag.schedule=broadcast", "lag.n=3", "seed=2", "backend=local"]
 
 
-def _run(tmp_path, name: str, *overrides: str, on_step=None) -> tuple[list[dict], list[str]]:
-    """The run's stable metrics and the ids of the samples it trained on, in order."""
+def _run(tmp_path, name: str, *overrides: str, on_step=None, resume: bool = False) -> tuple[list[dict], list[str]]:
+    """The run's stable metrics and the ids of the samples it trained on, in order (``resume``: extend the run
+    in ``tmp_path / name`` with ``overrides``; its ids are this extension's, its metrics the whole log's)."""
+    from satrl.rundir.files import RunDir
     from satrl.training.trainer import Trainer
 
     ids: list[str] = []
@@ -28,8 +30,11 @@ def _run(tmp_path, name: str, *overrides: str, on_step=None) -> tuple[list[dict]
 
     Trainer.step = spy
     try:
-        cfg = load_config(None, [*TINY, *ARGS, *overrides, f"out={tmp_path / name}"])
-        orchestrator.train(cfg, on_step=on_step)
+        if resume:
+            cfg = RunDir.config_of(str(tmp_path / name), list(overrides))
+        else:
+            cfg = load_config(None, [*TINY, *ARGS, *overrides, f"out={tmp_path / name}"])
+        orchestrator.train(cfg, on_step=on_step, resume=resume)
     finally:
         Trainer.step = original
     return stable(read_jsonl(tmp_path / name / "metrics.jsonl")), ids
@@ -38,7 +43,7 @@ def _run(tmp_path, name: str, *overrides: str, on_step=None) -> tuple[list[dict]
 def test_dist_equals_inproc(tmp_path):
     """fp32 engine: fp32 buckets. The Δπ/Δimpl split is on (the default), so the snapshot store keeps today's fp32
     copies. bf16-weights (the default numerics: bf16 buckets, which the engine rounds to anyway) is checked by
-    test_killed_and_stopped_engines_rejoin_and_are_fed_again, whose dist run on 1 MB buckets equals inproc."""
+    test_killed_and_stopped_engines_rejoin_and_resume_from_engine_dtype_snapshots, whose dist run on 1 MB buckets equals inproc."""
     inproc = _run(tmp_path, "inproc", "engine.numerics=fp32")
     dist = _run(tmp_path, "dist", "engine.numerics=fp32", "weights.transport=dist", "weights.bucket_mb=1")
     assert dist[1] == inproc[1] and len(dist[1]) > 0  # the same samples, in the same order
@@ -62,21 +67,29 @@ def test_dist_with_a_bf16_moe_engine_and_engine_dtype_snapshots(tmp_path):
     assert kept and all(t.dtype == torch.bfloat16 for t in kept)  # one bf16 copy per kept version, no fp32 one
 
 
-def test_killed_and_stopped_engines_rejoin_and_are_fed_again(tmp_path, monkeypatch):
-    """One dist run on the default numerics (bf16 buckets of 1 MB) whose engine process is SIGKILLed, and later its
-    replacement SIGSTOPped: the stopped one neither rolls out nor receives; past engine.timeout_s (a rollout's
-    deadline, or a broadcast's send timeout) it is killed, and each new process joins its own group and gets the
-    held versions. The run equals the uninterrupted inproc run: samples and every metric."""
-    reference = _run(tmp_path, "ref", "steps=8")
+def test_killed_and_stopped_engines_rejoin_and_resume_from_engine_dtype_snapshots(tmp_path, monkeypatch):
+    """A dist run on the default numerics (bf16 buckets of 1 MB) without the Δπ/Δimpl split, so its snapshot store
+    keeps bf16 copies built from the bucket stream. Its engine process is SIGKILLed in its first 4 steps; the run
+    is then extended to 12 steps from its last checkpoint (the kept versions' bf16 copies pushed again), and the
+    extension's engine SIGSTOPped: the stopped one neither rolls out nor receives; past engine.timeout_s (a
+    rollout's deadline, or a broadcast's send timeout) it is killed, and each new process joins its own group and
+    gets the held versions. The whole equals the uninterrupted inproc run: samples and every metric."""
+    off = ("diagnostics.decompose=false",)
+    reference = _run(tmp_path, "ref", *off, "steps=12")
     made = []
     make = orchestrator.make_backend
     monkeypatch.setattr(orchestrator, "make_backend", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
-    on_step, hit = engine_signaller(made, (signal.SIGKILL, signal.SIGSTOP), 2)
+    on_step, killed = engine_signaller(made, signal.SIGKILL, 1)
     # the stop may catch the new process while it starts; 30 s was too short for a start at load 30 on 2 cores
-    got = _run(tmp_path, "hit", "steps=8", "weights.transport=dist", "weights.bucket_mb=1", "engine.timeout_s=3",
-               "engine.start_timeout_s=60", on_step=on_step)  # fmt: skip
-    assert len(set(hit)) == 2 and made[0].restarts >= 2  # the stopped process was one the kill's restart started
-    assert got == reference and len(got[1]) > 0
+    first = _run(tmp_path, "hit", *off, "steps=4", "weights.transport=dist", "weights.bucket_mb=1",
+                 "engine.timeout_s=3", "engine.start_timeout_s=60", on_step=on_step)  # fmt: skip
+    assert len(killed) == 1 and made[0].restarts >= 1
+    made.clear()
+    on_step, stopped = engine_signaller(made, signal.SIGSTOP, 1)
+    # 12 steps: the engine cannot have generated every batch left before the stop at step 5 (it then went unnoticed)
+    rest = _run(tmp_path, "hit", "steps=12", on_step=on_step, resume=True)
+    assert len(stopped) == 1 and made[0].restarts >= 1 and stopped[0] not in killed
+    assert rest[0] == reference[0] and first[1] + rest[1] == reference[1] and len(rest[1]) > 0
 
 
 def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32():
@@ -145,28 +158,17 @@ def test_cli_exits_2_on_it(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_data_parallel_dist_equals_one_process(tmp_path):
+def test_data_parallel_dist_equals_one_process(tmp_path, shared_dp):
     """torchrun, 2 ranks, rank 0's engine process fed over `dist` from the ranks' joint bucket stream (the split
-    off, so the store keeps bf16 copies): the same samples as one process on `inproc`, every other metric
-    within data parallel's tolerance (docs/design.md, "Data parallel"). About 50 s on 2 cores."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    off, so the store keeps bf16 copies; versions switched in flight): the same samples as one process on
+    `inproc`, every other metric within data parallel's tolerance (docs/design.md, "Data parallel"). The 2-rank
+    run is run_helpers.DP_DIST_ARGS's, shared with tests/e2e/test_dp_engine_faults.py's reference."""
+    from run_helpers import DP_CONFIG, DP_DIST_ARGS, DP_RTOL, row_diff, same_samples_diff, stable
 
-    from run_helpers import DP_RTOL, REPO, row_diff, same_samples_diff, stable
-
-    args = [*TINY, "steps=6", "lag.n=2", "seed=5", "eval.every=3", "train.microbatch_tokens=40", "backend=local",
-            "diagnostics.decompose=false"]  # fmt: skip
-    config = REPO / "configs" / "sat_grpo.yaml"
-    orchestrator.train(load_config(config, [*args, f"out={tmp_path / 'one'}"]))
-    torchrun = Path(sys.executable).with_name("torchrun")
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-    cmd = [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "satrl", "train", str(config), *args,
-           "weights.transport=dist", f"out={tmp_path / 'dp'}", "--no-progress"]  # fmt: skip
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    one, dp = (read_jsonl(tmp_path / n / "metrics.jsonl") for n in ("one", "dp"))
+    one_process = [a for a in DP_DIST_ARGS if a != "weights.transport=dist"]
+    orchestrator.train(load_config(DP_CONFIG, [*one_process, f"out={tmp_path / 'one'}"]))
+    dp = read_jsonl(shared_dp(DP_CONFIG, *DP_DIST_ARGS) / "metrics.jsonl")
+    one = read_jsonl(tmp_path / "one" / "metrics.jsonl")
     assert len(one) == 6 and same_samples_diff(one, dp, rtol=DP_RTOL, atol=1e-9) == []
     far = row_diff(stable(one)[0], stable(dp)[0], 0.0, 0.0)
     assert set(far) <= {"obj/grad_norm"}, far  # step 1: the same bits but the gradient norm's sum order
@@ -188,15 +190,3 @@ def test_an_engine_that_fails_to_start_is_an_error_not_a_hang(tmp_path):
             backend.result(0)
     finally:
         backend.close()
-
-
-def test_resume_from_engine_dtype_snapshots_equals_uninterrupted(tmp_path):
-    """A dist run without the split checkpoints its kept versions as bf16 copies; extending it from its last
-    checkpoint (those copies pushed again) gives the uninterrupted inproc run's metrics."""
-    from satrl.rundir.files import RunDir
-
-    off = ("diagnostics.decompose=false",)
-    ref, _ = _run(tmp_path, "ref", *off, "steps=8")
-    _run(tmp_path, "ext", *off, "steps=4", "weights.transport=dist")
-    orchestrator.train(RunDir.config_of(str(tmp_path / "ext"), ["steps=8"]), resume=True)
-    assert stable(read_jsonl(tmp_path / "ext" / "metrics.jsonl")) == ref
