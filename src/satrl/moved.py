@@ -3,7 +3,7 @@ process (:func:`moved`), with a ``DeprecationWarning`` naming the new path, and 
 
 A module that moved is still importable by its old name, which gives the very module at the new path (so its
 objects are the same, and a patch through either name patches both). No file stands at an old path: a finder on
-``sys.meta_path`` (:func:`install`, which ``satrl/__init__.py`` calls) answers for the names in :data:`MOVED`, so
+``sys.meta_path`` (:func:`install`, which ``satrl/pipeline/__init__.py`` calls: every old name is under it) answers for the names in :data:`MOVED`, so
 a merge still sees each move as a rename. A name that left a module that stays calls :func:`moved` from that
 module's ``__getattr__``. The library imports the new paths (``tests/test_layers.py`` checks it); an old one is for
 users, docs and peers' configs. Imports nothing of satrl but, on first use of an old name, the module it names."""
