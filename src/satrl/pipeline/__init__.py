@@ -1,6 +1,6 @@
 """The loop's leaves (floor 4): the one-line errors (:mod:`.errors`), the lag schedules and ``lag:`` section
-(:mod:`.schedules`), what a backend reads of the run config (:mod:`.backend_config`), the snapshot store
-(:mod:`.buffer`) and the evaluator (:mod:`.evaluator`); and, a floor up, the engine side (:mod:`.engine_side`),
+(:mod:`.schedules`), what a backend reads of the run config (:mod:`.backend_config`), samples collated into batches
+(:mod:`.buffer`) and the evaluator (:mod:`.evaluator`); and, a floor up, the engines host (:mod:`.engines_host`),
 which imports of them only the errors, the schedules and the backend's config.
 
 The run config, the run directory, the launch wiring and the loop have folders of their own (:mod:`satrl.config`,
