@@ -42,8 +42,8 @@ def soak(steps: int) -> dict:
         made.append(make_fn(name, spec, **options))
         return made[-1]
 
-    def spy_update(self, version, weights, b_training):
-        update_fn(self, version, weights, b_training)
+    def spy_update(self, version, b_training):
+        update_fn(self, version, b_training)
         sizes.append(len(self.states))
         extra.extend(sorted(set(self.states) - self.wanted(b_training)))
 

@@ -93,7 +93,7 @@ def test_killed_and_stopped_engines_rejoin_and_resume_from_engine_dtype_snapshot
 
 
 def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32():
-    from satrl.launch.setup import snapshot_weights
+    from satrl.launch.setup import snapshot_cut
     from satrl.models import load_policy
     from satrl.objectives import resolve_objective
     from satrl.training.settings import TrainerSettings
@@ -105,7 +105,8 @@ def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32(
     def source(transport: str, decompose: bool, bucket_mb: int = 1):
         cfg = load_config(None, [f"weights.transport={transport}", f"diagnostics.decompose={str(decompose).lower()}",
                                  f"weights.bucket_mb={bucket_mb}", "engine.numerics=bf16-weights"])  # fmt: skip
-        return snapshot_weights(cfg, trainer)
+        trainer.export.snapshot_cut = snapshot_cut(cfg)  # as build_trainer sets it, once for the run
+        return trainer.export.snapshot
 
     assert source("dist", decompose=True)().state() is trainer.export.weights()
     assert source("inproc", decompose=False)().state() is trainer.export.weights()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -19,8 +18,6 @@ from satrl.training import dp
 from satrl.training.settings import TrainerSettings
 from satrl.training.trainer import Trainer
 from satrl.types import SamplingParams
-from satrl.weights.buckets import aliases
-from satrl.weights.snapshot import Snapshot
 from satrl.weights.transports import TRANSPORTS
 
 
@@ -82,22 +79,21 @@ def build_evaluator(cfg: RunConfig, tokenizer, task, ranks: Ranks | None = None)
     return Evaluator(tokenizer, task, engine, plan)
 
 
-def snapshot_weights(cfg: RunConfig, trainer) -> Callable[[], Snapshot]:
-    """What the snapshot store keeps of a version that pending batches need (``Rollouts.trained``): the trainer's
-    full fp32 CPU copy (``WeightExport.weights``) when the transport sends it as it is (its ``full_snapshots``), and
-    whenever the Δπ/Δimpl split (``diagnostics.decompose``) reads it, since its log-probs must be today's;
-    otherwise the trainer's bucket stream (``WeightExport.buckets``) in the engine's dtype, kept as it came
-    (a broadcast sends those very buckets; a checkpoint unpacks them, once), never an fp32 copy on one device
-    (under data parallel the buckets are cut from the fp32 copy every rank gathered at the sync point before:
-    ``satrl.launch.data_parallel``). The engine rounds to that dtype anyway, so it generates with the
-    same weights either way."""
+def snapshot_cut(cfg: RunConfig) -> tuple[torch.dtype | None, int] | None:
+    """What the snapshot store keeps of a version that pending batches need (``WeightExport.snapshot``, set once
+    by :func:`build_trainer`): None, the trainer's full fp32 CPU copy (``WeightExport.weights``), when the
+    transport sends it as it is (its ``full_snapshots``), and whenever the Δπ/Δimpl split
+    (``diagnostics.decompose``) reads it, since its log-probs must be today's; otherwise ``(dtype, bucket_bytes)``:
+    the trainer's bucket stream (``WeightExport.buckets``) in the engine's dtype, kept as it came (a broadcast
+    sends those very buckets; a checkpoint unpacks them, once), never an fp32 copy on one device (under data
+    parallel the buckets are cut from the fp32 copy every rank gathered at the sync point before:
+    ``satrl.launch.data_parallel``). The engine rounds to that dtype anyway, so it generates with the same weights
+    either way."""
     from satrl.engines.numerics import resolve_numerics
 
     if TRANSPORTS.get(cfg.weights.transport).full_snapshots or cfg.diagnostics.decompose:
-        return lambda: Snapshot.of_state(trainer.export.weights())
-    dtype, bucket_bytes = resolve_numerics(cfg.engine.numerics).weights, cfg.weights.bucket_mb * 2**20
-    return lambda: Snapshot.of_buckets(trainer.export.buckets(dtype, bucket_bytes), aliases(trainer.model), dtype,
-                                       bucket_bytes)  # fmt: skip
+        return None
+    return resolve_numerics(cfg.engine.numerics).weights, cfg.weights.bucket_mb * 2**20
 
 
 def check_snapshots(snapshots: dict[int, dict[str, torch.Tensor]], decompose: bool) -> None:
@@ -156,7 +152,9 @@ def build_trainer(cfg: RunConfig, ctx: dp.DataParallel | None = None) -> tuple[T
         if moe_num_layers(model) == 0:
             raise ValueError(f"r3=true needs an MoE policy; {cfg.model.source!r} is dense (try model.name=tiny-arith-moe)")
     settings, placement = placement_here(cfg, trainer_settings(cfg), ctx)
-    return Trainer(model, cfg.objective, settings, placement), tokenizer
+    trainer = Trainer(model, cfg.objective, settings, placement)
+    trainer.export.snapshot_cut = snapshot_cut(cfg)  # the form the snapshot store keeps, once for the run
+    return trainer, tokenizer
 
 
 def placement_here(cfg: RunConfig, settings: TrainerSettings, ctx: dp.DataParallel | None) -> tuple[TrainerSettings, object]:

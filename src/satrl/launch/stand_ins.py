@@ -97,10 +97,10 @@ class ReceivedRollouts:
     def __init__(self, ranks: Follower) -> None:
         self.ranks, self.store, self.state = ranks, ReceivedStore(), RunState()
 
-    def fresh(self, state: RunState, weights) -> None:
+    def fresh(self, state: RunState) -> None:
         self.state = state
 
-    def restore(self, loaded: Loaded, version: int, weights) -> None:
+    def restore(self, loaded: Loaded, version: int) -> None:
         self.state = loaded.run
 
     @contextmanager
@@ -120,7 +120,7 @@ class ReceivedRollouts:
     def submit_ready(self, version: int, b_now: int) -> None:
         pass
 
-    def trained(self, version: int, weights, b_training: int) -> None:
+    def trained(self, version: int, b_training: int) -> None:
         pass
 
     def collect(self) -> None:

@@ -29,7 +29,6 @@ from satrl.launch.setup import (
     build_trainer,
     check_context,
     check_snapshots,
-    snapshot_weights,
     worker_spec,
 )
 from satrl.launch.stand_ins import ReceivedRollouts
@@ -42,7 +41,6 @@ from satrl.tasks import make_task
 from satrl.training import checkpoint as ckpt
 from satrl.training.dp import DataParallel
 from satrl.types import Batch, SkipsRows, TrainerLike
-from satrl.weights.snapshot import Snapshot
 
 
 def train(cfg: RunConfig, resume: bool = False, on_step: Callable[[int, dict, dict | None], None] | None = None,
@@ -74,11 +72,10 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step, ranks: Ranks) -> 
     trainer, tokenizer = build_trainer(cfg, ranks.ctx)
     ranks.built()  # every rank built its trainer in the same collectives: the others wait for the plan
     n_batches = math.ceil(cfg.steps / cfg.steps_per_batch)
-    rollouts = _rollouts(cfg, n_batches, pad_id(tokenizer), ranks)
-    snapshot = snapshot_weights(cfg, trainer)  # a version's weights as the store holds them (fp32, or the engine's dtype)
+    rollouts = _rollouts(cfg, n_batches, pad_id(tokenizer), ranks, trainer)
     evaluator = build_evaluator(cfg, tokenizer, task, ranks)
-    state = (_resume(run, trainer, rollouts, cfg, snapshot, evaluator.due, ranks) if resume
-             else _fresh(run, trainer, rollouts, snapshot, ranks))  # fmt: skip
+    state = (_resume(run, trainer, rollouts, cfg, evaluator.due, ranks) if resume
+             else _fresh(run, trainer, rollouts, ranks))  # fmt: skip
     run.record_session(trainer.version, cfg.trainer_threads)  # environment.json: code, machine
     evaluator.prepare()
     first = _first_batch(task, cfg.seed, cfg.train.prompts_per_batch)
@@ -95,7 +92,7 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step, ranks: Ranks) -> 
             for metrics, rows in trainer.train_batch(batch, b, rollouts.store.state, stop_at=cfg.steps):  # train it
                 v = trainer.version  # every rank gathers its weights if the store or the evaluator reads them:
                 ranks.sync(trainer, gather=rollouts.store.wants(v, b) or evaluator.due(v, cfg.steps))
-                rollouts.trained(trainer.version, snapshot, b)  # push the new weights
+                rollouts.trained(trainer.version, b)  # keep and push the new weights
                 metrics.update(_batch_metrics(batch, rows, time.perf_counter() - t0, got, rollouts))
                 if cfg.model.chat.template:  # the rendered prompts' mean length (else the log is as it was)
                     metrics["train/prompt_tokens"] = float(batch.prompt_len[rows].float().mean())
@@ -117,14 +114,17 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, on_step, ranks: Ranks) -> 
     return run.finish(trainer.version)
 
 
-def _rollouts(cfg: RunConfig, n_batches: int, pad: int, ranks: Ranks) -> Rollouts | ReceivedRollouts:
-    """The rollouts: rank 0's (or the one process's) schedule, snapshot store and engine; on the other
-    data-parallel ranks, the batches rank 0 sends."""
+def _rollouts(cfg: RunConfig, n_batches: int, pad: int, ranks: Ranks,
+              trainer: TrainerLike) -> Rollouts | ReceivedRollouts:  # fmt: skip
+    """The rollouts: rank 0's (or the one process's) schedule, snapshot store (of ``trainer``'s versions, as its
+    export makes them: ``WeightExport.snapshot``) and engine; on the other data-parallel ranks, the batches rank 0
+    sends."""
     if not ranks.rank0:
         return ReceivedRollouts(ranks)
     S, P, K, N = cfg.steps_per_batch, cfg.train.prompts_per_batch, cfg.lag.inflight_every, cfg.engine.max_new_tokens
     sched = make_schedule(cfg.lag.schedule, S, cfg.lag.n, cfg.lag.max_staleness, cfg.seed, cfg.lag.on_stale)
-    return Rollouts(sched, lambda b: _versions(sched, b, P, K, N), P, n_batches, inflight_every=K, pad_id=pad)
+    return Rollouts(sched, lambda b: _versions(sched, b, P, K, N), trainer.export.snapshot, P, n_batches,
+                    inflight_every=K, pad_id=pad)  # fmt: skip
 
 
 def _versions(sched: Schedule, b: int, P: int, every: int = 0, tokens: int = 1) -> set[int]:
@@ -136,17 +136,16 @@ def _versions(sched: Schedule, b: int, P: int, every: int = 0, tokens: int = 1) 
     return set().union(*(inflight_versions(sched.version(b, g), cap, every, tokens) for g in range(P)))
 
 
-def _fresh(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, snapshot: Callable[[], Snapshot],
-           ranks: Ranks) -> RunState:  # fmt: skip
+def _fresh(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, ranks: Ranks) -> RunState:
     state = run.fresh()
     ranks.start(resume=False, next_batch=0)
     ranks.sync(trainer, gather=True)  # version 0: batch 0 is generated with it, step 0 may be evaluated
-    rollouts.fresh(state, snapshot)
+    rollouts.fresh(state)
     return state
 
 
-def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfig, snapshot: Callable[[], Snapshot],
-            due: Callable[[int, int], bool], ranks: Ranks) -> RunState:  # fmt: skip
+def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfig, due: Callable[[int, int], bool],
+            ranks: Ranks) -> RunState:  # fmt: skip
     """Apply the run's latest checkpoint (or start over if it has none) once the folder checks out (checkpoint
     files and config, :meth:`RunDir.load` and :meth:`RunDir.check_config`), check that its settings can go on
     to ``steps``, and only then cut the logs and rewrite ``config.yaml``: a refused resume changes no file."""
@@ -154,7 +153,7 @@ def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfi
     if loaded is None:  # killed before its first checkpoint: starts over, as config.yaml says (plus what may change)
         run.check_unstarted()
         run.save_config()
-        return _fresh(run, trainer, rollouts, snapshot, ranks)
+        return _fresh(run, trainer, rollouts, ranks)
     planned = run.check_config(loaded)
     check_snapshots(loaded.snapshots, cfg.diagnostics.decompose)
     ranks.start(resume=True, next_batch=loaded.run.next_batch)  # data parallel: every rank loads its shards now
@@ -164,7 +163,7 @@ def _resume(run: RunDir, trainer: TrainerLike, rollouts: Rollouts, cfg: RunConfi
         trainer.export.read_shards(loaded.path)  # data parallel: model and optimizer shards (DCP); nothing on one device
         torch.set_rng_state(loaded.rng)
         ranks.sync(trainer, gather=True)  # the version resumed: the store may keep it, step 0 be evaluated
-        rollouts.restore(loaded, trainer.version, snapshot)
+        rollouts.restore(loaded, trainer.version)
     rollouts.check_continuable(trainer.version, steps, planned)
     run.resume_at(trainer.version, rollouts.state, loaded.wall_s, lambda step: due(step, steps))
     run.save_config()

@@ -32,36 +32,37 @@ def horizon(sched: Schedule) -> int:
 
 class Rollouts:
     """The schedule, the snapshot store of the weights pending batches need, and (while :meth:`running`) the
-    backend. ``needed(b)``: the versions batch b is generated with; ``state``: the loop's cursor, whose
-    ``next_submit`` and ``ready`` (generated, not yet trained) this object advances.
+    backend. ``needed(b)``: the versions batch b is generated with; ``weights()``: the trainer's current version as
+    the store keeps it (``WeightExport.snapshot``); ``state``: the loop's cursor, whose ``next_submit`` and
+    ``ready`` (generated, not yet trained) this object advances.
 
     Batches past the last one count too (``n_batches`` bounds submission only): the last checkpoint keeps the
     weights an extension needs (``satrl train --resume DIR steps=<more>``); the runs themselves are unchanged.
     """
 
-    def __init__(self, sched: Schedule, needed: Callable[[int], set[int]], prompts: int, n_batches: int,
-                 inflight_every: int = 0, pad_id: int = 0) -> None:  # fmt: skip
+    def __init__(self, sched: Schedule, needed: Callable[[int], set[int]], weights: Callable[[], Snapshot],
+                 prompts: int, n_batches: int, inflight_every: int = 0, pad_id: int = 0) -> None:  # fmt: skip
         self.sched, self.P, self.n_batches, self.inflight_every = sched, prompts, n_batches, inflight_every
         self.pad_id = pad_id  # the tokenizer's, which pads a collated batch
         self.horizon = horizon(sched)
-        self.store = SnapshotStore(needed, self.horizon)
+        self.store = SnapshotStore(needed, self.horizon, weights)
         self.state = RunState()
         self.backend: Backend | None = None
         self.pushed: set[int] = set()  # versions the engine side holds
 
     # -- start: a fresh run, or one loaded from a checkpoint ---------------------------------------------
-    def fresh(self, state: RunState, weights: Callable[[], Snapshot]) -> None:
+    def fresh(self, state: RunState) -> None:
         self.state = state
-        self.store.update(0, weights, 0)
+        self.store.update(0, 0)
 
-    def restore(self, loaded: Loaded, version: int, weights: Callable[[], Snapshot]) -> None:
+    def restore(self, loaded: Loaded, version: int) -> None:
         """Take the checkpoint's kept snapshots and cursor; batches submitted to the dead backend but not saved
         as ready are submitted again. The checkpoint's own weights are kept if a pending batch needs them."""
         self.store.states = {v: Snapshot.of_state(s) for v, s in loaded.snapshots.items()}
         self.state = loaded.run
         self.state.next_submit = self.state.next_batch
         if self.store.wants(version, self.state.next_batch):
-            self.store.states[version] = weights()
+            self.store.states[version] = self.store.source()
 
     def check_continuable(self, version: int, steps: int, planned: int) -> None:
         """Raise RunDirError (one line) if a resumed run cannot go on to ``steps`` (e.g. a changed ``steps=``);
@@ -108,11 +109,11 @@ class Rollouts:
                 self.backend.submit(self._request(b, versions))
             self.state.next_submit += 1
 
-    def trained(self, version: int, weights: Callable[[], Snapshot], b_training: int) -> None:
+    def trained(self, version: int, b_training: int) -> None:
         """The trainer has made ``version`` while training batch ``b_training``: store its weights if a pending
         batch needs them, let the engine side drop what no batch needs, send the new version to a batch already
         generating (in-flight updates), then submit every batch whose generating versions now exist."""
-        self.store.update(version, weights, b_training)
+        self.store.update(version, b_training)
         self._release_forgotten()
         if version not in self.pushed and self._in_flight_need(version, b_training):
             self._push(b_training, {version})  # a batch already submitted switches to it mid-response

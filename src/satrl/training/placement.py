@@ -25,6 +25,7 @@ import torch
 from satrl.dtypes import CONFIG_DTYPES
 from satrl.training.microbatches import Micro
 from satrl.weights.buckets import Bucket, aliases, buckets, copy_buckets
+from satrl.weights.snapshot import Snapshot
 
 __all__ = ["OneDevice", "Placement", "StepOutputs", "StepPieces", "WeightExport", "cpu_copy"]
 
@@ -222,6 +223,18 @@ class WeightExport:
                  version: Callable[[], int]) -> None:  # fmt: skip
         self.placement, self.model, self.opt, self.version = placement, model, opt, version
         self._copy: tuple[int, dict[str, torch.Tensor]] | None = None  # (version, CPU copy): see weights()
+        # What snapshot() makes: None, the CPU copy; (dtype, bucket_bytes), the bucket stream cut so. Set once
+        # by the run's setup (satrl.launch.setup.snapshot_cut), which knows the transport and the engine's dtype.
+        self.snapshot_cut: tuple[torch.dtype | None, int] | None = None
+
+    def snapshot(self) -> Snapshot:
+        """This version as the snapshot store keeps it (``SnapshotStore.update`` calls this only for a version a
+        pending batch needs): the CPU copy (:meth:`weights`) where ``snapshot_cut`` is None, else the bucket
+        stream (:meth:`buckets`) in its dtype, read to its end now and kept as it came."""
+        if self.snapshot_cut is None:
+            return Snapshot.of_state(self.weights())
+        dtype, bucket_bytes = self.snapshot_cut
+        return Snapshot.of_buckets(self.buckets(dtype, bucket_bytes), aliases(self.model), dtype, bucket_bytes)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """A detached CPU copy of the current weights, safe to hand to an engine or a checkpoint (empty on a

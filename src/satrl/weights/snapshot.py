@@ -65,11 +65,13 @@ class SnapshotStore:
     (a :class:`Snapshot`: the trainer's buckets or a full state dict).
 
     ``needed(b)`` gives the versions batch ``b`` is generated with; the store keeps a version while any batch
-    from the one in training up to ``horizon`` batches ahead needs it.
+    from the one in training up to ``horizon`` batches ahead needs it. ``source()`` makes the current version's
+    snapshot (the trainer's ``WeightExport.snapshot``, whose form the run set once); the store calls it only for a
+    version it keeps.
     """
 
-    def __init__(self, needed: Callable[[int], set[int]], horizon: int) -> None:
-        self.needed, self.horizon = needed, horizon
+    def __init__(self, needed: Callable[[int], set[int]], horizon: int, source: Callable[[], Snapshot]) -> None:
+        self.needed, self.horizon, self.source = needed, horizon, source
         self.states: dict[int, Snapshot] = {}
 
     def wanted(self, b_training: int) -> set[int]:
@@ -80,11 +82,11 @@ class SnapshotStore:
         pending batch needs them and they are not kept yet. Data parallel gathers them only then."""
         return version in self.wanted(b_training) and version not in self.states
 
-    def update(self, version: int, weights: Callable[[], Snapshot], b_training: int) -> None:
-        """Store the weights of ``version`` (just trained) if a pending batch needs them; forget versions no one
-        needs any more."""
+    def update(self, version: int, b_training: int) -> None:
+        """Store the weights of ``version`` (just trained: the source's current one) if a pending batch needs
+        them; forget versions no one needs any more."""
         if self.wants(version, b_training):
-            self.states[version] = weights()
+            self.states[version] = self.source()
         wanted = self.wanted(b_training)
         self.states = {v: s for v, s in self.states.items() if v in wanted}
 
