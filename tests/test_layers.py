@@ -33,10 +33,10 @@ FLOORS = {
     "satrl.diagnostics": 2, "satrl.tasks": 2, "satrl.engines": 2,
     "satrl.training": 3, "satrl.integrations": 3,
     # 4-9, the pipeline, a folder a floor: its leaves (errors, lag schedules, the backend's config, the snapshot
-    # store, the evaluator), the engines' host (and its old name's alias package), the config (the run config
+    # store, the evaluator), the engines' host, the config (the run config
     # assembled from the sections, and the face that re-exports them), the run directory, the launch wiring, the loop
     "satrl.pipeline": 4,
-    "satrl.pipeline.engines_host": 5, "satrl.pipeline.engine_side": 5,
+    "satrl.pipeline.engines_host": 5,
     "satrl.config": 6,
     "satrl.rundir": 7,
     "satrl.launch": 8,

@@ -12,24 +12,16 @@ PROBE = r"""
 import json, warnings
 warnings.simplefilter("always")
 with warnings.catch_warnings(record=True) as first:
-    from satrl.pipeline.engine_side.worker import RolloutWorker as old_worker
-    from satrl.pipeline.engine_side.backends import BACKENDS as old_backends
-    from satrl.pipeline.engine_side import local_backends as old_local, engine_process as old_process
     from satrl.pipeline.buffer import SnapshotStore as old_store
     from satrl.weights.dist import receive as old_receive, send as old_send
 with warnings.catch_warnings(record=True) as again:
-    import satrl.pipeline.engine_side.worker
     from satrl.pipeline.buffer import SnapshotStore
-from satrl.pipeline.engines_host.worker import RolloutWorker
-from satrl.pipeline.engines_host.backends import BACKENDS
-from satrl.pipeline.engines_host import local_backends, engine_process
 from satrl.weights.snapshot import SnapshotStore as store
 from satrl.weights.link import receive, send
 print(json.dumps({
     "first": [str(w.message) for w in first if issubclass(w.category, DeprecationWarning)],
     "again": [str(w.message) for w in again if issubclass(w.category, DeprecationWarning)],
-    "same": [old_worker is RolloutWorker, old_backends is BACKENDS, old_local is local_backends,
-             old_process is engine_process, old_store is store, old_send is send, old_receive is receive],
+    "same": [old_store is store, old_send is send, old_receive is receive],
 }))
 """
 
@@ -42,9 +34,8 @@ def _probe() -> dict:
 
 def test_old_paths_warn_once_and_hand_out_the_same_objects():
     got = _probe()
-    assert got["same"] == [True] * 7
+    assert got["same"] == [True] * 3
     assert sorted(got["first"]) == sorted([
-        "satrl.pipeline.engine_side moved to satrl.pipeline.engines_host; the old path will be removed",
         "satrl.pipeline.buffer.SnapshotStore moved to satrl.weights.snapshot.SnapshotStore; the old path will be removed",
         "satrl.weights.dist moved to satrl.weights.link; the old path will be removed",
     ])  # fmt: skip

@@ -23,8 +23,11 @@ OLD = {
     "satrl.pipeline.rundir": "satrl.rundir.files",
     "satrl.pipeline.resume_check": "satrl.rundir.resume_check",
     "satrl.pipeline.launch": "satrl.launch",
+    "satrl.pipeline.engine_side": "satrl.pipeline.engines_host",
 }
-UNDER = {f"satrl.pipeline.launch.{m}": f"satrl.launch.{m}" for m in ("data_parallel", "setup", "stand_ins")}
+HOST = ("backends", "engine_process", "local_backends", "ray_backend", "worker")
+UNDER = {**{f"satrl.pipeline.launch.{m}": f"satrl.launch.{m}" for m in ("data_parallel", "setup", "stand_ins")},
+         **{f"satrl.pipeline.engine_side.{m}": f"satrl.pipeline.engines_host.{m}" for m in HOST}}  # fmt: skip
 # satrl/config.py's __all__ before it became the package's face.
 FACE = ["DEVICES", "FLOAT32_MAX", "MAX_BATCH_SAMPLES", "AggregationName", "BackendName", "CheckpointConfig",
         "CollapseConfig", "ConfigError", "Device", "DiagnosticsConfig", "EngineConfig", "EngineName", "EvalConfig",
@@ -47,12 +50,17 @@ with warnings.catch_warnings(record=True) as seen:
         same[old] = first is second is importlib.import_module(new) is sys.modules[old]
     from satrl.pipeline.orchestrator import train
     from satrl.loop.orchestrator import train as new_train
+    from satrl.pipeline.engine_side import local_backends as old_local
+    from satrl.pipeline.engine_side.worker import RolloutWorker as old_worker
+    from satrl.pipeline.engines_host import local_backends
+    from satrl.pipeline.engines_host.worker import RolloutWorker
 warned = {old: [] for old in moved}
 for w in seen:
     old = str(w.message).split(" moved to ")[0]
     if issubclass(w.category, DeprecationWarning) and old in warned:
         warned[old].append([w.filename, str(w.message)])
-print(json.dumps({"same": same, "warned": warned, "train": train is new_train}))
+print(json.dumps({"same": same, "warned": warned,
+                  "objects": [train is new_train, old_local is local_backends, old_worker is RolloutWorker]}))
 """
 
 
@@ -66,7 +74,7 @@ def test_each_old_name_is_the_new_module_and_warns_once():
                        timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr
     found = json.loads(r.stdout.strip().splitlines()[-1])
-    assert found["same"] == dict.fromkeys(moved, True) and found["train"]
+    assert found["same"] == dict.fromkeys(moved, True) and found["objects"] == [True] * 3
     assert found["warned"] == {
         old: [["<string>", f"{old} moved to {new}; the old path will be removed"]] for old, new in moved.items()}
 

@@ -26,6 +26,7 @@ MOVED = {
     "satrl.pipeline.rundir": "satrl.rundir.files",
     "satrl.pipeline.resume_check": "satrl.rundir.resume_check",
     "satrl.pipeline.launch": "satrl.launch",
+    "satrl.pipeline.engine_side": "satrl.pipeline.engines_host",
 }
 _WARNED: set[str] = set()  # old paths already warned about in this process
 
