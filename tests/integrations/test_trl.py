@@ -42,13 +42,20 @@ def test_trl_is_installed_when_required():
         assert TRL_MISSING is None, f"SATRL_REQUIRE_TRL=1 but {TRL_MISSING}"
 
 
-@pytest.fixture(scope="module")
+_TINY: list[str] = []  # each module that imports the fixture has its own copy of it: one folder for all
+
+
+@pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-policy")
-    tok = build_char_tokenizer()
-    build_tiny_model(vocab_size=len(tok), seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
+    """The tiny policy's folder, saved once per test process (TRL only reads it); test_trl_vcpo.py and
+    test_trl_baselines.py use it too."""
+    if not _TINY:
+        path = tmp_path_factory.mktemp("tiny-policy")
+        tok = build_char_tokenizer()
+        build_tiny_model(vocab_size=len(tok), seed=0).save_pretrained(path)
+        tok.save_pretrained(path)
+        _TINY.append(str(path))
+    return _TINY[0]
 
 
 def reward_digits(completions, **_):

@@ -16,7 +16,7 @@ from satrl.training.baselines import ADVANTAGES
 
 with Extra("TRL") as trl_extra:
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
     from trl.trainer.utils import nanstd
 
     from satrl.integrations.trl_baselines import (
@@ -39,17 +39,10 @@ def _one_thread():
 
 
 import test_trl  # noqa: E402  (the same tiny policy fixture and reward as SAT's TRL tests)
+import test_trl_vcpo  # noqa: E402  (the same settings as VCPO's TRL tests, and its GRPOTrainer reference run)
 
-tiny_dir, reward_digits = test_trl.tiny_dir, test_trl.reward_digits
-
-
-def config(cls, out, **kw):
-    base = dict(
-        output_dir=str(out), use_cpu=True, per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
-        max_steps=3, num_iterations=2, learning_rate=3e-5, logging_steps=1, report_to="none", save_strategy="no",
-        seed=0, loss_type="grpo", dataloader_num_workers=0, disable_tqdm=True,
-    )
-    return cls(**{**base, **kw})
+tiny_dir, reward_digits, config = test_trl.tiny_dir, test_trl.reward_digits, test_trl_vcpo.config
+grpo_reference = test_trl_vcpo.grpo_reference
 
 
 def trainer(cls, cfg_cls, tiny_dir, out, **kw):
@@ -147,11 +140,11 @@ def test_trl_trains_on_satrls_constant_offset(tiny_dir, tmp_path, scale_rewards,
         assert "sat/q" in logs[0]
 
 
-def test_zero_offset_trains_exactly_as_grpo_and_an_offset_does_not(tiny_dir, tmp_path):
+def test_zero_offset_trains_exactly_as_grpo_and_an_offset_does_not(tiny_dir, tmp_path, grpo_reference):
     """3 steps, 2 iterations per batch: c = 0 (b_g = the group mean; the rewards are whole numbers, so every sum is
     exact) gives GRPOTrainer's logs and final weights bit for bit, through the check and the replacement; c = 1
     ends at other weights (the comparison can fail)."""
-    ref_logs, ref_params = train(trainer(GRPOTrainer, GRPOConfig, tiny_dir, tmp_path / "a"))
+    ref_logs, ref_params = grpo_reference
     logs, params = train(trainer(BaselineGRPOTrainer, BaselineGRPOConfig, tiny_dir, tmp_path / "b",
                                  advantage="constant_offset", advantage_c=0.0))
     assert len(ref_logs) == 3 and [untimed(h) for h in logs] == [untimed(h) for h in ref_logs]

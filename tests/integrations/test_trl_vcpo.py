@@ -83,6 +83,20 @@ def trl_logp(tr, ids, attn, k):
     return GRPOTrainer._get_per_token_logps_and_entropies(tr, tr.model, ids, attn, k)[0]
 
 
+_REFERENCE: dict = {}  # each module that imports the fixture has its own copy of it: one run for all
+
+
+@pytest.fixture(scope="session")
+def grpo_reference(tiny_dir, tmp_path_factory):
+    """(logs, final weights) of GRPOTrainer's 3 steps at this file's ``config``: trained once per test process and
+    read by every exact comparison against it (test_trl_baselines.py's too, whose settings are these)."""
+    if tiny_dir not in _REFERENCE:
+        torch.set_num_threads(1)  # as every test here (a session fixture is made before the autouse one runs)
+        out = tmp_path_factory.mktemp("grpo-reference")
+        _REFERENCE[tiny_dir] = train(trainer(GRPOTrainer, GRPOConfig, tiny_dir, out))
+    return _REFERENCE[tiny_dir]
+
+
 def untimed(h):
     return {k: v for k, v in h.items() if not k.startswith(OURS) and "time" not in k and "per_second" not in k}
 
@@ -94,19 +108,19 @@ def train(tr):
 
 # -- (i) uniform baseline, step scale 1: TRL's GRPOTrainer bit for bit ------------------------------------------
 @pytest.mark.parametrize("case", ["group_mean", "opob_zero_shift", "ess_step_off"])
-def test_unit_scale_and_group_baseline_train_exactly_as_grpo(tiny_dir, tmp_path, monkeypatch, case):
+def test_unit_scale_and_group_baseline_train_exactly_as_grpo(tiny_dir, tmp_path, monkeypatch, case, grpo_reference):
     """3 steps, 2 iterations per batch (so pi_theta != mu at the second): with the ESS scale forced to 1 (base
     ratio below 1/B, or ``vcpo_ess_step=False`` at base ratio 1, where the ESS ratio falls below 1) and the
     baseline the group mean (``group_mean``; or ``opob`` with its shift forced to 0, so the score pass and satrl's
     recomputation of TRL's centring and scaling both run), the logs and final weights equal GRPOTrainer's
     exactly."""
-    ref_logs, ref_params = train(trainer(GRPOTrainer, GRPOConfig, tiny_dir, tmp_path / "a"))
+    ref_logs, ref_params = grpo_reference
     kw = {"group_mean": dict(vcpo_ess_base_ratio=1e-9, vcpo_baseline="group_mean"),
           "opob_zero_shift": dict(vcpo_ess_base_ratio=1e-9, vcpo_baseline="opob"),
           "ess_step_off": dict(vcpo_ess_step=False, vcpo_baseline="group_mean")}[case]
     if case == "opob_zero_shift":
         monkeypatch.setattr(trl_vcpo, "opob_shift", lambda rewards, group, log_w, sq: torch.zeros_like(log_w))
-    logs, params = train(trainer(VCPOGRPOTrainer, VCPOGRPOConfig, tiny_dir, tmp_path / "b", **kw))
+    logs, params = train(trainer(VCPOGRPOTrainer, VCPOGRPOConfig, tiny_dir, tmp_path, **kw))
     assert len(ref_logs) == 3 and all(h["train/lr_scale"] == 1.0 for h in logs)
     assert all(0 < h["obj/ess_ratio"] <= 1 + 1e-12 for h in logs)
     if case == "opob_zero_shift":
