@@ -258,7 +258,7 @@ def _coverage_of_this_fork():
 class ForkedCli:
     """``satrl *argv`` forked from the forkserver (see above), with ``env`` set in it (None: unset). What
     ``benchmarks.chaos`` uses of :class:`subprocess.Popen`: ``wait``, ``send_signal``, ``pid`` and ``stderr``
-    (its bytes, read after the child has ended)."""
+    (its bytes, read after the child has ended), and ``poll``."""
 
     def __init__(self, argv: list[str], env: dict[str, str | None], err_path: Path) -> None:
         import io
@@ -280,6 +280,10 @@ class ForkedCli:
         if self._proc.exitcode is None:
             raise subprocess.TimeoutExpired(["satrl"], timeout)
         self.stderr = io.BytesIO(self._err.read_bytes() if self._err.is_file() else b"")
+        return self._proc.exitcode
+
+    def poll(self) -> int | None:
+        """The exit code, or None while the child runs (it does not wait)."""
         return self._proc.exitcode
 
     def send_signal(self, sig: int) -> None:

@@ -5,7 +5,7 @@ of the summary line docs/benchmarks.md ("Chaos") quotes.
 The benchmark's other parts are checked case by case elsewhere, with the same cases and the same checks or stronger
 ones, so this test does not run them again: hostile datasets and configs (benchmarks.hostile's lists) in
 tests/faults/test_hostile.py, damaged checkpoints in tests/faults/test_bad_input_exit2.py, killed and hung engines in
-tests/faults/test_engine_hang.py::test_killed_and_stopped_engines_are_restarted_and_lose_nothing (three kills and
+tests/faults/test_engine_hang.py::test_killed_and_stopped_engines_are_restarted_and_lose_nothing (two kills and
 two hangs in one run, the trained sample ids and metrics equal a sequential run's).
 
 Each run of a chain is a process of its own, SIGKILLed from inside or outside, forked from a process that has

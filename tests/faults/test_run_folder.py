@@ -4,22 +4,27 @@ issue 46, item 2: a finished run that lost its metrics.jsonl replaced by a fresh
 
 import fcntl
 import os
-import subprocess
-import sys
+from types import SimpleNamespace
 
 import pytest
 
-from run_helpers import REPO, TINY, read_jsonl, stable
+from run_helpers import TINY, read_jsonl, stable
 from satrl.loop.orchestrator import train
 from satrl.rundir.files import RunDir, RunDirError
 
-ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
 LAGGED = ("lag.schedule=broadcast", "lag.n=2", "objective.name=sat_grpo", "seed=5")
 
 
-def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "satrl", "train", *args, "--no-progress"], env=ENV,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+def _cli(capfd, *args) -> SimpleNamespace:
+    """``satrl train *args`` in this process (what these tests check is the command's exit code, its stderr and
+    the folder it leaves, not a process of its own: a fresh interpreter would cost seconds of imports each time):
+    its ``returncode`` and ``stderr``, as :func:`subprocess.run` gives them. The lock test's flock is on an open
+    file of its own, which a flock of this process's command on its own open of the file conflicts with."""
+    from satrl import cli
+
+    capfd.readouterr()
+    rc = cli.main(["train", *args, "--no-progress"])
+    return SimpleNamespace(returncode=rc, stderr=capfd.readouterr().err)
 
 
 def _one_line(r, code: int = 2) -> str:
@@ -43,12 +48,12 @@ def test_damaged_metrics_line_stops_resume(run_tiny, damage):
     assert (out / "metrics.jsonl").read_bytes() == before and not (out / "summary.json").exists()
 
 
-def test_damaged_line_is_one_line_exit_2(run_tiny):
+def test_damaged_line_is_one_line_exit_2(run_tiny, capfd):
     out = run_tiny("steps=2")
     (out / "summary.json").unlink()
     text = (out / "eval.jsonl").read_text()
     (out / "eval.jsonl").write_text('{"step": 0, "avg_at\n' + text)  # damage in eval.jsonl, not at its end
-    line = _one_line(_cli("--resume", str(out)))
+    line = _one_line(_cli(capfd, "--resume", str(out)))
     assert f"{out / 'eval.jsonl'}:1:" in line and "satrl train: " in line
 
 
@@ -87,13 +92,13 @@ def test_extend_finished_run_equals_a_longer_run(run_tiny, shared_tiny):
     assert "steps: 6" in (out / "config.yaml").read_text()
 
 
-def test_refused_extension_leaves_config_yaml(run_tiny):
+def test_refused_extension_leaves_config_yaml(run_tiny, capfd):
     out = run_tiny("steps=3", *LAGGED)  # 2 optimizer steps per batch: the run ends inside its second batch
     config = (out / "config.yaml").read_text()
-    line = _one_line(_cli("--resume", str(out), "steps=6"))
+    line = _one_line(_cli(capfd, "--resume", str(out), "steps=6"))
     assert "steps=6" in line and "resume with steps=3" in line
     assert (out / "config.yaml").read_text() == config
-    assert _cli("--resume", str(out)).returncode == 0  # a plain resume still works
+    assert _cli(capfd, "--resume", str(out)).returncode == 0  # a plain resume still works
 
 
 def test_extension_without_the_weights_it_needs_is_refused(run_tiny, monkeypatch):
@@ -113,11 +118,11 @@ def test_extension_without_the_weights_it_needs_is_refused(run_tiny, monkeypatch
 
 # -- 6: out= an ordinary folder -----------------------------------------------------------------------------
 @pytest.mark.parametrize("files", [{"notes.txt": "mine"}, {"config.yaml": "steps: 3\n", "summary.json": "{}"}])
-def test_out_is_an_ordinary_folder(tmp_path, files):
+def test_out_is_an_ordinary_folder(tmp_path, files, capfd):
     for name, text in files.items():
         (tmp_path / "mine" / name).parent.mkdir(exist_ok=True)
         (tmp_path / "mine" / name).write_text(text)
-    line = _one_line(_cli("steps=2", f"out={tmp_path / 'mine'}", timeout=120))
+    line = _one_line(_cli(capfd, "steps=2", f"out={tmp_path / 'mine'}"))
     assert f"out={tmp_path / 'mine'}" in line and "choose another out=" in line
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == sorted(files)
     assert all((tmp_path / "mine" / n).read_text() == t for n, t in files.items())
@@ -159,7 +164,7 @@ def test_a_run_missing_some_files_is_never_replaced(run_tiny, capsys, gone):
 
 
 # -- 9: one process per run folder ----------------------------------------------------------------------
-def test_run_folder_is_locked_while_training(run_tiny):
+def test_run_folder_is_locked_while_training(run_tiny, capfd):
     out = run_tiny("steps=2")
     assert not (out / ".satrl.lock").exists()  # a clean exit removes its lock file
     (out / "summary.json").unlink()
@@ -168,10 +173,10 @@ def test_run_folder_is_locked_while_training(run_tiny):
         held.truncate(0)
         held.write("424242\n")
         held.flush()
-        line = _one_line(_cli("--resume", str(out), timeout=120))
+        line = _one_line(_cli(capfd, "--resume", str(out)))
         assert "424242" in line and str(out) in line
         assert not (out / "summary.json").exists()
-    assert _cli("--resume", str(out)).returncode == 0  # released (or its holder killed): no stale lock
+    assert _cli(capfd, "--resume", str(out)).returncode == 0  # released (or its holder killed): no stale lock
     assert (out / "summary.json").exists() and not (out / ".satrl.lock").exists()
 
 

@@ -73,9 +73,11 @@ def test_killed_and_stopped_engines_rejoin_and_resume_from_engine_dtype_snapshot
     is then extended to 12 steps from its last checkpoint (the kept versions' bf16 copies pushed again), and the
     extension's engine SIGSTOPped: the stopped one neither rolls out nor receives; past engine.timeout_s (a
     rollout's deadline, or a broadcast's send timeout) it is killed, and each new process joins its own group and
-    gets the held versions. The whole equals the uninterrupted inproc run: samples and every metric."""
+    gets the held versions. The whole equals the uninterrupted run: samples and every metric. The reference is the
+    sequential backend's (the local backend's inproc run equals it bit for bit: tests/faults/test_engine_hang.py),
+    which needs no engine process."""
     off = ("diagnostics.decompose=false",)
-    reference = _run(tmp_path, "ref", *off, "steps=12")
+    reference = _run(tmp_path, "ref", *off, "steps=12", "backend=sequential")
     made = []
     make = orchestrator.make_backend
     monkeypatch.setattr(orchestrator, "make_backend", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
