@@ -158,3 +158,16 @@ def test_sign_flip_power_counts_the_mirrored_patterns_once_each():
         sums = x @ _signs(n).T  # every pattern
         extreme = (np.abs(sums) >= np.abs(sums[:, :1]) - 1e-12 * np.abs(x).sum(axis=1, keepdims=True)).sum(axis=1)
         assert sign_flip_power(effect, n, alpha) == float(((extreme < alpha * 2**n) & (sums[:, 0] > 0)).mean())
+
+
+def test_two_sided_p_counts_the_mirrored_patterns_once_each():
+    """sign_flip_p counts half the sign patterns twice (a pattern and its mirror have the same |sum|): the same
+    p as every pattern counted, on continuous and on tied diffs, up to the exact method's 20 diffs."""
+    from satrl.experiments.significance import _signs
+
+    rng = np.random.default_rng(8)
+    for n in (1, 7, 13, 16, 18):
+        for d in (rng.normal(0.4, 1.0, n), rng.integers(-3, 5, n) / 8.0):
+            tol = 1e-12 * max(1.0, float(np.abs(d).sum()))
+            full = float((np.abs(_signs(n) @ d) >= abs(d.sum()) - tol).mean()) if np.any(d) else 1.0
+            assert sign_flip_p(d) == full

@@ -26,10 +26,10 @@ def _clean(values) -> np.ndarray:
 
 
 def _signs(n: int) -> np.ndarray:
-    """All 2^n sign patterns, [2^n, n] floats, row 0 all +1 (read-only: up to 12 diffs built once per n, the
-    interval tries thousands of shifts). Row 2^n - 1 - k is row k negated, so the first 2^(n-1) rows (the last
-    diff unflipped) hold every |signed sum| once."""
-    return _signs_cached(n) if n <= _EXACT_N else _build_signs(n)
+    """All 2^n sign patterns, [2^n, n] floats, row 0 all +1 (read-only: up to 16 diffs, 8 MB, built once per n;
+    an interval tries thousands of shifts, each a p-value over them). Row 2^n - 1 - k is row k negated, so the
+    first 2^(n-1) rows (the last diff unflipped) hold every |signed sum| once."""
+    return _signs_cached(n) if n <= 16 else _build_signs(n)
 
 
 def _build_signs(n: int) -> np.ndarray:
@@ -48,11 +48,15 @@ _EXACT_P_N = 20
 _MC_PATTERNS = 200_000
 
 
-def _pattern_share(d: np.ndarray, extreme) -> float:
+def _pattern_share(d: np.ndarray, extreme, mirrored: bool = False) -> float:
     """Share of the sign patterns of ``d`` whose signed sum s (a vector over patterns) is ``extreme(s)``: all 2^n
     patterns up to 20 diffs (exact, the observed one among them); above that, 200,000 seeded random patterns plus
-    the observed one, which always counts (so p is never 0)."""
+    the observed one, which always counts (so p is never 0). ``mirrored``: ``extreme`` looks at |s| only, so a
+    pattern and its mirror image (every sign flipped, s negated) count alike: the exact share counts half of the
+    patterns twice, the same fraction of 2^n."""
     n = d.size
+    if n <= _EXACT_P_N and mirrored:
+        return float(2 * np.count_nonzero(extreme(_signs(n)[: 2 ** (n - 1)] @ d)) / 2**n)
     if n <= _EXACT_P_N:
         return float(extreme(_signs(n) @ d).mean())
     signs = np.random.default_rng(0).choice([-1.0, 1.0], size=(_MC_PATTERNS, n))
@@ -77,7 +81,7 @@ def sign_flip_p(diffs) -> float:
     if d.size == 0 or not np.any(d):
         return 1.0
     observed, tol = abs(d.sum()), _tol(d)
-    return _pattern_share(d, lambda sums: np.abs(sums) >= observed - tol)
+    return _pattern_share(d, lambda sums: np.abs(sums) >= observed - tol, mirrored=True)
 
 
 def sign_flip_p_greater(diffs) -> float:
