@@ -131,3 +131,43 @@ def test_paired_diff_and_compare_use_holm_for_verdicts():
     assert t["p_holm"].tolist() == pytest.approx([2 * 2 / 1024, 2 / 32])  # m=2 for the smaller, 1 for the larger
     assert t["verdict"].tolist() == ["better", "no detectable difference at this power"]
     assert math.isinf(t["mde"].iloc[1])
+
+
+def test_sign_flip_interval_ends_are_those_of_every_subset_mean_tried():
+    """The interval tries the subset means a block at a time from each end and stops at the first accepted: the
+    same ends as trying every one with sign_flip_p and taking the accepted ones' min and max (the committed
+    reports print them), on tied integer diffs and on continuous ones, up to the exact method's 12 seeds."""
+    from satrl.experiments.significance import _signs, sign_flip_interval
+
+    rng = np.random.default_rng(5)
+    for n, integers, ci in ((6, True, 0.9), (8, False, 0.95), (10, True, 0.95), (12, False, 0.99), (12, True, 0.95)):
+        d = rng.integers(-4, 7, n).astype(float) if integers else rng.normal(0.8, 1.0, n)
+        subset = _signs(n)[1:] < 0
+        cand = np.unique((subset @ d) / subset.sum(axis=1))
+        ok = cand[[sign_flip_p(d - c) >= 1 - ci for c in cand]]
+        assert sign_flip_interval(d, ci) == (ok.min(), ok.max())
+
+
+def test_sign_flip_power_counts_the_mirrored_patterns_once_each():
+    """sign_flip_power sums over half the sign patterns and counts each |sum| twice (the other half is its mirror):
+    the same power as every pattern counted, tolerance and ties alike (the reports' MDEs depend on it)."""
+    from satrl.experiments.significance import _normal_draws, _signs, sign_flip_power
+
+    for n, effect, alpha in ((2, 0.0, 0.6), (6, 1.0, 0.05), (9, 0.4, 0.01), (12, 0.7, 0.05 / 7)):
+        x = _normal_draws(n, 4000, 0) + effect
+        sums = x @ _signs(n).T  # every pattern
+        extreme = (np.abs(sums) >= np.abs(sums[:, :1]) - 1e-12 * np.abs(x).sum(axis=1, keepdims=True)).sum(axis=1)
+        assert sign_flip_power(effect, n, alpha) == float(((extreme < alpha * 2**n) & (sums[:, 0] > 0)).mean())
+
+
+def test_two_sided_p_counts_the_mirrored_patterns_once_each():
+    """sign_flip_p counts half the sign patterns twice (a pattern and its mirror have the same |sum|): the same
+    p as every pattern counted, on continuous and on tied diffs, up to the exact method's 20 diffs."""
+    from satrl.experiments.significance import _signs
+
+    rng = np.random.default_rng(8)
+    for n in (1, 7, 13, 16, 18):
+        for d in (rng.normal(0.4, 1.0, n), rng.integers(-3, 5, n) / 8.0):
+            tol = 1e-12 * max(1.0, float(np.abs(d).sum()))
+            full = float((np.abs(_signs(n) @ d) >= abs(d.sum()) - tol).mean()) if np.any(d) else 1.0
+            assert sign_flip_p(d) == full

@@ -132,6 +132,23 @@ def test_curve_band_percentiles_are_nanpercentiles_bit_for_bit():
             assert np.array_equal(_percentiles(res, q), np.nanpercentile(res, q, axis=0), equal_nan=True)
 
 
+
+def test_curve_band_resample_means_are_nanmean_bit_for_bit():
+    """bootstrap_curve's resample means add the seeds' rows one after another, as np.nanmean's sum over the middle
+    axis does (a single column goes through nanmean itself): the same numbers, NaNs and all-NaN steps included,
+    so the committed figures' bands stay what they were."""
+    from satrl.experiments.stats import _resampled_nanmean
+
+    rng = np.random.default_rng(1)
+    for n, width, nan_share in ((3, 1, 0.0), (9, 1, 0.3), (9, 2, 0.0), (10, 57, 0.2), (17, 200, 0.05)):
+        v = rng.standard_normal((n, width)) * 37.5
+        v[rng.random((n, width)) < nan_share] = np.nan
+        v[:, -1] = np.nan if width > 2 else v[:, -1]  # a step no seed logged
+        idx = rng.integers(0, n, size=(2000, n))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            assert np.array_equal(_resampled_nanmean(v, idx), np.nanmean(v[idx], axis=1), equal_nan=True)
+
 def _runs():
     rows = []
     for s, (best, final, coll, dpi) in enumerate([(0.30, 0.25, None, 0.010), (0.34, 0.20, 400, 0.012),

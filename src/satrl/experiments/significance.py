@@ -26,8 +26,21 @@ def _clean(values) -> np.ndarray:
 
 
 def _signs(n: int) -> np.ndarray:
-    """All 2^n sign patterns, [2^n, n], row 0 all +1."""
-    return 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1)
+    """All 2^n sign patterns, [2^n, n] floats, row 0 all +1 (read-only: up to 16 diffs, 8 MB, built once per n;
+    an interval tries thousands of shifts, each a p-value over them). Row 2^n - 1 - k is row k negated, so the
+    first 2^(n-1) rows (the last diff unflipped) hold every |signed sum| once."""
+    return _signs_cached(n) if n <= 16 else _build_signs(n)
+
+
+def _build_signs(n: int) -> np.ndarray:
+    return (1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1)).astype(float)
+
+
+@functools.lru_cache(maxsize=16)
+def _signs_cached(n: int) -> np.ndarray:
+    signs = _build_signs(n)
+    signs.flags.writeable = False
+    return signs
 
 
 # Sign-flip p-values enumerate all 2^n patterns up to this many diffs; above it, a seeded Monte Carlo sample.
@@ -35,11 +48,15 @@ _EXACT_P_N = 20
 _MC_PATTERNS = 200_000
 
 
-def _pattern_share(d: np.ndarray, extreme) -> float:
+def _pattern_share(d: np.ndarray, extreme, mirrored: bool = False) -> float:
     """Share of the sign patterns of ``d`` whose signed sum s (a vector over patterns) is ``extreme(s)``: all 2^n
     patterns up to 20 diffs (exact, the observed one among them); above that, 200,000 seeded random patterns plus
-    the observed one, which always counts (so p is never 0)."""
+    the observed one, which always counts (so p is never 0). ``mirrored``: ``extreme`` looks at |s| only, so a
+    pattern and its mirror image (every sign flipped, s negated) count alike: the exact share counts half of the
+    patterns twice, the same fraction of 2^n."""
     n = d.size
+    if n <= _EXACT_P_N and mirrored:
+        return float(2 * np.count_nonzero(extreme(_signs(n)[: 2 ** (n - 1)] @ d)) / 2**n)
     if n <= _EXACT_P_N:
         return float(extreme(_signs(n) @ d).mean())
     signs = np.random.default_rng(0).choice([-1.0, 1.0], size=(_MC_PATTERNS, n))
@@ -64,7 +81,7 @@ def sign_flip_p(diffs) -> float:
     if d.size == 0 or not np.any(d):
         return 1.0
     observed, tol = abs(d.sum()), _tol(d)
-    return _pattern_share(d, lambda sums: np.abs(sums) >= observed - tol)
+    return _pattern_share(d, lambda sums: np.abs(sums) >= observed - tol, mirrored=True)
 
 
 def sign_flip_p_greater(diffs) -> float:
@@ -205,9 +222,32 @@ def sign_flip_interval(diffs, ci: float = 0.95) -> tuple[float, float]:
     if n <= _EXACT_N:
         subset = _signs(n)[1:] < 0  # every non-empty subset of the diffs (as the seeds flipped)
         cand = np.unique((subset @ d) / subset.sum(axis=1))
-        ok = cand[[sign_flip_p(d - c) >= alpha for c in cand]]
-        return float(ok.min()), float(ok.max())
+        return float(cand[_first_accepted(d, cand, alpha)]), float(cand[::-1][_first_accepted(d, cand[::-1], alpha)])
     return _bisect_end(d, alpha, float(d.min())), _bisect_end(d, alpha, float(d.max()))
+
+
+def _accepted(d: np.ndarray, shifts: np.ndarray, alpha: float) -> np.ndarray:
+    """``sign_flip_p(d - c) >= alpha`` for each shift c of ``shifts`` [m] (n <= 20 diffs), all at once: the same
+    elementwise shifted diffs, sums and tolerance as :func:`sign_flip_p`, over the half of the sign patterns that
+    holds each |signed sum| once (its count doubled, so the share is the same exact fraction of 2^n)."""
+    n = d.size
+    dc = d[None, :] - shifts[:, None]  # [m, n]
+    observed = np.abs(dc.sum(axis=1))
+    tol = 1e-12 * np.maximum(1.0, np.abs(dc).sum(axis=1))
+    sums = np.abs(dc @ _half_signs_t(n))  # [m, 2^(n-1)]
+    share = 2 * (sums >= (observed - tol)[:, None]).sum(axis=1) / 2**n
+    return share >= alpha
+
+
+def _first_accepted(d: np.ndarray, shifts: np.ndarray, alpha: float) -> int:
+    """Index of the first shift in ``shifts`` that the test accepts: the accepted set's hull end on that side
+    (shifts sorted outward in), tried a block at a time so that the shifts inside the interval are not all tried."""
+    block = max(1, 2**20 // 2 ** (d.size - 1))
+    for start in range(0, shifts.size, block):
+        ok = np.flatnonzero(_accepted(d, shifts[start : start + block], alpha))
+        if ok.size:
+            return start + int(ok[0])
+    raise ValueError("the sign-flip test accepts no shift")  # never: the mean's shift has p = 1
 
 
 def _bisect_end(d: np.ndarray, alpha: float, outside: float) -> float:
@@ -235,9 +275,21 @@ def sign_flip_power(effect: float, n: int, alpha: float = 0.05, sims: int = _POW
     if not 2 <= n <= _EXACT_N:
         raise ValueError(f"exact sign-flip power needs 2 <= n <= {_EXACT_N}, got {n}")
     x = _normal_draws(n, sims, seed) + abs(effect)  # [sims, n]
-    sums = x @ _signs(n).T  # [sims, 2^n]; column 0 is the observed sum
-    extreme = (np.abs(sums) >= np.abs(sums[:, :1]) - 1e-12 * np.abs(x).sum(axis=1, keepdims=True)).sum(axis=1)
-    return float(((extreme < alpha * 2**n) & (sums[:, 0] > 0)).mean())
+    tol = 1e-12 * np.abs(x).sum(axis=1, keepdims=True)
+    sums = x @ _half_signs_t(n)  # [sims, 2^(n-1)]; column 0 is the observed sum
+    observed = sums[:, 0].copy()
+    # each |signed sum| once (the other half of the patterns is its negation): count it twice
+    extreme = 2 * (np.abs(sums, out=sums) >= np.abs(observed)[:, None] - tol).sum(axis=1)
+    return float(((extreme < alpha * 2**n) & (observed > 0)).mean())
+
+
+@functools.lru_cache(maxsize=32)
+def _half_signs_t(n: int) -> np.ndarray:
+    """The first half of :func:`_signs` (the last diff unflipped), transposed to [n, 2^(n-1)] and contiguous:
+    one matrix product with it is one BLAS call (a block of rows at a time costs more in thread start-ups)."""
+    half = np.ascontiguousarray(_signs(n)[: 2 ** (n - 1)].T)
+    half.flags.writeable = False
+    return half
 
 
 @functools.lru_cache(maxsize=256)

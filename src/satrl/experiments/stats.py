@@ -105,9 +105,27 @@ def bootstrap_curve(
         lo, hi = np.empty_like(mean), np.empty_like(mean)
         chunk = max(1, _MAX_BLOCK // (n_resamples * n))
         for a in range(0, v.shape[1], chunk):
-            res = np.nanmean(v[:, a : a + chunk][idx], axis=1)  # [R, n, chunk] -> [R, chunk]
+            res = _resampled_nanmean(v[:, a : a + chunk], idx)  # [R, chunk]
             lo[a : a + chunk], hi[a : a + chunk] = _percentiles(res, [tail, 100.0 - tail])
     return mean, lo, hi
+
+
+def _resampled_nanmean(v: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``np.nanmean(v[idx], axis=1)`` for values ``v`` [n, c] and resamples ``idx`` [R, n], with the same numbers,
+    without the [R, n, c] block nanmean copies, masks and sums: over a middle axis numpy's sum adds the n rows one
+    after another, which the loop below does (the NaNs as 0, divided by the count of values). A single column
+    (c = 1) numpy sums pairwise along n: it goes through nanmean itself (tests/experiments/test_stats.py checks
+    the two agree bit for bit)."""
+    if v.shape[1] < 2:
+        return np.nanmean(v[idx], axis=1)
+    nan = np.isnan(v)
+    v0 = np.where(nan, 0.0, v)
+    tot = v0[idx[:, 0]]  # [R, c], a copy
+    for j in range(1, idx.shape[1]):
+        tot += v0[idx[:, j]]
+    if not nan.any():
+        return tot / idx.shape[1]
+    return tot / (~nan)[idx].sum(axis=1, dtype=np.intp)
 
 
 def _percentiles(res: np.ndarray, q: list[float]) -> np.ndarray:
