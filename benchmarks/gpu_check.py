@@ -135,10 +135,11 @@ def vllm_transport_lines(steps: int, root: Path, run: list[str] = RUN) -> list[s
             f"{'identical' if same else 'DIFFERENT'}; wall {walls['vllm']:.1f} s vs {walls['inproc']:.1f} s."]  # fmt: skip
 
 
-def dp_lines(device: str, steps: int, root: Path, run: list[str] = RUN) -> list[str]:
+def dp_lines(device: str, steps: int, root: Path, run: list[str] = RUN, one_fp32: Path | None = None) -> list[str]:
     """Part 6: ``satrl train`` under torchrun with one rank against one process, fp32 and bf16. The one-process
     run is ``train`` in this process (what ``satrl train`` calls; it sets the trainer's thread count itself): a
-    second interpreter importing satrl again would only add its start-up."""
+    second interpreter importing satrl again would only add its start-up. ``one_fp32``: the out folder of that
+    same fp32 run made already (part 3's tiny-arith row, trained with the same overrides), not trained again."""
     from satrl.config import load_config
     from satrl.loop.orchestrator import train
 
@@ -152,7 +153,9 @@ def dp_lines(device: str, steps: int, root: Path, run: list[str] = RUN) -> list[
         for how in ("one", "dp"):
             out = root / f"dp-{dtype}-{how}"
             overrides = [*base, f"train.dtype={dtype}", f"out={out}"]
-            if how == "one":
+            if how == "one" and dtype == "fp32" and one_fp32 is not None:
+                out = one_fp32
+            elif how == "one":
                 train(load_config(None, overrides))
             else:
                 cmd = [*torchrun, "-m", "satrl", "train", *overrides, "--no-progress"]
@@ -290,22 +293,22 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["| policy | steps (lag 2) | wall s | s/step | d at lag 0 (step 1) | mean gate rate | final avg@k | finite |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        for model in ("tiny-arith", "tiny-arith-moe"):
-            r = train_check(args.device, model, steps, Path(tmp) / model, run)
+        for model in ("tiny-arith", "tiny-arith-moe"):  # checkpoint at the end: tiny-arith's is part 6's fp32 run
+            r = train_check(args.device, model, steps, Path(tmp) / model, [*run, f"checkpoint.every={steps}"])
             print(json.dumps(r))
             lines.append(
                 f"| {model} | {r['steps']} | {r['wall_s']:.1f} | {r['wall_s'] / r['steps']:.2f} | {r['d_pi_step1']:.2e} "
                 f"| {r['gate_rate']:.3f} | {r['final_avg_at_k']:.3f} | {r['finite']} |"
             )
         lines += vllm_transport_lines(steps, Path(tmp), run)
-        lines += dp_lines(args.device, steps, Path(tmp), run)
+        lines += dp_lines(args.device, steps, Path(tmp), run, one_fp32=Path(tmp) / "tiny-arith")
     lines += rl_lines(args.device, args.quick)
     lines += weight_lines(args.device, args.quick, versions=2 if args.quick else 3)
     sizes = [1 << 16, 1 << 18] if args.quick else [1 << 20, 4 << 20, 16 << 20, 64 << 20]
     lines += ["", "| tokens | grpo ms | sat_grpo ms | x grpo (time) | grpo peak MiB | sat_grpo peak MiB | x grpo (memory) |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for n in sizes:
-        r = objective_check(args.device, n, repeats=3 if args.quick else 20)
+        r = objective_check(args.device, n, repeats=1 if args.quick else 20)  # quick: the rows, not the times
         print(json.dumps({"tokens": n, **r}))
         g, s = r["grpo"], r["sat_grpo"]
         mem = (f"{g['peak_mib']:.0f} | {s['peak_mib']:.0f} | {s['peak_mib'] / g['peak_mib']:.2f}"

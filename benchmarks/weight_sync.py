@@ -145,6 +145,12 @@ def dist_path(shape: dict, vocab: int, versions: int, keep: str = "bf16", device
     ``"fp32"``: ``WeightExport.weights``' fp32 copy, when it is on), then ``ProcessBackend.push`` (bf16 buckets over
     a standalone gloo group) to an engine process that loads it. Timed to the engine's "loaded". ``device``: where
     the trainer's weights live (cuda: each bucket is copied off the GPU on the way, as a GPU trainer's are)."""
+    return dist_paths(shape, vocab, versions, (keep,), device)[keep]
+
+
+def dist_paths(shape: dict, vocab: int, versions: int, keeps: tuple[str, ...], device: str = "cpu") -> dict:
+    """``dist_path`` for each of ``keeps`` in turn, ``versions`` timed versions each, to one engine process: the
+    process's start-up (and its first version, which waits for it to join) is paid once, not once per keep."""
     from satrl.training.placement import cpu_copy
     from satrl.types import ENGINE_TIMEOUT_S
     from satrl.weights.buckets import DEFAULT_BUCKET_BYTES, aliases, buckets
@@ -156,10 +162,11 @@ def dist_path(shape: dict, vocab: int, versions: int, keep: str = "bf16", device
     trainer = random_qwen3(shape, shape["num_hidden_layers"], vocab).to(device)
     trainer_link = TrainerLink(ENGINE_TIMEOUT_S, ENGINE_TIMEOUT_S)  # no queue here: no markers to order
     link = trainer_link.open(lambda: proc.is_alive())  # where the engine process joins
-    proc = ctx.Process(target=_engine, args=(link, shape, vocab, versions + 1, loaded))
+    proc = ctx.Process(target=_engine, args=(link, shape, vocab, 1 + versions * len(keeps), loaded))
     proc.start()
+    plan = [keeps[0], *[k for k in keeps for _ in range(versions)]]  # version 0 waits for the join: not counted
     times, peaks = [], []
-    for v in range(versions + 1):  # version 0 waits for the engine process to start and join: not counted
+    for v, keep in enumerate(plan):
         with PeakRss() as mem:
             t0 = time.perf_counter()
             kept = (Snapshot.of_state(cpu_copy(trainer)) if keep == "fp32" else Snapshot.of_buckets(
@@ -169,11 +176,14 @@ def dist_path(shape: dict, vocab: int, versions: int, keep: str = "bf16", device
             times.append(time.perf_counter() - t0)
             del kept
         peaks.append(mem.peak)
-    times, peaks = times[1:], peaks[1:]
     proc.join(timeout=60)
     if proc.exitcode:
         raise RuntimeError(f"engine process exited with {proc.exitcode}")
-    return {"sync_s": statistics.median(times), "peak": max(peaks)}
+    out = {}
+    for i, keep in enumerate(keeps):
+        part = slice(1 + i * versions, 1 + (i + 1) * versions)
+        out[keep] = {"sync_s": statistics.median(times[part]), "peak": max(peaks[part])}
+    return out
 
 
 def report(name: str, today: dict, new: dict, versions: int, split_on: dict | None = None) -> str:
@@ -215,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     own_mmaps()
     name, shape, vocab = ("tiny", QUICK_SHAPES["tiny"], 1000) if args.quick else ("Qwen3-0.6B", SHAPES["0.6B"], VOCAB)
     today = bytes_path(shape, vocab, args.versions)
-    new = dist_path(shape, vocab, args.versions, keep="bf16")
-    split_on = dist_path(shape, vocab, args.versions, keep="fp32")
+    dist = dist_paths(shape, vocab, args.versions, ("bf16", "fp32"))  # one engine process for both
+    new, split_on = dist["bf16"], dist["fp32"]
     body = report(name, today, new, args.versions, split_on)
     print(body)
     if not args.quick:

@@ -9,6 +9,7 @@ is a dependency the graph could not otherwise see), and strings that name a modu
 users (:data:`satrl.moved.MOVED`) counts as the module it names, and nothing of the project imports one."""
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -59,7 +60,19 @@ FACE = "satrl.config"
 TABLE = "satrl.moved"  # the old names' table: its strings are names, not imports (test_the_old_names_are_a_table)
 
 
+@functools.cache
+def _parse(source: str) -> ast.Module:
+    """A source's tree, once per test process: most tests here walk every file of the project (the trees are only
+    read, never changed)."""
+    return ast.parse(source)
+
+
 def _modules() -> dict[str, Path]:
+    return dict(_found_modules())
+
+
+@functools.lru_cache(maxsize=1)
+def _found_modules() -> dict[str, Path]:
     out = {}
     for top, root in ROOTS.items():
         for path in root.rglob("*.py"):
@@ -102,7 +115,7 @@ def imports(source: str, modules: dict[str, Path], here: str = "", strings: bool
     edge to the module it names."""
     out, dynamic = set(), []
     package = here if here in modules and modules[here].name == "__init__.py" else here.rpartition(".")[0]
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         if isinstance(node, ast.Import):
             names = [new_name(a.name) or a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -136,12 +149,17 @@ def _string_target(node: ast.AST, modules: dict[str, Path]) -> tuple[str, str] |
 
 
 def string_targets(source: str, modules: dict[str, Path]) -> list[tuple[str, str]]:
-    return [t for node in ast.walk(ast.parse(source)) if (t := _string_target(node, modules)) is not None]
+    return [t for node in ast.walk(_parse(source)) if (t := _string_target(node, modules)) is not None]
 
 
 def graph(strings: bool = True) -> dict[str, set[str]]:
     """Each module's imports (and with ``strings`` the modules its string targets name), an old name counted as the
     module it now is."""
+    return {name: set(ws) for name, ws in _graph(strings).items()}  # a copy: callers may change theirs
+
+
+@functools.cache
+def _graph(strings: bool) -> dict[str, set[str]]:
     modules = _modules()
     return {name: imports(path.read_text(), modules, name, strings)[0] - {name} for name, path in modules.items()}
 
@@ -348,7 +366,7 @@ def _defined(source: str) -> set[str]:
     """The names a module defines or imports anywhere but inside a function (``TYPE_CHECKING`` blocks included: a
     lazy module ``__getattr__`` serves those names at run time)."""
     out = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             out.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -373,7 +391,7 @@ def test_the_old_names_are_a_table():
 def old_names(source: str) -> list[str]:
     """The old names (:data:`satrl.moved.MOVED`) ``source`` imports or names in a string."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         if isinstance(node, ast.Import):
             found += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:

@@ -5,9 +5,6 @@ naming the file (and line); a config is refused with one line naming the key, ne
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -15,10 +12,9 @@ from benchmarks.hostile import BAD_CONFIGS, BAD_DATASETS, check_config, check_da
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from run_helpers import REPO, TINY
+from run_helpers import TINY
+from satrl import cli
 from satrl.config import ConfigError, RunConfig, load_config
-
-ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
 
 
 @pytest.mark.parametrize("name", sorted(BAD_DATASETS))
@@ -32,28 +28,31 @@ def test_malformed_config_is_one_line_naming_the_key(tmp_path, case):
 
 
 def test_cli_counts_skipped_rows_in_summary(tmp_path):
+    """`satrl train` in this process (``cli.main``): what is checked is the warning and the summary, not the start-up
+    of a fresh interpreter (tests/test_cli_startup.py's). Python's default filters print a UserWarning on stderr;
+    here pytest records it."""
     data = tmp_path / "mixed.jsonl"
     good = "".join(json.dumps({"problem": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(8))
     data.write_text(good + '{"problem": 5}\nnot json\n\n')
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "satrl", "train", *TINY, "steps=2", "task.name=jsonl_math",
-                        f"task.kwargs.path={data}", "task.kwargs.eval_fraction=0.5", "eval.val_problems=1", "eval.test_problems=1", "task.kwargs.prompt_template='{problem}'",
-                        f"out={out}", "--no-progress"], env=ENV, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "skipped 2 malformed rows" in r.stderr
+    with pytest.warns(UserWarning, match="skipped 2 malformed rows"):
+        code = cli.main(["train", *TINY, "steps=2", "task.name=jsonl_math", f"task.kwargs.path={data}",
+                         "task.kwargs.eval_fraction=0.5", "eval.val_problems=1", "eval.test_problems=1",
+                         "task.kwargs.prompt_template='{problem}'", f"out={out}", "--no-progress"])  # fmt: skip
+    assert code == 0
     assert json.loads((out / "summary.json").read_text())["data/skipped_rows"] == 2
 
 
 @pytest.mark.parametrize("text", ["", "[1, 2]\n", "steps: {a: [\n", "train:\n  lr: banana\n"])
-def test_cli_bad_config_file_exit_2(tmp_path, text):
+def test_cli_bad_config_file_exit_2(tmp_path, text, capfd):
     p = tmp_path / "c.yaml"
     p.write_text(text)
-    r = subprocess.run([sys.executable, "-m", "satrl", "train", str(p), "--print-config"], env=ENV,
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    code = cli.main(["train", str(p), "--print-config"])  # in process: a traceback would fail the test here too
+    err = capfd.readouterr().err
     if text == "":  # an empty file is the defaults
-        assert r.returncode == 0
+        assert code == 0
         return
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
 
 
 # -- fuzz -------------------------------------------------------------------------------------------

@@ -134,10 +134,6 @@ def _broadcast_one_version(rank: int) -> None:
         model.load_state_dict(state)  # an engine loads it as it arrives
 
 
-def test_dist_transport_broadcasts_a_version_bit_for_bit():
-    _spawn(_broadcast_one_version)
-
-
 def _sharded_stream(rank: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -154,8 +150,16 @@ def _sharded_stream(rank: int) -> None:
     assert all(torch.equal(state[k], want[k]) for k in want), rank
 
 
-def test_a_sharded_model_streams_its_full_weights():
-    _spawn(_sharded_stream)
+def _broadcast_then_sharded_stream(rank: int) -> None:
+    _broadcast_one_version(rank)
+    _sharded_stream(rank)
+
+
+def test_dist_broadcasts_a_version_bit_for_bit_and_a_sharded_model_streams_its_full_weights():
+    """Two checks on one pair of gloo ranks (each pair of spawned interpreters costs seconds of imports): the dist
+    transport's broadcast of a version, then a model sharded over the ranks (as FSDP2 shards) streaming its full
+    weights. A failure in either raises here, its traceback naming the function."""
+    _spawn(_broadcast_then_sharded_stream)
 
 
 def test_the_data_parallel_trainer_streams_its_full_weights(tmp_path):
