@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from fork_child import run_forked
+
 
 class DocRunner:
     """``self.satrl(argv, cwd)`` and ``self.python(code, cwd)`` return a CompletedProcess like ``subprocess.run``
@@ -90,37 +92,7 @@ def _command(case: dict) -> int | None:
 
 
 def _child(case: dict) -> None:
-    """Runs one request and exits as its interpreter would: exit code, then the exit hooks. Never returns."""
-    import atexit
-    import signal
-    import traceback
-
-    signal.alarm(int(case["timeout"]))  # a command that hangs dies (SIGALRM), as subprocess.run's timeout kills it
-    if "coverage" in sys.modules:  # under `make coverage`: this child's lines to a data file of its own (its patch=fork)
-        restart = getattr(sys.modules["coverage"].control, "_after_fork_in_child", None)
-        if restart is not None:
-            restart()
-    os.chdir(case["cwd"])
-    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, case["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                            (2, case["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
-        os.dup2(os.open(path, flags), fd)
-    code = 0
-    try:
-        code = _command(case)
-    except SystemExit as e:
-        code = e.code
-        if code is not None and not isinstance(code, int):  # as the interpreter does with sys.exit("message")
-            print(code, file=sys.stderr)
-            code = 1
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    try:
-        atexit._run_exitfuncs()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code or 0)
+    run_forked(case, _command)
 
 
 def _serve(preload: list[str]) -> None:

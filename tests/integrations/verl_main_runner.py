@@ -23,6 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared child, run as a script too
+from fork_child import run_forked  # noqa: E402
+
 
 class VerlMain:
     """Runs commands through one server process; ``self(argv, cwd)`` returns a CompletedProcess like
@@ -97,37 +100,7 @@ def _command(argv: list[str]) -> None:
 
 
 def _child(case: dict) -> None:
-    """Runs one command and exits as its interpreter would: exit code, then the exit hooks. Never returns."""
-    import atexit
-    import signal
-    import traceback
-
-    signal.alarm(int(case["timeout"]))  # a command that hangs dies (SIGALRM), as subprocess.run's timeout kills it
-    if "coverage" in sys.modules:  # under `make coverage`: this child's lines to a data file of its own (its patch=fork)
-        restart = getattr(sys.modules["coverage"].control, "_after_fork_in_child", None)
-        if restart is not None:
-            restart()
-    os.chdir(case["cwd"])
-    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, case["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                            (2, case["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
-        os.dup2(os.open(path, flags), fd)
-    code = 0
-    try:
-        _command(case["argv"])
-    except SystemExit as e:
-        code = e.code
-        if code is not None and not isinstance(code, int):  # as the interpreter does with sys.exit("message")
-            print(code, file=sys.stderr)
-            code = 1
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    try:
-        atexit._run_exitfuncs()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code or 0)
+    run_forked(case, lambda c: _command(c["argv"]))
 
 
 def _serve(preload: list[str]) -> None:
