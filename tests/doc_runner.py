@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fork_child import run_forked
+from fork_child import run_forked, serve
 
 
 class DocRunner:
@@ -105,15 +105,7 @@ def _serve(preload: list[str]) -> None:
             imports[name] = "ok"
         except Exception as e:  # reported to the test; a child that needs it imports it again and fails as printed
             imports[name] = f"{type(e).__name__}: {e}"
-    print(json.dumps(imports), flush=True)
-    for line in sys.stdin:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(json.loads(line))
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
+    serve(imports, _child)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ run in a process forked from a server that imported the heavy modules once, ende
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -41,3 +42,17 @@ def run_forked(case: dict, command: Callable[[dict], int | None]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code or 0)
+
+
+def serve(imports: dict[str, str], child: Callable[[dict], None]) -> None:
+    """The server's loop: say what imported (one JSON line), then fork ``child(case)`` for each request read from
+    stdin (one JSON line each) and answer its exit code, until stdin closes."""
+    print(json.dumps(imports), flush=True)
+    for line in sys.stdin:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            child(json.loads(line))
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared child, run as a script too
-from fork_child import run_forked  # noqa: E402
+from fork_child import run_forked, serve  # noqa: E402
 
 
 class VerlMain:
@@ -127,15 +127,7 @@ def _serve(preload: list[str]) -> None:
         imports["sat_loss_modules"] = " ".join(get_policy_loss_fn(m).__module__ for m in ("sat", "sat_gspo"))
     except Exception as e:
         imports["sat_loss_modules"] = f"{type(e).__name__}: {e}"
-    print(json.dumps(imports), flush=True)
-    for line in sys.stdin:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(json.loads(line))
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
+    serve(imports, _child)
 
 
 if __name__ == "__main__":
