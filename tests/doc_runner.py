@@ -14,16 +14,12 @@ and exit hooks; nothing one does reaches the next (each starts from the server's
 
 from __future__ import annotations
 
-import json
 import os
-import select
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from fork_child import run_forked, serve
+from fork_child import ForkServer, run_forked, serve
 
 
 class DocRunner:
@@ -32,47 +28,17 @@ class DocRunner:
     ``env`` (which every child keeps)."""
 
     def __init__(self, preload: list[str], env: dict[str, str], timeout: float = 600.0) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="doc_runner_"))
-        self.log = (self.dir / "server.err").open("w")
-        self.timeout, self.n = timeout, 0
-        self.proc = subprocess.Popen([sys.executable, __file__, *preload], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=self.dir)
-        self.imports: dict[str, str] = self._reply(600)  # module -> "ok" or the error its import raised
-
-    def _reply(self, timeout: float) -> dict:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else ""
-        if not line:
-            err = (self.dir / "server.err").read_text()[-3000:]
-            self.close()
-            raise RuntimeError(f"doc runner: no answer in {timeout:.0f} s: {err}")
-        return json.loads(line)
-
-    def _run(self, case: dict, cwd: Path) -> subprocess.CompletedProcess:
-        self.n += 1
-        out, err = self.dir / f"{self.n}.out", self.dir / f"{self.n}.err"
-        case.update(cwd=str(cwd), stdout=str(out), stderr=str(err), timeout=self.timeout)
-        self.proc.stdin.write(json.dumps(case) + "\n")
-        self.proc.stdin.flush()
-        code = self._reply(self.timeout + 60)["returncode"]  # the child's own alarm comes first
-        return subprocess.CompletedProcess(case.get("argv", "python -c"), code, out.read_text(), err.read_text())
+        self.server = ForkServer(__file__, preload, env, timeout, 600, "doc runner")
+        self.imports = self.server.imports  # module -> "ok" or the error its import raised
 
     def satrl(self, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-        return self._run({"argv": list(argv)}, cwd)
+        return self.server.request({"argv": list(argv)}, cwd, list(argv))
 
     def python(self, code: str, cwd: Path) -> subprocess.CompletedProcess:
-        return self._run({"code": code}, cwd)
+        return self.server.request({"code": code}, cwd, "python -c")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()  # the server leaves its loop and exits
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:  # stuck (e.g. a command past its timeout): ours to stop
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.server.close()
 
 
 # ---- the server (run as a script) ----

@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import select
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared child, run as a script too
-from fork_child import run_forked, serve  # noqa: E402
+from fork_child import ForkServer, run_forked, serve  # noqa: E402
 
 
 class VerlMain:
@@ -34,42 +31,15 @@ class VerlMain:
     def __init__(self, preload: list[str], timeout: float = 300.0, start_timeout: float = 900.0) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
         env.update(OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="0", PYTHONPATH=os.pathsep.join(sys.path))
-        self.dir = Path(tempfile.mkdtemp(prefix="verl_main_"))
-        self.log = (self.dir / "server.err").open("w")
-        self.timeout, self.n = timeout, 0
-        self.proc = subprocess.Popen([sys.executable, __file__, *preload], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=self.dir)
-        # module -> "ok" or the error its import raised; several imports of verl's trainers: minutes on a busy machine
-        self.imports: dict[str, str] = self._reply(start_timeout)
-
-    def _reply(self, timeout: float) -> dict:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else ""
-        if not line:
-            err = (self.dir / "server.err").read_text()[-3000:]
-            self.close()
-            raise RuntimeError(f"verl main server: no answer in {timeout:.0f} s: {err}")
-        return json.loads(line)
+        # several imports of verl's trainers: minutes on a busy machine
+        self.server = ForkServer(__file__, preload, env, timeout, start_timeout, "verl main server")
+        self.imports = self.server.imports  # module -> "ok" or the error its import raised
 
     def __call__(self, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-        self.n += 1
-        out, err = self.dir / f"{self.n}.out", self.dir / f"{self.n}.err"
-        case = {"argv": list(argv), "cwd": str(cwd), "stdout": str(out), "stderr": str(err), "timeout": self.timeout}
-        self.proc.stdin.write(json.dumps(case) + "\n")
-        self.proc.stdin.flush()
-        code = self._reply(self.timeout + 60)["returncode"]  # the command's own alarm comes first
-        return subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())
+        return self.server.request({"argv": list(argv)}, cwd, argv)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()  # the server leaves its loop and exits
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:  # stuck (e.g. a command past its timeout): ours to stop
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.server.close()
 
 
 # ---- the server (run as a script) ----
