@@ -211,3 +211,43 @@ def test_ctrl_c_of_a_ray_run_is_one_line_and_leaves_nothing_running(tmp_path, ph
     assert len(after) == 1 and "interrupted" in after[0], after
     _, left = psutil.wait_procs(list(seen.values()), timeout=15)
     assert not left, [(p.pid, p.name()) for p in left]
+
+
+# A Ctrl-C while an engine process starts: the parent raises it once the child is started (never drops it), and
+# the child, started with SIGINT blocked, ignores it as serve() does first thing (no traceback, no death).
+WINDOW = """import multiprocessing as mp, os, signal, sys, time
+from satrl.pipeline.engines_host.local_backends import sigint_deferred
+
+def child(conn):
+    conn.send(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as engine_process.serve
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    conn.send("alive")
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    ends = ctx.Pipe(duplex=False)
+    try:
+        with sigint_deferred():
+            proc = ctx.Process(target=child, args=(ends[1],))
+            proc.start()
+            os.killpg(0, signal.SIGINT)  # the terminal's Ctrl-C, to the whole group, while the child starts
+            time.sleep(0.5)
+        print("dropped")
+    except KeyboardInterrupt:
+        print("raised")
+    print("blocked" if ends[0].recv() else "unblocked", ends[0].recv())
+    proc.join(60)
+    print("exit", proc.exitcode)
+"""
+
+
+def test_ctrl_c_while_an_engine_process_starts_is_neither_dropped_nor_the_childs(tmp_path):
+    """Before the fix the parent ignored SIGINT while the child started (so the child inherited the ignore): a
+    Ctrl-C in that window was lost, and `satrl train` trained on (seen as exit 0 in CI)."""
+    script = tmp_path / "window.py"
+    script.write_text(WINDOW)
+    proc = subprocess.run([sys.executable, str(script)], env=ENV, capture_output=True, text=True, timeout=120,
+                          start_new_session=True, preexec_fn=_terminal_sigint)  # fmt: skip
+    assert proc.stdout.split("\n")[:3] == ["raised", "blocked alive", "exit 0"], proc.stdout + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]

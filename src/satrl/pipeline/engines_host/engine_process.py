@@ -16,6 +16,7 @@ import collections
 import multiprocessing as mp
 import pickle
 import queue
+import signal
 import threading
 import traceback
 from dataclasses import dataclass
@@ -72,6 +73,11 @@ def serve(spec: WorkerSpec, requests: mp.Queue, results: Connection, transport: 
     death as EOF (even mid-message) instead of waiting forever; a sender thread keeps generation from waiting on
     the parent to read. ``transport`` names ``weights.transport``; ``link``: where its broadcasts come from
     (``dist``, ``vllm``), None for ``inproc``, whose messages carry the weights."""
+    # A Ctrl-C reaches the whole process group: the parent answers it and stops this process. It started with
+    # SIGINT blocked (local_backends.sigint_deferred): ignoring discards one that came while it imported, and the
+    # engine's own processes (vLLM) inherit the ignore.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     kind = TRANSPORTS.get(transport)
     # dist: join the trainer's group before the engine is built, so the first version arrives while it loads
     inbox = Inbox(link) if link is not None and not kind.own_engine_transfer else None

@@ -14,11 +14,11 @@ import multiprocessing as mp
 import pickle
 import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from multiprocessing import resource_tracker
 
 import torch
 
@@ -73,20 +73,19 @@ class SequentialBackend:
 
 
 @contextmanager
-def sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored in this process while a child process starts. An ignored signal stays ignored across exec,
-    and Python keeps an ignored SIGINT ignored, so a spawned child never raises KeyboardInterrupt: a Ctrl-C at the
-    terminal reaches the whole process group, the parent alone answers it in one line and stops the child itself
-    (issue 60: the engine process printed a traceback, even while it was importing). Off the main thread, where
-    signal handlers cannot be set, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+def sigint_deferred() -> Iterator[None]:
+    """SIGINT blocked in this thread while a child process starts. The child inherits the block across fork and
+    exec, keeps a terminal's Ctrl-C (which reaches the whole process group) pending while it imports, and discards
+    it when it ignores SIGINT, first thing in :func:`serve`: the parent alone answers a Ctrl-C, in one line, and
+    stops the child itself (issue 60: the engine process printed a traceback, even while it was importing). This
+    process loses nothing: a Ctrl-C in the window is delivered when the block lifts, or at once through another
+    thread. Ignoring SIGINT here instead (as before) dropped a Ctrl-C that came while an engine started."""
+    resource_tracker.ensure_running()  # it unblocks SIGINT once its own process is up: start it outside the block
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_DFL if old is None else old)  # None: a handler set outside Python
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class ProcessBackend:
@@ -175,7 +174,7 @@ class ProcessBackend:
             self._restart(hung=self.proc.is_alive())
 
     def _start(self) -> None:
-        with sigint_ignored():  # the child (and multiprocessing's resource tracker) keep SIGINT ignored
+        with sigint_deferred():  # the child starts with SIGINT blocked and ignores it (serve)
             self._spawn()
 
     def _spawn(self) -> None:
