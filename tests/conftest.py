@@ -1,13 +1,15 @@
 """Test-suite root. Its presence puts tests/ on sys.path (pytest's default import mode), so every test
 folder can import the shared helpers in tests/run_helpers.py. The tiny-run fixtures live here, once: ``tiny_cfg``
 and ``run_tiny`` (a fresh run per test), ``shared_tiny`` and ``shared_dp`` (reference runs, one process and data
-parallel, trained once per test session)."""
+parallel, trained once per test session; ``shared_train``: a ``python -m satrl train`` run in a fresh process, once per
+test session)."""
 
 import hashlib
 import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,6 +91,24 @@ def shared_dp(tmp_path_factory):
     def shared(*args: str) -> Path:
         what = [str(a) for a in args]
         return _once(tmp_path_factory, "shared-dp-runs", what, lambda out: make(what, out))
+
+    return shared
+
+
+@pytest.fixture(scope="session")
+def shared_train(tmp_path_factory):
+    """``shared_train(*args)``: the finished run of ``python -m satrl train *args`` (a config file, then overrides)
+    in a fresh process, made once per test session and shared as ``shared_tiny`` shares its runs (read it, never
+    write into it). For runs whose engine must start as in a real run (vLLM's own processes)."""
+
+    def make(args: list[str], out: Path) -> None:
+        done = subprocess.run([sys.executable, "-m", "satrl", "train", *args, f"out={out}"], capture_output=True,
+                              text=True, timeout=900)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-4000:]
+
+    def shared(*args: str) -> Path:
+        what = [str(a) for a in args]
+        return _once(tmp_path_factory, "shared-train-runs", what, lambda out: make(what, out))
 
     return shared
 

@@ -1,14 +1,16 @@
-"""`satrl train` with in-flight updates and `satrl eval` on the vLLM engine, end to end (minutes; a file of its
-own for the same reason as test_vllm_train.py)."""
+"""`satrl train` on the vLLM engine with in-flight updates, and with vLLM's own weight transfer, end to end
+(minutes; the vLLM runs are split over this file and test_vllm_train.py, which says why)."""
 
 from __future__ import annotations
 
-import json
+import os
 import subprocess
 import sys
+import time
+import uuid
 
 import pytest
-from vllm_helpers import needs_vllm
+from vllm_helpers import VLLM_TRAIN, check_vllm_run, needs_vllm, vllm_pids
 
 from run_helpers import REPO, TINY, read_jsonl, stable
 
@@ -40,14 +42,21 @@ def test_satrl_train_inflight_on_vllm_local_equals_sequential(tmp_path):
 
 @needs_vllm
 @pytest.mark.slow
-def test_satrl_eval_with_the_vllm_engine_matches_torch_greedy():
-    """`satrl eval --engine vllm`: greedy accuracy equals the torch engine's (fp32 both: same argmax)."""
-    out = {}
-    for engine in ("torch", "vllm"):
-        args = [sys.executable, "-m", "satrl", "eval", "--model", "tiny-arith", "--engine", engine, "--k", "2",
-                "--n-problems", "40", "--max-new-tokens", "6", "--json"]  # fmt: skip
-        r = subprocess.run(args, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stderr[-3000:]
-        out[engine] = json.loads(next(x for x in r.stdout.splitlines()[::-1] if x.startswith('{"')))
-    assert out["vllm"]["greedy_acc"] == out["torch"]["greedy_acc"] > 0.3
-    assert 0.1 < out["vllm"]["avg_at_k"] < 0.9 and out["vllm"]["n_problems"] == 40
+def test_satrl_train_with_vllm_weight_transfer_equals_sequential(tmp_path, shared_train):
+    """The local backend with weights.transport=vllm (each version broadcast once and loaded by vLLM's
+    weight-transfer API) gives the sequential run's metrics bit for bit (the run test_vllm_train.py compares its
+    backends with, made once), and no vLLM process outlives it. After the in-flight test in this file, so that the
+    other xdist process has made the sequential run by then."""
+    tag = uuid.uuid4().hex
+    out = tmp_path / "local-vllm-transport"
+    args = [sys.executable, "-m", "satrl", "train", *VLLM_TRAIN, "backend=local", "weights.transport=vllm",
+            "eval.engine=torch", f"out={out}"]  # fmt: skip
+    r = subprocess.run(args, capture_output=True, text=True, timeout=900, env={**os.environ, "SATRL_TEST_TAG": tag})
+    assert r.returncode == 0, r.stderr[-4000:]
+    sequential = check_vllm_run(shared_train(*VLLM_TRAIN, "backend=sequential"))
+    assert stable(check_vllm_run(out)) == stable(sequential)
+    for _ in range(20):  # vLLM's processes stop within seconds of the run's end
+        if not vllm_pids(tag):
+            break
+        time.sleep(0.5)
+    assert not vllm_pids(tag), "vLLM processes outlived the run"

@@ -6,15 +6,36 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
+import math
 import os
 from pathlib import Path
 
 import pytest
 
+from run_helpers import REPO, TINY, read_jsonl
+
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 REQUIRED = os.environ.get("SATRL_REQUIRE_VLLM") == "1"
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed here; `make test-vllm` runs these tests")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU: plenty for tiny models
+
+
+# The end-to-end training runs on vLLM (test_vllm_train.py, test_vllm_runs.py): weight sync at lag 2, then backend=...
+VLLM_TRAIN = (str(REPO / "configs" / "sat_grpo.yaml"), *TINY, "engine=vllm", "steps=4", "lag.n=2")
+
+
+def check_vllm_run(out: Path) -> list[dict]:
+    """The metrics of a finished ``VLLM_TRAIN`` run in ``out``, after checking what every such run shows."""
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    assert max(row["lag/max"] for row in rows) >= 1  # batch 2 came after a weight sync
+    # step 1 is at lag 0: d is pure implementation mismatch (bf16-weights engine vs fp32 trainer): small, real
+    assert 0 < rows[0]["mismatch/d_pi"] < 0.02 and all(math.isfinite(row["loss"]) for row in rows)
+    print(f"{out.name}: d_pi at lag 0 (step 1) = {rows[0]['mismatch/d_pi']:.2e}")
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4 and (out / "eval.jsonl").read_text().strip()
+    assert "name: vllm" in (out / "config.yaml").read_text()
+    return rows
 
 
 def vllm_pids(tag: str | None = None) -> set[int]:
