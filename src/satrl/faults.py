@@ -2,7 +2,8 @@
 (default: the first) it reaches ``point(NAME)``; ``SATRL_FAULT_SIGNAL=SIGSTOP`` sends that signal instead (a
 hang: the process stops where it is). Unset (always, outside tests), ``point`` is one dict
 lookup. Each process counts on its own, and spawned children inherit the variable: ``worker.rollout``
-kills every engine child on its first rollout.
+kills every engine child on its first rollout. ``SATRL_FAULT_SIGNAL=SIGKILL,SIGSTOP`` (several) gives the n-th
+engine child the n-th signal, the last one repeating (see ``spawned``): one run suffers a death and a hang.
 
 Points: ``checkpoint.weights`` / ``checkpoint.state`` (inside a checkpoint write, after the weights /
 before the directory is renamed into place), ``metrics.write`` (half a line written), ``eval.start``,
@@ -47,4 +48,13 @@ def point(name: str, before: Callable[[], None] | None = None) -> None:
             fn()
         if before is not None:
             before()
-        os.kill(os.getpid(), getattr(signal, os.environ.get("SATRL_FAULT_SIGNAL") or "SIGKILL"))
+        first = (os.environ.get("SATRL_FAULT_SIGNAL") or "SIGKILL").split(",")[0]
+        os.kill(os.getpid(), getattr(signal, first))
+
+
+def spawned() -> None:
+    """Called by a parent right after it started an engine child (which inherited the environment as it was): with
+    several signals in ``SATRL_FAULT_SIGNAL`` that child uses the first, so the next child gets the rest."""
+    signals = os.environ.get("SATRL_FAULT_SIGNAL", "").split(",")
+    if len(signals) > 1:
+        os.environ["SATRL_FAULT_SIGNAL"] = ",".join(signals[1:])

@@ -1,7 +1,8 @@
 """Data parallel end to end: `torchrun --nproc_per_node=2 -m satrl train` (FSDP2, CPU, gloo) on the tiny shipped
 policy equals the one-process run: step 1 bit for bit but the gradient norm (whose sum runs in another order),
-later steps within the rounding tolerance of run_helpers.DP_RTOL (its derivation is there), two such runs are bit-identical, and a run SIGKILLed after a checkpoint resumes to
-exactly the uninterrupted run's metrics."""
+later steps within the rounding tolerance of run_helpers.DP_RTOL (its derivation is there), two such runs are bit-identical, and a run whose rank 1 is
+stopped after a checkpoint is ended by rank 0 (issue 34, item 5), and resumes to exactly the uninterrupted run's
+metrics."""
 
 import json
 import os
@@ -31,7 +32,7 @@ ENV = run_helpers.dp_env()
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, shared_dp):
-    """The one-process run, and the 2-rank run (shared with tests/e2e/test_dp_rank_hang.py's reference)."""
+    """The one-process run, and the 2-rank run (shared with other files' references: conftest.shared_dp)."""
     root = tmp_path_factory.mktemp("dp")
     train(load_config(CONFIG, [*ARGS, f"out={root / 'one'}"]))
     return {"one": root / "one", "dp": shared_dp(CONFIG, *ARGS), "root": root}
@@ -67,23 +68,80 @@ def _holder_gone(out: Path, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def test_killed_dp2_run_resumes_exactly(runs):
+def _rank_pid(root: int, rank: int) -> int | None:
+    """The pid of the process below ``root`` whose environment says RANK=<rank>."""
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == root and f"RANK={rank}".encode() in env and b"LOCAL_RANK" in b"\0".join(env):
+            return pid
+    return None
+
+
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie its launcher has not reaped yet counts)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _stop_rank_1(out: Path) -> tuple[subprocess.Popen, int, str]:
+    """Run the 2-rank job into ``out`` with ``train.rank_timeout_s=5``, SIGSTOP rank 1 once step 2's checkpoint is
+    in place, and wait for the job to end: the job, the stopped pid and the job's stderr."""
+    proc = subprocess.Popen(torchrun(str(CONFIG), *ARGS, "train.rank_timeout_s=5", out=out), env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    deadline, stopped = time.monotonic() + 300, None
+    try:
+        while time.monotonic() < deadline and proc.poll() is None and stopped is None:
+            latest = out / "checkpoints" / "latest"
+            if latest.is_file() and latest.read_text().strip() == "step-000002":
+                stopped, rank0 = _rank_pid(proc.pid, 1), _rank_pid(proc.pid, 0)
+                os.kill(stopped, signal.SIGSTOP)
+            time.sleep(0.05)
+        assert stopped is not None, f"the run ended before rank 1 could be stopped: {proc.stderr.read()[-2000:]}"
+        # Rank 0 must name the stopped rank and end. torchrun then SIGTERMs the stopped rank (held pending while it
+        # is stopped) and SIGKILLs it only after 30 s (its shutdown grace; --shutdown-timeout does not reach this
+        # path): the test kills it as soon as rank 0 has ended, and the job's own exit is what is checked.
+        while rank0 is not None and not _ended(rank0) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(stopped, signal.SIGKILL)
+        err = proc.communicate(timeout=180)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if stopped is not None:
+            for sig in (signal.SIGKILL, signal.SIGCONT):
+                try:
+                    os.kill(stopped, sig)
+                except ProcessLookupError:
+                    pass
+    return proc, stopped, err
+
+
+def test_a_stopped_rank_is_named_and_the_run_resumes_exactly(runs):
+    """Issue 34, item 5: a SIGSTOPped rank hung a data-parallel job for the control channel's 7 days, silently.
+    Every rank now beats a heartbeat into torchrun's store and watches the others': a rank that misses
+    ``train.rank_timeout_s`` is named in one line and the job ends non-zero (failed before the fix: the job never
+    ended). Rank 0 ends with ``os._exit`` and rank 1 is SIGKILLed: the job ends as abruptly as a killed one, and
+    resuming it under torchrun gives exactly the uninterrupted run (the rank timeout changes no number). One job
+    for both checks: each torchrun job of 2 ranks costs ~20 s of CPU (this merged test_dp_rank_hang.py's test and
+    the SIGKILLed job of test_killed_dp2_run_resumes_exactly; the launcher's own death is
+    tests/training/test_launcher_death.py's)."""
     out = runs["root"] / "killed"
-    proc = subprocess.Popen(torchrun(str(CONFIG), *ARGS, out=out), env=ENV, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-    latest, deadline = out / "checkpoints" / "latest", time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if latest.is_file() and latest.read_text().strip() == "step-000002":
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, f"run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
-    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks
-    proc.wait()
+    proc, stopped, err = _stop_rank_1(out)
+    assert proc.returncode != 0
+    named = [x for x in err.splitlines() if x.startswith("satrl train: ")]
+    assert len(named) == 1 and "rank 1" in named[0] and f"pid {stopped}" in named[0] and "rank_timeout_s" in named[0], err[-3000:]
     assert not (out / "summary.json").exists()
     # Two dp2 runs are bit-identical: this one's rows up to its checkpoint (written before it), from a fresh
     # job like the shared run's, equal that run's; the resume below must then bring the rest.
     text = (out / "metrics.jsonl").read_text()
-    before = [json.loads(x) for x in text[: text.rfind("\n") + 1].splitlines()]  # the kill may tear the last line
+    before = [json.loads(x) for x in text[: text.rfind("\n") + 1].splitlines()]  # an abrupt end may tear the last line
     assert len(before) >= 2 and stable(before) == stable(read_jsonl(runs["dp"] / "metrics.jsonl"))[: len(before)]
     import shutil
 
@@ -123,7 +181,7 @@ def test_killed_dp2_run_resumes_on_one_rank(runs):
     """DCP reshards: the 2-rank shards load on 1 rank, and the run continues to the 2-rank numbers within the
     one-process tolerance (only the gradient sums' order differs)."""
     out = runs["root"] / "killed-1"
-    assert out.is_dir(), "runs after test_killed_dp2_run_resumes_exactly"
+    assert out.is_dir(), "runs after test_a_stopped_rank_is_named_and_the_run_resumes_exactly"
     resumed = subprocess.run(torchrun("--resume", str(out), nproc=1), env=ENV, capture_output=True, text=True,
                              timeout=300)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -3,7 +3,6 @@ past ``engine.timeout_s`` without a rollout it is killed and restarted, its batc
 deadline; an engine that keeps failing ends the run with one line and exit 2 (item 7), and the run resumes from
 its checkpoint."""
 
-import os
 import signal
 
 from run_helpers import TINY, engine_signaller, read_jsonl, stable
@@ -56,19 +55,10 @@ def test_engine_that_keeps_failing_is_one_line_exit_2_and_retried(tmp_path, capf
     (a note), and its replacement hangs (SIGSTOP): past engine.timeout_s it is the second fault in a row, and the run
     ends with one line and exit 2 that names the last one (the same line for an engine that always dies, but for
     its cause). The run failed before its first step: nothing of it is left, and the same command runs again."""
-    from satrl.pipeline.engines_host.local_backends import ProcessBackend
-
     out = tmp_path / "run"
     with monkeypatch.context() as m:
         m.setenv("SATRL_FAULT", "worker.rollout")  # every engine child signals itself on its first rollout
-        m.setenv("SATRL_FAULT_SIGNAL", "SIGKILL")  # restored after the block; each spawn sets its own below
-        signals, spawn = iter(["SIGKILL", "SIGSTOP"]), ProcessBackend._spawn
-
-        def spawn_faulty(self):
-            os.environ["SATRL_FAULT_SIGNAL"] = next(signals)  # a spawned child starts with the environment as it is
-            spawn(self)
-
-        m.setattr(ProcessBackend, "_spawn", spawn_faulty)
+        m.setenv("SATRL_FAULT_SIGNAL", "SIGKILL,SIGSTOP")  # the first child dies, the next ones hang (faults.spawned)
         rc, lines = _cli(capfd, *TINY, "steps=2", "backend=local", "engine.timeout_s=2", "engine.max_restarts=1",
                          f"out={out}")  # fmt: skip
     notes, rest = [x for x in lines if x.startswith(NOTE)], [x for x in lines if not x.startswith(NOTE)]

@@ -64,3 +64,25 @@ def test_kill_hooks_run_before_the_signal(monkeypatch):
     finally:
         signal.signal(signal.SIGUSR1, old)
     assert seen == ["hook", "before", "signal"]
+
+
+def test_several_signals_go_one_per_child(monkeypatch):
+    """``SATRL_FAULT_SIGNAL=A,B``: a process fires the first; each ``spawned`` (a parent that started a child with
+    the list as it was) moves the list on, the last signal staying."""
+    seen: list[str] = []
+    monkeypatch.setattr(faults, "_before_kill", [])
+    monkeypatch.setattr(faults, "_counts", {})
+    monkeypatch.setenv("SATRL_FAULT", "x.point")
+    monkeypatch.setenv("SATRL_FAULT_SIGNAL", "SIGUSR1,SIGUSR2")
+    old = {s: signal.signal(s, lambda n, _: seen.append(signal.Signals(n).name)) for s in (signal.SIGUSR1, signal.SIGUSR2)}
+    try:
+        faults.point("x.point")
+        for _ in range(2):
+            faults.spawned()
+            assert os.environ["SATRL_FAULT_SIGNAL"] == "SIGUSR2"
+            monkeypatch.setattr(faults, "_counts", {})  # as in a new process
+            faults.point("x.point")
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    assert seen == ["SIGUSR1", "SIGUSR2", "SIGUSR2"]

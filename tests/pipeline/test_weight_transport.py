@@ -163,12 +163,14 @@ def test_cli_exits_2_on_it(tmp_path, capsys):
 @pytest.mark.slow
 def test_data_parallel_dist_equals_one_process(tmp_path, shared_dp):
     """torchrun, 2 ranks, rank 0's engine process fed over `dist` from the ranks' joint bucket stream (the split
-    off, so the store keeps bf16 copies; versions switched in flight): the same samples as one process on
-    `inproc`, every other metric within data parallel's tolerance (docs/design.md, "Data parallel"). The 2-rank
-    run is run_helpers.DP_DIST_ARGS's, shared with tests/e2e/test_dp_engine_faults.py's reference."""
+    off, so the store keeps bf16 copies; versions switched in flight): the same samples as one process, every
+    other metric within data parallel's tolerance (docs/design.md, "Data parallel"). The 2-rank run is
+    run_helpers.DP_DIST_ARGS's, shared with tests/e2e/test_dp_engine_faults.py's reference. The one process runs
+    the sequential backend (TINY's): no engine process to start (~4 s of CPU), and the local backend's in-flight run
+    on `inproc` equals it bit for bit (tests/pipeline/test_inflight.py)."""
     from run_helpers import DP_CONFIG, DP_DIST_ARGS, DP_RTOL, row_diff, same_samples_diff, stable
 
-    one_process = [a for a in DP_DIST_ARGS if a != "weights.transport=dist"]
+    one_process = [a for a in DP_DIST_ARGS if a not in ("weights.transport=dist", "backend=local")]
     orchestrator.train(load_config(DP_CONFIG, [*one_process, f"out={tmp_path / 'one'}"]))
     dp = read_jsonl(shared_dp(DP_CONFIG, *DP_DIST_ARGS) / "metrics.jsonl")
     one = read_jsonl(tmp_path / "one" / "metrics.jsonl")

@@ -22,6 +22,7 @@ from multiprocessing import resource_tracker
 
 import torch
 
+from satrl import faults
 from satrl.pipeline.engines_host.engine_process import Done, Failed, Request, Rollout, Started, Stop, serve
 from satrl.pipeline.engines_host.worker import RolloutRequest, RolloutWorker, WorkerSpec
 from satrl.pipeline.errors import EngineError
@@ -186,6 +187,7 @@ class ProcessBackend:
         args = (self.spec, self.requests, child_end, self.transport, link)
         self.proc = self.ctx.Process(target=serve, args=args, daemon=False)
         self.proc.start()
+        faults.spawned()  # a test's list of fault signals moves on to the next child
         child_end.close()  # the child now holds the only write end: its death reads as EOF here
         self._started, self._since = False, time.monotonic()  # the deadline's clock: start-up first
 
