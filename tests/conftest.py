@@ -156,7 +156,6 @@ LONG_FILES = (
     "tests/pipeline/test_ray_backend.py",
     "tests/test_doc_snippets.py",
     "tests/faults/test_chaos.py",
-    "tests/e2e/test_dp_rank_hang.py",
     "tests/integrations/test_trl.py",
     "tests/integrations/test_trl_vcpo.py",
     "tests/experiments/test_report.py",

@@ -48,19 +48,28 @@ _EXACT_P_N = 20
 _MC_PATTERNS = 200_000
 
 
-def _pattern_share(d: np.ndarray, extreme, mirrored: bool = False) -> float:
+def _pattern_share(d: np.ndarray, extreme) -> float:
     """Share of the sign patterns of ``d`` whose signed sum s (a vector over patterns) is ``extreme(s)``: all 2^n
     patterns up to 20 diffs (exact, the observed one among them); above that, 200,000 seeded random patterns plus
-    the observed one, which always counts (so p is never 0). ``mirrored``: ``extreme`` looks at |s| only, so a
-    pattern and its mirror image (every sign flipped, s negated) count alike: the exact share counts half of the
-    patterns twice, the same fraction of 2^n."""
+    the observed one, which always counts (so p is never 0)."""
     n = d.size
-    if n <= _EXACT_P_N and mirrored:
-        return float(2 * np.count_nonzero(extreme(_signs(n)[: 2 ** (n - 1)] @ d)) / 2**n)
     if n <= _EXACT_P_N:
         return float(extreme(_signs(n) @ d).mean())
     signs = np.random.default_rng(0).choice([-1.0, 1.0], size=(_MC_PATTERNS, n))
     return float((extreme(signs @ d).sum() + 1) / (_MC_PATTERNS + 1))
+
+
+def _two_sided_share(dc: np.ndarray) -> np.ndarray:
+    """For each row of ``dc`` [m, n] (n <= 20 diffs), the exact two-sided sign-flip p-value [m]: the share of the
+    2^n sign patterns whose |signed sum| is at least the row's observed |sum| (ties within :func:`_tol` count as
+    extreme). A pattern and its mirror image (every sign flipped) have the same |sum|, so it counts the half of
+    the patterns that holds each |sum| once, twice: the same exact fraction of 2^n, at half the work."""
+    n = dc.shape[1]
+    observed = np.abs(dc.sum(axis=1))
+    tol = 1e-12 * np.maximum(1.0, np.abs(dc).sum(axis=1))
+    sums = dc @ _half_signs_t(n)  # [m, 2^(n-1)]
+    np.abs(sums, out=sums)  # in place: with a power estimate's 4,000 rows it is 65 MB
+    return 2 * (sums >= (observed - tol)[:, None]).sum(axis=1) / 2**n
 
 
 def _tol(d: np.ndarray) -> float:
@@ -80,8 +89,10 @@ def sign_flip_p(diffs) -> float:
     d = _clean(diffs)
     if d.size == 0 or not np.any(d):
         return 1.0
+    if d.size <= _EXACT_P_N:
+        return float(_two_sided_share(d[None, :])[0])
     observed, tol = abs(d.sum()), _tol(d)
-    return _pattern_share(d, lambda sums: np.abs(sums) >= observed - tol, mirrored=True)
+    return _pattern_share(d, lambda sums: np.abs(sums) >= observed - tol)
 
 
 def sign_flip_p_greater(diffs) -> float:
@@ -227,16 +238,8 @@ def sign_flip_interval(diffs, ci: float = 0.95) -> tuple[float, float]:
 
 
 def _accepted(d: np.ndarray, shifts: np.ndarray, alpha: float) -> np.ndarray:
-    """``sign_flip_p(d - c) >= alpha`` for each shift c of ``shifts`` [m] (n <= 20 diffs), all at once: the same
-    elementwise shifted diffs, sums and tolerance as :func:`sign_flip_p`, over the half of the sign patterns that
-    holds each |signed sum| once (its count doubled, so the share is the same exact fraction of 2^n)."""
-    n = d.size
-    dc = d[None, :] - shifts[:, None]  # [m, n]
-    observed = np.abs(dc.sum(axis=1))
-    tol = 1e-12 * np.maximum(1.0, np.abs(dc).sum(axis=1))
-    sums = np.abs(dc @ _half_signs_t(n))  # [m, 2^(n-1)]
-    share = 2 * (sums >= (observed - tol)[:, None]).sum(axis=1) / 2**n
-    return share >= alpha
+    """``sign_flip_p(d - c) >= alpha`` for each shift c of ``shifts`` [m] (n <= 20 diffs), all at once."""
+    return _two_sided_share(d[None, :] - shifts[:, None]) >= alpha
 
 
 def _first_accepted(d: np.ndarray, shifts: np.ndarray, alpha: float) -> int:
@@ -275,18 +278,17 @@ def sign_flip_power(effect: float, n: int, alpha: float = 0.05, sims: int = _POW
     if not 2 <= n <= _EXACT_N:
         raise ValueError(f"exact sign-flip power needs 2 <= n <= {_EXACT_N}, got {n}")
     x = _normal_draws(n, sims, seed) + abs(effect)  # [sims, n]
-    tol = 1e-12 * np.abs(x).sum(axis=1, keepdims=True)
-    sums = x @ _half_signs_t(n)  # [sims, 2^(n-1)]; column 0 is the observed sum
-    observed = sums[:, 0].copy()
-    # each |signed sum| once (the other half of the patterns is its negation): count it twice
-    extreme = 2 * (np.abs(sums, out=sums) >= np.abs(observed)[:, None] - tol).sum(axis=1)
-    return float(((extreme < alpha * 2**n) & (observed > 0)).mean())
+    return float(((_two_sided_share(x) < alpha) & (x.sum(axis=1) > 0)).mean())
 
 
-@functools.lru_cache(maxsize=32)
 def _half_signs_t(n: int) -> np.ndarray:
     """The first half of :func:`_signs` (the last diff unflipped), transposed to [n, 2^(n-1)] and contiguous:
-    one matrix product with it is one BLAS call (a block of rows at a time costs more in thread start-ups)."""
+    one matrix product with it is one BLAS call. Kept up to 16 diffs (4 MB), as :func:`_signs`."""
+    return _half_signs_t_cached(n) if n <= 16 else np.ascontiguousarray(_signs(n)[: 2 ** (n - 1)].T)
+
+
+@functools.lru_cache(maxsize=16)
+def _half_signs_t_cached(n: int) -> np.ndarray:
     half = np.ascontiguousarray(_signs(n)[: 2 ** (n - 1)].T)
     half.flags.writeable = False
     return half
