@@ -88,7 +88,8 @@ RUN = [
     "eval.val_problems=8", "eval.test_problems=8", "eval.k=2", "eval.every=0", "checkpoint.every=100", "backend=sequential",
     "objective.name=sat_grpo", "lag.schedule=broadcast", "lag.n=2",
 ]  # fmt: skip
-QUICK_RUN = [*RUN, "train.prompts_per_batch=4", "eval.val_problems=2", "eval.test_problems=2"]  # --quick: half the work
+# --quick: half the work, one trainer thread (a smoke run on a shared CPU: a second thread mostly spin-waits)
+QUICK_RUN = [*RUN, "train.prompts_per_batch=4", "eval.val_problems=2", "eval.test_problems=2", "train.threads=1"]
 
 
 def train_check(device: str, model: str, steps: int, out: Path, run: list[str] = RUN) -> dict:
@@ -258,14 +259,16 @@ def objective_check(device: str, n: int, repeats: int) -> dict:
 
 
 def trainer_lines(device: str, quick: bool) -> list[str]:
-    """Parts 1 and 2: the 0.6B-shaped trainer at 16k tokens, and SAT on the device against CPU."""
+    """Parts 1 and 2: the 0.6B-shaped trainer at 16k tokens, and SAT on the device against CPU (``quick``: one
+    step each side, which already moves the weights: tests/test_gpu_check.py's skewed-lr run fails at one)."""
     from benchmarks.gpu_trainer import sat_parity, throughput
 
     r = throughput(device, quick, steps=2 if quick else 5)
     print(json.dumps(r))
     mem = "-" if r["peak_alloc_gib"] is None else f"{r['peak_alloc_gib']:.1f} / {r['peak_reserved_gib']:.1f}"
     mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %"
-    p = sat_parity(device)
+    parity_steps = 1 if quick else 2
+    p = sat_parity(device, steps=parity_steps)
     print(json.dumps(p))
     return [
         "| trainer | tokens / microbatch | timed steps | s / step | tokens / s | MFU | peak GiB (allocated / reserved) "
@@ -274,7 +277,7 @@ def trainer_lines(device: str, quick: bool) -> list[str]:
         f"| {r['tokens_per_s']:.0f} | {mfu} | {mem} | {r['finite']} |", "",
         "Anchor: prime-rl's trainer benchmark gives 11.9k tokens/s for Qwen3-0.6B at 16K sequence length on one H100.",
         "",
-        f"SAT on {device} vs CPU (tiny policy, sat_grpo, 2 steps, fp32, TF32 off): every metric within 1e-6 + "
+        f"SAT on {device} vs CPU (tiny policy, sat_grpo, {parity_steps} steps, fp32, TF32 off): every metric within 1e-6 + "
         f"{p['rtol']:g} x |value| (worst at {p['metric_tol']:.2f} of that), weights within {p['weight_rel']:.1e} "
         f"relative norm: {'equal' if p['equal'] else 'NOT equal'} within tolerance.",
     ]  # fmt: skip
@@ -288,6 +291,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here: run on the GPU machine, or pass --device cpu --quick for a smoke run")
+    threads = torch.get_num_threads()
+    if args.quick:  # the in-process parts on one thread too, as QUICK_RUN's loop (restored at the end)
+        torch.set_num_threads(1)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace) -> int:
     steps, run = (2, QUICK_RUN) if args.quick else (8, RUN)
     lines = trainer_lines(args.device, args.quick) + [""]
     lines += ["| policy | steps (lag 2) | wall s | s/step | d at lag 0 (step 1) | mean gate rate | final avg@k | finite |",
