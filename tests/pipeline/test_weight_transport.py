@@ -107,7 +107,7 @@ def test_snapshot_source_keeps_an_engine_dtype_copy_unless_the_split_needs_fp32(
     def source(transport: str, decompose: bool, bucket_mb: int = 1):
         cfg = load_config(None, [f"weights.transport={transport}", f"diagnostics.decompose={str(decompose).lower()}",
                                  f"weights.bucket_mb={bucket_mb}", "engine.numerics=bf16-weights"])  # fmt: skip
-        trainer.export.snapshot_cut = snapshot_cut(cfg)  # as build_trainer sets it, once for the run
+        trainer.export.snapshot_cut = snapshot_cut(cfg)  # what TrainerSettings.snapshot_cut carries in a run
         return trainer.export.snapshot
 
     assert source("dist", decompose=True)().state() is trainer.export.weights()

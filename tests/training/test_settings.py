@@ -13,8 +13,10 @@ import torch
 from satrl.training.config import TrainConfig
 from satrl.training.settings import SHARED, TrainerSettings
 
-# The settings' own options, not in train: (other sections, or a flag standing for a train: choice).
-ELSEWHERE = {"aggregation", "temperature", "r3", "decompose", "seed", "whole_batch_quantile", "recomputed_denominator"}
+# The settings' own options, not in train: (other sections, a flag standing for a train: choice, or what the run
+# derives from its transport and engine: snapshot_cut).
+ELSEWHERE = {"aggregation", "temperature", "r3", "decompose", "seed", "whole_batch_quantile", "recomputed_denominator",
+             "snapshot_cut"}
 
 
 def _members(tp: Any) -> set:

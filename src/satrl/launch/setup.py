@@ -81,7 +81,7 @@ def build_evaluator(cfg: RunConfig, tokenizer, task, ranks: Ranks | None = None)
 
 def snapshot_cut(cfg: RunConfig) -> tuple[torch.dtype | None, int] | None:
     """What the snapshot store keeps of a version that pending batches need (``WeightExport.snapshot``, set once
-    by :func:`build_trainer`): None, the trainer's full fp32 CPU copy (``WeightExport.weights``), when the
+    by :func:`trainer_settings`): None, the trainer's full fp32 CPU copy (``WeightExport.weights``), when the
     transport sends it as it is (its ``full_snapshots``), and whenever the Δπ/Δimpl split
     (``diagnostics.decompose``) reads it, since its log-probs must be today's; otherwise ``(dtype, bucket_bytes)``:
     the trainer's bucket stream (``WeightExport.buckets``) in the engine's dtype, kept as it came (a broadcast
@@ -138,7 +138,8 @@ def check_context(cfg: RunConfig, model, tokenizer, problems) -> None:
 def trainer_settings(cfg: RunConfig) -> TrainerSettings:
     """The trainer's options from the run's config (:meth:`TrainerSettings.from_config`, the one place they map)."""
     return TrainerSettings.from_config(cfg.train, aggregation=cfg.objective.aggregation, temperature=cfg.engine.temperature,
-                                       r3=cfg.r3, decompose=cfg.diagnostics.decompose, seed=cfg.seed)  # fmt: skip
+                                       r3=cfg.r3, decompose=cfg.diagnostics.decompose, seed=cfg.seed,
+                                       snapshot_cut=snapshot_cut(cfg))  # fmt: skip
 
 
 def build_trainer(cfg: RunConfig, ctx: dp.DataParallel | None = None) -> tuple[Trainer, object]:
@@ -153,7 +154,6 @@ def build_trainer(cfg: RunConfig, ctx: dp.DataParallel | None = None) -> tuple[T
             raise ValueError(f"r3=true needs an MoE policy; {cfg.model.source!r} is dense (try model.name=tiny-arith-moe)")
     settings, placement = placement_here(cfg, trainer_settings(cfg), ctx)
     trainer = Trainer(model, cfg.objective, settings, placement)
-    trainer.export.snapshot_cut = snapshot_cut(cfg)  # the form the snapshot store keeps, once for the run
     return trainer, tokenizer
 
 

@@ -220,12 +220,12 @@ class WeightExport:
     each optimizer step and each load)."""
 
     def __init__(self, placement: Placement, model: torch.nn.Module, opt: torch.optim.Optimizer,
-                 version: Callable[[], int]) -> None:  # fmt: skip
+                 version: Callable[[], int], snapshot_cut: tuple[torch.dtype | None, int] | None = None) -> None:  # fmt: skip
         self.placement, self.model, self.opt, self.version = placement, model, opt, version
         self._copy: tuple[int, dict[str, torch.Tensor]] | None = None  # (version, CPU copy): see weights()
-        # What snapshot() makes: None, the CPU copy; (dtype, bucket_bytes), the bucket stream cut so. Set once
-        # by the run's setup (satrl.launch.setup.snapshot_cut), which knows the transport and the engine's dtype.
-        self.snapshot_cut: tuple[torch.dtype | None, int] | None = None
+        # What snapshot() makes: None, the CPU copy; (dtype, bucket_bytes), the bucket stream cut so
+        # (TrainerSettings.snapshot_cut, which the run derives from its transport and the engine's dtype).
+        self.snapshot_cut = snapshot_cut
 
     def snapshot(self) -> Snapshot:
         """This version as the snapshot store keeps it (``SnapshotStore.update`` calls this only for a version a

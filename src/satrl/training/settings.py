@@ -53,6 +53,9 @@ class TrainerSettings:
         lr_lag_scaling: scale each step's lr by realized lag (``train.lr_lag_scaling``).
         microbatch_order: ``shuffled`` or ``by_length`` (``train.microbatch_order``).
         compile: decoder layers and the log-prob chunk through torch.compile (``train.compile``).
+        snapshot_cut: what the snapshot store keeps of a version (``WeightExport.snapshot``): None, the full fp32
+            CPU copy; ``(dtype, bucket_bytes)``, the bucket stream in the engine's dtype. The run derives it from
+            its transport and engine (:func:`satrl.launch.setup.snapshot_cut`).
     """
 
     lr: float  # required here (a test names its own); the config's default is train.lr's
@@ -78,6 +81,7 @@ class TrainerSettings:
     lr_lag_scaling: str = _train("lr_lag_scaling")
     microbatch_order: str = _train("microbatch_order")
     compile: bool = _train("compile")
+    snapshot_cut: tuple[torch.dtype | None, int] | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in (("dtype", CONFIG_DTYPES), ("microbatch_order", MICROBATCH_ORDERS),
@@ -87,15 +91,16 @@ class TrainerSettings:
 
     @classmethod
     def from_config(cls, train: TrainConfig, *, aggregation: str, temperature: float, r3: bool, decompose: bool,
-                    seed: int) -> TrainerSettings:  # fmt: skip
+                    seed: int, snapshot_cut: tuple[torch.dtype | None, int] | None = None) -> TrainerSettings:  # fmt: skip
         """The run's settings: every :data:`SHARED` option copied from ``train`` by name, the two the trainer
-        reads as flags from the ``train`` choices they stand for, and the five that live in other sections
-        (``objective.aggregation``, ``engine.temperature``, ``r3``, ``diagnostics.decompose``, ``seed``)."""
+        reads as flags from the ``train`` choices they stand for, the five that live in other sections
+        (``objective.aggregation``, ``engine.temperature``, ``r3``, ``diagnostics.decompose``, ``seed``), and the
+        snapshot store's form, which the run derives from its transport and engine."""
         shared = {name: getattr(train, name) for name in SHARED}
         shared["betas"] = tuple(train.betas)
         return cls(**shared, whole_batch_quantile=train.quantile_scope == "batch",
                    recomputed_denominator=train.denominator == "recomputed", aggregation=aggregation,
-                   temperature=temperature, r3=r3, decompose=decompose, seed=seed)  # fmt: skip
+                   temperature=temperature, r3=r3, decompose=decompose, seed=seed, snapshot_cut=snapshot_cut)  # fmt: skip
 
 
 # The options named alike in TrainerSettings and TrainConfig: copied by name, defaults read from the config.

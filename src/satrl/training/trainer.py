@@ -133,7 +133,7 @@ class Trainer:
         self.advantages = Advantages(self.scorer, objective, s.advantage, s.adv_std_norm)
         self.version = 0
         self.skipped = 0
-        self.export = WeightExport(self.placement, self.model, self.opt, lambda: self.version)
+        self.export = WeightExport(self.placement, self.model, self.opt, lambda: self.version, s.snapshot_cut)
         from satrl.models.routing import moe_num_layers
 
         self.is_moe = moe_num_layers(model) > 0
