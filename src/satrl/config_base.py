@@ -86,6 +86,17 @@ def load_yaml(text: str, where: str | Path) -> Any:
                           "config; write the values out") from None  # fmt: skip
 
 
+# yaml.safe_load's loader, with libyaml's parser where PyYAML has it: the same documents read the same, about ten
+# times faster (a report or a grid's start reads every run's config.yaml; the pure-Python parser was a fifth of
+# a report's time)
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_saved(text: str) -> Any:
+    """``yaml.safe_load`` of a file satrl wrote itself (a run's ``config.yaml``), through :data:`SAFE_LOADER`."""
+    return yaml.load(text, Loader=SAFE_LOADER)  # noqa: S506 (a safe loader)
+
+
 DEVICES = "cpu, cuda or cuda:N"
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 

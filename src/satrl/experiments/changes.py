@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from satrl.config_base import load_saved
 from satrl.experiments.spec import GridSpec, Run, _flatten, expand, load_grid, render_value, select
 from satrl.experiments.status import has_checkpoint, run_status
 from satrl.folders import InUse, hold, release
@@ -36,7 +37,7 @@ class GridChangedError(ValueError):
 
 def _recorded(run_dir: Path) -> dict[str, Any]:
     try:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        cfg = load_saved((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
         return {}
     return _flatten(cfg) if isinstance(cfg, dict) else {}

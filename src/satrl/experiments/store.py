@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from satrl.config_base import load_saved
 from satrl.diagnostics.summary import late_mean, score_problem
 from satrl.experiments.status import merge_status, run_status
 from satrl.jsonl import loads, numbered_rows, read_jsonl  # the tolerant JSONL readers (torn lines skipped)
@@ -66,16 +67,11 @@ def find_runs(out_dir: str | Path) -> list[GridRun]:
     return sorted(found, key=lambda r: (r.cell, r.lag, r.seed))
 
 
-# yaml.safe_load's loader, with libyaml's parser where PyYAML has it: the same documents read the same, about ten
-# times faster (a report reads every run's config.yaml, the pure-Python parser was a fifth of its time)
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 def _from_config(run_path: Path) -> dict[str, Any]:
     """From the run's saved config.yaml: optimizer steps per rollout batch (train.minibatches x ppo_epochs) and
     the trust region's upper radius ``eps_high`` (None where the config or the trust region has none)."""
     try:
-        cfg = yaml.load((run_path / "config.yaml").read_text(), Loader=_SAFE_LOADER) or {}
+        cfg = load_saved((run_path / "config.yaml").read_text()) or {}
     except (OSError, yaml.YAMLError):
         cfg = {}
     out: dict[str, Any] = {"steps_per_batch": None, "eps_high": None}
