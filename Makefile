@@ -50,6 +50,11 @@ PYTEST = $(if $(COVERAGE),COVERAGE_RCFILE=$(abspath .ci/coverage.rc) COVERAGE_FI
 	$(1)/python -m $(if $(COVERAGE),coverage run -m pytest,pytest)
 # Every target prints its 25 slowest tests (setup, call and teardown each), so the slowest stay in view.
 DURATIONS = --durations=25
+# One math thread per process where nothing sets its own (torch's and BLAS's defaults: one per core): the XDIST
+# processes already fill the cores, and a second thread in each mostly spins, waiting for a core (tests/training,
+# weights and diagnostics: 89 -> 80 s of CPU). A run's own threads (train.threads, the engines') are set
+# explicitly and do not change.
+ONE_THREAD = OMP_NUM_THREADS=1
 
 # The pure and unit layers, for whoever changes the code (README, "Development"): objectives, tensors, config,
 # registries, statistics, weights' buckets; no training run, no subprocess of satrl. Under 3 minutes.
@@ -59,14 +64,14 @@ FAST_TESTS = tests/objectives tests/test_config.py tests/test_config_ranges.py t
 	tests/diagnostics
 
 test-fast: $(STAMP)
-	$(call PYTEST,$(BIN)) $(PYTEST_N) $(DURATIONS) $(FAST_TESTS) -m "not slow and not vllm" $(PYTEST_ARGS); $(NONE_IS_OK)
+	$(ONE_THREAD) $(call PYTEST,$(BIN)) $(PYTEST_N) $(DURATIONS) $(FAST_TESTS) -m "not slow and not vllm" $(PYTEST_ARGS); $(NONE_IS_OK)
 
 test: $(STAMP) lint
 	# SATRL_REQUIRE_EXTRAS=1 / SATRL_REQUIRE_TRL=1: the Ray and TRL tests must run, never skip. pytest exits
 	# 5 when it collects no tests in a selection: not a failure.
 	# The vLLM tests (marker vllm) need their own environment: `make test-vllm`; the verl plug-in tests
 	# skip here (no verl in this environment) and run in `make test-verl`.
-	SATRL_REQUIRE_EXTRAS=1 SATRL_REQUIRE_TRL=1 $(call PYTEST,$(BIN)) $(PYTEST_N) $(DURATIONS) -m "not vllm" $(PYTEST_ARGS); $(NONE_IS_OK)
+	SATRL_REQUIRE_EXTRAS=1 SATRL_REQUIRE_TRL=1 $(ONE_THREAD) $(call PYTEST,$(BIN)) $(PYTEST_N) $(DURATIONS) -m "not vllm" $(PYTEST_ARGS); $(NONE_IS_OK)
 
 # The core install alone, as a user installs it: `pip install .` with no extras (no pyarrow, Ray, TRL, pytest),
 # so a dependency that only an extra or a dev tool brings in cannot hide a failure (satrl report once needed
@@ -122,7 +127,7 @@ $(VERL_STAMP): pyproject.toml
 VERL_TESTS = tests/integrations tests/objectives/test_obj_peers.py tests/objectives/test_repairs_verl.py tests/training/test_baselines_verl.py
 FLOOR_SMOKE = tests/engines tests/models
 test-verl: $(VERL_STAMP)
-	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(call PYTEST,$(VERL_VENV)/bin) $(PYTEST_N) $(DURATIONS) $(VERL_TESTS) $(FLOOR_SMOKE) -m "not vllm and not slow" $(PYTEST_ARGS); $(NONE_IS_OK)
+	SATRL_REQUIRE_VERL=1 SATRL_REQUIRE_TRL=1 $(ONE_THREAD) $(call PYTEST,$(VERL_VENV)/bin) $(PYTEST_N) $(DURATIONS) $(VERL_TESTS) $(FLOOR_SMOKE) -m "not vllm and not slow" $(PYTEST_ARGS); $(NONE_IS_OK)
 
 # Line and branch coverage of src/ over the three test environments combined (issue 56: a change to the test
 # targets must not lower it). Installs coverage.py into each environment; minutes (the three targets' time and more).
