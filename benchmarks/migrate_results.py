@@ -33,9 +33,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from satrl.config import ConfigError, RunConfig, build_config
+from satrl.config_base import dump_saved, load_saved
 from satrl.diagnostics.summary import summarize_run
 from satrl.experiments.store import GridRun, find_runs, metrics_path
 from satrl.jsonl import read_jsonl, strict
@@ -108,8 +107,8 @@ def migrate_run(run: GridRun, write: bool = True) -> list[str]:
     if not cfg_path.exists():
         return changed
     old_text = cfg_path.read_text()
-    cfg = migrate_config(yaml.safe_load(old_text) or {})
-    new_text = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)  # as RunDir saves it
+    cfg = migrate_config(load_saved(old_text) or {})
+    new_text = dump_saved(cfg.model_dump(mode="json"))  # as RunDir saves it
     if new_text != old_text:
         changed.append("config.yaml")
         if write:

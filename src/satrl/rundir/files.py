@@ -19,7 +19,7 @@ import yaml
 
 from satrl import faults
 from satrl.config.run import RunConfig, load_config
-from satrl.config_base import ConfigError
+from satrl.config_base import ConfigError, dump_saved
 from satrl.diagnostics import summarize_run
 from satrl.diagnostics.collapse import CollapseConfig, skipped_collapse
 from satrl.diagnostics.summary import score_problem
@@ -193,7 +193,7 @@ class RunDir:
 
     def save_config(self) -> None:
         tmp = self.path / "config.yaml.tmp"  # atomic: a killed run never leaves a torn config.yaml
-        tmp.write_text(yaml.safe_dump(self.config, sort_keys=False))
+        tmp.write_text(dump_saved(self.config))
         tmp.replace(self.path / "config.yaml")
 
     def release(self) -> None:
