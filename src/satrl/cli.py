@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from types import ModuleType
 
 
@@ -108,6 +110,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     name = "satrl"  # who says "interrupted": the command once it is known
+    seen, before = _watch_sigint()
     try:  # the parse imports the command's module: a Ctrl-C there is one line too (issue 60)
         args = parse_args(sys.argv[1:] if argv is None else list(argv))
         name = f"satrl {args.command}"
@@ -116,8 +119,47 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
         return 141  # 128 + SIGPIPE, what a shell reports for a command killed by the signal
     except KeyboardInterrupt:  # Ctrl-C where the command has no more to say (satrl train names its --resume)
-        print(f"{name}: interrupted", file=sys.stderr)
-        return 130  # 128 + SIGINT
+        return _interrupted(name)
+    except Exception:
+        if not seen:
+            raise
+        # A library turned the Ctrl-C into an error of its own on the way out: transformers' lazy import gives a
+        # ModuleNotFoundError when a Ctrl-C stops the import of a class under it. Still the user's Ctrl-C.
+        return _interrupted(name)
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
+
+
+def _watch_sigint() -> tuple[list[bool], object]:
+    """Python's own Ctrl-C (a KeyboardInterrupt) that also notes it came; and the handler it replaced (None where
+    none was replaced: off the main thread, or SIGINT ignored or handled by someone else)."""
+    seen: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        return seen, None
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return seen, None
+
+    def on_sigint(signum, frame):
+        seen.append(True)
+        raise KeyboardInterrupt
+
+    return seen, signal.signal(signal.SIGINT, on_sigint)
+
+
+def _interrupted(name: str) -> int:
+    """The one line of a handled Ctrl-C, and its exit status. CPython also exits by SIGINT (status -2, not 130)
+    once a KeyboardInterrupt has passed through code it ran with PyRun_String, such as pybind11's exec while torch
+    imports, even when the interrupt was caught later: that flag is never cleared (3.11, run_eval_code_obj).
+    Cleared here, so a handled Ctrl-C exits 130 as the line says."""
+    print(f"{name}: interrupted", file=sys.stderr)
+    try:
+        import ctypes
+
+        ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 0
+    except (ImportError, AttributeError, ValueError, OSError):  # not CPython, or it no longer has the flag
+        pass
+    return 130  # 128 + SIGINT
 
 
 if __name__ == "__main__":

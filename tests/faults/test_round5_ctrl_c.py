@@ -255,3 +255,40 @@ def test_ctrl_c_while_an_engine_process_starts_is_neither_dropped_nor_the_childs
                           start_new_session=True, preexec_fn=_terminal_sigint)  # fmt: skip
     assert proc.stdout.split("\n")[:3] == ["raised", "blocked alive", "exit 0"], proc.stdout + proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+# A Ctrl-C that a library turns into its own error (transformers' lazy import: ModuleNotFoundError), and one that
+# passed through code CPython ran with PyRun_String (its flag then makes the process exit by SIGINT, status -2):
+# both one line and exit 130. Seen in a clean clone: `[importing]` above exited -2, and 1 with a traceback.
+CONVERTED = """import os, signal, sys
+from satrl import cli
+
+def importing(command):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # the Ctrl-C lands while a library imports
+    except KeyboardInterrupt as e:
+        raise ModuleNotFoundError("Could not import module 'PreTrainedModel'") from e
+
+cli.program = importing
+sys.exit(cli.main(["report", "runs/x"]))
+"""
+STICKY = """import ctypes, sys
+from satrl import cli
+
+def importing(command):
+    ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 1  # as PyRun_String leaves it
+    raise KeyboardInterrupt
+
+cli.program = importing
+sys.exit(cli.main(["report", "runs/x"]))
+"""
+
+
+@pytest.mark.parametrize("code", [CONVERTED, STICKY], ids=["converted", "sticky"])
+def test_a_ctrl_c_that_came_back_as_another_error_or_flag_is_one_line_and_130(tmp_path, code):
+    """Run with -m, as `python -m satrl` is: only there does CPython act on the flag after a SystemExit."""
+    (tmp_path / "ctrl_c_case.py").write_text(code)
+    proc = subprocess.run([sys.executable, "-m", "ctrl_c_case"], env=ENV, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, preexec_fn=_terminal_sigint)  # fmt: skip
+    assert proc.returncode == 130, (proc.returncode, proc.stderr[-3000:])
+    assert proc.stderr.strip().splitlines() == ["satrl: interrupted"], proc.stderr[-3000:]  # in the parse
