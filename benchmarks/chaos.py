@@ -46,15 +46,6 @@ POINTS = ("checkpoint.weights", "checkpoint.state", "metrics.write", "eval.start
           "worker.rollout")  # fmt: skip
 
 
-def _reference(work: Path) -> Path:
-    from satrl.config import load_config
-    from satrl.loop.orchestrator import train
-
-    out = work / "reference"
-    train(load_config(None, [*TINY, *RUN, f"out={out}"]))
-    return out
-
-
 def train_args(out: Path) -> list[str]:
     """The arguments of ``satrl`` that start the run into ``out``, or resume it once it has a config.yaml."""
     run = ["--resume", str(out)] if (out / "config.yaml").is_file() else [*TINY, *RUN, f"out={out}"]
@@ -71,7 +62,11 @@ def kill_anywhere(work: Path, points: int = 10, seed: int = 0, log=print, launch
     """SIGKILL runs at ``points`` seeded random points; returns counts (see the module docstring). ``launch(out,
     fault)``: starts one ``satrl`` process of the chain (a :class:`subprocess.Popen`, or what quacks like one)."""
     rng = random.Random(seed)
-    ref = _reference(work)
+    ref, start = work / "reference", time.monotonic()
+    proc = launch(ref, None)  # launched as the chain's runs are, so that its time is theirs
+    if proc.wait(timeout=600) != 0:
+        raise RuntimeError(f"the uninterrupted reference run failed: {proc.stderr.read().decode(errors='replace')[-1500:]}")
+    span = time.monotonic() - start  # an outside kill lands within a whole run's time (a resumed run is shorter)
     want = read_stable(ref / "metrics.jsonl"), read_stable(ref / "eval.jsonl")
     tried = identical = chains = 0
     kills_in_chain: list[str] = []
@@ -83,7 +78,7 @@ def kill_anywhere(work: Path, points: int = 10, seed: int = 0, log=print, launch
         fault = None if timed or tried >= points else f"{rng.choice(POINTS)}:{rng.randint(1, 2)}"
         proc = launch(out, fault)
         if timed and tried < points:
-            delay = rng.uniform(1.0, 7.0)
+            delay = rng.uniform(0.1, 0.9) * span
             try:
                 proc.wait(timeout=delay)
             except subprocess.TimeoutExpired:
