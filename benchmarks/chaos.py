@@ -66,7 +66,9 @@ def kill_anywhere(work: Path, points: int = 10, seed: int = 0, log=print, launch
     proc = launch(ref, None)  # launched as the chain's runs are, so that its time is theirs
     if proc.wait(timeout=600) != 0:
         raise RuntimeError(f"the uninterrupted reference run failed: {proc.stderr.read().decode(errors='replace')[-1500:]}")
-    span = time.monotonic() - start  # an outside kill lands within a whole run's time (a resumed run is shorter)
+    # An outside kill lands within a run's time: at first the reference's (which may include a server's start-up),
+    # then that of the last run that ended by itself (a resumed run is shorter than a whole one)
+    span = time.monotonic() - start
     want = read_stable(ref / "metrics.jsonl"), read_stable(ref / "eval.jsonl")
     tried = identical = chains = 0
     kills_in_chain: list[str] = []
@@ -76,7 +78,7 @@ def kill_anywhere(work: Path, points: int = 10, seed: int = 0, log=print, launch
             break
         timed = tried % 4 == 3  # every 4th kill comes from outside, at a random time
         fault = None if timed or tried >= points else f"{rng.choice(POINTS)}:{rng.randint(1, 2)}"
-        proc = launch(out, fault)
+        proc, started = launch(out, fault), time.monotonic()
         if timed and tried < points:
             delay = rng.uniform(0.1, 0.9) * span
             try:
@@ -92,6 +94,7 @@ def kill_anywhere(work: Path, points: int = 10, seed: int = 0, log=print, launch
             continue
         if rc != 0:
             raise RuntimeError(f"seed={seed} after kills {kills_in_chain}: exit {rc}: {err[-1500:]}")
+        span = time.monotonic() - started
         same = (read_stable(out / "metrics.jsonl"), read_stable(out / "eval.jsonl")) == want
         identical += len(kills_in_chain) if same else 0
         log(f"chain {chains}: kills {kills_in_chain} -> {'identical' if same else 'DIFFERENT'}")
