@@ -24,17 +24,7 @@ from satrl.training.trainer import Trainer
 pytestmark = pytest.mark.slow  # inductor compiles each graph with the C++ compiler: minutes on a busy CPU
 
 
-@pytest.fixture
-def one_thread():
-    """Both runs on one thread: on a busy CPU a second thread mostly spin-waits (measured: each eager step of this
-    tiny model 2-4 s of CPU at 2 threads under load, 0.1 s at 1). Eager and compiled still run at the same count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_compiled_trainer_equals_eager(one_thread):
+def test_compiled_trainer_equals_eager():
     tok = build_char_tokenizer()
     model = build_tiny_model("dense", vocab_size=len(tok), seed=0, num_hidden_layers=2)
     runs = {}
