@@ -115,8 +115,11 @@ sys.meta_path.insert(0, Fire({k}, {own!r}))
 
 def _run_code(code: str, out, *, delay: float | None = None) -> tuple[int, str]:
     """``satrl train`` run by ``code`` (argv after it); with ``delay``, SIGINT to its process group that long after
-    the start; its exit code and stderr."""
-    argv = ["train", *TINY, "steps=40", "backend=local", f"out={out}", "--no-progress"]
+    the start; its exit code and stderr. Every SIGINT here lands while the command imports (the k-th import, or
+    at most 0.3 s in), long before a first step: 2 steps, so that a run that goes on past it (its Ctrl-C lost: exit
+    0, a failure; or reported by the interpreter's start-up, outside satrl, which then carries on) ends in seconds
+    instead of training 40 steps (seen under coverage: 42 s)."""
+    argv = ["train", *TINY, "steps=2", "backend=local", f"out={out}", "--no-progress"]
     proc = subprocess.Popen([sys.executable, "-c", code, *argv], env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_terminal_sigint)  # fmt: skip
     if delay is not None:
@@ -219,8 +222,9 @@ def test_ctrl_c_of_a_ray_run_is_one_line_and_leaves_nothing_running(tmp_path, ph
 
 # A Ctrl-C while an engine process starts: the parent raises it once the child is started (never drops it), and
 # the child, started with SIGINT blocked, ignores it as serve() does first thing (no traceback, no death).
+# satrl's module (and torch with it) is imported under __main__ only: the spawned child imports the script again,
+# and what it tests is its start with SIGINT pending and blocked, not a second torch import (~4 s of CPU).
 WINDOW = """import multiprocessing as mp, os, signal, sys, time
-from satrl.pipeline.engines_host.local_backends import sigint_deferred
 
 def child(conn):
     conn.send(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
@@ -229,6 +233,8 @@ def child(conn):
     conn.send("alive")
 
 if __name__ == "__main__":
+    from satrl.pipeline.engines_host.local_backends import sigint_deferred
+
     ctx = mp.get_context("spawn")
     ends = ctx.Pipe(duplex=False)
     try:
