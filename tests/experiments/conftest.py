@@ -71,12 +71,12 @@ FAKE_TRAINER = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def fake_trainer(tmp_path: Path):
-    """(command_fn, log_path): command_fn(run, resume) runs the fake trainer with satrl's argv layout."""
-    script = tmp_path / "fake_train.py"
+def _fake_trainer(folder: Path):
+    """(command_fn, log_path): command_fn(run, resume) runs the fake trainer (written into ``folder``) with
+    satrl's argv layout."""
+    script = folder / "fake_train.py"
     script.write_text(FAKE_TRAINER)
-    log = tmp_path / "fake_log.jsonl"
+    log = folder / "fake_log.jsonl"
 
     def command(run: Run, resume: bool) -> list[str]:
         cmd = default_command(run, resume)
@@ -84,6 +84,18 @@ def fake_trainer(tmp_path: Path):
         return [sys.executable, str(script), *cmd[4:]]
 
     return command, log
+
+
+@pytest.fixture
+def fake_trainer(tmp_path: Path):
+    """(command_fn, log_path): command_fn(run, resume) runs the fake trainer with satrl's argv layout."""
+    return _fake_trainer(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def module_fake_trainer(tmp_path_factory):
+    """:func:`fake_trainer` for a module-scoped fixture (a grid that a module's tests only read)."""
+    return _fake_trainer(tmp_path_factory.mktemp("fake_trainer"))
 
 
 @pytest.fixture

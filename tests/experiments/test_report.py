@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 from satrl.apps.report import add_report_args, run_report
+from satrl.experiments import plots
 from satrl.experiments.grid import load_grid, run_grid_spec
 from satrl.experiments.mdtext import fmt_ci
 from satrl.experiments.plots import paired_eval_diffs
@@ -19,10 +20,12 @@ FIGS = ["eval_curves.png", "d_pi.png", "sat_diagnostics.png", "gate_check.png", 
         "paired_curves.png"]
 
 
-@pytest.fixture
-def grid_out(tmp_path, fake_trainer):
-    """A finished grid produced by the runner with the fake trainer: a (baseline), b (SAT, +0.1), bad (fails)."""
-    command, _ = fake_trainer
+@pytest.fixture(scope="module")
+def grid_out(tmp_path_factory, module_fake_trainer):
+    """A finished grid produced by the runner with the fake trainer: a (baseline), b (SAT, +0.1), bad (fails).
+    Run once for the module: its tests only read it (each report goes to a folder of its own, or a copy)."""
+    command, _ = module_fake_trainer
+    tmp_path = tmp_path_factory.mktemp("grid")
     (tmp_path / "base.yaml").write_text("{}\n")
     (tmp_path / "g.yaml").write_text(
         textwrap.dedent("""
@@ -43,6 +46,13 @@ def grid_out(tmp_path, fake_trainer):
     res = run_grid_spec(load_grid(tmp_path / "g.yaml"), out, workers=2, command_fn=command, progress=False)
     assert res.exit_code == 1
     return out
+
+
+@pytest.fixture
+def no_pngs(monkeypatch):
+    """For a test that checks a report's text, not its figures: each figure is computed and its section written,
+    but not drawn into a PNG (test_report_table_matches_summaries and the figure tests check the drawing)."""
+    monkeypatch.setattr(plots, "_save", lambda fig, path, title=None: plots.plt.close(fig))
 
 
 def _row(md: str, label: str) -> str:
@@ -89,7 +99,7 @@ def test_report_without_sat_or_baseline_skips_figures(tmp_path, make_run):
     ).exists()
 
 
-def test_report_states_no_difference_at_this_power(tmp_path, make_run):
+def test_report_states_no_difference_at_this_power(tmp_path, make_run, no_pngs):
     out = tmp_path / "out"
     (out).mkdir()
     (out / "grid.yaml").write_text("baseline: grpo\ncells: {grpo: {}, sat: {label: 'SAT |d|'}}\n")
@@ -102,7 +112,7 @@ def test_report_states_no_difference_at_this_power(tmp_path, make_run):
     assert "| SAT \\|d\\| | 8 | — | 29.8 ± " in md  # the pipe in the label does not break the table
 
 
-def test_report_cli_and_regeneration_from_packed_results(grid_out, tmp_path, capsys):
+def test_report_cli_and_regeneration_from_packed_results(grid_out, tmp_path, capsys, no_pngs):
     parser = argparse.ArgumentParser()
     add_report_args(parser)
     packed = tmp_path / "packed"
@@ -119,7 +129,7 @@ def test_report_cli_and_regeneration_from_packed_results(grid_out, tmp_path, cap
     assert pack_results(grid_out, tmp_path / "p2")  # non-empty
 
 
-def test_report_named_pairs_section(tmp_path, make_run):
+def test_report_named_pairs_section(tmp_path, make_run, no_pngs):
     """`pairs:` adds a method-vs-its-base table on the primary endpoint and on d_pi, with the known differences
     recovered, exact p-values and Holm within each table."""
     out = tmp_path / "out"
@@ -141,7 +151,7 @@ def test_report_named_pairs_section(tmp_path, make_run):
     assert "| SAT-GSPO | GSPO | 8 | -0.0100 [-0.0100, -0.0100] | 0/6 | 0.0312 | 0.0312 |" in d_pi and "| better |" in d_pi
 
 
-def test_report_declared_hypotheses_are_one_holm_family(tmp_path, make_run):
+def test_report_declared_hypotheses_are_one_holm_family(tmp_path, make_run, no_pngs):
     out = tmp_path / "out"
     out.mkdir()
     (out / "grid.yaml").write_text(textwrap.dedent("""
@@ -190,7 +200,7 @@ def test_report_declared_hypotheses_are_one_holm_family(tmp_path, make_run):
     assert md.split("## Declared hypotheses")[1].split("## ")[0] == sec
 
 
-def test_each_hypothesis_family_gets_its_own_holm_correction(tmp_path, make_run):
+def test_each_hypothesis_family_gets_its_own_holm_correction(tmp_path, make_run, no_pngs):
     """The same two hypotheses as above, declared in two families: each is its own family of one, so Holm leaves
     H1's p as it is (0.00195) instead of doubling it."""
     out = tmp_path / "out"
@@ -211,7 +221,7 @@ def test_each_hypothesis_family_gets_its_own_holm_correction(tmp_path, make_run)
     assert "| H2 |" in md.split("## Declared hypotheses: mismatch")[1].split("## ")[0]
 
 
-def test_declared_repaired_fraction_by_hand(tmp_path, make_run):
+def test_declared_repaired_fraction_by_hand(tmp_path, make_run, no_pngs):
     """GRPO loses 4 or 5 points from lag 1 to lag 32; SAT at lag 32 gets back exactly half on every seed: R = 0.5
     (repair 2.25 points, printed +2.3 as the float is a hair above),
     and every bootstrap resample gives 0.5 too (the per-seed ratios are all 0.5 and the seed sets equal)."""
@@ -249,7 +259,7 @@ def test_report_cli_seed_ranges(capsys):
         assert exc.value.code == 2 and "expected a seed range A-B" in capsys.readouterr().err
 
 
-def test_report_hypothesis_over_several_bases_is_an_intersection_union_test(tmp_path, make_run):
+def test_report_hypothesis_over_several_bases_is_an_intersection_union_test(tmp_path, make_run, no_pngs):
     out = tmp_path / "out"
     out.mkdir()
     (out / "grid.yaml").write_text(textwrap.dedent("""
@@ -282,7 +292,7 @@ def _iut_scores(wrong: bool) -> dict[tuple[str, int], float]:
 
 
 @pytest.mark.parametrize("wrong", [False, True])
-def test_iut_p_is_the_largest_p_and_a_wrong_sign_comparison_fails_it(tmp_path, make_run, wrong):
+def test_iut_p_is_the_largest_p_and_a_wrong_sign_comparison_fails_it(tmp_path, make_run, wrong, no_pngs):
     """The sat_trial protocol's IUT: the p of "best > each of a, b, c" is the largest of the three p-values, 12/32
     (vs b) whether or not c has the wrong sign; a wrong sign makes it unsupported but does not become the p (an
     earlier version reported the wrong-sign comparison's own two-sided p, here 2/32)."""
@@ -317,7 +327,7 @@ def test_rules_out_says_which_effects_the_interval_excludes():
 
 
 @pytest.mark.parametrize("eps_high, below", [(0.2, "50%"), (0.5, "100%")])
-def test_report_sat_activity_table(tmp_path, make_run, eps_high, below):
+def test_report_sat_activity_table(tmp_path, make_run, eps_high, below, no_pngs):
     """SAT can bind only where q < log(1 + eps_high), with the eps_high each run's config.yaml records."""
     out = tmp_path / "out"
     out.mkdir()
@@ -350,7 +360,7 @@ def test_dose_response_figure_needs_three_lags(tmp_path, make_run):
     assert "Skipped: no cell was run at three or more lags" in build_report(few, n_resamples=200).read_text()
 
 
-def test_report_mismatch_regime_table_uses_last_quarter_of_each_run(tmp_path, make_run):
+def test_report_mismatch_regime_table_uses_last_quarter_of_each_run(tmp_path, make_run, no_pngs):
     out = tmp_path / "out"
     out.mkdir()
     (out / "grid.yaml").write_text("cells: {grpo: {}}\n")
@@ -364,7 +374,7 @@ def test_report_mismatch_regime_table_uses_last_quarter_of_each_run(tmp_path, ma
     assert "| grpo | 1 | 0.0300 | 40% | 1.00% |" in section  # mean over seeds of each run's late mean
 
 
-def test_report_says_when_a_grid_is_incomplete(tmp_path, make_run):
+def test_report_says_when_a_grid_is_incomplete(tmp_path, make_run, no_pngs):
     out = tmp_path / "out"
     out.mkdir()
     (out / "grid.yaml").write_text("seeds: 2\nlags: [1, 8]\ncells: {grpo: {}, sat: {lags: [8]}}\n")
@@ -378,7 +388,7 @@ def test_report_says_when_a_grid_is_incomplete(tmp_path, make_run):
     assert "Incomplete" not in build_report(out, n_resamples=100).read_text()
 
 
-def test_incomplete_line_names_missing_seeds_as_ranges(tmp_path, make_run):
+def test_incomplete_line_names_missing_seeds_as_ranges(tmp_path, make_run, no_pngs):
     out = tmp_path / "out"
     out.mkdir()
     (out / "grid.yaml").write_text("seeds: 5\nfirst_seed: 20\nlags: [1]\ncells: {grpo: {}, sat: {seeds: 2}}\n")
@@ -406,7 +416,7 @@ def test_paired_eval_diffs_by_hand():
     np.testing.assert_allclose(vals, [[0.0, 0.1, -0.1], [0.0, 0.05, 0.05]], atol=1e-12)
 
 
-def test_a_packed_folder_is_rewritten_only_when_out_names_it(grid_out, tmp_path, capsys, monkeypatch):
+def test_a_packed_folder_is_rewritten_only_when_out_names_it(grid_out, tmp_path, capsys, monkeypatch, no_pngs):
     """Issue 47: `satrl report docs/results/<grid>` once rewrote the committed report (its provenance line);
     without --out a packed folder's report goes to runs/reports/<name>, and the folder stays byte-identical."""
     parser = argparse.ArgumentParser()

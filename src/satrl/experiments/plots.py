@@ -106,6 +106,7 @@ def _per_lag_figure(res: GridResults, df: pd.DataFrame, key: str, path: Path, ti
     lags = sorted(df["lag"].unique()) if len(df) else []
     if not lags or key not in df or df[key].notna().sum() == 0:
         return False
+    df = df[["cell", "lag", "seed", "step", key]]  # the columns drawn: each panel's filter copies no others
     colors = _colors(res.cell_order())
     fig, axes = plt.subplots(1, len(lags), figsize=(5.5 * len(lags), 4.2), sharey=True, squeeze=False)
     for ax, lag in zip(axes[0], lags):
@@ -161,13 +162,14 @@ def sat_diagnostics(res: GridResults, path: Path) -> FigureOut:
     cells = _sat_cells(res)
     if not cells:
         return FigureOut(title, caption, None, "no SAT cells (no `obj/gate_rate` in metrics)")
-    m = res.metrics[res.metrics["cell"].isin(cells)].copy()
+    drawn = ["cell", "lag", "seed", "step", *(k for k, _ in keys if k in res.metrics)]  # no other column copied
+    m = res.metrics.loc[res.metrics["cell"].isin(cells), drawn].copy()
     m["cell_lag"] = m["cell"].map(res.label) + " @lag" + m["lag"].astype(str)
     order = list(dict.fromkeys(m.sort_values(["lag"], kind="stable")["cell_lag"]))
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), squeeze=False)
     colors = _colors(order)
+    mm = m.drop(columns=["cell"]).rename(columns={"cell_lag": "cell"})
     for ax, (key, name) in zip(axes.ravel(), keys):
-        mm = m.drop(columns=["cell"]).rename(columns={"cell_lag": "cell"})
         if key in mm and mm[key].notna().any():
             _curves(ax, mm, key, order, colors, lambda c: c, smooth=w)
         else:

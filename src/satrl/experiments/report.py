@@ -89,7 +89,8 @@ def _sat_activity_md(res: GridResults) -> list[str]:
     m = res.metrics
     if "obj/q" not in m or m["obj/q"].notna().sum() == 0:
         return []
-    sat = m[m["obj/q"].notna()]
+    used = ["cell", "lag", "seed", "obj/q", *(k for k in ("obj/sat_clipfrac", "obj/gate_rate", "gate/tv_share") if k in m)]
+    sat = m.loc[m["obj/q"].notna(), used]  # the columns read below: the row filters copy no others
     eps = res.runs.set_index(["cell", "lag", "seed"])["eps_high"] if "eps_high" in res.runs else None
     eps_of = sat.join(eps, on=["cell", "lag", "seed"])["eps_high"] if eps is not None else sat["obj/q"] * float("nan")
     radius = 1.0 + eps_of
@@ -132,6 +133,7 @@ def regime_md(res: GridResults) -> list[str]:
            "(docs/metrics.md, `mismatch/*`), the implementation share `mismatch/frac_impl`, the MoE routing "
            "disagreement between engine and trainer, and the share of tokens any clip zeroed (`obj/clipfrac`).", "",
            "| method | lag | " + " | ".join(c[1] for c in cols) + " |", "|---|---|" + "---|" * len(cols)]  # fmt: skip
+    m = m[["cell", "lag", "seed", "step", *(c[0] for c in cols)]]  # the columns read: each filter copies no others
     for cell in res.cell_order():
         for lag, g in m[m["cell"] == cell].groupby("lag"):
             per_run = []
