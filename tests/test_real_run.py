@@ -67,7 +67,8 @@ def test_the_docs_quote_the_committed_records(doc):
     """Every measured-run table in the docs is what table() / row() make of its record in docs/results/real_models."""
     text = (REPO / "docs" / doc).read_text()
     names = MARK.findall(text)
-    assert sorted(set(names)) == ["smollm2_arith_torch_2steps", "smollm2_arith_torch_3steps", "smollm2_arith_torch_base",
+    assert sorted(set(names)) == ["smollm2_arith_torch_2steps", "smollm2_arith_torch_30steps", "smollm2_arith_torch_3steps",
+                                 "smollm2_arith_torch_base",
                                  "smollm2_arith_vllm_base"], doc
     for name in names:
         rec = json.loads((REPO / "docs" / "results" / "real_models" / f"{name}.json").read_text())
