@@ -83,8 +83,9 @@ def test_per_token_lag_in_metrics_matches_token_versions(traced):
 def test_killed_concurrent_run_resumed_mid_run_equals_sequential_replay(tmp_path, traced, monkeypatch):
     """The local backend's concurrent run, resumed mid-way (finished batches saved with their versions), equals the
     sequential replay when the resumed run's engine child is SIGKILLed at its 2nd weight load: past its first
-    rollout's start, so mid-response, just before it waits for a version the trainer has not pushed yet (the
-    new one is fed the held versions again, redoes the batch and waits the same way). A fault inside a rollout
+    rollout's start, so (its batch's start version is below its cap) at a switch mid-response, just before it
+    may wait for a version the trainer has not pushed yet (the new one is fed the held versions again, redoes the
+    batch and waits the same way). A fault inside a rollout
     the run needs is always noticed. One kill, after the resume: a kill in the first half too would start one more
     engine process (~6 s of CPU) for the same path."""
     made, original = [], orchestrator.make_backend
