@@ -5,7 +5,7 @@ and bf16 engines; a killed engine process re-joins and is fed again; what the sn
 import pytest
 import torch
 
-from run_helpers import TINY, read_jsonl, stable
+from run_helpers import TINY, fault_first_engine, read_jsonl, stable
 from satrl.config import ConfigError, load_config
 from satrl.loop import orchestrator
 from satrl.weights.snapshot import Snapshot
@@ -68,52 +68,30 @@ def test_dist_with_a_bf16_moe_engine_and_engine_dtype_snapshots(tmp_path):
     assert kept and all(t.dtype == torch.bfloat16 for t in kept)  # one bf16 copy per kept version, no fp32 one
 
 
-def _fault_first_engine(monkeypatch, point: str, sig: str) -> list[int]:
-    """The next engine process started sends itself ``sig`` at ``point`` (``SATRL_FAULT``, satrl.faults); the
-    ones started after it run clean. A fault at the engine's own 2nd rollout is always noticed: the parent needs
-    that batch. (A signal from the trainer's step hook was not: with lag.n=3 a quick engine could have made every
-    batch left before it, and its death went unnoticed.) Returns the list of pids started from now on, in order."""
-    from satrl.pipeline.engines_host.local_backends import ProcessBackend
-
-    monkeypatch.setenv("SATRL_FAULT", point)
-    monkeypatch.setenv("SATRL_FAULT_SIGNAL", sig)
-    started: list[int] = []
-    spawn = getattr(ProcessBackend._spawn, "unpatched", ProcessBackend._spawn)
-
-    def spawn_once_faulted(self):
-        spawn(self)
-        started.append(self.proc.pid)
-        monkeypatch.delenv("SATRL_FAULT", raising=False)  # the child took it with its environment; the next start
-        monkeypatch.delenv("SATRL_FAULT_SIGNAL", raising=False)  # (a restart) runs clean
-
-    spawn_once_faulted.unpatched = spawn
-    monkeypatch.setattr(ProcessBackend, "_spawn", spawn_once_faulted)
-    return started
-
-
 def test_killed_and_stopped_engines_rejoin_and_resume_from_engine_dtype_snapshots(tmp_path, monkeypatch, capsys):
     """A dist run on the default numerics (bf16 buckets of 1 MB) without the Δπ/Δimpl split, so its snapshot store
     keeps bf16 copies built from the bucket stream. Its engine process is SIGKILLed at its 2nd rollout, in the first
-    4 steps (2 batches); the run is then extended to 8 steps from its last checkpoint (the kept versions' bf16 copies pushed
-    again), and the extension's engine SIGSTOPped at its 2nd rollout: the stopped one neither rolls out nor
-    receives; past engine.timeout_s (a rollout's deadline, or a broadcast's send timeout) it is killed, and each
+    4 steps (2 batches); the run is then extended to 8 steps from its last checkpoint (the kept versions' bf16
+    copies pushed again), and the extension's engine SIGSTOPped at its 2nd rollout: the stopped one neither rolls
+    out nor receives; past engine.timeout_s (a rollout's deadline, or a broadcast's send timeout) it is killed, and each
     new process joins its own group and gets the held versions. The whole equals the uninterrupted run: samples and
     every metric. The reference is the sequential backend's (the local backend's inproc run equals it bit for bit:
-    tests/faults/test_engine_hang.py), which needs no engine process."""
+    tests/faults/test_engine_hang.py), which needs no engine process. Each fault is inside a rollout the run needs,
+    so it is always noticed (run_helpers.fault_first_engine)."""
     off = ("diagnostics.decompose=false",)
     reference = _run(tmp_path, "ref", *off, "steps=8", "backend=sequential")
     made = []
     make = orchestrator.make_backend
     monkeypatch.setattr(orchestrator, "make_backend", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
     capsys.readouterr()
-    killed = _fault_first_engine(monkeypatch, "worker.rollout:2", "SIGKILL")
+    killed = fault_first_engine(monkeypatch, "worker.rollout:2", "SIGKILL")
     # engine.start_timeout_s: a start at load 30 on 2 cores took over 30 s
     first = _run(tmp_path, "hit", *off, "steps=4", "weights.transport=dist", "weights.bucket_mb=1",
                  "engine.timeout_s=3", "engine.start_timeout_s=60")  # fmt: skip
     assert len(killed) >= 2 and made[0].restarts >= 1
     capsys.readouterr()
     made.clear()
-    stopped = _fault_first_engine(monkeypatch, "worker.rollout:2", "SIGSTOP")
+    stopped = fault_first_engine(monkeypatch, "worker.rollout:2", "SIGSTOP")
     rest = _run(tmp_path, "hit", "steps=8", resume=True)
     assert len(stopped) >= 2 and made[0].restarts >= 1 and not set(stopped) & set(killed)
     assert "satrl: engine process hung: no rollout in 3 s, engine.timeout_s; restarted it" in capsys.readouterr().err
