@@ -2,12 +2,10 @@
 broadcast once in the engine's dtype) gives the same samples and metrics as `inproc`, with fp32, bf16-weights
 and bf16 engines; a killed engine process re-joins and is fed again; what the snapshot store keeps; the refusals."""
 
-import signal
-
 import pytest
 import torch
 
-from run_helpers import TINY, engine_signaller, read_jsonl, stable
+from run_helpers import TINY, fault_first_engine, read_jsonl, stable
 from satrl.config import ConfigError, load_config
 from satrl.loop import orchestrator
 from satrl.weights.snapshot import Snapshot
@@ -43,8 +41,10 @@ def _run(tmp_path, name: str, *overrides: str, on_step=None, resume: bool = Fals
 def test_dist_equals_inproc(tmp_path):
     """fp32 engine: fp32 buckets. The Δπ/Δimpl split is on (the default), so the snapshot store keeps today's fp32
     copies. bf16-weights (the default numerics: bf16 buckets, which the engine rounds to anyway) is checked by
-    test_killed_and_stopped_engines_rejoin_and_resume_from_engine_dtype_snapshots, whose dist run on 1 MB buckets equals inproc."""
-    inproc = _run(tmp_path, "inproc", "engine.numerics=fp32")
+    test_killed_and_stopped_engines_rejoin_and_resume_from_engine_dtype_snapshots, whose dist run on 1 MB buckets equals inproc.
+    The inproc run is the sequential backend's, which needs no engine process: the local backend's inproc run
+    equals it bit for bit (tests/faults/test_engine_hang.py, tests/e2e/test_pipeline.py)."""
+    inproc = _run(tmp_path, "inproc", "engine.numerics=fp32", "backend=sequential")
     dist = _run(tmp_path, "dist", "engine.numerics=fp32", "weights.transport=dist", "weights.bucket_mb=1")
     assert dist[1] == inproc[1] and len(dist[1]) > 0  # the same samples, in the same order
     assert dist[0] == inproc[0]  # every metric, bit for bit
@@ -52,9 +52,10 @@ def test_dist_equals_inproc(tmp_path):
 
 def test_dist_with_a_bf16_moe_engine_and_engine_dtype_snapshots(tmp_path):
     """A bf16 engine on the MoE policy, the split off: the snapshot store keeps bf16 copies built from the
-    trainer's bucket stream, and the run still equals inproc (which keeps fp32 copies)."""
+    trainer's bucket stream, and the run still equals inproc (which keeps fp32 copies; the sequential backend's, as
+    in test_dist_equals_inproc)."""
     common = ("engine.numerics=bf16", "model.name=tiny-arith-moe", "diagnostics.decompose=false")
-    inproc = _run(tmp_path, "inproc", *common)
+    inproc = _run(tmp_path, "inproc", *common, "backend=sequential")
     dist = _run(tmp_path, "dist", *common, "weights.transport=dist")
     assert dist == inproc
     from satrl.rundir.files import RunState
@@ -67,30 +68,33 @@ def test_dist_with_a_bf16_moe_engine_and_engine_dtype_snapshots(tmp_path):
     assert kept and all(t.dtype == torch.bfloat16 for t in kept)  # one bf16 copy per kept version, no fp32 one
 
 
-def test_killed_and_stopped_engines_rejoin_and_resume_from_engine_dtype_snapshots(tmp_path, monkeypatch):
+def test_killed_and_stopped_engines_rejoin_and_resume_from_engine_dtype_snapshots(tmp_path, monkeypatch, capsys):
     """A dist run on the default numerics (bf16 buckets of 1 MB) without the Δπ/Δimpl split, so its snapshot store
-    keeps bf16 copies built from the bucket stream. Its engine process is SIGKILLed in its first 4 steps; the run
-    is then extended to 12 steps from its last checkpoint (the kept versions' bf16 copies pushed again), and the
-    extension's engine SIGSTOPped: the stopped one neither rolls out nor receives; past engine.timeout_s (a
-    rollout's deadline, or a broadcast's send timeout) it is killed, and each new process joins its own group and
-    gets the held versions. The whole equals the uninterrupted run: samples and every metric. The reference is the
-    sequential backend's (the local backend's inproc run equals it bit for bit: tests/faults/test_engine_hang.py),
-    which needs no engine process."""
+    keeps bf16 copies built from the bucket stream. Its engine process is SIGKILLed at its 2nd rollout, in the first
+    4 steps (2 batches); the run is then extended to 8 steps from its last checkpoint (the kept versions' bf16
+    copies pushed again), and the extension's engine SIGSTOPped at its 2nd rollout: the stopped one neither rolls
+    out nor receives; past engine.timeout_s (a rollout's deadline, or a broadcast's send timeout) it is killed, and each
+    new process joins its own group and gets the held versions. The whole equals the uninterrupted run: samples and
+    every metric. The reference is the sequential backend's (the local backend's inproc run equals it bit for bit:
+    tests/faults/test_engine_hang.py), which needs no engine process. Each fault is inside a rollout the run needs,
+    so it is always noticed (run_helpers.fault_first_engine)."""
     off = ("diagnostics.decompose=false",)
-    reference = _run(tmp_path, "ref", *off, "steps=12", "backend=sequential")
+    reference = _run(tmp_path, "ref", *off, "steps=8", "backend=sequential")
     made = []
     make = orchestrator.make_backend
     monkeypatch.setattr(orchestrator, "make_backend", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
-    on_step, killed = engine_signaller(made, signal.SIGKILL, 1)
-    # the stop may catch the new process while it starts; 30 s was too short for a start at load 30 on 2 cores
+    capsys.readouterr()
+    killed = fault_first_engine(monkeypatch, "worker.rollout:2", "SIGKILL")
+    # engine.start_timeout_s: a start at load 30 on 2 cores took over 30 s
     first = _run(tmp_path, "hit", *off, "steps=4", "weights.transport=dist", "weights.bucket_mb=1",
-                 "engine.timeout_s=3", "engine.start_timeout_s=60", on_step=on_step)  # fmt: skip
-    assert len(killed) == 1 and made[0].restarts >= 1
+                 "engine.timeout_s=3", "engine.start_timeout_s=60")  # fmt: skip
+    assert len(killed) >= 2 and made[0].restarts >= 1
+    capsys.readouterr()
     made.clear()
-    on_step, stopped = engine_signaller(made, signal.SIGSTOP, 1)
-    # 12 steps: the engine cannot have generated every batch left before the stop at step 5 (it then went unnoticed)
-    rest = _run(tmp_path, "hit", "steps=12", on_step=on_step, resume=True)
-    assert len(stopped) == 1 and made[0].restarts >= 1 and stopped[0] not in killed
+    stopped = fault_first_engine(monkeypatch, "worker.rollout:2", "SIGSTOP")
+    rest = _run(tmp_path, "hit", "steps=8", resume=True)
+    assert len(stopped) >= 2 and made[0].restarts >= 1 and not set(stopped) & set(killed)
+    assert "satrl: engine process hung: no rollout in 3 s, engine.timeout_s; restarted it" in capsys.readouterr().err
     assert rest[0] == reference[0] and first[1] + rest[1] == reference[1] and len(rest[1]) > 0
 
 
