@@ -186,6 +186,19 @@ def test_per_request_seeds_do_not_depend_on_the_batch(engine, policy):
 
 
 @needs_vllm
+def test_a_batch_past_the_token_budget_is_sampled_with_its_seeds(engine, policy):
+    """96 seeded prompts of 50 tokens, more than vLLM's default budget of 4,096 tokens a step: with chunked
+    prefill vLLM split one prompt, then rewound its seeded CPU generator by an offset and died ("CPU Generator does
+    not use offset"; SmolLM2's evaluation of 64 problems). Each prompt's tokens are still its seed's alone."""
+    _, tok = policy
+    long = [GenerationRequest(f"l{i}", tok(f"{i:03d}+" * 12 + "=")["input_ids"], seed=i) for i in range(96)]
+    assert sum(len(r.prompt_ids) for r in long) > 4096
+    sampling = SamplingParams(max_new_tokens=4)
+    together = engine.generate(long, sampling)
+    assert [c.response_ids for c in together[::32]] == [engine.generate([r], sampling)[0].response_ids for r in long[::32]]
+
+
+@needs_vllm
 def test_load_weights_updates_the_running_engine(engine, policy):
     """After load_weights the engine samples from the new weights (its log-probs match the new model's), the
     completions carry the new version, and loading the old weights back restores the old generations."""

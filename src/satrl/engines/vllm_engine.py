@@ -143,6 +143,14 @@ class VLLMEngine:
             enforce_eager=True, seed=seed, worker_extension_cls="satrl.engines.vllm_worker.SatrlWorkerExtension",
             trust_remote_code=False,  # never the model folder's own code (its config's auto_map)
         )  # fmt: skip
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            # vLLM discards the token sampled for a prompt it prefilled only in part (chunked prefill) and rewinds
+            # that request's seeded generator by an offset, which a CPU generator does not have: "RuntimeError: CPU
+            # Generator does not use offset" once a batch's prompts pass max_num_batched_tokens (an evaluation of
+            # SmolLM2 on 64 problems). Whole prompts only; vLLM then raises the budget to at least max_model_len.
+            kwargs["enable_chunked_prefill"] = False
         if weight_transfer:
             from satrl.engines.vllm_transfer import BACKEND
 
