@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 a.logs.mkdir(parents=True, exist_ok=True)
                 for log in Path(tmp).glob(f"clone{i + 1}-*.log"):
                     shutil.copy(log, a.logs / log.name)
+            shutil.rmtree(Path(tmp) / f"clone{i + 1}", ignore_errors=True)  # ~12 GB each: not two on the disk at once
             runs.append(results)
             loads.append(load)
             failed = report(runs, loads, commit.strip(), cache, write=not a.no_write)  # after each clone: none lost
