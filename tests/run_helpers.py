@@ -178,28 +178,14 @@ def engine_signaller(made: list, sig: int | tuple[int, ...], times: int):
     return on_step, hit
 
 
-def fault_first_engine(monkeypatch, point: str, sig: str) -> list[int]:
+def fault_first_engine(monkeypatch, point: str, sig: str) -> None:
     """The next local-backend engine process started sends itself ``sig`` at its fault point ``point`` (``NAME:N``,
-    ``SATRL_FAULT``: satrl.faults); the ones started after it (its replacements) run clean. A fault at a point the
-    engine reaches only inside a rollout the run needs (``worker.rollout:2``, ``engine.load_weights:2``) is always
-    noticed, where a signal from the trainer's step hook (``engine_signaller``) can come after a quick engine made
-    every batch left. Returns the pids started from now on, in order."""
-    from satrl.pipeline.engines_host.local_backends import ProcessBackend
-
+    ``SATRL_FAULT``: satrl.faults); the ones started after it (its replacements) run clean (``SIG,none``). A fault at
+    a point the engine reaches only inside a rollout the run needs (``worker.rollout:2``, ``engine.load_weights:2``)
+    is always noticed, where a signal from the trainer's step hook (``engine_signaller``) can come after a quick
+    engine made every batch left."""
     monkeypatch.setenv("SATRL_FAULT", point)
-    monkeypatch.setenv("SATRL_FAULT_SIGNAL", sig)
-    started: list[int] = []
-    spawn = getattr(ProcessBackend._spawn, "unpatched", ProcessBackend._spawn)
-
-    def spawn_once_faulted(self):
-        spawn(self)
-        started.append(self.proc.pid)
-        monkeypatch.delenv("SATRL_FAULT", raising=False)  # the child took it with its environment; the next start
-        monkeypatch.delenv("SATRL_FAULT_SIGNAL", raising=False)  # (a restart) runs clean
-
-    spawn_once_faulted.unpatched = spawn
-    monkeypatch.setattr(ProcessBackend, "_spawn", spawn_once_faulted)
-    return started
+    monkeypatch.setenv("SATRL_FAULT_SIGNAL", f"{sig},none")
 
 
 def folder_tree(out: Path) -> dict[str, str]:

@@ -4,6 +4,7 @@ hang: the process stops where it is). Unset (always, outside tests), ``point`` i
 lookup. Each process counts on its own, and spawned children inherit the variable: ``worker.rollout``
 kills every engine child on its first rollout. ``SATRL_FAULT_SIGNAL=SIGKILL,SIGSTOP`` (several) gives the n-th
 engine child the n-th signal, the last one repeating (see ``spawned``): one run suffers a death and a hang.
+``none`` is no fault: ``SIGKILL,none`` kills the first engine child only, and its replacements run clean.
 
 Points: ``checkpoint.weights`` / ``checkpoint.state`` (inside a checkpoint write, after the weights /
 before the directory is renamed into place), ``metrics.write`` (half a line written), ``eval.start``,
@@ -36,6 +37,11 @@ def _target() -> tuple[str, int] | None:
     return name, int(n or 1)
 
 
+def _signal() -> str:
+    """This process's signal: the first of ``SATRL_FAULT_SIGNAL`` (default SIGKILL), or ``none``."""
+    return (os.environ.get("SATRL_FAULT_SIGNAL") or "SIGKILL").split(",")[0]
+
+
 def point(name: str, before: Callable[[], None] | None = None) -> None:
     """Die here (SIGKILL, no cleanup; or stop, see above) if ``SATRL_FAULT`` names this point and its count is reached;
     ``before`` runs first (e.g. to leave half a line behind)."""
@@ -43,13 +49,12 @@ def point(name: str, before: Callable[[], None] | None = None) -> None:
     if target is None or target[0] != name:
         return
     _counts[name] = _counts.get(name, 0) + 1
-    if _counts[name] == target[1]:
+    if _counts[name] == target[1] and _signal() != "none":
         for fn in _before_kill:
             fn()
         if before is not None:
             before()
-        first = (os.environ.get("SATRL_FAULT_SIGNAL") or "SIGKILL").split(",")[0]
-        os.kill(os.getpid(), getattr(signal, first))
+        os.kill(os.getpid(), getattr(signal, _signal()))
 
 
 def spawned() -> None:

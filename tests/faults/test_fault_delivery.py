@@ -86,3 +86,23 @@ def test_several_signals_go_one_per_child(monkeypatch):
         for s, handler in old.items():
             signal.signal(s, handler)
     assert seen == ["SIGUSR1", "SIGUSR2", "SIGUSR2"]
+
+
+def test_none_is_no_fault_for_the_children_after_the_first(monkeypatch):
+    """``SATRL_FAULT_SIGNAL=SIGUSR1,none``: the first process fires, the children started after it reach the point
+    and go on (tests/run_helpers.fault_first_engine: a faulted engine whose replacements run clean)."""
+    seen: list[str] = []
+    monkeypatch.setattr(faults, "_before_kill", [lambda: seen.append("hook")])
+    monkeypatch.setattr(faults, "_counts", {})
+    monkeypatch.setenv("SATRL_FAULT", "x.point")
+    monkeypatch.setenv("SATRL_FAULT_SIGNAL", "SIGUSR1,none")
+    old = signal.signal(signal.SIGUSR1, lambda n, _: seen.append("SIGUSR1"))
+    try:
+        faults.point("x.point")
+        for _ in range(2):
+            faults.spawned()
+            monkeypatch.setattr(faults, "_counts", {})  # as in a new process
+            faults.point("x.point")
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert seen == ["hook", "SIGUSR1"] and os.environ["SATRL_FAULT_SIGNAL"] == "none"

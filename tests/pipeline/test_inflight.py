@@ -93,9 +93,9 @@ def test_killed_concurrent_run_resumed_mid_run_equals_sequential_replay(tmp_path
     out, _ = _run(tmp_path, "killed", "steps=4", "backend=local")
     first = made[0].proc.pid
     made.clear()
-    started = fault_first_engine(monkeypatch, "engine.load_weights:2", "SIGKILL")
+    fault_first_engine(monkeypatch, "engine.load_weights:2", "SIGKILL")
     train(RunDir.config_of(out, ["steps=8"]), resume=True)
-    assert made[0].restarts >= 1 and len(started) >= 2 and first not in started
+    assert made[0].restarts >= 1 and made[0].proc.pid != first
     assert stable(read_jsonl(out / "metrics.jsonl")) == stable(traced[3])
 
 

@@ -84,16 +84,17 @@ def test_killed_and_stopped_engines_rejoin_and_resume_from_engine_dtype_snapshot
     make = orchestrator.make_backend
     monkeypatch.setattr(orchestrator, "make_backend", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
     capsys.readouterr()
-    killed = fault_first_engine(monkeypatch, "worker.rollout:2", "SIGKILL")
+    fault_first_engine(monkeypatch, "worker.rollout:2", "SIGKILL")
     # engine.start_timeout_s: a start at load 30 on 2 cores took over 30 s
     first = _run(tmp_path, "hit", *off, "steps=4", "weights.transport=dist", "weights.bucket_mb=1",
                  "engine.timeout_s=3", "engine.start_timeout_s=60")  # fmt: skip
-    assert len(killed) >= 2 and made[0].restarts >= 1
+    assert made[0].restarts >= 1
+    first_half = made[0].proc.pid  # the replacement that finished the first half
     capsys.readouterr()
     made.clear()
-    stopped = fault_first_engine(monkeypatch, "worker.rollout:2", "SIGSTOP")
+    fault_first_engine(monkeypatch, "worker.rollout:2", "SIGSTOP")
     rest = _run(tmp_path, "hit", "steps=8", resume=True)
-    assert len(stopped) >= 2 and made[0].restarts >= 1 and not set(stopped) & set(killed)
+    assert made[0].restarts >= 1 and made[0].proc.pid != first_half
     assert "satrl: engine process hung: no rollout in 3 s, engine.timeout_s; restarted it" in capsys.readouterr().err
     assert rest[0] == reference[0] and first[1] + rest[1] == reference[1] and len(rest[1]) > 0
 
