@@ -38,11 +38,13 @@ def spec(tmp_path, make_run) -> Path:
         g0, g32 = 0.80 + 0.002 * s, 0.76 + 0.002 * s
         for cell, lag, v in (
             ("grpo", 0, g0),
-            ("grpo", 32, g32),
             ("half", 32, g32 + 0.02),
             ("worse", 32, g32 - 0.01),
         ):
             make_run(a, cell, lag, s, end(v))
+        # the base at lag 32: realized mean lags 16.0-16.5 (mean 16.25), lr 5e-5: S·η = 8.125e-4
+        lagged = {**end(g32), "lag_realized": {"mean": 16.0 + 0.1 * s, "min": 1, "max": 32}}
+        make_run(a, "grpo", 32, s, lagged, config="train:\n  lr: 5.0e-05\n")
     for s in range(10, 17):
         p1, p8 = 0.70 + 0.001 * s, 0.64 + 0.001 * s
         for cell, lag, v in (("ppo", 1, p1), ("ppo", 8, p8), ("worse", 1, p1)):
@@ -57,13 +59,32 @@ def test_the_table_holds_the_hand_derived_numbers(spec):
     assert leaderboard_table(spec, n_resamples=200).splitlines() == [
         "| method | Bed A: vs GRPO at lag 32 | Bed A: repaired | Bed B: vs PPO at lag 8 | Bed B: repaired |",
         "|---|---|---|---|---|",
-        "| *staleness damage: the base at its reference lag − at lag* | +4.0 [+4.0, +4.0], 6/6 | — | "
-        "+6.0 [+6.0, +6.0], 6/6 | — |",
+        # S·η: Bed A's from its runs; Bed B's runs record no realized lag and no learning rate
+        "| *staleness damage: the base at its reference lag − at lag* | +4.0 [+4.0, +4.0], 6/6; "
+        "S·η 16.2 × 5e-05 = 8.1e-04 | — | +6.0 [+6.0, +6.0], 6/6; S·η unknown | — |",
         # 6 equal differences: the sign-flip interval is that point, p = 2/2^6; with 5 seeds it is unbounded
         "| Half | +2.0 [+2.0, +2.0], 6/6, p 0.0312 | +0.50 [+0.50, +0.50] | +6.0 [—, —], 5/5, p 0.0625 | "
         "+1.00 [+1.00, +1.00] |",
         "| Worse | -1.0 [-1.0, -1.0], 0/6, p 0.0312 | -0.25 [-0.25, -0.25] | not tested | not tested |",
     ]
+
+
+def test_s_eta_needs_one_learning_rate_and_every_realized_lag(tmp_path, make_run):
+    """S·η is S (the mean realized lag over the base's runs at lag) times their one learning rate; two learning
+    rates, or a run without its realized lag, leave it unknown rather than averaged over."""
+    from satrl.experiments.across import _s_eta, lag_and_lr
+    from satrl.experiments.store import load_runs
+
+    def run(folder: str, seed: int, lr: str, mean: float | None) -> None:
+        summary = {"lag_realized": {"mean": mean}} if mean is not None else {}
+        make_run(tmp_path / folder, "grpo", 128, seed, summary, config=f"train:\n  lr: {lr}\n")
+
+    run("one", 0, "1.0e-04", 60.0), run("one", 1, "1.0e-04", 66.0)
+    assert _s_eta(lag_and_lr(load_runs(tmp_path / "one"), "grpo", 128)) == "S·η 63.0 × 1e-04 = 6.3e-03"
+    run("two", 0, "1.0e-04", 60.0), run("two", 1, "5.0e-05", 60.0)
+    run("gap", 0, "1.0e-04", 60.0), run("gap", 1, "1.0e-04", None)
+    for folder in ("two", "gap"):
+        assert _s_eta(lag_and_lr(load_runs(tmp_path / folder), "grpo", 128)) == "S·η unknown"
 
 
 def test_a_p_below_one_in_ten_thousand_is_not_printed_as_zero():

@@ -9,6 +9,9 @@ and the methods (rows, by cell name). Per testbed, on its seeds' finished runs o
 ``significance.sign_flip_interval``, and the seeds it is positive on); per method, the paired difference to the
 base at ``lag`` (``stats.paired_diff``: the same interval, the seeds higher, the exact sign-flip p) and the
 repaired fraction of the damage (``stats.repaired_fraction``, percentile bootstrap with seed 0: deterministic).
+Beside each damage, S·η: S the base's realized mean lag at ``lag`` (each run's ``lag_realized`` mean, averaged over
+its seeds) times η its learning rate (``train.lr`` of its saved config), so testbeds sit on one axis of the
+staleness–learning-rate law (stale-rollout bias O(S·η), arXiv 2607.01083).
 
 Nothing is pooled across testbeds and nothing here is a declared test: each column is its own trial's numbers,
 and a method without finished runs at a testbed's lag on its seeds is "not tested" there. ``satrl leaderboard
@@ -119,6 +122,17 @@ class Column:
     base_label: str
     damage: PairedDiff
     cells: dict[str, tuple[PairedDiff, dict] | None]
+    lag_lr: tuple[float, float] = (math.nan, math.nan)  # the base's (S, η) at lag: realized mean lag, its lr
+
+
+def lag_and_lr(runs: pd.DataFrame, cell: str, lag: int) -> tuple[float, float]:
+    """(S, η) of ``cell``'s runs at ``lag``: the mean over its seeds of each run's realized mean lag, and its
+    learning rate; η is NaN unless every run has the same one (S·η then has no single value)."""
+    g = runs[(runs["cell"] == cell) & (runs["lag"] == lag)]
+    lags = pd.to_numeric(g.get("lag_realized_mean"), errors="coerce").dropna()
+    lrs = set(pd.to_numeric(g.get("lr"), errors="coerce").dropna().tolist()) if "lr" in g else set()
+    s = float(lags.mean()) if len(lags) == len(g) and len(g) else math.nan
+    return s, (lrs.pop() if len(lrs) == 1 else math.nan)
 
 
 def _finished(folder: Path, bed: TestbedSpec, endpoint: str) -> pd.DataFrame:
@@ -153,7 +167,8 @@ def column(spec: AcrossSpec, i: int, root: Path, n_resamples: int = N_RESAMPLES)
         cells[m.cell] = (paired_diff(own, at[bed.lag], CI), rep) if own else None
     meta = load_grid_meta(root / bed.results).get("cells") or {}
     label = (meta.get(bed.base) or {}).get("label") or bed.base
-    return Column(bed, label, paired_diff(at[bed.reference_lag], at[bed.lag], CI), cells)
+    damage = paired_diff(at[bed.reference_lag], at[bed.lag], CI)
+    return Column(bed, label, damage, cells, lag_and_lr(runs, bed.base, bed.lag))
 
 
 def evaluate(spec_path: str | Path, n_resamples: int = N_RESAMPLES) -> tuple[AcrossSpec, list[Column]]:
@@ -191,6 +206,15 @@ def _diff(d: PairedDiff, p: bool = True) -> str:
     return f"{_pts(d.mean)} [{_pts(d.lo)}, {_pts(d.hi)}], {d.wins}/{d.n}" + (f", p {_p(d.p)}" if p else "")
 
 
+def _s_eta(lag_lr: tuple[float, float]) -> str:
+    """S·η as ``S·η 16.3 × 5e-05 = 8.2e-04``; "S·η unknown" where a run lacks its realized lag or the learning rates
+    differ."""
+    s, eta = lag_lr
+    if not (math.isfinite(s) and math.isfinite(eta)):
+        return "S·η unknown"
+    return f"S·η {s:.1f} × {eta:.0e} = {s * eta:.1e}"
+
+
 def _repaired(r: dict) -> str:
     return f"{_frac(r['fraction'])} [{_frac(r['lo'])}, {_frac(r['hi'])}]" if r["n"] else "no shared seeds"
 
@@ -204,7 +228,7 @@ def table(spec: AcrossSpec, cols: list[Column]) -> str:
     head = ["method"] + [f"{_md(c.bed.name)}: {h}" for c in cols
                          for h in (f"vs {_md(c.base_label)} at lag {c.bed.lag}", "repaired")]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    damage = [x for c in cols for x in (_diff(c.damage, p=False), "—")]
+    damage = [x for c in cols for x in (f"{_diff(c.damage, p=False)}; {_s_eta(c.lag_lr)}", "—")]
     lines.append(f"| {DAMAGE_ROW} | " + " | ".join(damage) + " |")
     for m in spec.methods:
         got = [c.cells[m.cell] for c in cols]
@@ -219,7 +243,9 @@ def _how_to_read(spec: AcrossSpec, n_resamples: int) -> str:
             "exact two-sided sign-flip test, `significance.sign_flip_interval`; — where it is unbounded, with 5 "
             "seeds or fewer], the seeds it is higher on / the seeds paired, and the exact sign-flip p "
             "(`significance.sign_flip_p`, uncorrected). The first row is each base's staleness damage, the base at "
-            "its reference lag minus at lag, with the same interval and the seeds it is positive on. **Repaired** "
+            "its reference lag minus at lag, with the same interval and the seeds it is positive on, and S·η: S the "
+            "base's realized mean lag at that lag (mean over its seeds), η its learning rate, the product the "
+            "stale-rollout bias grows with (arXiv 2607.01083). **Repaired** "
             "is the share of that damage a method recovers, mean(method − base, at lag) / mean(base at reference "
             "lag − base at lag) over the seeds all three share (`stats.repaired_fraction`): 1 all of the damage "
             "repaired, 0 none, below 0 worse than the base, above 1 more than the damage; its interval is the 95 % "

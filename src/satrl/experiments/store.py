@@ -68,19 +68,24 @@ def find_runs(out_dir: str | Path) -> list[GridRun]:
 
 
 def _from_config(run_path: Path) -> dict[str, Any]:
-    """From the run's saved config.yaml: optimizer steps per rollout batch (train.minibatches x ppo_epochs) and
-    the trust region's upper radius ``eps_high`` (None where the config or the trust region has none)."""
+    """From the run's saved config.yaml: optimizer steps per rollout batch (train.minibatches x ppo_epochs), the
+    trust region's upper radius ``eps_high`` and the learning rate ``lr`` (None where the config or the trust region
+    has none)."""
     try:
         cfg = load_saved((run_path / "config.yaml").read_text()) or {}
     except (OSError, yaml.YAMLError):
         cfg = {}
-    out: dict[str, Any] = {"steps_per_batch": None, "eps_high": None}
+    out: dict[str, Any] = {"steps_per_batch": None, "eps_high": None, "lr": None}
     try:
         out["steps_per_batch"] = int(cfg["train"]["minibatches"]) * int(cfg["train"]["ppo_epochs"])
     except (KeyError, TypeError, ValueError):
         pass
     try:
         out["eps_high"] = float(cfg["objective"]["trust_region"]["eps_high"])
+    except (KeyError, TypeError, ValueError):
+        pass
+    try:
+        out["lr"] = float(cfg["train"]["lr"])
     except (KeyError, TypeError, ValueError):
         pass
     return out
