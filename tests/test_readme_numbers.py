@@ -35,8 +35,6 @@ COMMAND = re.compile(r"`((?:satrl (?:report|leaderboard)|python -m benchmarks\.\
 # report, in another row: a bare number's check cannot tell, so the list says it.)
 DERIVED = {
     "3 minutes": "Makefile",  # `make test-fast`: no benchmark times it (benchmarks.ci_time times `make test`)
-    "0.62 and 3.94 points": "docs/results/countdown_calibration/findings.md",  # lag 0 − lag L of one seed's late avg@8
-    "6.25 %": "docs/results/countdown_calibration/findings.md",  # 0.5⁴: the rule's pass rate at a true 4-point damage
     "24 %": "docs/results/sat_trial/findings.md",  # 1 − 0.0233 / 0.0308, the report's d_pi of SAT-GRPO and GRPO
 }
 
