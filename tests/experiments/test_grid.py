@@ -145,7 +145,7 @@ def test_builtin_grids_are_valid():
     expected = {"paper_table": (13, 26), "sat_ablation": (10, 10), "falsifier": (5, 5), "lag_sweep": (4, 24),
                 "async_random_lag": (4, 4), "ci_smoke": (2, 2), "staleness_damage": (2, 4), "sat_regime": (5, 5), "sat_ablation_regime": (10, 10), "regime_calibration": (12, 24), "sat_trial": (10, 20),
                 "damage_trial": (6, 54), "repair_trial": (18, 127), "vcpo_factorial": (6, 68), "countdown_calibration": (2, 4),
-                "countdown_calibration_lags": (1, 3), "countdown_damage": (1, 2), "baselines_trial": (5, 8)}  # fmt: skip
+                "countdown_calibration_lags": (1, 3), "countdown_damage": (2, 4), "baselines_trial": (5, 8)}  # fmt: skip
     found = {}
     for path in sorted((REPO / "configs" / "grids").glob("*.yaml")):
         spec = load_grid(path, check_paths=False)  # base configs are the pipeline's presets
