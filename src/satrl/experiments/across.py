@@ -122,16 +122,16 @@ class Column:
     base_label: str
     damage: PairedDiff
     cells: dict[str, tuple[PairedDiff, dict] | None]
-    lag_lr: tuple[float, float] = (math.nan, math.nan)  # the base's (S, η) at lag: realized mean lag, its lr
+    lag_lr: tuple[float, float]  # the base's (S, η) at lag: realized mean lag, its learning rate
 
 
 def lag_and_lr(runs: pd.DataFrame, cell: str, lag: int) -> tuple[float, float]:
     """(S, η) of ``cell``'s runs at ``lag``: the mean over its seeds of each run's realized mean lag, and its
     learning rate; η is NaN unless every run has the same one (S·η then has no single value)."""
-    g = runs[(runs["cell"] == cell) & (runs["lag"] == lag)]
-    lags = pd.to_numeric(g.get("lag_realized_mean"), errors="coerce").dropna()
-    lrs = set(pd.to_numeric(g.get("lr"), errors="coerce").dropna().tolist()) if "lr" in g else set()
-    s = float(lags.mean()) if len(lags) == len(g) and len(g) else math.nan
+    g = runs[(runs["cell"] == cell) & (runs["lag"] == lag)]  # finished runs: both columns are there
+    lags = pd.to_numeric(g["lag_realized_mean"], errors="coerce")
+    lrs = set(pd.to_numeric(g["lr"], errors="coerce").dropna())
+    s = float(lags.mean()) if len(g) and lags.notna().all() else math.nan
     return s, (lrs.pop() if len(lrs) == 1 else math.nan)
 
 
