@@ -37,9 +37,14 @@ def _target() -> tuple[str, int] | None:
     return name, int(n or 1)
 
 
+def _signals() -> list[str]:
+    """``SATRL_FAULT_SIGNAL``'s signals in order (default: SIGKILL); this process uses the first."""
+    return (os.environ.get("SATRL_FAULT_SIGNAL") or "SIGKILL").split(",")
+
+
 def _signal() -> str:
     """This process's signal: the first of ``SATRL_FAULT_SIGNAL`` (default SIGKILL), or ``none``."""
-    return (os.environ.get("SATRL_FAULT_SIGNAL") or "SIGKILL").split(",")[0]
+    return _signals()[0]
 
 
 def point(name: str, before: Callable[[], None] | None = None) -> None:
@@ -60,6 +65,6 @@ def point(name: str, before: Callable[[], None] | None = None) -> None:
 def spawned() -> None:
     """Called by a parent right after it started an engine child (which inherited the environment as it was): with
     several signals in ``SATRL_FAULT_SIGNAL`` that child uses the first, so the next child gets the rest."""
-    signals = os.environ.get("SATRL_FAULT_SIGNAL", "").split(",")
+    signals = _signals()
     if len(signals) > 1:
         os.environ["SATRL_FAULT_SIGNAL"] = ",".join(signals[1:])
