@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from satrl import provenance
-from satrl.provenance import ENVIRONMENT, cpu_kind, machine_label, read_sessions, record_session
+from satrl.provenance import ENVIRONMENT, commit_label, cpu_kind, machine_label, read_sessions, record_session
 
 XEON = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor @ 2.00GHz\n\n" \
        "processor\t: 1\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor @ 2.00GHz\n"
@@ -99,3 +99,11 @@ def test_a_wheel_records_the_commit_it_is_built_from(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         recorded = z.read("satrl/BUILD_COMMIT").decode().strip()
     assert recorded and recorded == git_commit()
+
+
+def test_the_commit_label_names_each_commit_a_run_ran_at_in_order():
+    """Hand-made sessions: one commit once; a resume on a later commit; a dirty checkout; none recorded."""
+    a, b = "f2d37b1188a26b06357a55c19672fd2074ee6974", "1eb83c684adc0000000000000000000000000000"
+    assert commit_label([{"git_commit": a}, {"git_commit": a}]) == "f2d37b11"
+    assert commit_label([{"git_commit": a}, {"git_commit": b + "+dirty"}, {}]) == "f2d37b11 then 1eb83c68+dirty"
+    assert commit_label([{}, {"git_commit": None}]) is None and commit_label([]) is None

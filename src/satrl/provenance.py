@@ -130,3 +130,16 @@ def machine_label(sessions: list[dict]) -> str | None:
         if not kinds or kinds[-1] != kind:
             kinds.append(kind)
     return " then ".join(kinds) or None
+
+
+def commit_label(sessions: list[dict]) -> str | None:
+    """The code commits a run's sessions ran at, in order, each as its first 8 hex digits (``+dirty`` kept), e.g.
+    ``"f2d37b11"`` or ``"0f49d580 then 26c61ebf"`` for a run resumed on another commit; None for a run whose
+    sessions recorded none."""
+    commits: list[str] = []
+    for s in sessions:
+        c = s.get("git_commit")
+        short = f"{c[:8]}{'+dirty' if c.endswith('+dirty') else ''}" if isinstance(c, str) and c else None
+        if short and (not commits or commits[-1] != short):
+            commits.append(short)
+    return " then ".join(commits) or None

@@ -200,3 +200,20 @@ def test_a_grid_records_its_command_without_the_users_paths(monkeypatch):
     for argv0 in ("/home/u/project/.venv/bin/satrl", "/home/u/satrl/src/satrl/__main__.py"):
         monkeypatch.setattr("sys.argv", [argv0, "grid", "configs/grids/g.yaml", "--workers", "2"])
         assert invocation() == ["satrl", "grid", "configs/grids/g.yaml", "--workers", "2"]
+
+
+def test_runs_made_at_two_commits_are_counted_by_commit_in_the_report(tmp_path, make_run):
+    """A grid resumed on a later commit (stage 2 of a trial): the report counts the runs at each commit with their
+    cells; runs at one commit add no line (the "Runs produced by" line names it)."""
+    out = tmp_path / "out"
+    for cell, commit in (("grpo", "a" * 40), ("opob", "b" * 40)):
+        for seed in (0, 1):
+            d = make_run(out, cell, 8, seed, {"late_test_avg_at_k": 0.5 + seed / 10})
+            (d / "environment.json").write_text(json.dumps({"sessions": [{"git_commit": commit}]}))
+    assert load_results(out).runs.sort_values(["cell", "seed"])["commit"].tolist() == ["a" * 8] * 2 + ["b" * 8] * 2
+    md = build_report(out, n_resamples=200).read_text()
+    assert ("- Code commits (per run, `environment.json`; the line above names the last grid session's): "
+            "2 at aaaaaaaa (grpo); 2 at bbbbbbbb (opob).") in md
+    for seed in (0, 1):
+        (out / f"opob/lag8/seed{seed}/environment.json").write_text(json.dumps({"sessions": [{"git_commit": "a" * 40}]}))
+    assert "- Code commits" not in build_report(out, n_resamples=200).read_text()

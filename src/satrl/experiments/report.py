@@ -172,6 +172,18 @@ def _machines_note(res: GridResults) -> list[str]:
     return out
 
 
+def _commits_note(res: GridResults) -> list[str]:
+    """One bullet when the runs were made at more than one code commit (each run's ``environment.json``; a grid
+    resumed with ``--allow-commit-change``, or a run resumed on a later commit): how many runs at each, and their
+    cells. None for one commit, which the "Runs produced by" line names."""
+    if "commit" not in res.runs or res.runs["commit"].nunique() < 2:
+        return []
+    runs = res.runs.assign(commit=res.runs["commit"].fillna("not recorded"))
+    by = sorted(runs.groupby("commit"), key=lambda kv: (-len(kv[1]), kv[0]))
+    each = "; ".join(f"{len(g)} at {c} ({', '.join(sorted(g['cell'].unique()))})" for c, g in by)
+    return [f"- Code commits (per run, `environment.json`; the line above names the last grid session's): {each}."]
+
+
 def _protocol_note(res: GridResults) -> list[str]:
     """A pre-registered grid's protocol (path, commit, time, blob) and any run that started before that commit."""
     rec = res.meta.get("protocol_record")
@@ -329,6 +341,7 @@ def _header_md(res: GridResults, out_dir: str | Path, command: str | None, boot:
            f"- Runs: {', '.join(f'{v} {s}' for s, v in sorted(counts.items())) or 'none'}; "
            f"avg@k with k = {', '.join(str(int(x)) for x in k) or 'unknown'}.{_progress_note(res)}",
            *_machines_note(res),
+           *_commits_note(res),
            *_protocol_note(res),
            f"- Statistics: mean over seeds and {ci:.0%} studentized bootstrap CI of the mean ({n_resamples} "
            f"resamples, seed {seed}), cut to where the mean can lie (avg@k in 0-100 %, d_pi >= 0; "

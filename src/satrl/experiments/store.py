@@ -23,7 +23,7 @@ from satrl.config_base import load_saved
 from satrl.diagnostics.summary import late_mean, score_problem
 from satrl.experiments.status import merge_status, run_status
 from satrl.jsonl import loads, numbered_rows, read_jsonl  # the tolerant JSONL readers (torn lines skipped)
-from satrl.provenance import ENVIRONMENT, machine_label, read_sessions
+from satrl.provenance import ENVIRONMENT, commit_label, machine_label, read_sessions
 
 SUMMARY_KEYS = ("best_avg_at_k", "best_step", "final_avg_at_k", "late_avg_at_k", "best_val_avg_at_k",
                 "best_test_avg_at_k", "late_test_avg_at_k", "final_test_avg_at_k", "collapse_step",
@@ -117,7 +117,7 @@ def _flat(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_runs(out_dir: str | Path) -> pd.DataFrame:
-    """One row per run dir: cell, lag, seed, run, status, path, machine and every summary.json field as stored
+    """One row per run dir: cell, lag, seed, run, status, path, machine, commit and every summary.json field as stored
     (runs from before ``summary_version`` 2 are migrated once by ``python -m benchmarks.migrate_results``); a
     non-finite number in a summary.json is a :class:`RunFileError`."""
     rows = []
@@ -126,12 +126,14 @@ def load_runs(out_dir: str | Path) -> pd.DataFrame:
         row: dict[str, Any] = {k: None for k in SUMMARY_KEYS}
         if summary is not None:
             row.update(_finite(summary, r.path / "summary.json"), **_from_config(r.path))
+        sessions = read_sessions(r.path)
         row.update(
             cell=r.cell, lag=r.lag, seed=r.seed, run=r.name, path=str(r.path), status=run_status(r.path, summary),
-            machine=machine_label(read_sessions(r.path)),  # the CPU kind(s) it ran on: bits depend on it
+            machine=machine_label(sessions),  # the CPU kind(s) it ran on: bits depend on it
+            commit=commit_label(sessions),  # and the code: a grid resumed on a later commit says so (report)
         )
         rows.append(row)
-    cols = ["cell", "lag", "seed", "run", "status", "path", "machine"]
+    cols = ["cell", "lag", "seed", "run", "status", "path", "machine", "commit"]
     # no runs: the columns a row would have ("status" once: a doubled label broke every later lookup, issue 60)
     df = pd.DataFrame(rows, columns=None if rows else cols + [k for k in SUMMARY_KEYS if k not in cols])
     for k in (*SUMMARY_KEYS, "eps_high"):
