@@ -212,7 +212,7 @@ def test_runs_made_at_two_commits_are_counted_by_commit_in_the_report(tmp_path, 
             (d / "environment.json").write_text(json.dumps({"sessions": [{"git_commit": commit}]}))
     assert load_results(out).runs.sort_values(["cell", "seed"])["commit"].tolist() == ["a" * 8] * 2 + ["b" * 8] * 2
     md = build_report(out, n_resamples=200).read_text()
-    assert ("- Code commits (per run, `environment.json`; the line above names the last grid session's): "
+    assert ("- Code commits (per run, `environment.json`; the Runs produced by line names the last grid session's): "
             "2 at aaaaaaaa (grpo); 2 at bbbbbbbb (opob).") in md
     for seed in (0, 1):
         (out / f"opob/lag8/seed{seed}/environment.json").write_text(json.dumps({"sessions": [{"git_commit": "a" * 40}]}))

@@ -181,7 +181,7 @@ def _commits_note(res: GridResults) -> list[str]:
     runs = res.runs.assign(commit=res.runs["commit"].fillna("not recorded"))
     by = sorted(runs.groupby("commit"), key=lambda kv: (-len(kv[1]), kv[0]))
     each = "; ".join(f"{len(g)} at {c} ({', '.join(sorted(g['cell'].unique()))})" for c, g in by)
-    return [f"- Code commits (per run, `environment.json`; the line above names the last grid session's): {each}."]
+    return [f"- Code commits (per run, `environment.json`; the Runs produced by line names the last grid session's): {each}."]
 
 
 def _protocol_note(res: GridResults) -> list[str]:
