@@ -14,6 +14,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import satrl
@@ -122,24 +123,26 @@ def machine_label(sessions: list[dict]) -> str | None:
     """The CPU kinds a run's sessions ran on, in order, e.g. ``"GenuineIntel Intel(R) Xeon(R) Processor (AVX512)"``
     (torch's kernel capability in brackets where the session recorded it; several joined by ``" then "``); None
     for a run without ``environment.json``."""
-    kinds: list[str] = []
+    kinds = []
     for s in sessions:
         cpu = s.get("cpu") or {}
         kind = " ".join(str(x) for x in (cpu.get("vendor"), cpu.get("model")) if x) or "unknown CPU"
-        kind += f" ({cpu['capability']})" if cpu.get("capability") else ""
-        if not kinds or kinds[-1] != kind:
-            kinds.append(kind)
-    return " then ".join(kinds) or None
+        kinds.append(kind + (f" ({cpu['capability']})" if cpu.get("capability") else ""))
+    return _in_order(kinds)
 
 
 def commit_label(sessions: list[dict]) -> str | None:
     """The code commits a run's sessions ran at, in order, each as its first 8 hex digits (``+dirty`` kept), e.g.
     ``"f2d37b11"`` or ``"0f49d580 then 26c61ebf"`` for a run resumed on another commit; None for a run whose
     sessions recorded none."""
-    commits: list[str] = []
-    for s in sessions:
-        c = s.get("git_commit")
-        short = f"{c[:8]}{'+dirty' if c.endswith('+dirty') else ''}" if isinstance(c, str) and c else None
-        if short and (not commits or commits[-1] != short):
-            commits.append(short)
-    return " then ".join(commits) or None
+    commits = [s.get("git_commit") for s in sessions]
+    return _in_order(f"{c[:8]}{'+dirty' if c.endswith('+dirty') else ''}" for c in commits if isinstance(c, str) and c)
+
+
+def _in_order(labels: Iterable[str]) -> str | None:
+    """The labels of a run's sessions, a repeat of the one before dropped, joined by ``" then "``; None if none."""
+    out: list[str] = []
+    for label in labels:
+        if not out or out[-1] != label:
+            out.append(label)
+    return " then ".join(out) or None
