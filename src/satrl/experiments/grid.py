@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -198,8 +199,11 @@ class _Runner:
         self.queue: list[Run] = []
         self.active: dict[str, tuple[Run, subprocess.Popen, float, Any]] = {}
         self.durations: list[float] = []
+        # `started` names this session in every later pack's history (status.merge_status): to the microsecond, so
+        # two sessions begun in one second (two machines, or a quick rerun) stay two
+        started = datetime.now().isoformat(timespec="microseconds")
         self.meta = {"grid": spec.name, "out": str(out), "command": invocation(), "git_commit": git_commit(),
-                     "cpu": machine_kind(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "workers": workers,
+                     "cpu": machine_kind(), "started": started, "workers": workers,
                      "threads": env.get("OMP_NUM_THREADS")}  # fmt: skip
         self.meta["history"] = _history(self.out / "grid_status.json")
         for r in runs:
