@@ -99,6 +99,15 @@ def module_fake_trainer(tmp_path_factory):
 
 
 @pytest.fixture
+def no_pngs(monkeypatch):
+    """For a test that checks a report's text, not its figures: each figure is computed and its section written,
+    but not drawn into a PNG (test_report_table_matches_summaries and the figure tests check the drawing)."""
+    from satrl.experiments import plots
+
+    monkeypatch.setattr(plots, "_save", lambda fig, path, title=None: plots.plt.close(fig))
+
+
+@pytest.fixture
 def make_run():
     return _make_run
 

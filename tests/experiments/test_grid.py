@@ -134,6 +134,10 @@ def test_render_value_round_trips_through_yaml(value, text):
          "hypotheses.H1.lag: cell 'b' does not run lag 8"),
         ("base: base.yaml\nlags: [1]\ncells: {a: {}, b: {}}\nhypotheses: {H1: {method: b, base: a, lag: 1, endpoint: nope}}\n",
          "unknown endpoint 'nope'"),
+        ("base: base.yaml\nlags: [0, 8]\ncells: {a: {}}\nhypotheses: {D: {method: a, base: a, lag: 0, base_lag: 4}}\n",
+         "hypotheses.D.base_lag: cell 'a' does not run lag 4"),
+        ("base: base.yaml\nlags: [0, 8]\ncells: {a: {}}\nhypotheses: {D: {method: a, base: a, lag: 8}}\n",
+         "'a' against itself at the same lag; a damage test sets base_lag"),
     ],
 )
 def test_grid_errors_name_the_field(tmp_path, body, match):

@@ -7,7 +7,6 @@ import textwrap
 import pytest
 
 from satrl.apps.report import add_report_args, run_report
-from satrl.experiments import plots
 from satrl.experiments.grid import load_grid, run_grid_spec
 from satrl.experiments.mdtext import fmt_ci
 from satrl.experiments.plots import paired_eval_diffs
@@ -46,13 +45,6 @@ def grid_out(tmp_path_factory, module_fake_trainer):
     res = run_grid_spec(load_grid(tmp_path / "g.yaml"), out, workers=2, command_fn=command, progress=False)
     assert res.exit_code == 1
     return out
-
-
-@pytest.fixture
-def no_pngs(monkeypatch):
-    """For a test that checks a report's text, not its figures: each figure is computed and its section written,
-    but not drawn into a PNG (test_report_table_matches_summaries and the figure tests check the drawing)."""
-    monkeypatch.setattr(plots, "_save", lambda fig, path, title=None: plots.plt.close(fig))
 
 
 def _row(md: str, label: str) -> str:

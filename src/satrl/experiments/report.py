@@ -24,7 +24,7 @@ from satrl.experiments.describe import describe_md
 from satrl.experiments.interaction import Interaction, interaction_md
 from satrl.experiments.leaderboard import leaderboard_md
 from satrl.experiments.mdtext import _f, _md_cell, endpoints, fmt_ci
-from satrl.experiments.secondary import runs_md
+from satrl.experiments.secondary import comparisons_of, runs_md
 from satrl.experiments.stats import (
     DEFAULT_INTERVAL,
     _clean,
@@ -206,12 +206,12 @@ def hypothesis_mixed_seeds(runs: pd.DataFrame, hypotheses: dict) -> dict[str, li
     rec = runs.dropna(subset=["machine"]) if "machine" in runs else runs.iloc[:0]
     out = {}
     for name, h in hypotheses.items():
-        bases = [h["base"]] if isinstance(h["base"], str) else list(h["base"])
         lo, hi = map(int, h.get("seeds") or (-1, 10**9))
-        at = rec[(rec["lag"] == int(h["lag"])) & rec["seed"].between(lo, hi)]
-        kind = {c: dict(zip(g["seed"], g["machine"])) for c, g in at.groupby("cell")}
-        method = kind.get(h["method"], {})
-        out[name] = sorted({int(s) for b in bases for s, k in kind.get(b, {}).items() if s in method and method[s] != k})
+        here = rec[rec["seed"].between(lo, hi)]
+        kind = {(c, int(lag)): dict(zip(g["seed"], g["machine"])) for (c, lag), g in here.groupby(["cell", "lag"])}
+        out[name] = sorted({int(s) for m, b, lag, base_lag in comparisons_of(h)
+                            for s, k in kind.get((b, base_lag), {}).items()
+                            if kind.get((m, lag), {}).get(s, k) != k})  # fmt: skip
     return out
 
 

@@ -23,6 +23,32 @@ def bases_of(h: dict) -> list[str]:
     return [h["base"]] if isinstance(h["base"], str) else list(h["base"])
 
 
+def base_lag_of(h: dict) -> int:
+    """The lag a declared hypothesis's base cells are read at: its ``base_lag``, else its ``lag``."""
+    return int(h["lag"] if h.get("base_lag") is None else h["base_lag"])
+
+
+def comparisons_of(h: dict) -> list[tuple[str, str, int, int]]:
+    """A declared hypothesis as :func:`satrl.experiments.stats.compare`'s comparisons, one per base cell."""
+    return [(h["method"], b, int(h["lag"]), base_lag_of(h)) for b in bases_of(h)]
+
+
+def at_lags(method: str, base: str, lag: int, base_lag: int, op: str = "vs") -> str:
+    """'A vs B at lag 32', or 'A at lag 0 vs B at lag 128' when the two sides are read at different lags."""
+    if int(lag) == int(base_lag):
+        return f"{method} {op} {base} at lag {lag}"
+    return f"{method} at lag {lag} {op} {base} at lag {base_lag}"
+
+
+def sides(res: GridResults, r: pd.Series) -> tuple[str, str]:
+    """A comparison row's two sides as a sentence names them: 'A', 'B', or 'A at lag 0', 'A at lag 128' when they
+    are read at different lags (a damage test)."""
+    m, b = res.label(r["cell"]), res.label(r["base"])
+    if int(r["lag"]) == int(r["base_lag"]):
+        return m, b
+    return f"{m} at lag {r['lag']}", f"{b} at lag {r['base_lag']}"
+
+
 def hypothesis_runs(runs: pd.DataFrame, h: dict) -> pd.DataFrame:
     """The runs a declared hypothesis is tested on: those of its ``seeds`` range (every run when it names none)."""
     return runs if not h.get("seeds") else runs[runs["seed"].between(*map(int, h["seeds"]))]
@@ -33,7 +59,7 @@ def secondary_row(res: GridResults, h: dict, endpoint: str, ci: float = 0.95) ->
     intersection-union test binds on (the largest p), as for the primary; for an equivalence hypothesis its two
     one-sided tests at the declared margin. None without shared seeds."""
     bases = bases_of(h)
-    t = compare(hypothesis_runs(res.runs, h), [(h["method"], b, int(h["lag"])) for b in bases], endpoint, ci=ci)
+    t = compare(hypothesis_runs(res.runs, h), comparisons_of(h), endpoint, ci=ci)
     if len(t) < len(bases) or (t["n"] == 0).any():
         return None
     if (margin := margin_of(h)) is not None:

@@ -120,7 +120,8 @@ ENDPOINTS = ("late_test_avg_at_k", "best_test_avg_at_k", "final_test_avg_at_k", 
 
 
 class HypothesisSpec(BaseModel):
-    """A comparison declared before the runs: ``method`` vs ``base`` at configured ``lag`` on ``endpoint``,
+    """A comparison declared before the runs: ``method`` vs ``base`` at configured ``lag`` on ``endpoint`` (the base
+    at ``base_lag`` when it is set: a cell against itself at another lag is a declared staleness damage),
     expected ``greater`` or ``less`` (the two-sided sign-flip test), or ``equivalent`` within ±``margin`` (the two
     one-sided sign-flip tests, ``significance.tost_p``). The report tests the hypotheses of each ``family``
     (default: one for the whole grid) as one Holm family.
@@ -133,6 +134,9 @@ class HypothesisSpec(BaseModel):
     method: str
     base: str | list[str]
     lag: int
+    # the base cell's lag when it is not ``lag``: e.g. method grpo at lag 0 vs base grpo at base_lag 128, direction
+    # greater, is a pre-registered damage test (the lag-vs-lag tables of a report are exploratory)
+    base_lag: int | None = None
     endpoint: Endpoint = "late_test_avg_at_k"
     direction: Literal["greater", "less", "equivalent"] = "greater"
     # validate_default: an equivalence hypothesis without a margin is refused here, naming the field
@@ -164,6 +168,8 @@ class HypothesisSpec(BaseModel):
     def _one_base_for_equivalence(self) -> HypothesisSpec:
         if self.margin is not None and not isinstance(self.base, str):
             raise ValueError("base: an equivalence hypothesis compares with one base cell, not a list")
+        if self.method in ([self.base] if isinstance(self.base, str) else self.base) and self.base_lag in (None, self.lag):
+            raise ValueError(f"base: {self.method!r} against itself at the same lag; a damage test sets base_lag")
         return self
 
 
@@ -266,11 +272,12 @@ class GridSpec(BaseModel):
                     raise ValueError(f"pairs: {name!r} is not a cell; cells: {sorted(self.cells)}")
         for name, h in self.hypotheses.items():
             bases = [h.base] if isinstance(h.base, str) else h.base
-            for role, cell in [("method", h.method)] + [("base", b) for b in bases]:
+            at_base = ("base_lag", h.base_lag) if h.base_lag is not None else ("lag", h.lag)
+            for role, cell, (key, lag) in [("method", h.method, ("lag", h.lag))] + [("base", b, at_base) for b in bases]:
                 if cell not in self.cells:
                     raise ValueError(f"hypotheses.{name}.{role}: {cell!r} is not a cell; cells: {sorted(self.cells)}")
-                if h.lag not in self.cell_lags(cell):
-                    raise ValueError(f"hypotheses.{name}.lag: cell {cell!r} does not run lag {h.lag}")
+                if lag not in self.cell_lags(cell):
+                    raise ValueError(f"hypotheses.{name}.{key}: cell {cell!r} does not run lag {lag}")
         r = self.repair
         for i, lb in enumerate(self.leaderboards):
             for lag in (lb.lag, lb.reference_lag):

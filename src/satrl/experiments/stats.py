@@ -348,13 +348,13 @@ def family_mde(paired_sd: float, n: int, family_size: int, alpha: float = 0.05, 
     return sign_flip_mde(paired_sd, n, alpha / max(1, family_size), power)
 
 
-COMPARISON_COLUMNS = ["cell", "base", "lag", "metric", "mean", "lo", "hi", "wins", "ties", "n", "sd", "p",
+COMPARISON_COLUMNS = ["cell", "base", "lag", "base_lag", "metric", "mean", "lo", "hi", "wins", "ties", "n", "sd", "p",
                       "p_holm", "mde", "verdict", "per_seed"]  # fmt: skip
 
 
 def compare(
     runs: pd.DataFrame,
-    comparisons: list[tuple[str, str, int]],
+    comparisons: list[tuple[str, str, int] | tuple[str, str, int, int]],
     metric: str,
     n_resamples: int = 10_000,
     ci: float = 0.95,
@@ -362,7 +362,8 @@ def compare(
     alpha: float = 0.05,
     higher_is_better: bool = True,
 ) -> pd.DataFrame:
-    """Each (method cell, base cell, lag) paired by seed on ``metric``: mean difference, the sign-flip test's
+    """Each (method cell, base cell, lag[, base_lag]) paired by seed on ``metric`` (the base at ``base_lag``,
+    default ``lag``; a cell against itself at another lag is a staleness damage): mean difference, the sign-flip test's
     ``ci`` interval (:func:`paired_diff`; ``n_resamples`` and ``seed`` are cell_stats' and unused here: the
     paired interval is exact), wins, paired SD, exact sign-flip p, Holm-adjusted p over exactly these comparisons (one family), MDE at each row's
     seed count and the family's strictest Holm level (:func:`family_mde`), and the verdict from the Holm p. Comparisons without finished runs on both sides are left
@@ -370,15 +371,16 @@ def compare(
     if "status" in runs:
         runs = runs[runs["status"] == "finished"]
     rows, diffs = [], []
-    for method, base, lag in comparisons:
+    for method, base, lag, *other in comparisons:
+        base_lag = other[0] if other else lag
         m = runs[(runs["cell"] == method) & (runs["lag"] == lag)]
-        b = runs[(runs["cell"] == base) & (runs["lag"] == lag)]
+        b = runs[(runs["cell"] == base) & (runs["lag"] == base_lag)]
         if m.empty or b.empty or metric not in runs:
             continue
         d = paired_diff(dict(zip(m["seed"], pd.to_numeric(m[metric], errors="coerce"))),
                         dict(zip(b["seed"], pd.to_numeric(b[metric], errors="coerce"))), ci)  # fmt: skip
         diffs.append(d)
-        rows.append(dict(cell=method, base=base, lag=int(lag), metric=metric, mean=d.mean, lo=d.lo, hi=d.hi,
+        rows.append(dict(cell=method, base=base, lag=int(lag), base_lag=int(base_lag), metric=metric, mean=d.mean, lo=d.lo, hi=d.hi,
                          wins=d.wins, ties=d.ties, n=d.n, sd=d.sd, p=d.p, mde=d.mde, per_seed=d.per_seed))  # fmt: skip
     adjusted = holm([d.p if d.n else float("nan") for d in diffs])
     for row, d, p_adj in zip(rows, diffs, adjusted):
@@ -418,19 +420,7 @@ def lag_table(runs: pd.DataFrame, metric: str = "late_test_avg_at_k", n_resample
         lags = sorted(set(int(x) for x in g["lag"]))
         base_lag[cell] = lags[0]
         todo += [(cell, lag) for lag in lags[1:]]
-    if not todo:
-        return pd.DataFrame(columns=[*COMPARISON_COLUMNS, "base_lag"])
-    # compare() pairs within one lag: relabel each (cell, lag) as its own cell at a common lag 0. The labels
-    # are looked up, never built or parsed with string operations: pandas' python string storage (no pyarrow)
-    # drops a trailing NUL in `+`, which once broke this.
-    pairs = [(c, int(lag)) for c, lag in zip(fin["cell"], fin["lag"])]
-    label = {key: f"#{i}" for i, key in enumerate(dict.fromkeys(pairs))}
-    back = {v: k for k, v in label.items()}
-    relabelled = fin.assign(cell=[label[key] for key in pairs], lag=0)
-    t = compare(relabelled, [(label[(c, lag)], label[(c, base_lag[c])], 0) for c, lag in todo], metric,
-                n_resamples, ci, seed, **kw)  # fmt: skip
-    return t.assign(cell=[back[x][0] for x in t["cell"]], lag=[back[x][1] for x in t["cell"]],
-                    base=[back[x][0] for x in t["base"]], base_lag=[back[x][1] for x in t["base"]])  # fmt: skip
+    return compare(fin, [(c, c, lag, base_lag[c]) for c, lag in todo], metric, n_resamples, ci, seed, **kw)
 
 
 def iut_row(t: pd.DataFrame, lower: bool) -> pd.Series:

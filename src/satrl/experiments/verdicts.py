@@ -17,7 +17,15 @@ from satrl.experiments.equivalence import (
     margin_text,
 )
 from satrl.experiments.mdtext import PCT, _md_cell, endpoint_units, endpoints
-from satrl.experiments.secondary import bases_of, hypothesis_runs, secondary_md
+from satrl.experiments.secondary import (
+    at_lags,
+    base_lag_of,
+    bases_of,
+    comparisons_of,
+    hypothesis_runs,
+    secondary_md,
+    sides,
+)
 from satrl.experiments.stats import (
     NO_DIFFERENCE,
     compare,
@@ -53,14 +61,14 @@ def rules_out(lo: float, hi: float, ci: float = 0.95, lower_better: bool = False
 
 
 def _verdict_sentence(res: GridResults, r: pd.Series, what: str, lower_better: bool = False, ci: float = 0.95) -> str:
-    m, b = res.label(r["cell"]), res.label(r["base"])
+    m = sides(res, r)[0]
     scale, fmt = (1.0, "{:+.4f}") if lower_better else (PCT, "{:+.1f}")
     unit = "" if lower_better else " points"
     diff = f"{fmt.format(r['mean'] * scale)}{unit} [{fmt.format(r['lo'] * scale)}, {fmt.format(r['hi'] * scale)}]"
     ruled = rules_out(r["lo"], r["hi"], ci, lower_better)
     stats = (f"sign-flip p = {r['p']:.3g}, Holm p = {r['p_holm']:.3g}, n = {r['n']} seeds, MDE "
              f"{'inf' if not math.isfinite(r['mde']) else fmt.format(r['mde'] * scale).lstrip('+')}{unit}")  # fmt: skip
-    head = f"{m} vs {b} at lag {r['lag']} ({what})"
+    head = f"{at_lags(res.label(r['cell']), res.label(r['base']), r['lag'], r['base_lag'])} ({what})"
     if r["verdict"] == "no data":
         return f"{head}: no shared seeds."
     if r["verdict"] in ("better", "worse"):
@@ -111,7 +119,7 @@ def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: 
     for name, h in hyps.items():
         bases = bases_of(h)
         lower = h.get("direction", "greater") == "less"
-        t = compare(hypothesis_runs(res.runs, h), [(h["method"], b, int(h["lag"])) for b in bases],
+        t = compare(hypothesis_runs(res.runs, h), comparisons_of(h),
                     h.get("endpoint", "late_test_avg_at_k"), n_resamples, ci, seed, higher_is_better=not lower)  # fmt: skip
         if len(t) < len(bases):
             rows.append((name, h, None))
@@ -167,7 +175,7 @@ def _family_md(res: GridResults, hyps: dict, n_resamples: int, ci: float, seed: 
                f"vs {res.label(r['base'])}; {r['wrong_sign']} of {r['k']} differences in the wrong direction)") if r["k"] > 1 else ""
         words.append(f"- **{name}**{iut}: {_verdict_sentence(res, r, endpoint, endpoint.startswith('d_pi'), ci)}"
                      + (f" Claim tested: {h['description']}" if h.get("description") else ""))  # fmt: skip
-        words.append(f"  Per seed ({res.label(r['cell'])} - {res.label(r['base'])}): "
+        words.append(f"  Per seed ({' - '.join(sides(res, r))}): "
                      + _per_seed(r["per_seed"], scale, fmt) + ".")
     return out + [""] + secondary_md(res, secondary, ci, brief=bool(how or note)) + words + [""]
 
@@ -188,7 +196,7 @@ def _equivalence_lines(res: GridResults, name: str, comp: str, h: dict, r: pd.Se
     scale, fmt, unit = endpoint_units(endpoint)
     r["mde"] = float("nan")  # a TOST has no MDE of the two-sided test's kind
     diff, verdict = equivalence_cells(r, scale, fmt, unit)
-    head = f"{res.label(r['cell'])} vs {res.label(r['base'])} at lag {r['lag']} ({endpoint})"
+    head = f"{at_lags(res.label(r['cell']), res.label(r['base']), r['lag'], r['base_lag'])} ({endpoint})"
     if r["n"] == 0:  # runs on both sides, none of one seed: as a directional hypothesis reads it
         out.append(f"| {name} | {_md_cell(comp)} | `{endpoint}` | 0 | — | — | — | — | no data |")
         words.append(f"- **{name}** (two one-sided tests): {head}: no shared seeds.")
@@ -198,7 +206,7 @@ def _equivalence_lines(res: GridResults, name: str, comp: str, h: dict, r: pd.Se
                f"| — | {verdict} |")  # fmt: skip
     words.append(f"- **{name}** (two one-sided tests): {equivalence_sentence(head, r, scale, fmt, unit, ci)}"
                  + (f" Claim tested: {h['description']}" if h.get("description") else ""))
-    words.append(f"  Per seed ({res.label(r['cell'])} - {res.label(r['base'])}): "
+    words.append(f"  Per seed ({' - '.join(sides(res, r))}): "
                  + _per_seed(r["per_seed"], scale, fmt) + ".")
 
 
@@ -211,7 +219,7 @@ def _comparison_text(res: GridResults, h: dict) -> str:
     if (margin := margin_of(h)) is not None:
         scale, _, unit = endpoint_units(h.get("endpoint", "late_test_avg_at_k"))
         op, every = "≈", f"{every} ({margin_text(margin, scale, unit)})"
-    comp = f"{res.label(h['method'])} {op} {every} at lag {h['lag']}"
+    comp = at_lags(res.label(h["method"]), every, h["lag"], base_lag_of(h), op)
     return comp + (f", seeds {h['seeds'][0]}-{h['seeds'][1]}" if h.get("seeds") else "")
 
 
@@ -223,7 +231,7 @@ def repair_seeds(meta: dict) -> tuple[tuple[int, int] | None, str]:
     if r.get("seeds"):
         return (int(r["seeds"][0]), int(r["seeds"][1])), "the repair's own `seeds`"
     same = [n for n, h in (meta.get("hypotheses") or {}).items()
-            if h["method"] == r["method"] and r["base"] in bases_of(h) and int(h["lag"]) == int(r["lag"])]  # fmt: skip
+            if h["method"] == r["method"] and r["base"] in bases_of(h) and int(h["lag"]) == base_lag_of(h) == int(r["lag"])]  # fmt: skip
     ranges = {tuple(int(x) for x in meta["hypotheses"][n]["seeds"]) if meta["hypotheses"][n].get("seeds") else None
               for n in same}  # fmt: skip
     if len(ranges) == 1 and None not in ranges:
