@@ -67,7 +67,7 @@ def run_grid(args: argparse.Namespace) -> int:
     )
     from satrl.experiments.preregistration import PreregistrationError
     from satrl.experiments.spec import expand, load_grid, select, size_problem
-    from satrl.experiments.status import has_checkpoint, run_status
+    from satrl.experiments.status import cost_line, has_checkpoint, run_status
 
     if why := _bad_flag(args):
         print(f"satrl grid: {why}", file=sys.stderr)
@@ -99,6 +99,8 @@ def run_grid(args: argparse.Namespace) -> int:
             note = "" if run.base.exists() else "  # base config missing!"
             note = f"  # config refused: {refused[run.name]}" if run.name in refused else note
             print(f"[{'skip' if state == 'finished' else state}] {run.name}: {' '.join(cmd)}{note}")
+        states = [(r.cell, r.lag, r.run_dir, "new" if r.name in changed else run_status(r.run_dir)) for r in runs]
+        print(f"satrl grid {spec.name}: {cost_line(states, args.workers)}", file=sys.stderr)
         return 0
     runs = select(expand(spec, out, args.seeds), args.only)
     if not runs:

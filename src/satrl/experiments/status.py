@@ -72,3 +72,36 @@ def merge_status(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         counts[(rec or {}).get("status", "pending")] = counts.get((rec or {}).get("status", "pending"), 0) + 1
     history = sorted(entries.values(), key=lambda h: h["started"])
     return {**new, "history": history, "counts": counts, "runs": dict(sorted(runs.items()))}
+
+
+def cost_line(runs: list[tuple[str, int, Path, str]], workers: int) -> str:
+    """What a grid has cost and will cost, from its runs ``(cell, lag, run_dir, state)``: the finished runs'
+    machine-hours (the sum of their ``wall_time_s``, one process each) and the rest's estimate, each at the median
+    run time of its cell and lag's finished runs (else its cell's, else the grid's), a partial run counted whole
+    (it may restart: a checkpoint does not survive a fresh machine); the wall time is that over ``workers``.
+    The arithmetic a trial's cost cap is checked with, done the same way every time."""
+    done: dict[tuple[str, int], list[float]] = {}
+    todo: list[tuple[str, int]] = []
+    for cell, lag, run_dir, state in runs:
+        wall = (read_summary(run_dir) or {}).get("wall_time_s") if state == "finished" else None
+        if state != "finished":
+            todo.append((cell, lag))
+        elif isinstance(wall, int | float) and wall > 0:
+            done.setdefault((cell, lag), []).append(float(wall))
+    spent = sum(sum(v) for v in done.values()) / 3600
+    n_done = len(runs) - len(todo)
+    head = f"{n_done} of {len(runs)} runs finished, {spent:.2f} machine-hours spent (their wall_time_s)"
+    if not todo:
+        return head
+    every = [w for v in done.values() for w in v]
+    if not every:
+        return f"{head}; {len(todo)} to run, no finished run to estimate their cost from"
+
+    def median(xs: list[float]) -> float:
+        xs = sorted(xs)
+        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+    by_cell = {c: [w for (c2, _), v in done.items() if c2 == c for w in v] for c, _ in todo}
+    left = sum(median(done.get((c, lag)) or by_cell[c] or every) for c, lag in todo) / 3600
+    return (f"{head}; {len(todo)} to run, about {left:.2f} machine-hours at their cells' median run times "
+            f"(about {left / max(1, workers):.1f} h at --workers {workers})")
