@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     loads = [x for r in runs for x in r.get("load_1min", [])]
     kept = sum("load_1min" in r for r in runs)
     said = (f"Load average (1 min) {min(loads):.1f}-{max(loads):.1f} at the starts and ends of the {kept} of "
-            f"{len(runs)} runs that recorded it (a shared machine)." if loads else "The runs recorded no load average.")  # fmt: skip
+            f"{len(runs)} runs that recorded it (about 2: the runs' own two threads; more: other work beside them)." if loads else "The runs recorded no load average.")  # fmt: skip
     body = (f"{a.prompts} prompts x {a.group} samples per step, responses of at most {a.tokens} tokens, lr {a.lr:g}, "
             f"{a.steps} steps per run, {a.repeats} runs per row alternated; medians (min-max) over the runs, "
             f"rates over steps 2..{a.steps}. {said}\n\n" + table(summary) + "\n\nWhere a step's time goes:\n\n" + split(summary) + "\n\n"
