@@ -99,3 +99,39 @@ def test_report_flag_refuses_a_malformed_value(grid, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["report", str(grid), "--interaction", "opob,grpo,32"])
     assert exc.value.code == 2 and "expected METHOD,BASE,LAG" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_a_declared_interaction_needs_no_flag(grid, capsys, no_pngs):
+    """The grid file's `interactions:` give the same section as the flag, headed as declared; the same one asked for
+    again with the flag is not repeated; a declared one whose runs are not in yet says so instead of failing."""
+    meta = (grid / "grid.yaml").read_text()
+    (grid / "grid.yaml").write_text(meta + "interactions:\n  - {method: opob, base: grpo, lag: 32, reference_lag: 0, "
+                                    "seeds: [0, 2], margin: 0.02}\n")  # fmt: skip
+    assert main(["report", str(grid), "--resamples", "50"]) == 0
+    md = (grid / "report.md").read_text()
+    sec = md.split("## Declared interaction: OPOB vs GRPO, lag 32 against lag 0 (seeds 0-2)")[1].split("\n## ")[0]
+    assert "| interaction I | +3.33 [" in sec and "I > 0 on 3/3" in sec and "Reading (margin 2 points)" in sec
+    assert "--interaction" not in md.split("\n## ")[0]  # nothing to regenerate it with: the grid file declares it
+    assert main(["report", str(grid), "--resamples", "50", "--interaction", "opob,grpo,32,0,0-2,2"]) == 0
+    md = (grid / "report.md").read_text()
+    assert md.count("interaction: OPOB vs GRPO") + md.count("## Interaction: OPOB") == 1
+    (grid / "grid.yaml").write_text(meta + "interactions:\n  - {method: opob, base: grpo, lag: 8, reference_lag: 0}\n")
+    assert main(["report", str(grid), "--resamples", "50"]) == 0
+    sec = (grid / "report.md").read_text().split("## Declared interaction: OPOB vs GRPO, lag 8 against lag 0")[1]
+    assert sec.split("\n## ")[0].strip().startswith("(every seed)\n\nNo runs of OPOB at lag 8 yet.")
+
+
+@pytest.mark.parametrize(("body", "match"), [
+    ("{method: opob, base: opob, lag: 32, reference_lag: 0}", "interaction would be 0"),
+    ("{method: opob, base: grpo, lag: 32, reference_lag: 32}", "interaction would be 0"),
+    ("{method: opob, base: grpo, lag: 8, reference_lag: 0}", "interactions.0: cell 'opob' does not run lag 8"),
+    ("{method: opob, base: grpo, lag: 32, reference_lag: 0, margin: -1}", "margin"),
+])  # fmt: skip
+def test_a_declared_interaction_is_checked_when_the_grid_loads(tmp_path, body, match):
+    from satrl.experiments.grid import load_grid
+
+    (tmp_path / "base.yaml").write_text("steps: 8\n")
+    grid = tmp_path / "g.yaml"
+    grid.write_text(f"base: base.yaml\nlags: [0, 32]\ncells: {{grpo: {{}}, opob: {{}}}}\ninteractions:\n  - {body}\n")
+    with pytest.raises(ValueError, match=match):
+        load_grid(grid)

@@ -26,7 +26,7 @@ from satrl.experiments.significance import sign_flip_interval, sign_flip_p
 from satrl.experiments.stats import seed_values
 from satrl.experiments.store import GridResults
 
-__all__ = ["Interaction", "InteractionError", "interaction", "interaction_md", "parse_interaction"]
+__all__ = ["Interaction", "InteractionError", "declared", "interaction", "interaction_md", "parse_interaction"]
 
 
 class InteractionError(ValueError):
@@ -50,6 +50,14 @@ class Interaction:
         parts = [self.method, self.base, str(self.lag), str(self.reference_lag)]
         parts += [f"{self.seeds[0]}-{self.seeds[1]}" if self.seeds else "all"]
         return ",".join(parts + ([f"{self.margin * PCT:g}"] if self.margin is not None else []))
+
+
+def declared(meta: dict) -> tuple[Interaction, ...]:
+    """The interactions a grid file declares (``interactions:``, :class:`satrl.experiments.spec.InteractionSpec`)."""
+    return tuple(Interaction(d["method"], d["base"], int(d["lag"]), int(d["reference_lag"]),
+                             tuple(int(x) for x in d["seeds"]) if d.get("seeds") else None,
+                             float(d["margin"]) if d.get("margin") is not None else None)
+                 for d in meta.get("interactions") or [])  # fmt: skip
 
 
 def parse_interaction(text: str) -> Interaction:
@@ -116,22 +124,27 @@ def reading(r: dict, margin: float | None) -> str:
 
 
 def interaction_md(res: GridResults, spec: Interaction, metric: str, ci: float = 0.95,
-                   figdir: Path | None = None) -> list[str]:  # fmt: skip
+                   figdir: Path | None = None, is_declared: bool = False) -> list[str]:  # fmt: skip
     """The report's section: the estimate, its interval and reading, the per-seed table and (``figdir``: the
-    report's figures folder) a figure of the per-seed gains at both lags."""
+    report's figures folder) a figure of the per-seed gains at both lags. ``is_declared``: the grid file declares it
+    (its heading says so; one asked for with ``--interaction`` is headed plainly)."""
     ran = set(zip(res.runs["cell"], res.runs["lag"]))
-    for cell in (spec.method, spec.base):
-        for lag in (spec.lag, spec.reference_lag):
-            if (cell, lag) not in ran:
-                raise InteractionError(f"--interaction {spec.flag()}: the grid has no runs of {cell!r} at lag {lag} "
-                                       f"(cells: {', '.join(sorted(set(res.runs['cell'])))})")  # fmt: skip
-    r = interaction(res.runs, spec, metric, ci)
     m, b = res.label(spec.method), res.label(spec.base)
+    where = f"seeds {spec.seeds[0]}-{spec.seeds[1]}" if spec.seeds else "every seed"
+    title = (f"## {'Declared interaction' if is_declared else 'Interaction'}: {m} vs {b}, lag {spec.lag} against lag "
+             f"{spec.reference_lag} ({where})")  # fmt: skip
+    for cell, lag in ((c, lag) for c in (spec.method, spec.base) for lag in (spec.lag, spec.reference_lag)):
+        if (cell, lag) in ran:
+            continue
+        if is_declared:  # a grid still running: the section says what it waits for
+            return [title, "", f"No runs of {res.label(cell)} at lag {lag} yet.", ""]
+        raise InteractionError(f"--interaction {spec.flag()}: the grid has no runs of {cell!r} at lag {lag} "
+                               f"(cells: {', '.join(sorted(set(res.runs['cell'])))})")  # fmt: skip
+    r = interaction(res.runs, spec, metric, ci)
     pts = lambda x: "—" if not math.isfinite(x) else f"{x * PCT:+.2f}"  # noqa: E731
     iv = lambda key: f"{pts(r[key + 'mean'])} [{pts(r[key + 'lo'])}, {pts(r[key + 'hi'])}]"  # noqa: E731
     p = "—" if not math.isfinite(r["p"]) else f"{r['p']:.3g}"
-    where = f"seeds {spec.seeds[0]}-{spec.seeds[1]}" if spec.seeds else "every seed"
-    md = [f"## Interaction: {m} vs {b}, lag {spec.lag} against lag {spec.reference_lag} ({where})", "",
+    md = [title, "",
           f"Per seed, I = ({m} − {b} at lag {spec.lag}) − ({m} − {b} at lag {spec.reference_lag}), in points of "
           f"`{metric}`: the method's gain with staleness minus its gain without, on the {r['n']} seeds that have "
           f"all four runs. Mean with the {ci:.0%} interval that inverts the exact two-sided sign-flip test on the "

@@ -21,7 +21,7 @@ import pandas as pd
 from satrl.diagnostics.summary import late_window_start
 from satrl.experiments import plots
 from satrl.experiments.describe import describe_md
-from satrl.experiments.interaction import Interaction, interaction_md
+from satrl.experiments.interaction import Interaction, declared, interaction_md
 from satrl.experiments.leaderboard import leaderboard_md
 from satrl.experiments.mdtext import _f, _md_cell, endpoints, fmt_ci
 from satrl.experiments.secondary import comparisons_of, runs_md
@@ -303,8 +303,9 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
     md += repair_md(res, n_resamples, ci, seed)
     for i, lb in enumerate(res.meta.get("leaderboards") or []):
         md += leaderboard_md(res, lb, i, figdir, n_resamples, ci, seed)
-    for spec in interactions:
-        md += interaction_md(res, spec, endpoints(res)["primary"][0], ci, figdir)
+    own = declared(res.meta)  # the grid file's, then those asked for that it does not declare
+    for spec in (*own, *(i for i in interactions if i not in own)):
+        md += interaction_md(res, spec, endpoints(res)["primary"][0], ci, figdir, is_declared=spec in own)
     if describe:
         md += describe_md(res, describe)
     md += _sensitivity_md(res, boot, sensitivity_min_seed, sensitivity_seeds)

@@ -206,6 +206,28 @@ class RepairSpec(BaseModel):
     seeds: SeedRange | None = None
 
 
+class InteractionSpec(BaseModel):
+    """A declared interaction (:mod:`satrl.experiments.interaction`): ``method``'s gain over ``base`` at ``lag``
+    minus its gain at ``reference_lag``, per seed, on ``seeds``, read against ``margin`` (the endpoint's units: 0.01
+    is 1 point of avg@k). An estimate, outside every Holm family; the report adds its section without a flag, as
+    ``satrl report --interaction`` adds one for an interaction no grid declared."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: str
+    base: str
+    lag: int
+    reference_lag: int
+    seeds: SeedRange | None = None
+    margin: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _two_sides(self) -> InteractionSpec:
+        if self.method == self.base or self.lag == self.reference_lag:  # I_s = 0 for every seed
+            raise ValueError("method and base, and lag and reference_lag, must differ: the interaction would be 0")
+        return self
+
+
 class GridSpec(BaseModel):
     """A grid file. `cells:` maps a name to a dict of overrides plus optional keys base/lags/lag_schedule/label."""
 
@@ -226,6 +248,8 @@ class GridSpec(BaseModel):
     hypotheses: dict[str, HypothesisSpec] = Field(default_factory=dict)
     # the share of a staleness damage a method repairs, reported with its interval (declared, like hypotheses)
     repair: RepairSpec | None = None
+    # a method's gain at one lag minus at another, estimated with its interval (declared, like hypotheses)
+    interactions: list[InteractionSpec] = Field(default_factory=list)
     # ranked tables of every cell at one lag (a screen, a confirmation), each with its figure
     leaderboards: list[LeaderboardSpec] = Field(default_factory=list)
     steps: int | None = Field(default=None, ge=1)
@@ -288,6 +312,10 @@ class GridSpec(BaseModel):
                                 if r else []):  # fmt: skip
             if cell not in self.cells or lag not in self.cell_lags(cell):
                 raise ValueError(f"repair.{role}: cell {cell!r} does not run lag {lag}; cells: {sorted(self.cells)}")
+        for i, it in enumerate(self.interactions):
+            for cell, lag in ((c, lag) for c in (it.method, it.base) for lag in (it.lag, it.reference_lag)):
+                if cell not in self.cells or lag not in self.cell_lags(cell):
+                    raise ValueError(f"interactions.{i}: cell {cell!r} does not run lag {lag}; cells: {sorted(self.cells)}")
         for name, cell in self.cells.items():
             if cell.base is None and self.base is None:
                 raise ValueError(f"cells.{name}: no base config; set `base:` on the grid or on the cell")
