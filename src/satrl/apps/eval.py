@@ -320,6 +320,9 @@ def _report(t: _Target, result: EvalResult, parts: dict[str, list[int]], as_json
     print(f"({result.task}, {result.n_problems} problems, k={k}, pass@{k} = {result.pass_at_k:.3f}, "
           f"temperature={s.temperature}, top_p={s.top_p}, top_k={s.top_k}, max_new_tokens={s.max_new_tokens}, "
           f"numerics={s.numerics}, engine={s.engine}, seed={result.seed})")  # fmt: skip
+    record["sampled_entropy"] = result.sampled_entropy  # the sampling distribution's, estimated (tasks.evaluate)
+    print(f"sampled entropy = {result.sampled_entropy:.4f} nats/token (mean -log mu over the {sum(result.sampled_tokens)} "
+          f"response tokens of the k samples)")  # fmt: skip
     if s.chat_template:  # as the run's eval.jsonl has it
         record["prompt_tokens"] = sum(result.prompt_tokens) / len(result.prompt_tokens)
         print(f"prompt_tokens = {record['prompt_tokens']:.1f} (mean, as the chat template rendered them)")

@@ -5,6 +5,11 @@ For problems i = 1..N with k samples each and 0/1 rewards r_ij:
     avg@k       = 1/N sum_i ( 1/k sum_j r_ij )       mean over problems of the per-problem pass@1
     pass@k      = 1/N sum_i max_j r_ij               (recorded too; not the paper's headline)
     greedy_acc  = 1/N sum_i r_i(greedy)              one argmax decode per problem
+    sampled entropy = sum_ijt -log mu(y_ijt) / sum_ij T_ij   nats per response token of the k samples
+
+The last is a Monte Carlo estimate of the sampling distribution's entropy, averaged over the states the samples
+visit (E_{y~mu}[-log mu(y)] = H(mu) at each step): from the log-probs the engine returns for the tokens it sampled,
+so it needs nothing more of an engine and means the same on the torch engine and on vLLM.
 
 Every request carries its own seed, derived from ``(seed, problem index, sample index)`` by a hash, so a
 result does not depend on the batch size or on which requests share a batch (the engine guarantees the
@@ -53,11 +58,21 @@ class EvalResult:
     greedy: list[float] = dataclasses.field(default_factory=list)
     hit: list[float] = dataclasses.field(default_factory=list)
     prompt_tokens: list[int] = dataclasses.field(default_factory=list)  # each problem's encoded prompt
+    # per problem, over its k samples: the sum of -log mu of their response tokens, and how many tokens they have
+    sampled_nll: list[float] = dataclasses.field(default_factory=list)
+    sampled_tokens: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def sampled_entropy(self) -> float:
+        """Nats per sampled response token: the Monte Carlo estimate of the sampling distribution's entropy (module
+        docstring); NaN without a sampled token."""
+        n = sum(self.sampled_tokens)
+        return sum(self.sampled_nll) / n if n else float("nan")
 
     def as_dict(self) -> dict[str, Any]:
         """The scalar fields and the sampling settings (no per-problem lists), JSON-ready."""
         d = dataclasses.asdict(self)
-        for name in ("per_problem", "greedy", "hit", "prompt_tokens"):
+        for name in ("per_problem", "greedy", "hit", "prompt_tokens", "sampled_nll", "sampled_tokens"):
             d.pop(name)
         return d
 
@@ -128,16 +143,19 @@ def _take(task: Task, split: str, n_problems: int | None) -> list[Problem]:
 def _rewards(
     engine: Engine, task: Task, problems: list[Problem], requests: list[tuple[int, GenerationRequest]],
     sampling: SamplingParams, batch_size: int,
-) -> list[float]:
-    """Generate ``requests`` (pairs of problem index and request) in batches; the reward of each."""
-    out: list[float] = []
+) -> tuple[list[float], list[float], list[int]]:
+    """Generate ``requests`` (pairs of problem index and request) in batches: the reward of each, the sum of -log mu
+    over its response tokens and their number."""
+    out: tuple[list[float], list[float], list[int]] = ([], [], [])
     for start in range(0, len(requests), batch_size):
         chunk = requests[start : start + batch_size]
         completions = engine.generate([r for _, r in chunk], sampling)
         for (i, req), c in zip(chunk, completions, strict=True):
             if c.request_id != req.request_id:
                 raise RuntimeError(f"engine answered {c.request_id!r} in place of {req.request_id!r}")
-            out.append(task.reward(problems[i], c.text))
+            out[0].append(task.reward(problems[i], c.text))
+            out[1].append(-float(c.behavior_logp.double().sum()))
+            out[2].append(len(c.response_ids))
     return out
 
 
@@ -173,7 +191,7 @@ def evaluate(
         for i in range(len(problems))
         for j in range(k)
     ]
-    r = _rewards(engine, task, problems, sampled, sampling, batch_size)
+    r, nll, tokens = _rewards(engine, task, problems, sampled, sampling, batch_size)
     per_problem = [sum(r[i * k : (i + 1) * k]) / k for i in range(len(problems))]
     hit = [max(r[i * k : (i + 1) * k]) for i in range(len(problems))]
 
@@ -182,7 +200,7 @@ def evaluate(
         (i, GenerationRequest(f"{split}/{i}/greedy", ids[i], request_seed("eval", seed, i, GREEDY)))
         for i in range(len(problems))
     ]
-    greedy = _rewards(engine, task, problems, greedy_reqs, greedy_sampling, batch_size)
+    greedy = _rewards(engine, task, problems, greedy_reqs, greedy_sampling, batch_size)[0]
 
     n = len(problems)
     return EvalResult(
@@ -199,4 +217,6 @@ def evaluate(
         greedy=greedy,
         hit=hit,
         prompt_tokens=[len(x) for x in ids],
+        sampled_nll=[sum(nll[i * k : (i + 1) * k]) for i in range(n)],
+        sampled_tokens=[sum(tokens[i * k : (i + 1) * k]) for i in range(n)],
     )
