@@ -219,7 +219,6 @@ class InteractionSpec(BaseModel):
     reference_lag: int
     seeds: SeedRange | None = None
     margin: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    description: str = ""
 
     @model_validator(mode="after")
     def _two_sides(self) -> InteractionSpec:
