@@ -191,32 +191,32 @@ class LeaderboardSpec(BaseModel):
     description: str = ""
 
 
-class RepairSpec(BaseModel):
+class _TwoLags(BaseModel):
+    """The four runs per seed of a declared quantity: ``method`` and ``base``, each at ``lag`` and ``reference_lag``."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: str
+    base: str
+    lag: int
+    reference_lag: int
+
+
+class RepairSpec(_TwoLags):
     """A declared repaired fraction: ``method`` vs ``base`` at ``lag`` as a share of the damage ``base`` takes
     from ``reference_lag`` to ``lag`` (``satrl.experiments.stats.repaired_fraction``), on ``seeds``; without
     ``seeds``, on those of the declared hypothesis that tests ``method`` vs ``base`` at ``lag`` (the report's
     ``verdicts.repair_seeds``), else on every seed."""
 
-    model_config = ConfigDict(extra="forbid")
-    method: str
-    base: str
-    lag: int
-    reference_lag: int
     endpoint: str = "late_test_avg_at_k"
     seeds: SeedRange | None = None
 
 
-class InteractionSpec(BaseModel):
+class InteractionSpec(_TwoLags):
     """A declared interaction (:mod:`satrl.experiments.interaction`): ``method``'s gain over ``base`` at ``lag``
     minus its gain at ``reference_lag``, per seed, on ``seeds``, read against ``margin`` (the endpoint's units: 0.01
     is 1 point of avg@k). An estimate, outside every Holm family; the report adds its section without a flag, as
     ``satrl report --interaction`` adds one for an interaction no grid declared."""
 
-    model_config = ConfigDict(extra="forbid")
-    method: str
-    base: str
-    lag: int
-    reference_lag: int
     seeds: SeedRange | None = None
     margin: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
