@@ -16,7 +16,7 @@ GRID = RUNNER_GRID.replace("      bad: {fail: true}\n", "")
 ALL = ["a/lag2/seed0", "a/lag2/seed1", "b/lag2/seed0", "b/lag2/seed1"]
 
 
-def test_a_grid_continues_from_its_pack_on_another_machine(tmp_path, fake_trainer):
+def test_a_grid_continues_from_its_pack_on_another_machine(tmp_path, fake_trainer, capsys):
     command, log = fake_trainer
     spec = load_grid(_write(tmp_path, GRID))
     first, pack = tmp_path / "machine1" / "g", tmp_path / "docs" / "g"
@@ -29,7 +29,11 @@ def test_a_grid_continues_from_its_pack_on_another_machine(tmp_path, fake_traine
     second = tmp_path / "machine2" / "g"  # a fresh checkout: the committed pack copied in as --out
     shutil.copytree(pack, second)
     assert all(run_status(second / n) == "finished" for n in ALL[:2])
+    capsys.readouterr()
     res2 = run_grid_spec(spec, second, workers=1, command_fn=command, progress=False, env=env)
+    # the start of its log says where it stands: the fake runs' summaries say 0.1 s each
+    assert "grid g: 2 of 4 runs finished, 0.00 machine-hours spent (their wall_time_s); 2 to run, about 0.00" in (
+        capsys.readouterr().err)
     assert res2.exit_code == 0, {n: r.error for n, r in res2.records.items() if r.error}
     assert sorted(res2.names("skipped")) == ALL[:2] and sorted(res2.names("finished")) == ALL[2:]
     trained = sorted(str(e["out"]).split("/g/")[1] for e in read_log(log))

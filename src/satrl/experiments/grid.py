@@ -34,7 +34,7 @@ from typing import Any
 from satrl.experiments.changes import GridChangedError, guard_changes
 from satrl.experiments.preregistration import check_commit, protocol_record
 from satrl.experiments.spec import GridSpec, Run, expand, load_grid, render_value, select, spec_to_yaml
-from satrl.experiments.status import has_checkpoint, run_status, session_entry
+from satrl.experiments.status import cost_line, has_checkpoint, run_status, session_entry
 from satrl.folders import GRID_LOCK, RUN_FILES, InUse, hold, holding, release
 from satrl.provenance import git_commit, machine_kind
 
@@ -421,6 +421,9 @@ def run_grid_spec(
         runner = _Runner(spec, out, runs, _Launch(workers, command_fn, full_env, poll_s), console)
         if protocol is not None:
             runner.meta["protocol"] = protocol
+        states = [(r.cell, r.lag, r.run_dir, "finished" if r.name in runner.result.names("skipped") else "new")
+                  for r in runs]  # fmt: skip
+        console.print(f"grid {spec.name}: {cost_line(states, workers)}", markup=False)  # in the log of a long grid
         _drive(runner, console, sys.stderr.isatty() if progress is None else progress)
     finally:  # on an error and on Ctrl-C too (SIGKILL: the kernel drops the flock; the next grid takes over)
         release(out, held, GRID_LOCK)
