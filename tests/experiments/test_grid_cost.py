@@ -6,7 +6,7 @@ from pathlib import Path
 from test_grid import RUNNER_GRID, _write
 
 from satrl.apps import grid as grid_app
-from satrl.experiments.status import cost_line
+from satrl.experiments.status import cost_line, left_share
 
 
 def _run(tmp_path: Path, name: str, wall: float | None) -> Path:
@@ -27,6 +27,13 @@ def test_cost_line_by_hand(tmp_path):
     assert cost_line(runs, 3) == ("4 of 7 runs finished, 5.50 machine-hours spent (their wall_time_s); 3 to run, "
                                   "about 3.25 machine-hours at their cells' median run times (about 1.1 h at "
                                   "--workers 3)")  # fmt: skip
+    # a partial run resumes from its checkpoint: a/lag8's, at step 3 of 4, has a quarter of its 0.5 h left
+    partial = runs[5][2]
+    (partial / "config.yaml").write_text("seed: 1\nsteps: 4\n")
+    for step in (2, 3):
+        (partial / "checkpoints" / f"step-{step:06d}").mkdir(parents=True)
+    assert left_share(partial) == 0.25 and left_share(runs[4][2]) == 1.0
+    assert "3 to run, about 2.88 machine-hours" in cost_line(runs, 3)  # 1.5 + 0.125 + 1.25
     assert cost_line(runs[:4], 1) == "4 of 4 runs finished, 5.50 machine-hours spent (their wall_time_s)"
     assert cost_line(runs[4:], 2) == ("0 of 3 runs finished, 0.00 machine-hours spent (their wall_time_s); 3 to run, "
                                       "no finished run to estimate their cost from")  # fmt: skip

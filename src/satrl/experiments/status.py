@@ -74,18 +74,32 @@ def merge_status(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return {**new, "history": history, "counts": counts, "runs": dict(sorted(runs.items()))}
 
 
+def left_share(run_dir: str | Path) -> float:
+    """The share of a run's steps still to train: 1 without a checkpoint, else 1 - (its newest ``step-N``
+    checkpoint's N) / (the ``steps:`` of its saved config.yaml); the grid resumes a partial run from there."""
+    ck = Path(run_dir) / "checkpoints"
+    done = [int(p.name[5:]) for p in ck.glob("step-*") if p.name[5:].isdigit()] if ck.is_dir() else []
+    try:
+        line = next(x for x in (Path(run_dir) / "config.yaml").read_text().splitlines() if x.startswith("steps:"))
+        steps = int(line.split(":", 1)[1])
+    except (OSError, StopIteration, ValueError):
+        return 1.0
+    return 1.0 - min(max(done, default=0), steps) / steps if steps > 0 else 1.0
+
+
 def cost_line(runs: list[tuple[str, int, Path, str]], workers: int) -> str:
     """What a grid has cost and will cost, from its runs ``(cell, lag, run_dir, state)``: the finished runs'
     machine-hours (the sum of their ``wall_time_s``, one process each) and the rest's estimate, each at the median
-    run time of its cell and lag's finished runs (else its cell's, else the grid's), a partial run counted whole
-    (it may restart: a checkpoint does not survive a fresh machine); the wall time is that over ``workers``.
-    The arithmetic a trial's cost cap is checked with, done the same way every time."""
+    run time of its cell and lag's finished runs (else its cell's, else the grid's), times the share of its steps
+    still to train (:func:`left_share`: a partial run resumes from its checkpoint, on the machine that holds it);
+    the wall time is that over ``workers``. The arithmetic a trial's cost cap is checked with, done the same way
+    every time."""
     done: dict[tuple[str, int], list[float]] = {}
-    todo: list[tuple[str, int]] = []
+    todo: list[tuple[str, int, float]] = []
     for cell, lag, run_dir, state in runs:
         wall = (read_summary(run_dir) or {}).get("wall_time_s") if state == "finished" else None
         if state != "finished":
-            todo.append((cell, lag))
+            todo.append((cell, lag, left_share(run_dir)))
         elif isinstance(wall, int | float) and wall > 0:
             done.setdefault((cell, lag), []).append(float(wall))
     spent = sum(sum(v) for v in done.values()) / 3600
@@ -101,7 +115,7 @@ def cost_line(runs: list[tuple[str, int, Path, str]], workers: int) -> str:
         xs = sorted(xs)
         return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
 
-    by_cell = {c: [w for (c2, _), v in done.items() if c2 == c for w in v] for c, _ in todo}
-    left = sum(median(done.get((c, lag)) or by_cell[c] or every) for c, lag in todo) / 3600
+    by_cell = {c: [w for (c2, _), v in done.items() if c2 == c for w in v] for c, _, _ in todo}
+    left = sum(share * median(done.get((c, lag)) or by_cell[c] or every) for c, lag, share in todo) / 3600
     return (f"{head}; {len(todo)} to run, about {left:.2f} machine-hours at their cells' median run times "
             f"(about {left / max(1, workers):.1f} h at --workers {workers})")
