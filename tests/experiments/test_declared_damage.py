@@ -46,6 +46,8 @@ def test_a_declared_damage_test_is_reported_as_declared(tmp_path, make_run, no_p
     assert "  Per seed (OPOB - GRPO): s0 +1.0," in rep
     # the same comparison, exploratory, in the lag-vs-lag table (its sign the other way: lag 8 minus lag 0)
     assert "| GRPO | 8 vs 0 | -3.5 [-4.0, -3.0] | 0/6 |" in md
+    lag_section = md.split("## Exploratory: staleness damage")[1].split("\n## ")[0]
+    assert "Declared before the runs, and tested above: D (GRPO at lag 0 > GRPO at lag 8)." in lag_section
 
 
 def test_compare_reads_the_base_at_its_own_lag(tmp_path, make_run):

@@ -210,6 +210,14 @@ def _equivalence_lines(res: GridResults, name: str, comp: str, h: dict, r: pd.Se
                  + _per_seed(r["per_seed"], scale, fmt) + ".")
 
 
+def _declared_damage(res: GridResults) -> list[str]:
+    """A sentence naming the declared hypotheses that test a cell against itself at another lag (``base_lag``): the
+    table above holds the same comparisons, exploratory; the declared test is the one to read."""
+    own = [f"{n} ({_comparison_text(res, h)})" for n, h in (res.meta.get("hypotheses") or {}).items()
+           if h["method"] in bases_of(h) and base_lag_of(h) != int(h["lag"])]  # fmt: skip
+    return ["", f"Declared before the runs, and tested above: {'; '.join(own)}."] if own else []
+
+
 def _comparison_text(res: GridResults, h: dict) -> str:
     """'VCPO > GRPO at lag 32, seeds 24-33' ('A ≈ B (±1.0 points) at lag 32' for an equivalence): a declared
     hypothesis's comparison as its table row names it."""
@@ -333,5 +341,5 @@ def exploratory_md(res: GridResults, n_resamples: int, ci: float, seed: int) -> 
         for row in _comparison_table(res, t.assign(lag=[f"{a} vs {b}" for a, b in zip(t["lag"], t["base_lag"])]), ci=ci)[2:]:
             cells = row.split(" | ")
             out.append(" | ".join([cells[0]] + cells[2:]))  # drop the base column: it is the method itself
-        out += ["", _family_sentence(t), ""]
+        out += ["", _family_sentence(t), *_declared_damage(res), ""]
     return out, tables
