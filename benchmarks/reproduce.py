@@ -16,8 +16,6 @@ that its numbers will differ in the last digits and, through sampling, more. Exi
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import subprocess
 import sys
 import tempfile
@@ -25,23 +23,15 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks._tiny import VOLATILE, env
-
-
-def _rows(path: Path) -> list[dict]:
-    """A JSONL file's rows without timings (``.gz`` read as such; a missing file is no rows)."""
-    if not path.exists():
-        return []
-    text = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
-    return [{k: v for k, v in json.loads(x).items() if not k.startswith(VOLATILE)} for x in text.splitlines() if x]
+from benchmarks._tiny import env, read_stable
+from satrl.provenance import read_sessions
 
 
 def recorded(run: Path) -> tuple[dict, list[dict], list[dict], list[dict]]:
     """The run's config, its metrics and eval rows, and the sessions its environment.json records."""
     config = yaml.safe_load((run / "config.yaml").read_text())
-    metrics = _rows(run / "metrics.jsonl") or _rows(run / "metrics.jsonl.gz")
-    sessions = json.loads((run / "environment.json").read_text()).get("sessions", []) if (run / "environment.json").exists() else []
-    return config, metrics, _rows(run / "eval.jsonl"), sessions
+    metrics = read_stable(run / "metrics.jsonl") or read_stable(run / "metrics.jsonl.gz")
+    return config, metrics, read_stable(run / "eval.jsonl"), read_sessions(run)
 
 
 def first_difference(old: list[dict], new: list[dict], what: str, until: int | None) -> str | None:
@@ -79,7 +69,7 @@ def check(run: Path, steps: int | None, out: Path) -> tuple[int, list[str]]:
     if sessions and any(s.get("cpu") != machine_kind() for s in sessions):
         lines.append("reproduce: warning: another CPU kind recorded this run; its bits will differ here")
     rerun(run, config, steps, out)
-    new_metrics, new_evals = _rows(out / "metrics.jsonl"), _rows(out / "eval.jsonl")
+    new_metrics, new_evals = read_stable(out / "metrics.jsonl"), read_stable(out / "eval.jsonl")
     until = None if steps == total else late_window_start(steps)
     why = (first_difference([r for r in metrics if r["step"] <= steps], new_metrics, "metrics", None)
            or first_difference(evals, new_evals, "eval", until))  # fmt: skip

@@ -12,7 +12,7 @@ from benchmarks._tiny import TINY, env
 
 from run_helpers import REPO
 
-M = [{"step": 1, "a": 1.0}, {"step": 2, "a": 2.0}]  # rows as _rows reads them: timings already dropped
+M = [{"step": 1, "a": 1.0}, {"step": 2, "a": 2.0}]  # rows as read_stable reads them: timings already dropped
 
 
 def test_first_difference_by_hand():

@@ -93,13 +93,12 @@ def run_grid(args: argparse.Namespace) -> int:
         changed = {r.name for r in changed_runs(spec, out, args.seeds)[0]}  # --rerun-changed: they start over
         runs = thread_capped(select(expand(spec, out, args.seeds), args.only), args.workers, args.threads)
         refused = config_problems([r for r in runs if r.base.exists()])
-        for run in runs:
-            state = "new" if run.name in changed else run_status(run.run_dir)
+        states = [(r.cell, r.lag, r.run_dir, "new" if r.name in changed else run_status(r.run_dir)) for r in runs]
+        for run, (*_, state) in zip(runs, states, strict=True):
             cmd = default_command(run, state != "new" and state != "finished" and has_checkpoint(run.run_dir))
             note = "" if run.base.exists() else "  # base config missing!"
             note = f"  # config refused: {refused[run.name]}" if run.name in refused else note
             print(f"[{'skip' if state == 'finished' else state}] {run.name}: {' '.join(cmd)}{note}")
-        states = [(r.cell, r.lag, r.run_dir, "new" if r.name in changed else run_status(r.run_dir)) for r in runs]
         print(f"satrl grid {spec.name}: {cost_line(states, args.workers)}", file=sys.stderr)
         return 0
     runs = select(expand(spec, out, args.seeds), args.only)

@@ -421,8 +421,8 @@ def run_grid_spec(
         runner = _Runner(spec, out, runs, _Launch(workers, command_fn, full_env, poll_s), console)
         if protocol is not None:
             runner.meta["protocol"] = protocol
-        states = [(r.cell, r.lag, r.run_dir, "finished" if r.name in runner.result.names("skipped") else "new")
-                  for r in runs]  # fmt: skip
+        done = set(runner.result.names("skipped"))  # what the runner found finished
+        states = [(r.cell, r.lag, r.run_dir, "finished" if r.name in done else "new") for r in runs]
         console.print(f"grid {spec.name}: {cost_line(states, workers)}", markup=False)  # in the log of a long grid
         _drive(runner, console, sys.stderr.isatty() if progress is None else progress)
     finally:  # on an error and on Ctrl-C too (SIGKILL: the kernel drops the flock; the next grid takes over)

@@ -5,6 +5,7 @@ No pandas and no pipeline here, so ``satrl grid`` stays light to import.
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -111,11 +112,7 @@ def cost_line(runs: list[tuple[str, int, Path, str]], workers: int) -> str:
     if not every:
         return f"{head}; {len(todo)} to run, no finished run to estimate their cost from"
 
-    def median(xs: list[float]) -> float:
-        xs = sorted(xs)
-        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
-
     by_cell = {c: [w for (c2, _), v in done.items() if c2 == c for w in v] for c, _, _ in todo}
-    left = sum(share * median(done.get((c, lag)) or by_cell[c] or every) for c, lag, share in todo) / 3600
+    left = sum(share * statistics.median(done.get((c, lag)) or by_cell[c] or every) for c, lag, share in todo) / 3600
     return (f"{head}; {len(todo)} to run, about {left:.2f} machine-hours at their cells' median run times "
             f"(about {left / max(1, workers):.1f} h at --workers {workers})")
