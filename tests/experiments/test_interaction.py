@@ -85,8 +85,20 @@ def test_report_flag_adds_the_section_and_records_itself(grid, capsys):
     assert "| interaction I | +3.33 [" in sec and "I > 0 on 3/3" in sec
     assert "| 2 | +4.00 | +0.00 | +4.00 |" in sec and "Reading (margin 2 points)" in sec
     assert "--interaction opob,grpo,32,0,0-2,2`" in md  # the provenance line regenerates it
-    assert "![Interaction: OPOB − GRPO, lag 0 and lag 32](figures/interaction_opob_grpo_32_0.png)" in sec
-    assert (grid / "figures" / "interaction_opob_grpo_32_0.png").stat().st_size > 1000
+    assert "![Interaction: OPOB − GRPO, lag 0 and lag 32](figures/interaction_opob_grpo_32_0_s0-2.png)" in sec
+    assert (grid / "figures" / "interaction_opob_grpo_32_0_s0-2.png").stat().st_size > 1000
+
+
+def test_two_seed_sets_of_one_pair_get_a_figure_each(grid):
+    """A sensitivity analysis asks for the same interaction on fewer seeds: each section shows its own figure (the
+    countdown trial's report showed the second set's figure under both)."""
+    flags = ["--interaction", "opob,grpo,32,0,0-2", "--interaction", "opob,grpo,32,0,1-2"]
+    assert main(["report", str(grid), "--resamples", "50", *flags]) == 0
+    md = (grid / "report.md").read_text()
+    for seeds in ("0-2", "1-2"):
+        sec = md.split(f"## Interaction: OPOB vs GRPO, lag 32 against lag 0 (seeds {seeds})")[1].split("\n## ")[0]
+        assert f"(figures/interaction_opob_grpo_32_0_s{seeds}.png)" in sec
+        assert (grid / "figures" / f"interaction_opob_grpo_32_0_s{seeds}.png").stat().st_size > 1000
 
 
 def test_report_flag_refuses_a_cell_or_lag_the_grid_did_not_run(grid, capsys):

@@ -160,7 +160,8 @@ def interaction_md(res: GridResults, spec: Interaction, metric: str, ci: float =
     md += [f"| {int(s)} | {pts(g)} | {pts(h)} | {pts(i)} |" for s, g, h, i in r["per_seed"].itertuples(index=False)]
     if figdir is None:
         return md + [""]
-    name = f"interaction_{spec.method}_{spec.base}_{spec.lag}_{spec.reference_lag}.png"
+    seeds = f"_s{spec.seeds[0]}-{spec.seeds[1]}" if spec.seeds else ""  # two seed sets of one pair: two figures
+    name = f"interaction_{spec.method}_{spec.base}_{spec.lag}_{spec.reference_lag}{seeds}.png"
     fig = plots.interaction_plot(r["per_seed"], (spec.lag, spec.reference_lag), (m, b), r, figdir / name)
     if fig.path is None:
         return md + ["", f"Figure skipped: {fig.note}.", ""]
