@@ -19,6 +19,10 @@ ROOT is a grid output folder (``<cell>/lag<n>/seed<s>/``) or a folder of them (`
   with tokens in a ``bylag/<k>/frac_tokens`` bucket, and equal weights per step.
 - ``metrics.jsonl(.gz)`` and ``eval.jsonl`` are never touched.
 
+Per grid folder, a ``grid_status.json`` whose protocol record (``protocol``) predates ``added`` /
+``added_at`` (the protocol's first commit, which the report dates its runs against) gets them from git, asked in
+the folder's checkout (:func:`satrl.experiments.preregistration.first_commit`); where git cannot tell, it is left.
+
 Idempotent: a migrated folder is a fixed point, and running it again after the config schema changes
 rewrites each config.yaml in the new schema (the loader keeps reading the old one).
 """
@@ -124,6 +128,22 @@ def migrate_run(run: GridRun, write: bool = True) -> list[str]:
     return changed
 
 
+def migrate_status(grid: Path, write: bool = True) -> list[str]:
+    """Add the protocol's first commit to a grid folder's ``grid_status.json`` record; ``["grid_status.json"]`` if
+    it changed (or would, ``write=False``)."""
+    from satrl.experiments.preregistration import first_commit
+
+    path = grid / "grid_status.json"
+    status = json.loads(path.read_text()) if path.is_file() else {}
+    rec = status.get("protocol")
+    if not rec or "added" in rec or not (added := first_commit(rec, grid)):
+        return []
+    if write:
+        status["protocol"] = {**rec, "added": added[0], "added_at": added[1]}
+        path.write_text(json.dumps(status, indent=1))  # as the grid writes it
+    return ["grid_status.json"]
+
+
 def grid_folders(root: Path) -> list[Path]:
     """root itself if it holds runs, else its subfolders that do."""
     if find_runs(root):
@@ -151,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             for name in changed:
                 counts[name] = counts.get(name, 0) + 1
+        for name in migrate_status(grid, write=not args.check):
+            counts[name] = counts.get(name, 0) + 1
         n = len(find_runs(grid))
         what = ", ".join(f"{k} in {v}" for k, v in sorted(counts.items())) or "nothing"
         print(f"{grid}: {n} runs; {'would change' if args.check else 'changed'}: {what}")

@@ -87,3 +87,35 @@ def test_committed_packed_runs_are_in_todays_format():
     """Every run under docs/results loads through today's config loader unchanged and has a current summary:
     after a change to the config schema, rerun `python -m benchmarks.migrate_results docs/results`."""
     assert mig.main([str(REPO / "docs" / "results"), "--check"]) == 0
+
+
+def test_a_protocol_record_gets_its_first_commit_once(tmp_path):
+    """A packed grid_status.json written before records kept the protocol's first commit gets it from git; a
+    second pass changes nothing; outside a checkout it is left as it is."""
+    import subprocess
+
+    git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True, text=True).stdout  # noqa: E731
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    (tmp_path / "protocol.md").write_text("# protocol\n")
+    git("add", "protocol.md")
+    git("commit", "-q", "-m", "protocol")
+    added = git("rev-parse", "HEAD").strip()
+    (tmp_path / "protocol.md").write_text("# protocol\n\n## Deviation\n")
+    git("commit", "-q", "-am", "deviation")
+    last = git("rev-parse", "HEAD").strip()
+    grid = tmp_path / "grid"
+    grid.mkdir()
+    rec = {"path": "protocol.md", "commit": last, "committed_at": "2026-12-06T10:00:00+00:00", "blob": "b" * 40}
+    (grid / "grid_status.json").write_text(json.dumps({"grid": "g", "protocol": rec}, indent=1))
+    assert mig.migrate_status(grid, write=False) == ["grid_status.json"]
+    assert json.loads((grid / "grid_status.json").read_text())["protocol"] == rec  # --check writes nothing
+    assert mig.migrate_status(grid) == ["grid_status.json"]
+    got = json.loads((grid / "grid_status.json").read_text())["protocol"]
+    assert got["added"] == added and got["commit"] == last and len(got["added_at"]) == 25
+    assert mig.migrate_status(grid) == []  # a fixed point
+    outside = tmp_path.parent / (tmp_path.name + "_plain")
+    outside.mkdir()
+    (outside / "grid_status.json").write_text(json.dumps({"protocol": rec}))
+    assert mig.migrate_status(outside) == []

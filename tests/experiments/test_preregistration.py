@@ -11,7 +11,13 @@ import pytest
 from satrl.apps import grid as grid_app
 from satrl.experiments import grid as grid_mod
 from satrl.experiments.grid import load_grid, run_grid_spec
-from satrl.experiments.preregistration import PreregistrationError, check_commit, runs_before
+from satrl.experiments.preregistration import (
+    PreregistrationError,
+    check_commit,
+    first_commit,
+    protocol_record,
+    runs_before,
+)
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -98,6 +104,44 @@ def test_runs_that_started_before_the_protocols_commit_are_flagged(tmp_path):
             (d / "environment.json").write_text(json.dumps({"sessions": [{"started": started}]}))
     local = __import__("datetime").datetime(2026, 12, 5, 10, 0, 0).astimezone().isoformat()
     assert runs_before(dirs, local) == ["early"]
+
+
+def test_a_protocol_with_appended_sections_dates_its_runs_by_its_first_commit(repo, tmp_path):
+    """Dated sections appended after runs began do not make those runs 'before the protocol': the record keeps the
+    first commit (``added``), and the report flags only runs older than it (the countdown trial's report flagged 9
+    runs that started after the protocol's first commit, before a dated section)."""
+    import pandas as pd
+
+    from satrl.experiments.report import _protocol_note
+    from satrl.experiments.store import GridResults
+
+    _git(repo, "add", "protocol.md")
+    _git(repo, "commit", "-q", "-m", "protocol, alone")
+    added = _git(repo, "rev-parse", "HEAD")
+    (repo / "protocol.md").write_text("# protocol\n\n## Deviation, dated\n")
+    _git(repo, "commit", "-q", "-am", "a dated deviation")
+    rec = protocol_record(repo / "protocol.md")
+    assert rec["commit"] != added and rec["added"] == added
+    assert first_commit({**rec, "commit": "f" * 40}, repo) is None  # a commit the checkout lacks: git cannot tell
+    assert first_commit(rec, tmp_path) is None  # not a checkout
+    dirs = {}
+    local = lambda iso: __import__("datetime").datetime.fromisoformat(iso).astimezone().replace(tzinfo=None)  # noqa: E731
+    for name, delta in (("early", -60), ("between", 1)):  # before the first commit; after it, before the deviation
+        d = dirs[name] = tmp_path / name
+        d.mkdir()
+        t = local(rec["added_at"]) + __import__("datetime").timedelta(seconds=delta)
+        (d / "environment.json").write_text(json.dumps({"sessions": [{"started": t.isoformat()}]}))
+    runs = pd.DataFrame({"run": list(dirs), "path": [str(p) for p in dirs.values()]})
+    res = GridResults(tmp_path, runs, pd.DataFrame(), pd.DataFrame(), {"protocol_record": rec})
+    (line,) = _protocol_note(res)
+    assert f"first committed at `{added}`" in line and f"last changed (dated sections appended) at `{rec['commit']}`" in line
+    assert line.endswith("**1 run(s) started before the protocol's first commit** (not governed by it): early.")
+    # a record from before `added`, whose last change came an hour after the first commit (this test's two commits
+    # share a second): dated by that change, as reports were, both runs are flagged
+    later = (local(rec["added_at"]) + __import__("datetime").timedelta(hours=1)).astimezone().isoformat()
+    legacy = {**{k: v for k, v in rec.items() if k not in ("added", "added_at")}, "committed_at": later}
+    (line,) = _protocol_note(GridResults(tmp_path, runs, pd.DataFrame(), pd.DataFrame(), {"protocol_record": legacy}))
+    assert f"at commit `{rec['commit']}`" in line and "2 run(s) started before the protocol's commit" in line
 
 
 def test_the_vcpo_factorials_protocol_is_committed_and_unchanged():

@@ -10,7 +10,8 @@ protocol is committed and unchanged, on one code commit, and every record says w
   session on another code commit (or on a checkout with uncommitted changes to the package) is refused unless told
   ``--allow-commit-change``: a trial runs from a pinned worktree, so later work never changes its runs.
 - **The report flags early runs** (:func:`runs_before`): a run whose first session started before the protocol's
-  commit time was not governed by it.
+  first commit (``added_at``: dated sections appended later, each before the runs it governs, do not move it) was
+  not governed by it.
 
 Git is asked through its command line; outside a git checkout (an installed wheel) a grid naming a protocol is
 refused, since nothing could show the order of protocol and runs.
@@ -24,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PreregistrationError", "check_commit", "protocol_record", "runs_before"]
+__all__ = ["PreregistrationError", "check_commit", "first_commit", "protocol_record", "runs_before"]
 
 
 class PreregistrationError(ValueError):
@@ -39,7 +40,8 @@ def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def protocol_record(protocol: Path) -> dict[str, str]:
-    """``{"path", "commit", "committed_at", "blob"}`` of a committed, unchanged protocol file (a symlink's
+    """``{"path", "commit", "committed_at", "blob", "added", "added_at"}`` of a committed, unchanged protocol file
+    (``commit``: its last change; ``added``: its first commit, :func:`first_commit`) (a symlink's
     target: ``path`` is the target's in its checkout); else :class:`PreregistrationError` naming the file and the
     way out."""
     if not protocol.is_file():
@@ -67,7 +69,27 @@ def protocol_record(protocol: Path) -> dict[str, str]:
     blob = _git(where, "rev-parse", f"HEAD:{rel}").stdout.strip()
     if len(log) != 2 or not blob:
         raise PreregistrationError(f"protocol {rel}: git shows no commit of it")
-    return {"path": rel, "commit": log[0], "committed_at": log[1], "blob": blob}
+    rec = {"path": rel, "commit": log[0], "committed_at": log[1], "blob": blob}
+    added = first_commit(rec, where)
+    return {**rec, **({"added": added[0], "added_at": added[1]} if added else {})}
+
+
+def first_commit(record: dict[str, str], where: Path) -> tuple[str, str] | None:
+    """``(commit, time)`` that added the protocol a :func:`protocol_record` names, in the history of the commit the
+    record names: a trial is pre-registered when its protocol is first committed, and the dated sections appended
+    later (each before the runs it governs) do not move that. None where git cannot tell (``where`` is not in a
+    checkout, or the recorded commit is not in it)."""
+    try:
+        top = _git(where, "rev-parse", "--show-toplevel")
+        if top.returncode != 0:
+            return None
+        log = _git(Path(top.stdout.strip()), "log", "--diff-filter=A", "--format=%H %cI", record["commit"], "--",
+                   record["path"])  # fmt: skip
+    except PreregistrationError:
+        return None
+    lines = log.stdout.strip().splitlines() if log.returncode == 0 else []
+    first = lines[-1].split() if lines else []  # newest first: the last line is the first add
+    return (first[0], first[1]) if len(first) == 2 else None
 
 
 def check_commit(history: list[dict[str, Any]], current: str | None, allow: bool) -> None:

@@ -185,18 +185,23 @@ def _commits_note(res: GridResults) -> list[str]:
 
 
 def _protocol_note(res: GridResults) -> list[str]:
-    """A pre-registered grid's protocol (path, commit, time, blob) and any run that started before that commit."""
+    """A pre-registered grid's protocol (path, commit, time, blob) and any run that started before its first commit
+    (a protocol with dated sections appended after it names both commits)."""
     rec = res.meta.get("protocol_record")
     if not rec:
         return []
     from satrl.experiments.preregistration import runs_before
 
     dirs = {r: Path(p) for r, p in zip(res.runs["run"], res.runs["path"])} if len(res.runs) else {}
-    early = runs_before(dirs, rec["committed_at"])
-    note = (f"**{len(early)} run(s) started before the protocol's commit** (not governed by it): {', '.join(early)}."
-            if early else "every run started after it.")  # fmt: skip
-    return [f"- Protocol: `{rec['path']}` at commit `{rec['commit']}` ({rec['committed_at']}, blob "
-            f"`{rec['blob'][:12]}`); {note}"]
+    at = f"`{rec['commit']}` ({rec['committed_at']}, blob `{rec['blob'][:12]}`)"
+    changed = rec.get("added", rec["commit"]) != rec["commit"]  # dated sections appended after its first commit
+    where = (f"first committed at `{rec['added']}` ({rec['added_at']}), last changed (dated sections appended) at "
+             f"{at} as the last grid session read it" if changed else f"at commit {at}")  # fmt: skip
+    early = runs_before(dirs, rec["added_at"] if changed else rec["committed_at"])
+    first = "first " if changed else ""
+    note = (f"**{len(early)} run(s) started before the protocol's {first}commit** (not governed by it): "
+            f"{', '.join(early)}." if early else f"every run started after {'its first commit' if changed else 'it'}.")  # fmt: skip
+    return [f"- Protocol: `{rec['path']}` {where}; {note}"]
 
 
 def hypothesis_mixed_seeds(runs: pd.DataFrame, hypotheses: dict) -> dict[str, list[int]]:
