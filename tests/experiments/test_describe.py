@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from satrl.cli import main
-from satrl.experiments.describe import describe, parse_describe
+from satrl.experiments.describe import describe, parse_describe, runtime
 
 GRID = "cells: {grpo: {lags: [0, 32], label: GRPO}, opob: {lags: [32], label: OPOB}}\n"
 
@@ -71,3 +71,32 @@ def test_report_flag_refuses_a_malformed_value(grid, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["report", str(grid), "--describe", "a,,b"])
     assert exc.value.code == 2 and "metric keys separated by commas" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_runtime_hand_derived():
+    """Three finished runs of 100, 200 and 600 s: median 200, range 100-600, 900 s = 0.25 machine-hours; a run not
+    finished and a finished one with no recorded time are left out."""
+    rows = [dict(cell="opob", lag=32, seed=s, status="finished", wall_time_s=w) for s, w in enumerate((100, 600, 200))]
+    rows += [dict(cell="opob", lag=32, seed=7, status="partial", wall_time_s=5000.0),
+             dict(cell="opob", lag=32, seed=8, status="finished", wall_time_s=float("nan"))]  # fmt: skip
+    t = runtime(pd.DataFrame(rows))
+    assert t.to_dict("records") == [dict(cell="opob", lag=32, n=3, median=200, min=100, max=600,
+                                         hours=pytest.approx(0.25))]  # fmt: skip
+
+
+def test_every_report_says_what_each_cell_cost(tmp_path, make_run):
+    """The section's rows: the median (fastest-slowest), its ratio to the grid's base at the same lag (none for the
+    base itself, nor where the base did not run that lag) and the machine-hours."""
+    out = tmp_path / "grid"
+    out.mkdir()
+    (out / "grid.yaml").write_text("baseline: grpo\n" + GRID.replace("opob: {lags: [32]", "opob: {lags: [0, 32]"))
+    for seed, (g, o) in enumerate(((200, 300), (400, 500), (300, 700))):
+        make_run(out, "grpo", 32, seed, {"late_test_avg_at_k": 0.7, "wall_time_s": g})
+        make_run(out, "opob", 32, seed, {"late_test_avg_at_k": 0.75, "wall_time_s": o})
+        make_run(out, "opob", 0, seed, {"late_test_avg_at_k": 0.75, "wall_time_s": 90})
+    assert main(["report", str(out), "--resamples", "50"]) == 0
+    sec = (out / "report.md").read_text().split("## Run time (descriptive)")[1].split("\n## ")[0]
+    assert "ratio of its median to the base's (GRPO) at the same lag" in sec
+    assert "| GRPO | 32 | 3 | 300 (200–400) | — | 0.25 |" in sec
+    assert "| OPOB | 0 | 3 | 90 (90–90) | — | 0.07 |" in sec  # no GRPO run at lag 0 to compare with
+    assert "| OPOB | 32 | 3 | 500 (300–700) | 1.67 | 0.42 |" in sec

@@ -4,7 +4,8 @@ A trial that splits a method into its controls (the vcpo_factorial protocol's "M
 each control acted, not only what it scored: how far VCPO's baseline moved from the group mean (``obj/opob_shift``),
 the ESS step's lr scale (``train/lr_scale``), the update's ESS ratio (``update/ess_ratio``). Per run the mean of a
 metric over every logged step (NaN steps skipped), then per cell and lag the mean over seeds with the lowest and
-highest run. Descriptive: no test. ``satrl report --describe KEY[,KEY...]`` adds the section.
+highest run. Descriptive: no test. ``satrl report --describe KEY[,KEY...]`` adds the section. Every report also
+gets what each cell cost in run time (``runtime_md``), from the summaries.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pandas as pd
 from satrl.experiments.mdtext import _md_cell
 from satrl.experiments.store import GridResults
 
-__all__ = ["DescribeError", "describe", "describe_md", "parse_describe"]
+__all__ = ["DescribeError", "describe", "describe_md", "parse_describe", "runtime", "runtime_md"]
 
 
 class DescribeError(ValueError):
@@ -70,4 +71,39 @@ def describe_md(res: GridResults, keys: tuple[str, ...]) -> list[str]:
                     if k in here.index else "—" for k in keys]  # fmt: skip
             n = int(m[(m["cell"] == cell) & (m["lag"] == lag)]["seed"].nunique())
             md.append(f"| {_md_cell(res.label(cell))} | {lag} | {n} | " + " | ".join(vals) + " |")
+    return md + [""]
+
+
+def runtime(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (cell, lag) over its finished runs with a ``wall_time_s``: n, the median, fastest and slowest run in
+    seconds, and the machine-hours they took (the sum: one process each)."""
+    done = runs[(runs["status"] == "finished") & runs["wall_time_s"].notna()]
+    t = done.groupby(["cell", "lag"], sort=False)["wall_time_s"].agg(["count", "median", "min", "max", "sum"])
+    t = t.rename(columns={"count": "n"}).reset_index()
+    t["hours"] = t["sum"] / 3600
+    return t.drop(columns="sum")
+
+
+def runtime_md(res: GridResults) -> list[str]:
+    """The report's run-time section (what each method costs, descriptive); none where no run recorded its time."""
+    t = runtime(res.runs) if "wall_time_s" in res.runs else pd.DataFrame()
+    if not len(t):
+        return []
+    base = res.meta.get("baseline")
+    medians = {(c, lag): m for c, lag, m in zip(t["cell"], t["lag"], t["median"])}
+    md = ["## Run time (descriptive)", "",
+          "Per method and configured lag, each finished run's wall time (`wall_time_s` in its summary.json: the "
+          "seconds its process ran, summed over resumed segments): the median with the fastest and slowest run, the "
+          f"ratio of its median to the base's ({_md_cell(res.label(base)) if base else 'none declared'}) at the same "
+          "lag, and the machine-hours the runs took (one process each). A run's time depends on what ran beside it (the grid's "
+          "`--workers`, other jobs) and on the machine (the CPU kinds above): compare cells of one grid, run "
+          "together. No test.", "",
+          "| method | lag | runs | median s (fastest–slowest) | × base median | machine-hours |",
+          "|---|---|---|---|---|---|"]  # fmt: skip
+    for cell in res.cell_order():
+        for r in t[t["cell"] == cell].sort_values("lag").itertuples():
+            ref = medians.get((base, r.lag))
+            ratio = f"{r.median / ref:.2f}" if ref and cell != base else "—"
+            md.append(f"| {_md_cell(res.label(cell))} | {r.lag} | {r.n} | {r.median:.0f} ({r.min:.0f}–{r.max:.0f})"
+                      f" | {ratio} | {r.hours:.2f} |")  # fmt: skip
     return md + [""]

@@ -20,7 +20,7 @@ import pandas as pd
 
 from satrl.diagnostics.summary import late_window_start
 from satrl.experiments import plots
-from satrl.experiments.describe import describe_md
+from satrl.experiments.describe import describe_md, runtime_md
 from satrl.experiments.interaction import Interaction, declared, interaction_md
 from satrl.experiments.leaderboard import leaderboard_md
 from satrl.experiments.mdtext import _f, _md_cell, endpoints, fmt_ci
@@ -318,6 +318,7 @@ def build_report(out_dir: str | Path, dest: str | Path | None = None, *, n_resam
     md += explore
     md += regime_md(res)
     md += _sat_activity_md(res)
+    md += runtime_md(res)
     md += runs_md(res)
     md += _figures_md(res, tables, dest, figdir)
     bad = res.runs[res.runs["status"] != "finished"]
