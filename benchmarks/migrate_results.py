@@ -34,6 +34,7 @@ import itertools
 import json
 import math
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -162,18 +163,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     total = 0
     for grid in grid_folders(root):
-        counts: dict[str, int] = {}
-        for run in find_runs(grid):
+        counts: Counter[str] = Counter()
+        runs = find_runs(grid)
+        for run in runs:
             try:
                 changed = migrate_run(run, write=not args.check)
             except ConfigError as err:
                 print(f"migrate_results: {run.path / 'config.yaml'}: {err}", file=sys.stderr)
                 return 2
-            for name in changed:
-                counts[name] = counts.get(name, 0) + 1
-        for name in migrate_status(grid, write=not args.check):
-            counts[name] = counts.get(name, 0) + 1
-        n = len(find_runs(grid))
+            counts.update(changed)
+        counts.update(migrate_status(grid, write=not args.check))
+        n = len(runs)
         what = ", ".join(f"{k} in {v}" for k, v in sorted(counts.items())) or "nothing"
         print(f"{grid}: {n} runs; {'would change' if args.check else 'changed'}: {what}")
         total += sum(counts.values())

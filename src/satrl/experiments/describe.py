@@ -86,7 +86,7 @@ def runtime(runs: pd.DataFrame) -> pd.DataFrame:
 
 def runtime_md(res: GridResults) -> list[str]:
     """The report's run-time section (what each method costs, descriptive); none where no run recorded its time."""
-    t = runtime(res.runs) if "wall_time_s" in res.runs else pd.DataFrame()
+    t = runtime(res.runs)  # wall_time_s is always a column (store.SUMMARY_KEYS), NaN where a summary lacks it
     if not len(t):
         return []
     base = res.meta.get("baseline")
