@@ -58,7 +58,7 @@ def test_the_check_sees_a_changed_number(tmp_path):
 # quote other commands' numbers too, each named beside it)
 ESTIMATE = re.compile(rf"{NUM} \[{NUM}, {NUM}\]")  # an estimate with its interval (the README check's NUM)
 LINKED_REPORT = re.compile(r"\]\(\.\./(\w+)/report\.md\)")
-FINDINGS_FROM_REPORT = ["countdown_damage", "damage_trial", "repair_trial", "sat_trial", "vcpo_factorial"]
+FINDINGS_FROM_REPORT = ["baselines_trial", "countdown_damage", "damage_trial", "repair_trial", "sat_trial", "vcpo_factorial"]
 
 
 def quoted_not_in_report(findings: str, report: str) -> list[str]:
