@@ -127,7 +127,7 @@ def test_what_one_seed_cannot_show_quotes_the_findings_it_names():
 
     named = re.findall(r"docs/results/\w+/findings\.md", LOOK_FOR)
     assert set(named) == {"docs/results/sat_trial/findings.md", "docs/results/repair_trial/findings.md",
-                          "docs/results/vcpo_factorial/findings.md"}  # fmt: skip
+                          "docs/results/vcpo_factorial/findings.md", "docs/results/baselines_trial/findings.md"}  # fmt: skip
     sources = _norm("".join((REPO / n).read_text() for n in named))
     quoted = INTERVAL.findall(LOOK_FOR)
     assert len(quoted) >= 5 and all(_norm(q) in sources for q in quoted), [q for q in quoted if _norm(q) not in sources]

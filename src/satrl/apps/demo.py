@@ -54,8 +54,10 @@ LOOK_FOR = (
     "trial's 10 fresh seeds (docs/results/repair_trial/findings.md) and +3.2 [+1.7, +4.7] on the VCPO factorial's "
     "10 (docs/results/vcpo_factorial/findings.md). The factorial found that its baseline (OPOB) carries that gain: "
     "OPOB alone, ESS step off, +3.5 [+2.6, +4.3] over GRPO at lag 32 on 16 fresh seeds, and +2.0 [+1.0, +3.0] "
-    "without staleness, while the ESS step adds nothing detectable; whether OPOB helps more with staleness than "
-    "without is undetermined (+1.43 [−0.19, +3.06]): a better baseline, not a proven staleness repair."
+    "without staleness, while the ESS step adds nothing detectable. The baselines trial, on 29 fresh seeds "
+    "(docs/results/baselines_trial/findings.md), found a constant offset below the group mean equivalent to OPOB "
+    "within a point at lag 32 (+0.0 [−0.5, +0.5]) at GRPO's run time, and OPOB's gain larger with staleness than "
+    "without (+1.17 [+0.56, +1.79]); whether because the rollouts are stale or the policy weaker, it cannot say."
 )
 
 
